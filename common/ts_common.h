@@ -1,0 +1,105 @@
+/*
+ * Internal helpers shared by every tessera module: error conversion, logging macros,
+ * CRC32C, byte order. Not installed.
+ */
+#ifndef TS_COMMON_H
+#define TS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "tessera/errno.h"
+#include "tessera/log.h"
+
+#define TS_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define TS_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TS_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* errno value -> TS_E* (at the edge, once). */
+int ts_from_errno(int err);
+
+/* ---- logging ------------------------------------------------------------------------------ */
+
+extern int ts_log_level_cur;
+void ts_log_write(int level, const char *facility, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The level is checked before any argument is evaluated. */
+#define TS_LOG(level, fac, rc, ...)                                                                \
+    do {                                                                                           \
+        if ((level) <= ts_log_level_cur)                                                           \
+            ts_log_write((level), (fac), (rc), __VA_ARGS__);                                       \
+    } while (0)
+#define TS_ERROR(fac, rc, ...) TS_LOG(TS_LOG_ERROR, fac, rc, __VA_ARGS__)
+#define TS_WARN(fac, rc, ...) TS_LOG(TS_LOG_WARN, fac, rc, __VA_ARGS__)
+#define TS_INFO(fac, ...) TS_LOG(TS_LOG_INFO, fac, 0, __VA_ARGS__)
+#define TS_DEBUG(fac, ...) TS_LOG(TS_LOG_DEBUG, fac, 0, __VA_ARGS__)
+
+/* ---- CRC32C (Castagnoli), computed by ISA-L -------------------------------------------- */
+
+/*
+ * Standard CRC32C of buf, continuing from crc (0 to start): chaining
+ * ts_crc32c(ts_crc32c(0, a), b) equals the CRC of a followed by b.
+ */
+uint32_t ts_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* ---- explicit byte order for wire and on-disk records ---------------------------------- */
+
+static inline void ts_put_be32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)(v >> 24);
+    p[1] = (uint8_t)(v >> 16);
+    p[2] = (uint8_t)(v >> 8);
+    p[3] = (uint8_t)v;
+}
+static inline uint32_t ts_get_be32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline void ts_put_be64(uint8_t *p, uint64_t v)
+{
+    ts_put_be32(p, (uint32_t)(v >> 32));
+    ts_put_be32(p + 4, (uint32_t)v);
+}
+static inline uint64_t ts_get_be64(const uint8_t *p)
+{
+    return ((uint64_t)ts_get_be32(p) << 32) | ts_get_be32(p + 4);
+}
+static inline void ts_put_le16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline uint16_t ts_get_le16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline void ts_put_le32(uint8_t *p, uint32_t v)
+{
+    ts_put_le16(p, (uint16_t)v);
+    ts_put_le16(p + 2, (uint16_t)(v >> 16));
+}
+static inline uint32_t ts_get_le32(const uint8_t *p)
+{
+    return (uint32_t)ts_get_le16(p) | ((uint32_t)ts_get_le16(p + 2) << 16);
+}
+static inline void ts_put_le64(uint8_t *p, uint64_t v)
+{
+    ts_put_le32(p, (uint32_t)v);
+    ts_put_le32(p + 4, (uint32_t)(v >> 32));
+}
+static inline uint64_t ts_get_le64(const uint8_t *p)
+{
+    return (uint64_t)ts_get_le32(p) | ((uint64_t)ts_get_le32(p + 4) << 32);
+}
+
+/* Dataset names: 1..TS_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.'. */
+#define TS_NAME_MAX 128
+int ts_name_valid(const char *name);
+
+/* Monotonic and wall clocks in nanoseconds. */
+uint64_t ts_now_mono_ns(void);
+uint64_t ts_now_wall_ns(void);
+
+#endif

@@ -1,0 +1,178 @@
+/*
+ * The chunk store: datasets, shards and chunks in RocksDB, every chunk guarded by CRC32C.
+ *
+ * Thread-safety: a ts_store may be used from any number of threads at once. A shard writer
+ * and a read context belong to one thread at a time.
+ * Ownership: strings passed in are copied when kept; structures filled for the caller are the
+ * caller's; chunk references pin engine memory until ts_chunk_ref_release().
+ */
+#ifndef TS_STORE_H
+#define TS_STORE_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#include "ts_common.h"
+
+typedef struct ts_store ts_store;
+typedef struct ts_shard_writer ts_shard_writer;
+typedef struct ts_read_ctx ts_read_ctx;
+
+enum ts_sync_policy {
+    TS_SYNC_ALWAYS = 0, /* fsync the WAL before acknowledging each write (survives power loss) */
+    TS_SYNC_NONE = 1,   /* write the WAL, do not fsync it (survives kill -9, not power loss) */
+};
+
+struct ts_store_opts {
+    const char *path;           /* directory of the RocksDB database (created if missing) */
+    int sync;                   /* enum ts_sync_policy; default TS_SYNC_ALWAYS */
+    int blob_files;             /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs */
+    uint32_t min_blob_size;     /* values at least this large go to blob files (default 4096) */
+    uint64_t blob_file_size;    /* target blob file size (default 256 MiB) */
+    uint64_t block_cache_bytes; /* shared block cache for SSTs (default 256 MiB) */
+    int verify_engine_checksums; /* 1: RocksDB also verifies its own checksums on chunk reads;
+                                    0 (default): our CRC32C guards chunks end to end. Metadata
+                                    reads always verify. */
+    uint32_t max_chunk_size;    /* largest accepted chunk size (default 64 MiB) */
+};
+
+#define TS_DEFAULT_CHUNK_SIZE (1u << 20)
+#define TS_MIN_CHUNK_SIZE 4096u
+#define TS_SIZE_UNKNOWN UINT64_MAX
+
+enum ts_dataset_state { TS_DS_OPEN = 0, TS_DS_SEALED = 1 };
+enum ts_shard_state { TS_SHARD_WRITING = 0, TS_SHARD_COMPLETE = 1 };
+
+struct ts_dataset_policy {
+    uint8_t core;        /* synchronous replicas (default 1 on a single node) */
+    uint8_t fringe;      /* asynchronous replicas */
+    uint8_t min_core;    /* core replicas that must hold a write before it is acknowledged */
+    uint32_t chunk_size; /* 0: TS_DEFAULT_CHUNK_SIZE */
+};
+
+struct ts_dataset_info {
+    char name[TS_NAME_MAX + 1];
+    uint64_t id;
+    struct ts_dataset_policy policy;
+    int state;               /* enum ts_dataset_state */
+    uint64_t created_ns;     /* wall clock */
+    uint32_t shards;         /* complete shards */
+    uint32_t shards_writing; /* shards with an upload in progress or abandoned */
+    uint64_t bytes;          /* bytes in complete shards */
+};
+
+struct ts_shard_info {
+    uint32_t shard;
+    int state;           /* enum ts_shard_state */
+    uint64_t size;       /* bytes (written so far while TS_SHARD_WRITING) */
+    uint64_t expect_size; /* declared at begin, or TS_SIZE_UNKNOWN */
+    uint32_t chunk_size;
+    uint32_t nchunks;
+    uint32_t crc;        /* CRC32C of all the shard's bytes (so far while writing) */
+    uint32_t nrecords;   /* entries in the record index, 0 if none */
+};
+
+struct ts_scrub_report {
+    uint64_t shards;
+    uint64_t chunks;
+    uint64_t bytes;
+    uint64_t corrupt;
+};
+
+/* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
+struct ts_chunk_ref {
+    const uint8_t *data;
+    size_t len;
+    uint32_t crc;
+    void *pin; /* engine handle; opaque */
+};
+
+void ts_store_opts_init(struct ts_store_opts *o);
+int ts_store_open(ts_store **out, const struct ts_store_opts *o);
+void ts_store_close(ts_store *s); /* NULL is a no-op; open writers must be finished first */
+
+/* Datasets. */
+void ts_dataset_policy_init(struct ts_dataset_policy *p);
+int ts_store_dataset_create(ts_store *s, const char *name, const struct ts_dataset_policy *p);
+int ts_store_dataset_stat(ts_store *s, const char *name, struct ts_dataset_info *out);
+/* Calls cb for each dataset in name order; a non-zero return from cb stops and is returned. */
+int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_dataset_info *info),
+                          void *arg);
+/* Seals an open dataset: every shard 0..N-1 must be complete (TS_EINCOMPLETE otherwise). */
+int ts_store_dataset_seal(ts_store *s, const char *name);
+/* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
+int ts_store_dataset_delete(ts_store *s, const char *name);
+
+/*
+ * Shards are written as a stream of chunks in order, then sealed. Beginning a shard that has
+ * an abandoned (never sealed) upload discards it and starts over; a complete shard gives
+ * TS_EEXIST; a sealed dataset TS_ESEALED; a shard already being uploaded TS_EBUSY.
+ */
+int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
+                         ts_shard_writer **out);
+/*
+ * Appends chunk idx (must be the next one). crc is the CRC32C the sender computed: a mismatch
+ * with the bytes gives TS_ECORRUPT and stores nothing. Every chunk but the last is chunk_size
+ * long. On return 0 the chunk is durable per the sync policy.
+ */
+int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size_t len,
+                        uint32_t crc);
+/* Bytes and chunks accepted so far. */
+uint64_t ts_shard_writer_bytes(const ts_shard_writer *w);
+uint32_t ts_shard_writer_next(const ts_shard_writer *w);
+/*
+ * Seals the shard: TS_EINCOMPLETE if fewer bytes than declared arrived, TS_ECORRUPT if
+ * expect_crc (when have_crc) differs from the CRC of all bytes. records/nrecords is an
+ * optional record index (ascending offsets within the shard). On success the writer is freed;
+ * on failure it stays valid and the caller may put more chunks, seal again or abort.
+ */
+int ts_shard_writer_seal(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                         const uint64_t *records, uint32_t nrecords);
+/* Stops an upload, leaving the shard incomplete (invisible to readers). NULL is a no-op. */
+void ts_shard_writer_abort(ts_shard_writer *w);
+
+int ts_store_shard_stat(ts_store *s, const char *dataset, uint32_t shard,
+                        struct ts_shard_info *out);
+/* Calls cb for each shard of a dataset in shard order. */
+int ts_store_shard_list(ts_store *s, const char *dataset,
+                        int (*cb)(void *arg, const struct ts_shard_info *info), void *arg);
+/* Copies the record index out: *offsets is malloc'ed, the caller frees it. */
+int ts_store_shard_records(ts_store *s, const char *dataset, uint32_t shard, uint64_t **offsets,
+                           uint32_t *n);
+
+/*
+ * Reads [off, off+len) of a complete shard into buf, verifying every touched chunk.
+ * A range that runs past the end is cut at the end (*out_len tells); off beyond the end is
+ * TS_ERANGE. A chunk whose bytes do not match its CRC gives TS_ECORRUPT, never the bytes.
+ */
+int ts_store_read(ts_store *s, const char *dataset, uint32_t shard, uint64_t off, size_t len,
+                  void *buf, size_t *out_len);
+
+/* Zero-copy reads: open a shard once, then fetch verified, pinned chunks. */
+int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int allow_incomplete,
+                       ts_read_ctx **out);
+const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r);
+int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
+void ts_read_ctx_close(ts_read_ctx *r);
+void ts_chunk_ref_release(struct ts_chunk_ref *ref);
+
+/*
+ * Verifies every stored chunk (of one dataset, or all with dataset == NULL), complete and
+ * incomplete shards alike. cb, if set, is called for each corrupt chunk.
+ */
+int ts_store_scrub(ts_store *s, const char *dataset,
+                   void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc),
+                   void *arg, struct ts_scrub_report *report);
+
+/* Placement group of a shard: stable across versions and machines. */
+uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count);
+
+/* Calls cb for every complete shard that maps to pg (of pg_count), for backfill. */
+int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,
+                     int (*cb)(void *arg, const char *dataset, const struct ts_shard_info *info),
+                     void *arg);
+
+/* Engine statistics as text (RocksDB "rocksdb.stats" etc.), malloc'ed; NULL on error. */
+char *ts_store_engine_stats(ts_store *s);
+
+#endif

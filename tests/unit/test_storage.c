@@ -1,0 +1,561 @@
+/*
+ * Unit tests for storage/: a real RocksDB in a temp directory. Round trips, range reads,
+ * seal rules, names, corruption found by reads and scrub, and kill -9 durability.
+ */
+#include "ts_test.h"
+
+#include "ts_store.h"
+
+#include <rocksdb/c.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHUNK (64u << 10)
+
+struct fx {
+    char *dir;
+    ts_store *s;
+    struct ts_store_opts o;
+};
+
+static int fx_open(struct fx *f)
+{
+    return ts_store_open(&f->s, &f->o);
+}
+
+static int setup_blob(void **state)
+{
+    struct fx *f = calloc(1, sizeof(*f));
+    f->dir = ts_test_tmpdir("store");
+    ts_store_opts_init(&f->o);
+    f->o.path = f->dir;
+    f->o.sync = TS_SYNC_NONE; /* unit tests: WAL without fsync (kill -9 safe) */
+    assert_int_equal(fx_open(f), 0);
+    *state = f;
+    return 0;
+}
+
+static int setup_sst(void **state)
+{
+    setup_blob(state);
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    ts_test_rmtree(f->dir);
+    f->dir = ts_test_tmpdir("store-sst");
+    f->o.path = f->dir;
+    f->o.blob_files = 0;
+    return fx_open(f);
+}
+
+static int teardown(void **state)
+{
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    ts_test_rmtree(f->dir);
+    free(f);
+    return 0;
+}
+
+static void mk_dataset(ts_store *s, const char *name, uint32_t chunk)
+{
+    struct ts_dataset_policy p;
+    ts_dataset_policy_init(&p);
+    p.chunk_size = chunk;
+    assert_int_equal(ts_store_dataset_create(s, name, &p), 0);
+}
+
+/* Writes a shard of len bytes from the deterministic generator and seals it. */
+static void put_shard(ts_store *s, const char *ds, uint32_t shard, size_t len, uint32_t chunk,
+                      uint64_t seed)
+{
+    ts_shard_writer *w;
+    uint8_t *buf = malloc(chunk);
+    uint32_t idx = 0, crc = 0;
+
+    assert_int_equal(ts_store_shard_begin(s, ds, shard, len, &w), 0);
+    for (size_t off = 0; off < len; off += chunk, idx++) {
+        size_t n = TS_MIN((size_t)chunk, len - off);
+        ts_test_fill(buf, n, seed, off);
+        crc = ts_crc32c(crc, buf, n);
+        assert_int_equal(ts_shard_writer_put(w, idx, buf, n, ts_crc32c(0, buf, n)), 0);
+    }
+    assert_int_equal(ts_shard_writer_seal(w, 1, crc, NULL, 0), 0);
+    free(buf);
+}
+
+static void check_range(ts_store *s, const char *ds, uint32_t shard, uint64_t seed, uint64_t off,
+                        size_t len, size_t expect_len)
+{
+    uint8_t *got = malloc(len + 1), *want = malloc(len + 1);
+    size_t n = 12345;
+
+    assert_int_equal(ts_store_read(s, ds, shard, off, len, got, &n), 0);
+    assert_int_equal(n, expect_len);
+    ts_test_fill(want, expect_len, seed, off);
+    assert_memory_equal(got, want, expect_len);
+    free(got);
+    free(want);
+}
+
+static void test_roundtrip_sizes(void **state)
+{
+    struct fx *f = *state;
+    const size_t sizes[] = {0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 17};
+    struct ts_shard_info si;
+
+    mk_dataset(f->s, "sizes", CHUNK);
+    for (uint32_t i = 0; i < TS_ARRAY_SIZE(sizes); i++) {
+        put_shard(f->s, "sizes", i, sizes[i], CHUNK, 100 + i);
+        check_range(f->s, "sizes", i, 100 + i, 0, sizes[i], sizes[i]);
+        assert_int_equal(ts_store_shard_stat(f->s, "sizes", i, &si), 0);
+        assert_int_equal(si.state, TS_SHARD_COMPLETE);
+        assert_true(si.size == sizes[i]);
+        assert_int_equal(si.nchunks, (sizes[i] + CHUNK - 1) / CHUNK);
+    }
+}
+
+static void test_roundtrip_64mib(void **state)
+{
+    struct fx *f = *state;
+    const size_t len = 64u << 20;
+    uint8_t *buf = malloc(len), *want = malloc(len);
+    struct ts_dataset_info d;
+    size_t n;
+
+    mk_dataset(f->s, "big", 1u << 20);
+    put_shard(f->s, "big", 0, len, 1u << 20, 42);
+    assert_int_equal(ts_store_read(f->s, "big", 0, 0, len, buf, &n), 0);
+    assert_int_equal(n, len);
+    ts_test_fill(want, len, 42, 0);
+    assert_memory_equal(buf, want, len);
+    assert_int_equal(ts_store_dataset_stat(f->s, "big", &d), 0);
+    assert_int_equal(d.shards, 1);
+    assert_true(d.bytes == len);
+    free(buf);
+    free(want);
+}
+
+static void test_range_reads(void **state)
+{
+    struct fx *f = *state;
+    const size_t len = 5 * CHUNK + 333;
+    uint8_t tiny;
+    size_t n;
+
+    mk_dataset(f->s, "ranges", CHUNK);
+    put_shard(f->s, "ranges", 0, len, CHUNK, 9);
+    /* Across one boundary, across several, exactly one chunk, the tail, a single byte. */
+    check_range(f->s, "ranges", 0, 9, CHUNK - 10, 20, 20);
+    check_range(f->s, "ranges", 0, 9, CHUNK / 2, 3 * CHUNK, 3 * CHUNK);
+    check_range(f->s, "ranges", 0, 9, 2 * CHUNK, CHUNK, CHUNK);
+    check_range(f->s, "ranges", 0, 9, len - 5, 5, 5);
+    check_range(f->s, "ranges", 0, 9, 4 * CHUNK + 1, 1, 1);
+    /* Past the end: cut at the end; at the end: empty; beyond: TS_ERANGE. */
+    check_range(f->s, "ranges", 0, 9, len - 100, 1000, 100);
+    check_range(f->s, "ranges", 0, 9, len, 10, 0);
+    assert_int_equal(ts_store_read(f->s, "ranges", 0, len + 1, 1, &tiny, &n), TS_ERANGE);
+    for (int i = 0; i < 50; i++) {
+        uint64_t off = (uint64_t)rand() % len;
+        size_t l = (size_t)rand() % (2 * CHUNK);
+        check_range(f->s, "ranges", 0, 9, off, l, TS_MIN(l, len - off));
+    }
+}
+
+static void test_seal_rules(void **state)
+{
+    struct fx *f = *state;
+    ts_shard_writer *w, *w2;
+    uint8_t buf[CHUNK];
+    struct ts_dataset_info d;
+
+    mk_dataset(f->s, "seal", CHUNK);
+    ts_test_fill(buf, sizeof(buf), 1, 0);
+
+    /* Declared 2 chunks, wrote 1: incomplete; the writer stays usable. */
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 0, 2 * CHUNK, &w), 0);
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 0, 2 * CHUNK, &w2), TS_EBUSY);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, NULL, 0), TS_EINCOMPLETE);
+    /* Out of order, oversize, wrong CRC: refused, nothing stored. */
+    assert_int_equal(ts_shard_writer_put(w, 5, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), TS_EINVAL);
+    assert_int_equal(ts_shard_writer_put(w, 1, buf, CHUNK, ts_crc32c(0, buf, CHUNK) ^ 1),
+                     TS_ECORRUPT);
+    assert_int_equal(ts_shard_writer_next(w), 1);
+    /* A shard being written is invisible to readers. */
+    assert_int_equal(ts_store_read(f->s, "seal", 0, 0, 1, buf, NULL), TS_EINCOMPLETE);
+    assert_int_equal(ts_shard_writer_put(w, 1, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
+    assert_int_equal(ts_shard_writer_put(w, 2, buf, 1, ts_crc32c(0, buf, 1)), TS_ETOOBIG);
+    /* A wrong whole-shard CRC refuses the seal. */
+    assert_int_equal(ts_shard_writer_seal(w, 1, 0xdeadbeef, NULL, 0), TS_ECORRUPT);
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, NULL, 0), 0);
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 0, 1, &w), TS_EEXIST);
+
+    /* Dataset seal refuses a gap (shard 2 without shard 1) and an abandoned upload. */
+    put_shard(f->s, "seal", 2, 10, CHUNK, 3);
+    assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_EINCOMPLETE);
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 1, 100, &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, 50, ts_crc32c(0, buf, 50)), 0);
+    assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_EINCOMPLETE);
+    ts_shard_writer_abort(w);
+    assert_int_equal(ts_store_dataset_stat(f->s, "seal", &d), 0);
+    assert_int_equal(d.shards_writing, 1);
+    assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_EINCOMPLETE);
+    /* Restarting the abandoned shard discards the partial upload. */
+    put_shard(f->s, "seal", 1, 100, CHUNK, 4);
+    check_range(f->s, "seal", 1, 4, 0, 100, 100);
+    assert_int_equal(ts_store_dataset_seal(f->s, "seal"), 0);
+    assert_int_equal(ts_store_dataset_stat(f->s, "seal", &d), 0);
+    assert_int_equal(d.state, TS_DS_SEALED);
+    assert_int_equal(d.shards, 3);
+    assert_int_equal(d.shards_writing, 0);
+    /* Sealed: no new shards, no second seal; data still readable. */
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 3, 1, &w), TS_ESEALED);
+    assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_ESEALED);
+    check_range(f->s, "seal", 2, 3, 0, 10, 10);
+}
+
+static void test_names_and_duplicates(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    struct ts_shard_info si;
+    struct ts_dataset_policy p;
+    ts_shard_writer *w;
+    uint8_t b;
+
+    mk_dataset(f->s, "dup", CHUNK);
+    ts_dataset_policy_init(&p);
+    assert_int_equal(ts_store_dataset_create(f->s, "dup", &p), TS_EEXIST);
+    assert_int_equal(ts_store_dataset_create(f->s, "bad/name", &p), TS_ENAME);
+    assert_int_equal(ts_store_dataset_create(f->s, "", &p), TS_ENAME);
+    p.chunk_size = 100; /* below the minimum */
+    assert_int_equal(ts_store_dataset_create(f->s, "tiny", &p), TS_EINVAL);
+    ts_dataset_policy_init(&p);
+    p.min_core = 3; /* more than core */
+    assert_int_equal(ts_store_dataset_create(f->s, "pol", &p), TS_EINVAL);
+    assert_int_equal(ts_store_dataset_stat(f->s, "nope", &d), TS_ENOENT);
+    assert_int_equal(ts_store_shard_stat(f->s, "dup", 7, &si), TS_ENOENT);
+    assert_int_equal(ts_store_read(f->s, "dup", 7, 0, 1, &b, NULL), TS_ENOENT);
+    assert_int_equal(ts_store_read(f->s, "nope", 0, 0, 1, &b, NULL), TS_ENOENT);
+    assert_int_equal(ts_store_shard_begin(f->s, "nope", 0, 1, &w), TS_ENOENT);
+    assert_int_equal(ts_store_dataset_seal(f->s, "nope"), TS_ENOENT);
+    assert_int_equal(ts_store_dataset_delete(f->s, "nope"), TS_ENOENT);
+}
+
+static int count_ds(void *arg, const struct ts_dataset_info *d)
+{
+    (*(int *)arg)++;
+    return 0;
+}
+
+static void test_delete_and_list(void **state)
+{
+    struct fx *f = *state;
+    ts_shard_writer *w;
+    int n = 0;
+    uint8_t b;
+
+    mk_dataset(f->s, "a", CHUNK);
+    mk_dataset(f->s, "b", CHUNK);
+    put_shard(f->s, "a", 0, 3 * CHUNK, CHUNK, 5);
+    put_shard(f->s, "b", 0, 10, CHUNK, 6);
+    assert_int_equal(ts_store_dataset_list(f->s, count_ds, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ts_store_shard_begin(f->s, "a", 1, 10, &w), 0);
+    assert_int_equal(ts_store_dataset_delete(f->s, "a"), TS_EBUSY);
+    ts_shard_writer_abort(w);
+    assert_int_equal(ts_store_dataset_delete(f->s, "a"), 0);
+    assert_int_equal(ts_store_read(f->s, "a", 0, 0, 1, &b, NULL), TS_ENOENT);
+    check_range(f->s, "b", 0, 6, 0, 10, 10); /* the neighbour is untouched */
+    /* The name can be reused; the old data does not come back. */
+    mk_dataset(f->s, "a", CHUNK);
+    assert_int_equal(ts_store_read(f->s, "a", 0, 0, 1, &b, NULL), TS_ENOENT);
+    n = 0;
+    assert_int_equal(ts_store_dataset_list(f->s, count_ds, &n), 0);
+    assert_int_equal(n, 2);
+}
+
+static void test_records_and_reopen(void **state)
+{
+    struct fx *f = *state;
+    ts_shard_writer *w;
+    uint8_t buf[1000];
+    const uint64_t recs[] = {0, 100, 250, 999};
+    uint64_t *got;
+    uint32_t n;
+
+    mk_dataset(f->s, "rec", CHUNK);
+    ts_test_fill(buf, sizeof(buf), 11, 0);
+    assert_int_equal(ts_store_shard_begin(f->s, "rec", 0, TS_SIZE_UNKNOWN, &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, sizeof(buf), ts_crc32c(0, buf, 1000)), 0);
+    const uint64_t bad[] = {10, 5};
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, bad, 2), TS_EINVAL);
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, recs, 4), 0);
+    ts_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(ts_store_shard_records(f->s, "rec", 0, &got, &n), 0);
+    assert_int_equal(n, 4);
+    assert_memory_equal(got, recs, sizeof(recs));
+    free(got);
+    check_range(f->s, "rec", 0, 11, 0, 1000, 1000);
+}
+
+static int pg_collect(void *arg, const char *ds, const struct ts_shard_info *si)
+{
+    (*(int *)arg)++;
+    return 0;
+}
+
+static void test_pg_iter(void **state)
+{
+    struct fx *f = *state;
+    int total = 0;
+    const uint32_t pgs = 8;
+
+    mk_dataset(f->s, "pg", CHUNK);
+    for (uint32_t i = 0; i < 40; i++)
+        put_shard(f->s, "pg", i, 10, CHUNK, i);
+    for (uint32_t pg = 0; pg < pgs; pg++) {
+        int n = 0, expect = 0;
+        assert_int_equal(ts_store_pg_iter(f->s, pg, pgs, pg_collect, &n), 0);
+        for (uint32_t i = 0; i < 40; i++)
+            expect += ts_shard_pg("pg", i, pgs) == pg;
+        assert_int_equal(n, expect);
+        total += n;
+    }
+    assert_int_equal(total, 40);
+    /* Stable hash: the same answer on every machine and version. */
+    assert_int_equal(ts_shard_pg("pg", 0, 1000), ts_shard_pg("pg", 0, 1000));
+    assert_int_equal(ts_store_pg_iter(f->s, pgs, pgs, pg_collect, &total), TS_EINVAL);
+}
+
+/* ---- corruption: flip one byte behind the store's back ------------------------------ */
+
+static void flip_chunk_byte(const char *path, uint64_t dsid, uint32_t shard, uint32_t idx,
+                            size_t at)
+{
+    const char *names[] = {"default", "meta", "chunks", "oplog"};
+    rocksdb_options_t *o = rocksdb_options_create();
+    const rocksdb_options_t *opts[4] = {o, o, o, o};
+    rocksdb_column_family_handle_t *cf[4];
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    char *err = NULL, *v;
+    size_t vlen;
+    uint8_t k[16];
+    rocksdb_t *db;
+
+    rocksdb_options_set_enable_blob_files(o, 1);
+    db = rocksdb_open_column_families(o, path, 4, names, opts, cf, &err);
+    assert_null(err);
+    ts_put_be64(k, dsid);
+    ts_put_be32(k + 8, shard);
+    ts_put_be32(k + 12, idx);
+    v = rocksdb_get_cf(db, ro, cf[2], (const char *)k, 16, &vlen, &err);
+    assert_null(err);
+    assert_non_null(v);
+    assert_true(at < vlen);
+    v[at] ^= 0x40;
+    rocksdb_put_cf(db, wo, cf[2], (const char *)k, 16, v, vlen, &err);
+    assert_null(err);
+    rocksdb_free(v);
+    for (int i = 0; i < 4; i++)
+        rocksdb_column_family_handle_destroy(cf[i]);
+    rocksdb_close(db);
+    rocksdb_readoptions_destroy(ro);
+    rocksdb_writeoptions_destroy(wo);
+    rocksdb_options_destroy(o);
+}
+
+struct bad_chunk {
+    int n;
+    char ds[TS_NAME_MAX + 1];
+    uint32_t shard, idx;
+    int rc;
+};
+
+static void scrub_cb(void *arg, const char *ds, uint32_t shard, uint32_t idx, int rc)
+{
+    struct bad_chunk *b = arg;
+    b->n++;
+    snprintf(b->ds, sizeof(b->ds), "%s", ds);
+    b->shard = shard;
+    b->idx = idx;
+    b->rc = rc;
+}
+
+static void test_corruption(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    struct ts_scrub_report rep;
+    struct bad_chunk bad = {0};
+    uint8_t *buf = malloc(4 * CHUNK);
+    size_t n;
+
+    mk_dataset(f->s, "other", CHUNK);
+    put_shard(f->s, "other", 0, 2 * CHUNK, CHUNK, 77);
+    mk_dataset(f->s, "victim", CHUNK);
+    put_shard(f->s, "victim", 0, 4 * CHUNK, CHUNK, 1);
+    put_shard(f->s, "victim", 1, 4 * CHUNK, CHUNK, 2);
+    assert_int_equal(ts_store_dataset_stat(f->s, "victim", &d), 0);
+    ts_store_close(f->s);
+    f->s = NULL;
+
+    flip_chunk_byte(f->dir, d.id, 1, 2, 1234);
+
+    assert_int_equal(fx_open(f), 0);
+    /* A read touching the bad chunk fails; reads around it still work. */
+    assert_int_equal(ts_store_read(f->s, "victim", 1, 0, 4 * CHUNK, buf, &n), TS_ECORRUPT);
+    assert_int_equal(ts_store_read(f->s, "victim", 1, 2 * CHUNK + 1234, 1, buf, &n), TS_ECORRUPT);
+    check_range(f->s, "victim", 1, 2, 0, 2 * CHUNK, 2 * CHUNK);
+    check_range(f->s, "victim", 1, 2, 3 * CHUNK, CHUNK, CHUNK);
+    check_range(f->s, "victim", 0, 1, 0, 4 * CHUNK, 4 * CHUNK);
+
+    /* Scrub reports exactly that chunk, for one dataset and for all. */
+    assert_int_equal(ts_store_scrub(f->s, "victim", scrub_cb, &bad, &rep), 0);
+    assert_int_equal(bad.n, 1);
+    assert_string_equal(bad.ds, "victim");
+    assert_int_equal(bad.shard, 1);
+    assert_int_equal(bad.idx, 2);
+    assert_int_equal(bad.rc, TS_ECORRUPT);
+    assert_true(rep.corrupt == 1 && rep.chunks == 8 && rep.shards == 2);
+    memset(&bad, 0, sizeof(bad));
+    assert_int_equal(ts_store_scrub(f->s, NULL, scrub_cb, &bad, &rep), 0);
+    assert_int_equal(bad.n, 1);
+    assert_true(rep.corrupt == 1 && rep.chunks == 10 && rep.shards == 3);
+    memset(&bad, 0, sizeof(bad));
+    assert_int_equal(ts_store_scrub(f->s, "other", scrub_cb, &bad, &rep), 0);
+    assert_int_equal(bad.n, 0);
+    free(buf);
+}
+
+/* ---- crash: kill -9 a writer mid-stream ---------------------------------------------- */
+
+static void crash_child(const char *path, int fd)
+{
+    struct ts_store_opts o;
+    ts_store *s;
+    ts_shard_writer *w;
+    uint8_t *buf = malloc(CHUNK);
+
+    ts_store_opts_init(&o);
+    o.path = path;
+    o.sync = TS_SYNC_NONE;
+    if (ts_store_open(&s, &o))
+        _exit(2);
+    for (uint32_t shard = 0;; shard++) {
+        if (ts_store_shard_begin(s, "crash", shard, TS_SIZE_UNKNOWN, &w))
+            _exit(3);
+        for (uint32_t idx = 0; idx < 8; idx++) {
+            uint32_t ack[2] = {shard, idx};
+            ts_test_fill(buf, CHUNK, shard, (uint64_t)idx * CHUNK);
+            if (ts_shard_writer_put(w, idx, buf, CHUNK, ts_crc32c(0, buf, CHUNK)))
+                _exit(4);
+            /* Acknowledged: tell the parent. */
+            if (write(fd, ack, sizeof(ack)) != sizeof(ack))
+                _exit(5);
+        }
+        if (shard % 2 == 0 && ts_shard_writer_seal(w, 0, 0, NULL, 0))
+            _exit(6);
+        else if (shard % 2)
+            ts_shard_writer_abort(w); /* leave odd shards incomplete */
+    }
+}
+
+static void test_crash_kill9(void **state)
+{
+    struct fx *f = *state;
+    int pfd[2];
+    pid_t pid;
+    uint32_t ack[2], acked = 0, last_shard = 0, last_idx = 0;
+    int status;
+
+    mk_dataset(f->s, "crash", CHUNK);
+    ts_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(pipe(pfd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        close(pfd[0]);
+        crash_child(f->dir, pfd[1]);
+        _exit(0);
+    }
+    close(pfd[1]);
+    /* Let it run until 100 chunks are acknowledged, then kill it mid-stream. */
+    while (acked < 100 && read(pfd[0], ack, sizeof(ack)) == sizeof(ack)) {
+        last_shard = ack[0];
+        last_idx = ack[1];
+        acked++;
+    }
+    kill(pid, SIGKILL);
+    /* Anything still in the pipe was acknowledged too. */
+    while (read(pfd[0], ack, sizeof(ack)) == sizeof(ack)) {
+        last_shard = ack[0];
+        last_idx = ack[1];
+        acked++;
+    }
+    close(pfd[0]);
+    waitpid(pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    assert_true(acked >= 100);
+
+    assert_int_equal(fx_open(f), 0);
+    uint8_t *want = malloc(CHUNK);
+    for (uint32_t shard = 0; shard <= last_shard; shard++) {
+        ts_read_ctx *r;
+        uint32_t upto = shard < last_shard ? 7 : last_idx;
+        assert_int_equal(ts_store_read_open(f->s, "crash", shard, 1, &r), 0);
+        if (shard < last_shard && shard % 2 == 0)
+            assert_int_equal(ts_read_ctx_info(r)->state, TS_SHARD_COMPLETE);
+        for (uint32_t idx = 0; idx <= upto; idx++) {
+            struct ts_chunk_ref ref;
+            assert_int_equal(ts_read_ctx_chunk(r, idx, &ref), 0);
+            assert_int_equal(ref.len, CHUNK);
+            ts_test_fill(want, CHUNK, shard, (uint64_t)idx * CHUNK);
+            assert_memory_equal(ref.data, want, CHUNK);
+            ts_chunk_ref_release(&ref);
+        }
+        ts_read_ctx_close(r);
+    }
+    free(want);
+    /* A shard that was never sealed is not readable as complete. */
+    uint8_t b;
+    assert_int_equal(ts_store_read(f->s, "crash", 1, 0, 1, &b, NULL), TS_EINCOMPLETE);
+    struct ts_scrub_report rep;
+    assert_int_equal(ts_store_scrub(f->s, "crash", NULL, NULL, &rep), 0);
+    assert_true(rep.corrupt == 0);
+}
+
+static void test_sst_mode(void **state)
+{
+    struct fx *f = *state;
+    mk_dataset(f->s, "sst", CHUNK);
+    put_shard(f->s, "sst", 0, 3 * CHUNK + 5, CHUNK, 8);
+    check_range(f->s, "sst", 0, 8, CHUNK - 3, CHUNK + 6, CHUNK + 6);
+}
+
+int main(void)
+{
+    ts_test_log_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_roundtrip_sizes, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_64mib, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_range_reads, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_seal_rules, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_names_and_duplicates, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_delete_and_list, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_iter, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_sst_mode, setup_sst, teardown),
+    };
+    return cmocka_run_group_tests_name("storage", tests, NULL, NULL);
+}
