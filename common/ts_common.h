@@ -11,6 +11,7 @@
 
 #include "tessera/errno.h"
 #include "tessera/log.h"
+#include "tessera/types.h"
 
 #define TS_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define TS_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -95,7 +96,6 @@ static inline uint64_t ts_get_le64(const uint8_t *p)
 }
 
 /* Dataset names: 1..TS_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.'. */
-#define TS_NAME_MAX 128
 int ts_name_valid(const char *name);
 
 /* Monotonic and wall clocks in nanoseconds. */

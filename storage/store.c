@@ -358,8 +358,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     }
 
     s->db = rocksdb_open_column_families(s->opts, s->path, CF_COUNT, cf_names,
-                                         (const rocksdb_options_t *const *)s->cf_opts, s->cf,
-                                         &err);
+                                         (const rocksdb_options_t *const *)s->cf_opts, s->cf, &err);
     if (err) {
         rc = from_rocksdb(err, "open");
         goto out_destroy_opts;
@@ -784,7 +783,8 @@ int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint6
     shard_encode(rec, &si);
     b = rocksdb_writebatch_create();
     shard_range_delete(s, b, d.id, shard); /* an abandoned upload of this shard, if any */
-    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'R', d.id, shard));
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
+                                 key_shard(k, 'R', d.id, shard));
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'S', d.id, shard),
                               (const char *)rec, sizeof(rec));
     rc = batch_write(s, b, "shard begin");
@@ -823,8 +823,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_ETOOBIG;
     got = ts_crc32c(0, data, len);
     if (got != crc) {
-        TS_WARN(FAC, TS_ECORRUPT, "chunk %u of shard %u arrived corrupt (crc %08x, sent %08x)",
-                idx, w->shard, got, crc);
+        TS_WARN(FAC, TS_ECORRUPT, "chunk %u of shard %u arrived corrupt (crc %08x, sent %08x)", idx,
+                w->shard, got, crc);
         return TS_ECORRUPT;
     }
     if (w->next == w->cap) {
@@ -965,8 +965,7 @@ void ts_shard_writer_abort(ts_shard_writer *w)
 
 /* ---- shard metadata ---------------------------------------------------------------------- */
 
-int ts_store_shard_stat(ts_store *s, const char *dataset, uint32_t shard,
-                        struct ts_shard_info *out)
+int ts_store_shard_stat(ts_store *s, const char *dataset, uint32_t shard, struct ts_shard_info *out)
 {
     struct ts_dataset_info d;
     int rc;

@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "ts_common.h"
+#include "tessera/types.h"
 
 typedef struct ts_store ts_store;
 typedef struct ts_shard_writer ts_shard_writer;
@@ -24,59 +25,16 @@ enum ts_sync_policy {
 };
 
 struct ts_store_opts {
-    const char *path;           /* directory of the RocksDB database (created if missing) */
-    int sync;                   /* enum ts_sync_policy; default TS_SYNC_ALWAYS */
-    int blob_files;             /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs */
-    uint32_t min_blob_size;     /* values at least this large go to blob files (default 4096) */
-    uint64_t blob_file_size;    /* target blob file size (default 256 MiB) */
-    uint64_t block_cache_bytes; /* shared block cache for SSTs (default 256 MiB) */
+    const char *path;            /* directory of the RocksDB database (created if missing) */
+    int sync;                    /* enum ts_sync_policy; default TS_SYNC_ALWAYS */
+    int blob_files;              /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs */
+    uint32_t min_blob_size;      /* values at least this large go to blob files (default 4096) */
+    uint64_t blob_file_size;     /* target blob file size (default 256 MiB) */
+    uint64_t block_cache_bytes;  /* shared block cache for SSTs (default 256 MiB) */
     int verify_engine_checksums; /* 1: RocksDB also verifies its own checksums on chunk reads;
                                     0 (default): our CRC32C guards chunks end to end. Metadata
                                     reads always verify. */
-    uint32_t max_chunk_size;    /* largest accepted chunk size (default 64 MiB) */
-};
-
-#define TS_DEFAULT_CHUNK_SIZE (1u << 20)
-#define TS_MIN_CHUNK_SIZE 4096u
-#define TS_SIZE_UNKNOWN UINT64_MAX
-
-enum ts_dataset_state { TS_DS_OPEN = 0, TS_DS_SEALED = 1 };
-enum ts_shard_state { TS_SHARD_WRITING = 0, TS_SHARD_COMPLETE = 1 };
-
-struct ts_dataset_policy {
-    uint8_t core;        /* synchronous replicas (default 1 on a single node) */
-    uint8_t fringe;      /* asynchronous replicas */
-    uint8_t min_core;    /* core replicas that must hold a write before it is acknowledged */
-    uint32_t chunk_size; /* 0: TS_DEFAULT_CHUNK_SIZE */
-};
-
-struct ts_dataset_info {
-    char name[TS_NAME_MAX + 1];
-    uint64_t id;
-    struct ts_dataset_policy policy;
-    int state;               /* enum ts_dataset_state */
-    uint64_t created_ns;     /* wall clock */
-    uint32_t shards;         /* complete shards */
-    uint32_t shards_writing; /* shards with an upload in progress or abandoned */
-    uint64_t bytes;          /* bytes in complete shards */
-};
-
-struct ts_shard_info {
-    uint32_t shard;
-    int state;           /* enum ts_shard_state */
-    uint64_t size;       /* bytes (written so far while TS_SHARD_WRITING) */
-    uint64_t expect_size; /* declared at begin, or TS_SIZE_UNKNOWN */
-    uint32_t chunk_size;
-    uint32_t nchunks;
-    uint32_t crc;        /* CRC32C of all the shard's bytes (so far while writing) */
-    uint32_t nrecords;   /* entries in the record index, 0 if none */
-};
-
-struct ts_scrub_report {
-    uint64_t shards;
-    uint64_t chunks;
-    uint64_t bytes;
-    uint64_t corrupt;
+    uint32_t max_chunk_size;     /* largest accepted chunk size (default 64 MiB) */
 };
 
 /* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */

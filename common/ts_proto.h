@@ -1,0 +1,150 @@
+/*
+ * The tessera wire protocol: one frame format for every transport (docs/protocol.md).
+ *
+ * Frame = 32-byte header + payload. Header, all little-endian:
+ *   0  u32 magic      TS_MAGIC ("TSRA" on the wire)
+ *   4  u8  version    TS_PROTO_VERSION
+ *   5  u8  opcode     enum ts_opcode
+ *   6  u16 flags      TS_F_REPLY on replies; other bits reserved (must be 0)
+ *   8  u64 request id chosen by the requester; the reply carries the same id
+ *   16 u64 map epoch  the sender's cluster map epoch (0: none)
+ *   24 u32 length     payload bytes that follow the header
+ *   28 u32 hdr crc    CRC32C of bytes 0..27
+ *
+ * Every reply payload starts with an i32 status (0 or a TS_E* code); a failed reply then
+ * carries a u16-length error message and nothing else.
+ */
+#ifndef TS_PROTO_H
+#define TS_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ts_common.h"
+
+#define TS_MAGIC 0x41525354u /* bytes 'T' 'S' 'R' 'A' */
+#define TS_PROTO_VERSION 1
+#define TS_HDR_LEN 32
+#define TS_F_REPLY 0x0001u
+#define TS_F_KNOWN (TS_F_REPLY)
+
+/* Roles, ordered: a role may do everything the roles below it may. */
+enum ts_role {
+    TS_ROLE_NONE = 0,
+    TS_ROLE_READER = 1,
+    TS_ROLE_WRITER = 2,
+    TS_ROLE_ADMIN = 3,
+};
+const char *ts_role_name(int role);
+int ts_role_parse(const char *name); /* TS_EINVAL if unknown */
+
+#define TS_SMALL_PAYLOAD (64u << 10)
+#define TS_MAX_CHUNK (64u << 20)
+#define TS_MAX_READ (64u << 20) /* largest range one READ may ask for */
+
+/* X(name, value, wire name, minimum role, largest request payload) */
+#define TS_OPCODE_TABLE(X)                                                                         \
+    X(HELLO, 1, "hello", TS_ROLE_NONE, TS_SMALL_PAYLOAD)                                           \
+    X(DATASET_CREATE, 2, "dataset-create", TS_ROLE_WRITER, TS_SMALL_PAYLOAD)                       \
+    X(DATASET_LIST, 3, "dataset-list", TS_ROLE_READER, TS_SMALL_PAYLOAD)                           \
+    X(DATASET_STAT, 4, "dataset-stat", TS_ROLE_READER, TS_SMALL_PAYLOAD)                           \
+    X(DATASET_SEAL, 5, "dataset-seal", TS_ROLE_WRITER, TS_SMALL_PAYLOAD)                           \
+    X(DATASET_DELETE, 6, "dataset-delete", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                        \
+    X(SHARD_WRITE, 7, "shard-write", TS_ROLE_WRITER, TS_MAX_CHUNK + 4096)                          \
+    X(SHARD_SEAL, 8, "shard-seal", TS_ROLE_WRITER, 16u << 20)                                      \
+    X(READ, 9, "read", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                           \
+    X(SHARD_STAT, 10, "shard-stat", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
+    X(SHARD_LIST, 11, "shard-list", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
+    X(SCRUB, 12, "scrub", TS_ROLE_WRITER, TS_SMALL_PAYLOAD)                                        \
+    X(STATUS, 13, "status", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+
+enum ts_opcode {
+#define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,
+    TS_OPCODE_TABLE(TS_OPCODE_ENUM)
+#undef TS_OPCODE_ENUM
+        TS_OP_MAX
+};
+
+struct ts_op_desc {
+    const char *name;
+    int min_role;
+    uint32_t max_payload;
+};
+/* The table entry of an opcode, or NULL if unknown. */
+const struct ts_op_desc *ts_op_desc(unsigned opcode);
+
+struct ts_frame_hdr {
+    uint8_t version;
+    uint8_t opcode;
+    uint16_t flags;
+    uint64_t req_id;
+    uint64_t epoch;
+    uint32_t length;
+};
+
+/*
+ * Parses a frame header from buf. Pure: looks at nothing but (buf, len).
+ * Returns TS_HDR_LEN when a valid header was parsed into *h, 0 when more bytes are needed,
+ * TS_EPROTO for a bad magic, version, reserved flag or header CRC, TS_ETOOBIG when the payload
+ * length exceeds max_payload. The payload itself is not looked at.
+ */
+int ts_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, struct ts_frame_hdr *h);
+/* Writes a header (with its CRC) into out[TS_HDR_LEN]. */
+void ts_frame_encode(uint8_t *out, const struct ts_frame_hdr *h);
+
+/* ---- payload reader: bounds-checked, points into the input ------------------------- */
+
+struct ts_rd {
+    const uint8_t *p;
+    size_t len, off;
+    int err; /* sticky: first failure (TS_EPROTO) */
+};
+
+static inline void ts_rd_init(struct ts_rd *r, const void *p, size_t len)
+{
+    r->p = p;
+    r->len = len;
+    r->off = 0;
+    r->err = 0;
+}
+uint8_t ts_rd_u8(struct ts_rd *r);
+uint16_t ts_rd_u16(struct ts_rd *r);
+uint32_t ts_rd_u32(struct ts_rd *r);
+uint64_t ts_rd_u64(struct ts_rd *r);
+/* n raw bytes; NULL (and r->err set) if fewer remain. */
+const uint8_t *ts_rd_bytes(struct ts_rd *r, size_t n);
+/* u16 length + bytes, copied NUL-terminated into out[cap]; TS_EPROTO if longer than cap-1. */
+void ts_rd_str(struct ts_rd *r, char *out, size_t cap);
+/* u16 length + bytes as a dataset name: TS_ENAME (not TS_EPROTO) if not a valid name. */
+int ts_rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1]);
+/* 0 when everything parsed and nothing is left over, else TS_EPROTO. */
+int ts_rd_done(const struct ts_rd *r);
+
+/* ---- payload writer: growable buffer ------------------------------------------------ */
+
+struct ts_wr {
+    uint8_t *buf;
+    size_t len, cap;
+    int err; /* sticky TS_ENOMEM */
+};
+
+void ts_wr_init(struct ts_wr *w);
+void ts_wr_fini(struct ts_wr *w);
+void ts_wr_u8(struct ts_wr *w, uint8_t v);
+void ts_wr_u16(struct ts_wr *w, uint16_t v);
+void ts_wr_u32(struct ts_wr *w, uint32_t v);
+void ts_wr_u64(struct ts_wr *w, uint64_t v);
+void ts_wr_bytes(struct ts_wr *w, const void *p, size_t n);
+void ts_wr_str(struct ts_wr *w, const char *s); /* u16 length + bytes (cut at 65535) */
+/* Reserves a header's room at the start; ts_wr_frame() fills it in once the payload is done. */
+void ts_wr_begin_frame(struct ts_wr *w);
+void ts_wr_frame(struct ts_wr *w, uint8_t opcode, uint16_t flags, uint64_t req_id, uint64_t epoch);
+
+/* ---- shared message bodies --------------------------------------------------------- */
+
+void ts_wr_dataset_info(struct ts_wr *w, const struct ts_dataset_info *d);
+int ts_rd_dataset_info(struct ts_rd *r, struct ts_dataset_info *d);
+void ts_wr_shard_info(struct ts_wr *w, const struct ts_shard_info *s);
+int ts_rd_shard_info(struct ts_rd *r, struct ts_shard_info *s);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * libtessera: the client library of tessera, a shard-serving storage service for ML training.
+ *
+ * Threads: a tessera_client handle is used by one thread at a time (it holds one connection
+ * and the state of the requests in flight on it); use one handle per thread. Different
+ * handles are independent. ts_log_set() (tessera/log.h) is process-wide: set it once.
+ *
+ * Errors: every function returning int returns 0 or a negative TS_E* code (tessera/errno.h).
+ * When the server refused a request, tessera_client_error() holds its one-line message.
+ *
+ * Ownership: strings and buffers passed in stay the caller's; the library keeps no pointer to
+ * them after the call returns, except the destination buffers of submitted reads, which must
+ * stay valid until the read completes (tessera_wait*) or the handle is closed. Arrays returned
+ * through out-parameters are malloc'ed and the caller free()s them. On failure out-parameters
+ * are left empty (NULL / 0) and the caller still owns its arguments.
+ *
+ * Integrity: every byte received is checked against the CRC32C the server sent for its piece
+ * before the call reports success; a mismatch is TS_ECORRUPT. Uploads send each chunk's CRC32C
+ * and the whole shard's CRC32C, which the server verifies before acknowledging.
+ */
+#ifndef TESSERA_TESSERA_H
+#define TESSERA_TESSERA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera/errno.h"
+#include "tessera/log.h"
+#include "tessera/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tessera_client tessera_client;
+
+struct tessera_opts {
+    const char *address;         /* "host:port"; default "127.0.0.1:7070" */
+    const char *tls_ca;          /* CA bundle (PEM). Set: connect with TLS 1.3 and verify */
+    const char *tls_cert;        /* client certificate (PEM) for mutual TLS, optional */
+    const char *tls_key;         /* its private key (PEM) */
+    const char *tls_server_name; /* name expected in the server certificate; default: host */
+    const char *client_name;     /* sent in HELLO, shows up in server logs */
+    int timeout_ms;              /* per request, from send to complete reply; default 30000 */
+    unsigned max_inflight;       /* requests in flight per handle; default 64 */
+};
+
+void tessera_opts_init(struct tessera_opts *o);
+
+/* Connects, handshakes (TLS when tls_ca is set) and says HELLO. */
+int tessera_client_open(tessera_client **out, const struct tessera_opts *o);
+/* Closes the connection; requests still in flight are abandoned. NULL is a no-op. */
+void tessera_client_close(tessera_client *c);
+/* The role the server granted (0 none, 1 reader, 2 writer, 3 admin). */
+int tessera_client_role(const tessera_client *c);
+/* The server's message for the last refused request on this handle ("" if none). */
+const char *tessera_client_error(const tessera_client *c);
+/* The server's node id, as sent in its HELLO reply. */
+const char *tessera_client_node(const tessera_client *c);
+
+/* ---- datasets ----------------------------------------------------------------------------- */
+
+/* p NULL: 1 core replica, no fringe, min_core 1, 1 MiB chunks. */
+int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p);
+int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n);
+int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out);
+int tessera_dataset_seal(tessera_client *c, const char *name);
+int tessera_dataset_delete(tessera_client *c, const char *name);
+
+/* ---- shards ------------------------------------------------------------------------------- */
+
+int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
+                       struct ts_shard_info *out);
+int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n);
+
+/*
+ * Uploads a whole shard from memory and seals it: chunks are pipelined (no copy of buf),
+ * each acknowledged once durable; then SHARD_SEAL with the whole-shard CRC32C. records is an
+ * optional record index (ascending byte offsets), nrecords 0 for none.
+ */
+int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+                const uint64_t *records, uint32_t nrecords);
+/* Same, reading the shard from fd until EOF (size TS_SIZE_UNKNOWN) or for size bytes. */
+int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size);
+
+/*
+ * Reads [off, off+len) of a complete shard into buf (the bytes land in buf; no staging copy).
+ * *out_len is the number of bytes read: less than len when the range runs past the end.
+ * Ranges larger than one request allows are split and pipelined.
+ */
+int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                 void *buf, size_t *out_len);
+
+/*
+ * Asynchronous reads: submit many, then wait. *op identifies the read on this handle.
+ * len must be at most TESSERA_MAX_READ. buf must stay valid until the read completes.
+ */
+#define TESSERA_MAX_READ (64u << 20)
+int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                        size_t len, void *buf, uint64_t *op);
+/* Waits for read op; returns its status, *out_len its length. */
+int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len);
+/* Waits for whichever submitted read completes first. TS_ENOENT if none is in flight. */
+int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len);
+
+/* ---- maintenance -------------------------------------------------------------------------- */
+
+/* Scrubs one dataset (or all with name NULL); corrupt chunks are reported through cb. */
+int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
+                  void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
+                             int rc),
+                  void *arg);
+/* The server's status as a JSON document; *json is malloc'ed. */
+int tessera_status(tessera_client *c, char **json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
