@@ -1132,6 +1132,25 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     return 0;
 }
 
+int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uint32_t *len)
+{
+    if (!r->crcs)
+        return TS_EINCOMPLETE;
+    if (idx >= r->info.nchunks)
+        return TS_ERANGE;
+    *crc = r->crcs[idx];
+    *len = idx + 1 < r->info.nchunks
+               ? r->info.chunk_size
+               : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
+    return 0;
+}
+
+void ts_chunk_pin_release(void *pin)
+{
+    if (pin)
+        rocksdb_pinnableslice_destroy(pin);
+}
+
 void ts_chunk_ref_release(struct ts_chunk_ref *ref)
 {
     if (ref && ref->pin) {

@@ -111,6 +111,10 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
                        ts_read_ctx **out);
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r);
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
+/* Stored CRC32C and length of chunk idx, without reading it (complete shards only). */
+int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uint32_t *len);
+/* Releases a pin by its handle (for cleanup callbacks that only get the handle). */
+void ts_chunk_pin_release(void *pin);
 void ts_read_ctx_close(ts_read_ctx *r);
 void ts_chunk_ref_release(struct ts_chunk_ref *ref);
 

@@ -1,0 +1,49 @@
+/*
+ * tesserad settings: one declarative table behind the config file (libconfig syntax), the
+ * command line (--name value, generated from the table) and STATUS.
+ */
+#ifndef TSD_CONFIG_H
+#define TSD_CONFIG_H
+
+#include <stdio.h>
+
+struct tsd_config {
+    char *config_file;
+    char *node_id;
+    char *listen;     /* plain TCP address, "" to disable */
+    char *tls_listen; /* TLS address, "" to disable */
+    char *data_dir;
+    char *log_level;
+    char *sync;
+    char *anonymous_role;
+    char *tls_cert, *tls_key, *tls_ca;
+    char *tls_ciphersuites;
+    int tls_require_client_cert;
+    int workers;
+    int blob_files;
+    int verify_engine_checksums;
+    int block_cache_mb;
+    int max_connections;
+    int conn_output_kb;
+    int idle_timeout_s;
+    int drain_timeout_s;
+    int max_chunk_mb;
+};
+
+/* Fills every setting with its default. */
+void tsd_config_defaults(struct tsd_config *c);
+/*
+ * Applies argv over the defaults: first --config FILE (if given) is read, then every other
+ * flag overrides the file. Returns 0, 1 when --help/--version was handled, or TS_ECONFIG
+ * (the reason printed to stderr).
+ */
+int tsd_config_load(struct tsd_config *c, int argc, char **argv);
+/* Cross-setting checks (TLS files present, roles valid, ...); prints the reason. */
+int tsd_config_validate(const struct tsd_config *c);
+void tsd_config_free(struct tsd_config *c);
+void tsd_config_usage(FILE *f);
+/* Emits "name = value" lines, for the start-up log. */
+void tsd_config_dump(const struct tsd_config *c, void (*emit)(void *arg, const char *line),
+                     void *arg);
+
+#endif

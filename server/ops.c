@@ -1,0 +1,811 @@
+/* tesserad request handlers: one per opcode, each sending exactly one reply. */
+#include "server_internal.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_SCRUB_REPORT 1000
+
+/* Reads a name and checks the payload is fully consumed; replies on failure. */
+static int rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+                        char *name, int done)
+{
+    int rc = ts_rd_name(r, name);
+    if (rc == TS_ENAME) {
+        tsd_reply_error(c, h, TS_ENAME, "invalid dataset name (1-128 of [A-Za-z0-9._-])");
+        return rc;
+    }
+    if (rc == 0 && done)
+        rc = ts_rd_done(r);
+    if (rc) {
+        tsd_reply_error(c, h, TS_EPROTO, "malformed %s request", ts_op_desc(h->opcode)->name);
+        return rc;
+    }
+    return 0;
+}
+
+static int rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    int rc = ts_rd_done(r);
+    if (rc)
+        tsd_reply_error(c, h, TS_EPROTO, "malformed %s request", ts_op_desc(h->opcode)->name);
+    return rc;
+}
+
+static void reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h)
+{
+    struct ts_wr w;
+    tsd_reply_begin(&w);
+    tsd_reply_send(c, h, &w);
+}
+
+static void reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
+                              const char *name, long shard)
+{
+    const char *what = ts_op_desc(h->opcode)->name;
+
+    if (shard >= 0)
+        tsd_reply_error(c, h, rc, "%s %s/%ld: %s", what, name, shard, ts_strerror(rc));
+    else
+        tsd_reply_error(c, h, rc, "%s %s: %s", what, name, ts_strerror(rc));
+}
+
+/* ---- HELLO ------------------------------------------------------------------------------ */
+
+static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_wr w;
+    uint16_t ver = ts_rd_u16(r);
+
+    ts_rd_str(r, c->client_name, sizeof(c->client_name));
+    if (rd_done(c, h, r))
+        return;
+    if (ver != TS_PROTO_VERSION) {
+        tsd_reply_error(c, h, TS_ENOTSUP, "protocol version %u not supported (server speaks %d)",
+                        ver, TS_PROTO_VERSION);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u16(&w, TS_PROTO_VERSION);
+    ts_wr_str(&w, s->cfg->node_id);
+    ts_wr_u8(&w, (uint8_t)c->role);
+    ts_wr_u32(&w, TS_MAX_CHUNK + 4096);
+    ts_wr_u64(&w, s->epoch);
+    tsd_reply_send(c, h, &w);
+}
+
+/* ---- datasets --------------------------------------------------------------------------- */
+
+static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_policy p;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    p.core = ts_rd_u8(r);
+    p.fringe = ts_rd_u8(r);
+    p.min_core = ts_rd_u8(r);
+    p.chunk_size = ts_rd_u32(r);
+    if (rd_done(c, h, r))
+        return;
+    if (p.core == 0)
+        p.core = 1;
+    if (p.min_core == 0)
+        p.min_core = p.core;
+    rc = ts_store_dataset_create(c->w->srv->store, name, &p);
+    if (rc == TS_EINVAL)
+        tsd_reply_error(c, h, rc,
+                        "dataset-create %s: invalid policy (chunk size %u must be %u..%u; "
+                        "1 <= min_core %u <= core %u)",
+                        name, p.chunk_size ? p.chunk_size : TS_DEFAULT_CHUNK_SIZE,
+                        TS_MIN_CHUNK_SIZE, (unsigned)c->w->srv->cfg->max_chunk_mb << 20, p.min_core,
+                        p.core);
+    else if (rc)
+        reply_store_error(c, h, rc, name, -1);
+    else
+        reply_ok(c, h);
+}
+
+static int list_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct ts_wr *w = arg;
+    ts_wr_dataset_info(w, d);
+    return 0;
+}
+
+static int count_cb(void *arg, const struct ts_dataset_info *d)
+{
+    (*(uint32_t *)arg)++;
+    return 0;
+}
+
+static void op_dataset_list(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct ts_wr w;
+    uint32_t n = 0;
+    size_t at;
+    int rc;
+
+    if (rd_done(c, h, r))
+        return;
+    tsd_reply_begin(&w);
+    at = w.len;
+    ts_wr_u32(&w, 0);
+    rc = ts_store_dataset_list(c->w->srv->store, list_cb, &w);
+    if (rc == 0)
+        rc = ts_store_dataset_list(c->w->srv->store, count_cb, &n);
+    if (rc) {
+        ts_wr_fini(&w);
+        tsd_reply_error(c, h, rc, "dataset-list: %s", ts_strerror(rc));
+        return;
+    }
+    if (!w.err)
+        ts_put_le32(w.buf + at, n);
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_info d;
+    struct ts_wr w;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 1))
+        return;
+    rc = ts_store_dataset_stat(c->w->srv->store, name, &d);
+    if (rc) {
+        reply_store_error(c, h, rc, name, -1);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_dataset_info(&w, &d);
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 1))
+        return;
+    rc = ts_store_dataset_seal(c->w->srv->store, name);
+    if (rc == TS_EINCOMPLETE)
+        tsd_reply_error(
+            c, h, rc, "dataset-seal %s: shards must be 0..N-1, all complete, none uploading", name);
+    else if (rc)
+        reply_store_error(c, h, rc, name, -1);
+    else
+        reply_ok(c, h);
+}
+
+static void op_dataset_delete(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 1))
+        return;
+    rc = ts_store_dataset_delete(c->w->srv->store, name);
+    if (rc == TS_EBUSY)
+        tsd_reply_error(c, h, rc, "dataset-delete %s: an upload to it is in progress", name);
+    else if (rc)
+        reply_store_error(c, h, rc, name, -1);
+    else
+        reply_ok(c, h);
+}
+
+/* ---- uploads ---------------------------------------------------------------------------- */
+
+static struct tsd_upload *upload_find(struct tsd_conn *c, const char *name, uint32_t shard)
+{
+    for (size_t i = 0; i < c->nuploads; i++)
+        if (c->uploads[i].shard == shard && !strcmp(c->uploads[i].name, name))
+            return &c->uploads[i];
+    return NULL;
+}
+
+static void upload_remove(struct tsd_conn *c, struct tsd_upload *u)
+{
+    *u = c->uploads[--c->nuploads];
+}
+
+void tsd_uploads_abort(struct tsd_conn *c)
+{
+    for (size_t i = 0; i < c->nuploads; i++) {
+        TS_INFO(FAC, "connection %s closed during upload of %s/%u: shard left incomplete", c->peer,
+                c->uploads[i].name, c->uploads[i].shard);
+        ts_shard_writer_abort(c->uploads[i].w);
+    }
+    c->nuploads = 0;
+}
+
+static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct tsd_upload *u;
+    uint32_t shard, idx, crc, len;
+    uint64_t size;
+    const uint8_t *data;
+    struct ts_wr w;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    idx = ts_rd_u32(r);
+    size = ts_rd_u64(r);
+    crc = ts_rd_u32(r);
+    len = ts_rd_u32(r);
+    data = ts_rd_bytes(r, len);
+    if (rd_done(c, h, r))
+        return;
+    u = upload_find(c, name, shard);
+    if (idx == 0) {
+        ts_shard_writer *wr;
+        if (u) { /* the client restarts this upload */
+            ts_shard_writer_abort(u->w);
+            upload_remove(c, u);
+        }
+        if (c->nuploads == c->capuploads) {
+            size_t cap = c->capuploads ? 2 * c->capuploads : 4;
+            struct tsd_upload *nu = realloc(c->uploads, cap * sizeof(*nu));
+            if (!nu) {
+                tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+                return;
+            }
+            c->uploads = nu;
+            c->capuploads = cap;
+        }
+        rc = ts_store_shard_begin(s->store, name, shard, size, &wr);
+        if (rc) {
+            if (rc == TS_EEXIST)
+                tsd_reply_error(c, h, rc, "shard-write %s/%u: shard already complete", name, shard);
+            else if (rc == TS_EBUSY)
+                tsd_reply_error(c, h, rc, "shard-write %s/%u: another upload of it is in progress",
+                                name, shard);
+            else
+                reply_store_error(c, h, rc, name, shard);
+            return;
+        }
+        u = &c->uploads[c->nuploads++];
+        snprintf(u->name, sizeof(u->name), "%s", name);
+        u->shard = shard;
+        u->w = wr;
+    } else if (!u) {
+        tsd_reply_error(c, h, TS_EINVAL,
+                        "shard-write %s/%u chunk %u: no upload of this shard in progress on this "
+                        "connection (chunk 0 starts one)",
+                        name, shard, idx);
+        return;
+    }
+    rc = ts_shard_writer_put(u->w, idx, data, len, crc);
+    if (rc) {
+        if (rc == TS_ECORRUPT)
+            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+        tsd_reply_error(c, h, rc, "shard-write %s/%u chunk %u (%u bytes): %s%s", name, shard, idx,
+                        len, ts_strerror(rc),
+                        rc == TS_EINVAL ? " (chunks go in order, each the dataset's chunk size "
+                                          "but the last)"
+                                        : "");
+        return;
+    }
+    STAT_ADD(&c->w->stats, chunks_written, 1);
+    tsd_reply_begin(&w);
+    ts_wr_u32(&w, idx);
+    ts_wr_u64(&w, ts_shard_writer_bytes(u->w));
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct tsd_upload *u;
+    struct ts_shard_info si;
+    uint64_t *recs = NULL;
+    uint32_t shard, crc, nrec;
+    uint8_t have_crc;
+    struct ts_wr w;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    have_crc = ts_rd_u8(r);
+    crc = ts_rd_u32(r);
+    nrec = ts_rd_u32(r);
+    if (!r->err && (uint64_t)nrec * 8 != r->len - r->off) {
+        tsd_reply_error(c, h, TS_EPROTO, "shard-seal: record count does not match the payload");
+        return;
+    }
+    if (nrec) {
+        recs = malloc(8 * (size_t)nrec);
+        if (!recs) {
+            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+            return;
+        }
+        for (uint32_t i = 0; i < nrec; i++)
+            recs[i] = ts_rd_u64(r);
+    }
+    if (rd_done(c, h, r))
+        goto out_free;
+    u = upload_find(c, name, shard);
+    if (!u) {
+        rc = ts_store_shard_stat(s->store, name, shard, &si);
+        if (rc == 0 && si.state == TS_SHARD_COMPLETE)
+            tsd_reply_error(c, h, TS_EEXIST, "shard-seal %s/%u: already sealed", name, shard);
+        else if (rc && rc != TS_ENOENT)
+            reply_store_error(c, h, rc, name, shard);
+        else
+            tsd_reply_error(c, h, TS_EINVAL,
+                            "shard-seal %s/%u: no upload of this shard in progress on this "
+                            "connection",
+                            name, shard);
+        goto out_free;
+    }
+    rc = ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
+    if (rc) {
+        if (rc == TS_EINCOMPLETE)
+            tsd_reply_error(c, h, rc, "shard-seal %s/%u: only %llu of the declared bytes arrived",
+                            name, shard, (unsigned long long)ts_shard_writer_bytes(u->w));
+        else if (rc == TS_ECORRUPT)
+            tsd_reply_error(c, h, rc, "shard-seal %s/%u: whole-shard CRC32C does not match", name,
+                            shard);
+        else
+            reply_store_error(c, h, rc, name, shard);
+        goto out_free;
+    }
+    upload_remove(c, u);
+    rc = ts_store_shard_stat(s->store, name, shard, &si);
+    if (rc) {
+        reply_store_error(c, h, rc, name, shard);
+        goto out_free;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_shard_info(&w, &si);
+    tsd_reply_send(c, h, &w);
+out_free:
+    free(recs);
+}
+
+/* ---- reads ------------------------------------------------------------------------------ */
+
+/* Zeros sent in place of a chunk that failed verification mid-stream (see protocol.md). */
+static const uint8_t zeros[1u << 20];
+
+static void pin_cleanup(const void *data, size_t len, void *pin)
+{
+    ts_chunk_pin_release(pin);
+}
+
+void tsd_stream_free(struct tsd_read_stream *rs)
+{
+    if (!rs)
+        return;
+    ts_chunk_ref_release(&rs->first);
+    ts_chunk_ref_release(&rs->last);
+    ts_read_ctx_close(rs->ctx);
+    free(rs);
+}
+
+/* Adds [in, in+n) of a verified chunk to the output by reference; the pin is released by
+ * libevent once the bytes are written. Takes ownership of ref. */
+static void add_piece(struct evbuffer *out, struct ts_chunk_ref *ref, size_t in, size_t n)
+{
+    if (evbuffer_add_reference(out, ref->data + in, n, pin_cleanup, ref->pin) != 0)
+        ts_chunk_pin_release(ref->pin);
+    ref->pin = NULL;
+    ref->data = NULL;
+}
+
+static void add_zeros(struct evbuffer *out, size_t n)
+{
+    while (n) {
+        size_t k = TS_MIN(n, sizeof(zeros));
+        evbuffer_add_reference(out, zeros, k, NULL, NULL);
+        n -= k;
+    }
+}
+
+int tsd_stream_continue(struct tsd_conn *c)
+{
+    struct tsd_read_stream *rs = c->rs;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    size_t budget = c->w->srv->out_budget;
+
+    while (rs->pos < rs->end && evbuffer_get_length(out) < budget) {
+        uint32_t idx = (uint32_t)(rs->pos / rs->chunk_size);
+        size_t in = (size_t)(rs->pos % rs->chunk_size);
+        size_t n = (size_t)TS_MIN((uint64_t)rs->chunk_size - in, rs->end - rs->pos);
+        struct ts_chunk_ref ref;
+        int rc = 0;
+
+        if (idx == rs->first_idx && rs->first.pin) {
+            ref = rs->first;
+            rs->first.pin = NULL;
+        } else if (idx == rs->last_idx && rs->last.pin) {
+            ref = rs->last;
+            rs->last.pin = NULL;
+        } else {
+            rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
+        }
+        if (rc) {
+            /* Already promised in the piece table: send zeros, which fail the piece CRC at
+             * the client (TS_ECORRUPT there). The corrupt bytes themselves never leave. */
+            TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
+                     ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
+            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+            add_zeros(out, n);
+        } else {
+            add_piece(out, &ref, in, n);
+        }
+        rs->pos += n;
+        STAT_ADD(&c->w->stats, read_bytes, n);
+        STAT_ADD(&c->w->stats, bytes_out, n);
+    }
+    if (rs->pos < rs->end)
+        return 0;
+    tsd_stream_free(rs);
+    c->rs = NULL;
+    return 1;
+}
+
+static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct tsd_read_stream *rs;
+    const struct ts_shard_info *si;
+    uint32_t shard, len, npieces;
+    uint64_t off, end;
+    struct ts_wr w;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    off = ts_rd_u64(r);
+    len = ts_rd_u32(r);
+    if (rd_done(c, h, r))
+        return;
+    if (len > TS_MAX_READ) {
+        tsd_reply_error(c, h, TS_ETOOBIG, "read %s/%u: %u bytes asked, at most %u per request",
+                        name, shard, len, TS_MAX_READ);
+        return;
+    }
+    rs = calloc(1, sizeof(*rs));
+    if (!rs) {
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    snprintf(rs->name, sizeof(rs->name), "%s", name);
+    rc = ts_store_read_open(s->store, name, shard, 0, &rs->ctx);
+    if (rc) {
+        if (rc == TS_EINCOMPLETE)
+            tsd_reply_error(c, h, rc, "read %s/%u: shard is still being written (not sealed)", name,
+                            shard);
+        else
+            reply_store_error(c, h, rc, name, shard);
+        goto out_free;
+    }
+    si = ts_read_ctx_info(rs->ctx);
+    if (off > si->size) {
+        tsd_reply_error(c, h, TS_ERANGE, "read %s/%u: offset %llu is past the end (%llu bytes)",
+                        name, shard, (unsigned long long)off, (unsigned long long)si->size);
+        goto out_free;
+    }
+    end = off + TS_MIN((uint64_t)len, si->size - off);
+    rs->pos = off;
+    rs->end = end;
+    rs->chunk_size = si->chunk_size;
+    rs->req_id = h->req_id;
+    npieces = end > off ? (uint32_t)((end - 1) / si->chunk_size - off / si->chunk_size + 1) : 0;
+    rs->first_idx = (uint32_t)(off / si->chunk_size);
+    rs->last_idx = npieces ? (uint32_t)((end - 1) / si->chunk_size) : rs->first_idx;
+
+    /* Piece table. The first and last chunks are read and verified now (their CRCs may need
+     * computing over a partial range); whole middle chunks carry their stored CRC. */
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, si->size);
+    ts_wr_u32(&w, npieces);
+    for (uint32_t i = 0; i < npieces; i++) {
+        uint32_t idx = rs->first_idx + i, crc, clen;
+        uint64_t cstart = (uint64_t)idx * si->chunk_size;
+        uint64_t ps = TS_MAX(cstart, off);
+        uint64_t pe = TS_MIN(cstart + si->chunk_size, end);
+        struct ts_chunk_ref *ref = NULL;
+
+        if (i == 0)
+            ref = &rs->first;
+        else if (i == npieces - 1)
+            ref = &rs->last;
+        if (ref) {
+            rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
+            if (rc) {
+                ts_wr_fini(&w);
+                if (rc == TS_ECORRUPT)
+                    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
+                                ts_strerror(rc));
+                goto out_free;
+            }
+            crc = (ps == cstart && pe - ps == ref->len)
+                      ? ref->crc
+                      : ts_crc32c(0, ref->data + (ps - cstart), (size_t)(pe - ps));
+        } else {
+            ts_read_ctx_chunk_crc(rs->ctx, idx, &crc, &clen);
+        }
+        ts_wr_u32(&w, (uint32_t)(pe - ps));
+        ts_wr_u32(&w, crc);
+    }
+    /* The frame length covers the data that the stream will add. */
+    if (!w.err) {
+        struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode,
+                                  TS_F_REPLY,       h->req_id,
+                                  s->epoch,         (uint32_t)(w.len - TS_HDR_LEN + (end - off))};
+        struct evbuffer *out = bufferevent_get_output(c->bev);
+        ts_frame_encode(w.buf, &rh);
+        STAT_ADD(&c->w->stats, bytes_out, w.len);
+        if (evbuffer_add(out, w.buf, w.len) != 0) {
+            ts_wr_fini(&w);
+            goto out_free;
+        }
+        ts_wr_fini(&w);
+        c->rs = rs;
+        bufferevent_disable(c->bev, EV_READ);
+        if (tsd_stream_continue(c))
+            bufferevent_enable(c->bev, EV_READ);
+        return;
+    }
+    ts_wr_fini(&w);
+    tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+out_free:
+    tsd_stream_free(rs);
+}
+
+/* ---- shard metadata --------------------------------------------------------------------- */
+
+static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    struct ts_shard_info si;
+    struct ts_wr w;
+    uint32_t shard;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    if (rd_done(c, h, r))
+        return;
+    rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
+    if (rc) {
+        reply_store_error(c, h, rc, name, shard);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_shard_info(&w, &si);
+    tsd_reply_send(c, h, &w);
+}
+
+struct shard_list_arg {
+    struct ts_wr *w;
+    uint32_t n;
+};
+
+static int shard_list_cb(void *arg, const struct ts_shard_info *si)
+{
+    struct shard_list_arg *a = arg;
+    ts_wr_shard_info(a->w, si);
+    a->n++;
+    return 0;
+}
+
+static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    struct ts_wr w;
+    struct shard_list_arg a = {&w, 0};
+    size_t at;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 1))
+        return;
+    tsd_reply_begin(&w);
+    at = w.len;
+    ts_wr_u32(&w, 0);
+    rc = ts_store_shard_list(c->w->srv->store, name, shard_list_cb, &a);
+    if (rc) {
+        ts_wr_fini(&w);
+        reply_store_error(c, h, rc, name, -1);
+        return;
+    }
+    if (!w.err)
+        ts_put_le32(w.buf + at, a.n);
+    tsd_reply_send(c, h, &w);
+}
+
+/* ---- maintenance ------------------------------------------------------------------------ */
+
+struct scrub_arg {
+    struct ts_wr *w;
+    uint32_t n;
+};
+
+static void scrub_cb(void *arg, const char *ds, uint32_t shard, uint32_t idx, int rc)
+{
+    struct scrub_arg *a = arg;
+    if (a->n >= MAX_SCRUB_REPORT)
+        return;
+    ts_wr_str(a->w, ds);
+    ts_wr_u32(a->w, shard);
+    ts_wr_u32(a->w, idx);
+    ts_wr_u32(a->w, (uint32_t)rc);
+    a->n++;
+}
+
+static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    struct ts_scrub_report rep;
+    struct ts_wr w, list;
+    struct scrub_arg a = {&list, 0};
+    uint16_t n = 0;
+    int rc;
+
+    /* An empty name means every dataset. */
+    if (r->len - r->off >= 2)
+        n = ts_get_le16(r->p + r->off);
+    if (n == 0) {
+        ts_rd_u16(r);
+        name[0] = '\0';
+        if (rd_done(c, h, r))
+            return;
+    } else if (rd_name_done(c, h, r, name, 1)) {
+        return;
+    }
+    ts_wr_init(&list);
+    /* Runs on the worker thread: scrubbing is a maintenance operation; other connections of
+     * this worker wait for it (documented in docs/operations.md). */
+    rc = ts_store_scrub(c->w->srv->store, name[0] ? name : NULL, scrub_cb, &a, &rep);
+    if (rc) {
+        ts_wr_fini(&list);
+        reply_store_error(c, h, rc, name[0] ? name : "(all)", -1);
+        return;
+    }
+    if (rep.corrupt)
+        STAT_ADD(&c->w->stats, corrupt_chunks, rep.corrupt);
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, rep.shards);
+    ts_wr_u64(&w, rep.chunks);
+    ts_wr_u64(&w, rep.bytes);
+    ts_wr_u64(&w, rep.corrupt);
+    ts_wr_u32(&w, a.n);
+    ts_wr_bytes(&w, list.buf, list.len);
+    ts_wr_fini(&list);
+    tsd_reply_send(c, h, &w);
+}
+
+static long rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+#define STATUS_MAX_DATASETS 200 /* the reply is a u16-length str; `dataset ls` lists all */
+
+static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
+{
+    json_object *arr = arg, *o;
+
+    if (json_object_array_length(arr) >= STATUS_MAX_DATASETS)
+        return 1;
+    o = json_object_new_object();
+    json_object_object_add(o, "name", json_object_new_string(d->name));
+    json_object_object_add(o, "state", json_object_new_string(d->state ? "sealed" : "open"));
+    json_object_object_add(o, "shards", json_object_new_int64(d->shards));
+    json_object_object_add(o, "shards_writing", json_object_new_int64(d->shards_writing));
+    json_object_object_add(o, "bytes", json_object_new_int64((int64_t)d->bytes));
+    json_object_object_add(o, "core", json_object_new_int(d->policy.core));
+    json_object_object_add(o, "fringe", json_object_new_int(d->policy.fringe));
+    json_object_object_add(o, "chunk_size", json_object_new_int64(d->policy.chunk_size));
+    json_object_array_add(arr, o);
+    return 0;
+}
+
+static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct tsd_stats st;
+    json_object *root, *stats, *ops, *ds, *lis;
+    struct ts_wr w;
+
+    if (rd_done(c, h, r))
+        return;
+    tsd_stats_sum(s, &st);
+    root = json_object_new_object();
+    json_object_object_add(root, "node", json_object_new_string(s->cfg->node_id));
+    json_object_object_add(root, "version", json_object_new_string(TESSERA_VERSION));
+    json_object_object_add(root, "protocol", json_object_new_int(TS_PROTO_VERSION));
+    json_object_object_add(root, "epoch", json_object_new_int64((int64_t)s->epoch));
+    json_object_object_add(root, "uptime_s",
+                           json_object_new_double((double)(ts_now_mono_ns() - s->start_ns) / 1e9));
+    json_object_object_add(root, "data_dir", json_object_new_string(s->cfg->data_dir));
+    json_object_object_add(root, "sync", json_object_new_string(s->cfg->sync));
+    json_object_object_add(root, "workers", json_object_new_int(s->nworkers));
+    json_object_object_add(root, "connections", json_object_new_int(atomic_load(&s->nconns)));
+    json_object_object_add(root, "rss_kb", json_object_new_int64(rss_kb()));
+    lis = json_object_new_object();
+    json_object_object_add(lis, "tcp", json_object_new_string(s->addr[0]));
+    json_object_object_add(lis, "tls", json_object_new_string(s->addr[1]));
+    json_object_object_add(root, "listen", lis);
+    json_object_object_add(root, "your_role", json_object_new_string(ts_role_name(c->role)));
+    stats = json_object_new_object();
+#define J(f) json_object_object_add(stats, #f, json_object_new_int64((int64_t)STAT_GET(&st, f)))
+    J(conns_accepted);
+    J(conns_refused);
+    J(requests);
+    J(errors);
+    J(bytes_in);
+    J(bytes_out);
+    J(chunks_written);
+    J(read_bytes);
+    J(corrupt_chunks);
+    J(protocol_errors);
+#undef J
+    ops = json_object_new_object();
+    for (unsigned op = 0; op < TS_OP_MAX; op++)
+        if (ts_op_desc(op))
+            json_object_object_add(ops, ts_op_desc(op)->name,
+                                   json_object_new_int64((int64_t)STAT_GET(&st, by_op[op])));
+    json_object_object_add(stats, "by_op", ops);
+    json_object_object_add(root, "stats", stats);
+    ds = json_object_new_array();
+    json_object_object_add(
+        root, "datasets_truncated",
+        json_object_new_boolean(ts_store_dataset_list(s->store, status_ds_cb, ds) == 1));
+    json_object_object_add(root, "datasets", ds);
+
+    tsd_reply_begin(&w);
+    ts_wr_str(&w, json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN));
+    json_object_put(root);
+    tsd_reply_send(c, h, &w);
+}
+
+static const tsd_handler handlers[TS_OP_MAX] = {
+    [TS_OP_HELLO] = op_hello,
+    [TS_OP_DATASET_CREATE] = op_dataset_create,
+    [TS_OP_DATASET_LIST] = op_dataset_list,
+    [TS_OP_DATASET_STAT] = op_dataset_stat,
+    [TS_OP_DATASET_SEAL] = op_dataset_seal,
+    [TS_OP_DATASET_DELETE] = op_dataset_delete,
+    [TS_OP_SHARD_WRITE] = op_shard_write,
+    [TS_OP_SHARD_SEAL] = op_shard_seal,
+    [TS_OP_READ] = op_read,
+    [TS_OP_SHARD_STAT] = op_shard_stat,
+    [TS_OP_SHARD_LIST] = op_shard_list,
+    [TS_OP_SCRUB] = op_scrub,
+    [TS_OP_STATUS] = op_status,
+};
+
+tsd_handler tsd_handler_for(unsigned opcode)
+{
+    return handlers[opcode];
+}

@@ -1,0 +1,712 @@
+/*
+ * tesserad core: one acceptor (the main thread's event loop) hands connections to N workers,
+ * each with its own event_base. Each connection is a small state machine:
+ *   handshake (TLS only) -> serving (frames parsed and dispatched in order)
+ *   -> streaming (a READ reply is produced as the peer drains it; input paused)
+ *   -> closing (output flushed, then freed).
+ */
+#include "server_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/bufferevent_ssl.h>
+#include <event2/thread.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* Largest payload of any opcode: the bound on what a connection may make us buffer. */
+static uint32_t max_payload_any(void)
+{
+    uint32_t m = 0;
+    for (unsigned op = 0; op < TS_OP_MAX; op++) {
+        const struct ts_op_desc *d = ts_op_desc(op);
+        if (d && d->max_payload > m)
+            m = d->max_payload;
+    }
+    return m;
+}
+
+/* ---- replies ---------------------------------------------------------------------------- */
+
+static void wr_free_cb(const void *data, size_t len, void *extra)
+{
+    free(extra);
+}
+
+void tsd_reply_begin(struct ts_wr *w)
+{
+    ts_wr_init(w);
+    ts_wr_begin_frame(w);
+    ts_wr_u32(w, 0); /* status */
+}
+
+/* Hands the frame's buffer to the connection's output without copying it. */
+void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w)
+{
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct tsd_server *s = c->w->srv;
+
+    if (w->err) {
+        ts_wr_fini(w);
+        tsd_reply_error(c, req, TS_ENOMEM, "out of memory building the reply");
+        return;
+    }
+    ts_wr_frame(w, req->opcode, TS_F_REPLY, req->req_id, s->epoch);
+    STAT_ADD(&c->w->stats, bytes_out, w->len);
+    if (evbuffer_add_reference(out, w->buf, w->len, wr_free_cb, w->buf) != 0)
+        free(w->buf);
+    w->buf = NULL;
+    ts_wr_fini(w);
+}
+
+void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
+                     ...)
+{
+    struct ts_wr w;
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    STAT_ADD(&c->w->stats, errors, 1);
+    TS_LOG(rc == TS_EINTERNAL || rc == TS_EDB || rc == TS_EIO ? TS_LOG_ERROR : TS_LOG_DEBUG, FAC,
+           rc, "%s %s: %s", c->peer, ts_op_desc(req->opcode) ? ts_op_desc(req->opcode)->name : "?",
+           msg);
+    ts_wr_init(&w);
+    ts_wr_begin_frame(&w);
+    ts_wr_u32(&w, (uint32_t)rc);
+    ts_wr_str(&w, msg);
+    tsd_reply_send(c, req, &w);
+}
+
+/* ---- connections ------------------------------------------------------------------------ */
+
+static void conn_free(struct tsd_conn *c)
+{
+    struct tsd_worker *w = c->w;
+
+    TS_DEBUG(FAC, "closing connection %s", c->peer);
+    if (c->rs) {
+        tsd_stream_free(c->rs);
+        c->rs = NULL;
+    }
+    tsd_uploads_abort(c);
+    free(c->uploads);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    bufferevent_free(c->bev); /* closes the socket (and frees the SSL) */
+    atomic_fetch_sub(&w->nconns, 1);
+    atomic_fetch_sub(&w->srv->nconns, 1);
+    free(c);
+    if (w->draining && !w->conns)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void conn_close_after_flush(struct tsd_conn *c)
+{
+    c->closing = 1;
+    bufferevent_disable(c->bev, EV_READ);
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        conn_free(c);
+}
+
+/* Parses and dispatches every complete frame in the input. Returns 0 if c was freed. */
+static int conn_process(struct tsd_conn *c)
+{
+    struct tsd_server *s = c->w->srv;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    const uint32_t max_any = max_payload_any();
+
+    while (!c->closing && !c->rs) {
+        uint8_t hb[TS_HDR_LEN];
+        struct ts_frame_hdr h;
+        const struct ts_op_desc *d;
+        size_t avail = evbuffer_get_length(in), n = TS_MIN(avail, (size_t)TS_HDR_LEN);
+        uint8_t *payload = NULL;
+        struct ts_rd r;
+        int rc;
+
+        if (avail == 0)
+            break;
+        if (evbuffer_get_length(out) >= s->out_budget) {
+            /* Backpressure: the peer is not reading its replies; stop reading requests. */
+            bufferevent_disable(c->bev, EV_READ);
+            return 1;
+        }
+        evbuffer_copyout(in, hb, n);
+        rc = ts_frame_parse(hb, n, max_any, &h);
+        if (rc == 0)
+            break;
+        if (rc < 0) {
+            struct ts_frame_hdr none = {0};
+            STAT_ADD(&c->w->stats, protocol_errors, 1);
+            tsd_reply_error(c, &none, rc, "%s",
+                            rc == TS_ETOOBIG ? "frame payload exceeds the protocol limit"
+                                             : "malformed frame header (magic, version, flags "
+                                               "or header CRC); closing");
+            conn_close_after_flush(c);
+            return 1;
+        }
+        d = ts_op_desc(h.opcode);
+        if (h.length > (d ? d->max_payload : TS_SMALL_PAYLOAD)) {
+            STAT_ADD(&c->w->stats, protocol_errors, 1);
+            tsd_reply_error(c, &h, TS_ETOOBIG, "%s payload of %u bytes exceeds its limit of %u",
+                            d ? d->name : "unknown opcode", h.length,
+                            d ? d->max_payload : TS_SMALL_PAYLOAD);
+            conn_close_after_flush(c);
+            return 1;
+        }
+        if (avail < TS_HDR_LEN + (size_t)h.length)
+            break; /* wait for the whole frame (bounded by the watermark) */
+        evbuffer_drain(in, TS_HDR_LEN);
+        if (h.length) {
+            payload = evbuffer_pullup(in, h.length);
+            if (!payload) {
+                tsd_reply_error(c, &h, TS_ENOMEM, "out of memory");
+                conn_close_after_flush(c);
+                return 1;
+            }
+        }
+        STAT_ADD(&c->w->stats, requests, 1);
+        STAT_ADD(&c->w->stats, bytes_in, TS_HDR_LEN + (uint64_t)h.length);
+        ts_rd_init(&r, payload, h.length);
+        if (!d) {
+            tsd_reply_error(c, &h, TS_ENOTSUP, "unknown opcode %u", h.opcode);
+        } else if (h.flags & TS_F_REPLY) {
+            STAT_ADD(&c->w->stats, protocol_errors, 1);
+            tsd_reply_error(c, &h, TS_EPROTO, "a request must not carry the REPLY flag");
+        } else if (c->role < d->min_role) {
+            tsd_reply_error(c, &h, TS_EPERM, "role '%s' may not %s (needs '%s')",
+                            ts_role_name(c->role), d->name, ts_role_name(d->min_role));
+        } else {
+            STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
+            tsd_handler_for(h.opcode)(c, &h, &r);
+        }
+        evbuffer_drain(in, h.length);
+    }
+    if (c->closing && evbuffer_get_length(out) == 0 && !c->rs) {
+        conn_free(c);
+        return 0;
+    }
+    return 1;
+}
+
+void tsd_conn_resume(struct tsd_conn *c)
+{
+    if (c->closing)
+        return;
+    if (conn_process(c) && !c->closing && !c->rs &&
+        evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget &&
+        !c->w->draining)
+        bufferevent_enable(c->bev, EV_READ);
+}
+
+static void conn_readcb(struct bufferevent *bev, void *arg)
+{
+    struct tsd_conn *c = arg;
+    if (c->ready)
+        conn_process(c);
+}
+
+static void conn_writecb(struct bufferevent *bev, void *arg)
+{
+    struct tsd_conn *c = arg;
+    struct evbuffer *out = bufferevent_get_output(bev);
+
+    if (c->rs && !tsd_stream_continue(c))
+        return; /* still streaming; called again when the output drains */
+    if (c->closing) {
+        if (evbuffer_get_length(out) == 0)
+            conn_free(c);
+        return;
+    }
+    if (c->w->draining) {
+        conn_process(c);
+        if (evbuffer_get_length(out) == 0 && !c->rs)
+            conn_free(c);
+        return;
+    }
+    tsd_conn_resume(c);
+}
+
+static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
+{
+    struct tsd_conn *c = arg;
+    struct tsd_server *s = c->w->srv;
+
+    if (what & BEV_EVENT_CONNECTED) {
+        /* TLS handshake done: the peer certificate (verified by OpenSSL) decides the role. */
+        SSL *ssl = bufferevent_openssl_get_ssl(bev);
+        c->role = tsd_tls_peer_role(ssl, s->anon_role, c->subject, sizeof(c->subject));
+        c->ready = 1;
+        TS_DEBUG(FAC, "TLS %s from %s: %s, role %s", SSL_get_version(ssl), c->peer,
+                 c->subject[0] ? c->subject : "no certificate", ts_role_name(c->role));
+        conn_process(c);
+        return;
+    }
+    if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
+        if (c->tls && (what & BEV_EVENT_ERROR)) {
+            unsigned long e;
+            char buf[256];
+            while ((e = bufferevent_get_openssl_error(bev)) != 0) {
+                ERR_error_string_n(e, buf, sizeof(buf));
+                TS_WARN(FAC, TS_ETLS, "TLS connection from %s: %s", c->peer, buf);
+            }
+        }
+        if (what & BEV_EVENT_TIMEOUT)
+            TS_INFO(FAC, "connection %s idle for %d s: closing", c->peer, s->cfg->idle_timeout_s);
+        conn_free(c);
+    }
+}
+
+static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
+{
+    struct tsd_server *s = w->srv;
+    struct tsd_conn *c = calloc(1, sizeof(*c));
+    struct timeval idle = {s->cfg->idle_timeout_s, 0};
+    int one = 1;
+
+    if (!c) {
+        evutil_closesocket(p->fd);
+        atomic_fetch_sub(&s->nconns, 1);
+        return;
+    }
+    setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    c->w = w;
+    c->tls = p->tls;
+    snprintf(c->peer, sizeof(c->peer), "%s", p->peer);
+    if (p->tls) {
+        SSL *ssl = SSL_new(s->ssl_ctx);
+        c->bev = ssl ? bufferevent_openssl_socket_new(
+                           w->base, p->fd, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE)
+                     : NULL;
+        if (c->bev)
+            bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+        else if (ssl)
+            SSL_free(ssl);
+    } else {
+        c->bev = bufferevent_socket_new(w->base, p->fd, BEV_OPT_CLOSE_ON_FREE);
+        c->role = s->anon_role;
+        c->ready = 1;
+    }
+    if (!c->bev) {
+        TS_ERROR(FAC, TS_ENOMEM, "cannot set up connection from %s", p->peer);
+        evutil_closesocket(p->fd);
+        atomic_fetch_sub(&s->nconns, 1);
+        free(c);
+        return;
+    }
+    c->next = w->conns;
+    if (w->conns)
+        w->conns->prev = c;
+    w->conns = c;
+    atomic_fetch_add(&w->nconns, 1);
+    STAT_ADD(&w->stats, conns_accepted, 1);
+    bufferevent_setcb(c->bev, conn_readcb, conn_writecb, conn_eventcb, c);
+    /* Input: at most one whole frame of the largest kind (plus a header) is buffered.
+     * Output: the write callback fires when the queue drains below half the budget. */
+    bufferevent_setwatermark(c->bev, EV_READ, 0, TS_HDR_LEN + (size_t)max_payload_any());
+    bufferevent_setwatermark(c->bev, EV_WRITE, s->out_budget / 2, 0);
+    bufferevent_set_timeouts(c->bev, &idle, &idle);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    TS_DEBUG(FAC, "connection from %s (%s) on worker %d", c->peer, c->tls ? "tls" : "tcp", w->id);
+}
+
+/* ---- workers ---------------------------------------------------------------------------- */
+
+static void worker_drain(struct tsd_worker *w)
+{
+    struct tsd_conn *c, *next;
+
+    w->draining = 1;
+    for (c = w->conns; c; c = next) {
+        next = c->next;
+        bufferevent_disable(c->bev, EV_READ);
+        /* Requests already received are answered; then the connection closes. */
+        if (!conn_process(c))
+            continue;
+        if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+            conn_free(c);
+        else
+            c->closing = 1; /* freed by the write callback once the output is flushed */
+    }
+}
+
+static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_worker *w = arg;
+    struct tsd_pending *q, *next;
+
+    pthread_mutex_lock(&w->lock);
+    q = w->queue;
+    w->queue = NULL;
+    pthread_mutex_unlock(&w->lock);
+    for (; q; q = next) {
+        next = q->next;
+        if (atomic_load(&w->srv->draining)) {
+            evutil_closesocket(q->fd);
+            atomic_fetch_sub(&w->srv->nconns, 1);
+        } else {
+            conn_start(w, q);
+        }
+        free(q);
+    }
+    if (atomic_load(&w->srv->draining) && !w->draining) {
+        worker_drain(w);
+        if (!w->conns)
+            event_base_loopexit(w->base, NULL);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct tsd_worker *w = arg;
+
+    event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    /* Drain timeout or all closed: free what is left. */
+    w->draining = 0;
+    while (w->conns)
+        conn_free(w->conns);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* ---- acceptor --------------------------------------------------------------------------- */
+
+static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int slen,
+                      void *arg)
+{
+    struct tsd_server *s = arg;
+    int tls = l == s->lis[1];
+    struct tsd_pending *p;
+    struct tsd_worker *w;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+
+    if (sa->sa_family == AF_INET) {
+        struct sockaddr_in *in = (struct sockaddr_in *)sa;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)sa;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+    }
+    if (atomic_load(&s->nconns) >= s->cfg->max_connections) {
+        TS_WARN(FAC, TS_EBUSY, "refusing %s:%d: %d connections open (max_connections)", host, port,
+                s->cfg->max_connections);
+        STAT_ADD(&s->workers[0].stats, conns_refused, 1);
+        evutil_closesocket(fd);
+        return;
+    }
+    p = calloc(1, sizeof(*p));
+    if (!p) {
+        evutil_closesocket(fd);
+        return;
+    }
+    p->fd = fd;
+    p->tls = tls;
+    snprintf(p->peer, sizeof(p->peer), "%s:%d", host, port);
+    atomic_fetch_add(&s->nconns, 1);
+    w = &s->workers[s->next_worker++ % (unsigned)s->nworkers];
+    pthread_mutex_lock(&w->lock);
+    p->next = w->queue;
+    w->queue = p;
+    pthread_mutex_unlock(&w->lock);
+    event_active(w->notify, EV_READ, 0);
+}
+
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    TS_WARN(FAC, ts_from_errno(err), "accept: %s", evutil_socket_error_to_string(err));
+}
+
+/* "HOST:PORT" or "[V6]:PORT" (port 0: any free port) -> socket address. */
+static int parse_listen_addr(const char *addr, struct sockaddr_storage *ss, int *sslen)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':'), *h = addr;
+    size_t hl;
+    struct addrinfo hints, *res = NULL;
+
+    if (!colon || !colon[1])
+        return TS_ECONFIG;
+    hl = (size_t)(colon - addr);
+    if (addr[0] == '[' && hl >= 2 && addr[hl - 1] == ']') {
+        h = addr + 1;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= sizeof(host))
+        return TS_ECONFIG;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return TS_ECONFIG;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sslen = (int)res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int listen_on(struct tsd_server *s, int which, const char *addr)
+{
+    struct sockaddr_storage ss;
+    int sslen = sizeof(ss);
+    socklen_t blen = sizeof(ss);
+    evutil_socket_t fd;
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+
+    memset(&ss, 0, sizeof(ss));
+    if (parse_listen_addr(addr, &ss, &sslen) != 0) {
+        TS_ERROR(FAC, TS_ECONFIG, "cannot parse listen address '%s' (want HOST:PORT)", addr);
+        return TS_ECONFIG;
+    }
+    s->lis[which] = evconnlistener_new_bind(
+        s->base, accept_cb, s, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
+        1024, (struct sockaddr *)&ss, sslen);
+    if (!s->lis[which]) {
+        int err = errno;
+        TS_ERROR(FAC, ts_from_errno(err), "cannot listen on %s: %s", addr, strerror(err));
+        return ts_from_errno(err);
+    }
+    evconnlistener_set_error_cb(s->lis[which], accept_error_cb);
+    fd = evconnlistener_get_fd(s->lis[which]);
+    getsockname(fd, (struct sockaddr *)&ss, &blen);
+    if (ss.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host, sizeof(host));
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        snprintf(s->addr[which], sizeof(s->addr[which]), "%s:%d", host, port);
+    } else {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host, sizeof(host));
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        snprintf(s->addr[which], sizeof(s->addr[which]), "[%s]:%d", host, port);
+    }
+    return 0;
+}
+
+/* ---- signals and drain ------------------------------------------------------------------ */
+
+static void drain_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_server *s = arg;
+    TS_WARN(FAC, TS_ETIMEDOUT, "drain timeout (%d s): closing the remaining connections",
+            s->cfg->drain_timeout_s);
+    for (int i = 0; i < s->nworkers; i++)
+        event_base_loopbreak(s->workers[i].base);
+    event_base_loopbreak(s->base);
+}
+
+static void drain_check_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_server *s = arg;
+    for (int i = 0; i < s->nworkers; i++)
+        if (!atomic_load(&s->workers[i].done))
+            return;
+    event_base_loopexit(s->base, NULL);
+}
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    struct tsd_server *s = arg;
+    struct timeval tv = {s->cfg->drain_timeout_s, 0};
+    struct timeval check = {0, 20000};
+
+    if (atomic_exchange(&s->draining, 1)) {
+        TS_WARN(FAC, 0, "second signal: exiting now");
+        drain_timeout_cb(-1, 0, s);
+        return;
+    }
+    TS_INFO(FAC, "signal %d: draining (no new connections; in-flight requests finish)", (int)sig);
+    for (int i = 0; i < 2; i++)
+        if (s->lis[i])
+            evconnlistener_disable(s->lis[i]);
+    for (int i = 0; i < s->nworkers; i++)
+        event_active(s->workers[i].notify, EV_READ, 0);
+    s->drain_timer = evtimer_new(s->base, drain_timeout_cb, s);
+    evtimer_add(s->drain_timer, &tv);
+    /* The acceptor loop ends once every worker's loop has ended. */
+    s->drain_check = event_new(s->base, -1, EV_PERSIST, drain_check_cb, s);
+    evtimer_add(s->drain_check, &check);
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
+{
+    struct ts_store_opts so;
+    int rc;
+
+    memset(s, 0, sizeof(*s));
+    s->cfg = cfg;
+    s->start_ns = ts_now_mono_ns();
+    s->anon_role = ts_role_parse(cfg->anonymous_role);
+    s->out_budget = (size_t)cfg->conn_output_kb << 10;
+    evthread_use_pthreads();
+    signal(SIGPIPE, SIG_IGN);
+
+    ts_store_opts_init(&so);
+    so.path = cfg->data_dir;
+    so.sync = strcmp(cfg->sync, "none") == 0 ? TS_SYNC_NONE : TS_SYNC_ALWAYS;
+    so.blob_files = cfg->blob_files;
+    so.verify_engine_checksums = cfg->verify_engine_checksums;
+    so.block_cache_bytes = (uint64_t)cfg->block_cache_mb << 20;
+    so.max_chunk_size = (uint32_t)cfg->max_chunk_mb << 20;
+    rc = ts_store_open(&s->store, &so);
+    if (rc)
+        return rc;
+    if (cfg->tls_listen[0]) {
+        rc = tsd_tls_init(s);
+        if (rc)
+            goto out_close_store;
+    }
+    s->base = event_base_new();
+    if (!s->base) {
+        rc = TS_ENOMEM;
+        goto out_tls;
+    }
+    if (cfg->listen[0] && (rc = listen_on(s, 0, cfg->listen)) != 0)
+        goto out_base;
+    if (cfg->tls_listen[0] && (rc = listen_on(s, 1, cfg->tls_listen)) != 0)
+        goto out_listeners;
+
+    s->nworkers = cfg->workers;
+    s->workers = calloc((size_t)s->nworkers, sizeof(*s->workers));
+    if (!s->workers) {
+        rc = TS_ENOMEM;
+        goto out_listeners;
+    }
+    for (int i = 0; i < s->nworkers; i++) {
+        struct tsd_worker *w = &s->workers[i];
+        w->srv = s;
+        w->id = i;
+        pthread_mutex_init(&w->lock, NULL);
+        w->base = event_base_new();
+        w->notify =
+            w->base ? event_new(w->base, -1, EV_PERSIST | EV_READ, worker_notify_cb, w) : NULL;
+        if (!w->notify) {
+            rc = TS_ENOMEM;
+            goto out_workers;
+        }
+    }
+    s->sig_term = evsignal_new(s->base, SIGTERM, signal_cb, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, signal_cb, s);
+    evsignal_add(s->sig_term, NULL);
+    evsignal_add(s->sig_int, NULL);
+    return 0;
+
+out_workers:
+    for (int i = 0; i < s->nworkers; i++) {
+        if (s->workers[i].notify)
+            event_free(s->workers[i].notify);
+        if (s->workers[i].base)
+            event_base_free(s->workers[i].base);
+        pthread_mutex_destroy(&s->workers[i].lock);
+    }
+    free(s->workers);
+    s->workers = NULL;
+out_listeners:
+    for (int i = 0; i < 2; i++)
+        if (s->lis[i])
+            evconnlistener_free(s->lis[i]);
+out_base:
+    event_base_free(s->base);
+out_tls:
+    tsd_tls_fini(s);
+out_close_store:
+    ts_store_close(s->store);
+    s->store = NULL;
+    return rc;
+}
+
+int tsd_server_run(struct tsd_server *s)
+{
+    for (int i = 0; i < s->nworkers; i++)
+        if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0)
+            return TS_ENOMEM;
+    /* The readiness line: tests and scripts wait for it. */
+    fprintf(stderr, "tesserad ready node=%s listen=%s tls_listen=%s data=%s workers=%d pid=%d\n",
+            s->cfg->node_id, s->addr[0][0] ? s->addr[0] : "-", s->addr[1][0] ? s->addr[1] : "-",
+            s->cfg->data_dir, s->nworkers, (int)getpid());
+    fflush(stderr);
+    event_base_dispatch(s->base);
+    /* Draining: wait for the workers; the drain timer may still break them. */
+    for (int i = 0; i < s->nworkers; i++)
+        pthread_join(s->workers[i].thread, NULL);
+    TS_INFO(FAC, "drained; exiting");
+    return 0;
+}
+
+void tsd_server_fini(struct tsd_server *s)
+{
+    for (int i = 0; i < s->nworkers; i++) {
+        struct tsd_worker *w = &s->workers[i];
+        while (w->queue) {
+            struct tsd_pending *p = w->queue;
+            w->queue = p->next;
+            evutil_closesocket(p->fd);
+            free(p);
+        }
+        event_free(w->notify);
+        event_base_free(w->base);
+        pthread_mutex_destroy(&w->lock);
+    }
+    free(s->workers);
+    for (int i = 0; i < 2; i++)
+        if (s->lis[i])
+            evconnlistener_free(s->lis[i]);
+    if (s->drain_timer)
+        event_free(s->drain_timer);
+    if (s->drain_check)
+        event_free(s->drain_check);
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    if (s->base)
+        event_base_free(s->base);
+    tsd_tls_fini(s);
+    ts_store_close(s->store);
+}
+
+void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (int i = 0; i < s->nworkers; i++) {
+        struct tsd_stats *st = &s->workers[i].stats;
+#define SUM(f) STAT_ADD(out, f, STAT_GET(st, f))
+        SUM(conns_accepted);
+        SUM(conns_refused);
+        SUM(requests);
+        SUM(errors);
+        SUM(bytes_in);
+        SUM(bytes_out);
+        SUM(chunks_written);
+        SUM(read_bytes);
+        SUM(corrupt_chunks);
+        SUM(protocol_errors);
+        for (int op = 0; op < TS_OP_MAX; op++)
+            SUM(by_op[op]);
+#undef SUM
+    }
+}

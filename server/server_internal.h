@@ -1,0 +1,140 @@
+/* tesserad internals: server, workers, connections, dispatch. */
+#ifndef TSD_SERVER_INTERNAL_H
+#define TSD_SERVER_INTERNAL_H
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "config.h"
+#include "ts_common.h"
+#include "ts_proto.h"
+#include "ts_store.h"
+
+#define FAC "server"
+
+/* Counters, one set per worker, summed on request (STATUS). Relaxed atomics: exact enough. */
+struct tsd_stats {
+    _Atomic uint64_t conns_accepted;
+    _Atomic uint64_t conns_refused;
+    _Atomic uint64_t requests;
+    _Atomic uint64_t errors;
+    _Atomic uint64_t bytes_in;
+    _Atomic uint64_t bytes_out;
+    _Atomic uint64_t chunks_written;
+    _Atomic uint64_t read_bytes;
+    _Atomic uint64_t corrupt_chunks;
+    _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t by_op[TS_OP_MAX];
+};
+#define STAT_ADD(st, field, n) atomic_fetch_add_explicit(&(st)->field, (n), memory_order_relaxed)
+#define STAT_GET(st, field) atomic_load_explicit(&(st)->field, memory_order_relaxed)
+
+struct tsd_server;
+struct tsd_conn;
+
+struct tsd_pending {
+    evutil_socket_t fd;
+    int tls;
+    char peer[64];
+    struct tsd_pending *next;
+};
+
+struct tsd_worker {
+    struct tsd_server *srv;
+    int id;
+    pthread_t thread;
+    struct event_base *base;
+    struct event *notify; /* activated by the acceptor (new fds) and on drain */
+    pthread_mutex_t lock;
+    struct tsd_pending *queue;
+    struct tsd_conn *conns;
+    _Atomic int nconns;
+    int draining;
+    _Atomic int done; /* its loop has ended */
+    struct tsd_stats stats;
+};
+
+struct tsd_upload {
+    char name[TS_NAME_MAX + 1];
+    uint32_t shard;
+    ts_shard_writer *w;
+};
+
+struct tsd_read_stream {
+    uint64_t req_id;
+    ts_read_ctx *ctx;
+    uint64_t pos, end; /* shard offsets still to send: [pos, end) */
+    uint32_t chunk_size;
+    uint32_t first_idx, last_idx;
+    struct ts_chunk_ref first, last; /* prefetched (partial) pieces, or pin == NULL */
+    char name[TS_NAME_MAX + 1];
+};
+
+struct tsd_conn {
+    struct tsd_worker *w;
+    struct bufferevent *bev;
+    struct tsd_conn *prev, *next;
+    int tls;
+    int ready; /* plain: at once; TLS: after the handshake */
+    int role;
+    int closing; /* close once the output has drained */
+    char peer[64];
+    char subject[256];
+    char client_name[64];
+    struct tsd_upload *uploads;
+    size_t nuploads, capuploads;
+    struct tsd_read_stream *rs;
+};
+
+struct tsd_server {
+    struct tsd_config *cfg;
+    ts_store *store;
+    struct event_base *base;
+    struct evconnlistener *lis[2]; /* plain, TLS */
+    char addr[2][64];              /* the bound addresses (port resolved) */
+    SSL_CTX *ssl_ctx;
+    struct tsd_worker *workers;
+    int nworkers;
+    unsigned next_worker;
+    _Atomic int nconns;
+    _Atomic int draining;
+    struct event *sig_term, *sig_int, *drain_timer, *drain_check;
+    uint64_t start_ns;
+    int anon_role;
+    size_t out_budget;
+    uint64_t epoch;
+};
+
+/* server.c */
+int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg);
+int tsd_server_run(struct tsd_server *s);
+void tsd_server_fini(struct tsd_server *s);
+void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out);
+
+/* Replies. The frame is built in w (header room reserved by ts_wr_begin_frame). */
+void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
+                     ...) __attribute__((format(printf, 4, 5)));
+void tsd_reply_begin(struct ts_wr *w);
+void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w);
+void tsd_conn_resume(struct tsd_conn *c);
+
+/* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
+typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+tsd_handler tsd_handler_for(unsigned opcode);
+void tsd_uploads_abort(struct tsd_conn *c);
+/* Continues a streaming READ; returns 1 when it finished. */
+int tsd_stream_continue(struct tsd_conn *c);
+void tsd_stream_free(struct tsd_read_stream *rs);
+
+/* tls.c */
+int tsd_tls_init(struct tsd_server *s);
+void tsd_tls_fini(struct tsd_server *s);
+/* Role from the verified peer certificate's OU; fills subject. */
+int tsd_tls_peer_role(SSL *ssl, int anon_role, char *subject, size_t cap);
+
+#endif
