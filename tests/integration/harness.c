@@ -1,0 +1,340 @@
+#include "harness.h"
+
+#include "ts_common.h"
+#include "ts_proto.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef TESSERAD_PATH
+#error "TESSERAD_PATH must be defined by the build"
+#endif
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static int read_ready(struct tsd_proc *p)
+{
+    FILE *f = fopen(p->log, "r");
+    char line[1024];
+    int ok = 0;
+
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f)) {
+        char *l = strstr(line, "tesserad ready ");
+        if (!l)
+            continue;
+        char *a = strstr(l, " listen="), *t = strstr(l, " tls_listen=");
+        if (a)
+            sscanf(a, " listen=%63s", p->addr);
+        if (t)
+            sscanf(t, " tls_listen=%63s", p->tls_addr);
+        if (!strcmp(p->addr, "-"))
+            p->addr[0] = '\0';
+        if (!strcmp(p->tls_addr, "-"))
+            p->tls_addr[0] = '\0';
+        ok = 1;
+    }
+    fclose(f);
+    return ok;
+}
+
+int tsd_start(struct tsd_proc *p, const char *const *extra)
+{
+    const char *tmp = getenv("TMPDIR");
+    int fd;
+
+    if (!p->dir) {
+        if (asprintf(&p->dir, "%s/tessera-it-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0 ||
+            !mkdtemp(p->dir))
+            return -1;
+        snprintf(p->data, sizeof(p->data), "%s/data", p->dir);
+        snprintf(p->log, sizeof(p->log), "%s/tesserad.log", p->dir);
+        p->argc = 0;
+        p->argv[p->argc++] = (char *)TESSERAD_PATH;
+        p->argv[p->argc++] = (char *)"--listen";
+        p->argv[p->argc++] = (char *)"127.0.0.1:0";
+        p->argv[p->argc++] = (char *)"--data";
+        p->argv[p->argc++] = p->data;
+        p->argv[p->argc++] = (char *)"--sync";
+        p->argv[p->argc++] = (char *)"none";
+        for (int i = 0; extra && extra[i] && p->argc < 62; i++)
+            p->argv[p->argc++] = (char *)extra[i];
+        p->argv[p->argc] = NULL;
+    }
+    p->addr[0] = p->tls_addr[0] = '\0';
+    fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+        return -1;
+    p->pid = fork();
+    if (p->pid < 0)
+        return -1;
+    if (p->pid == 0) {
+        dup2(fd, 2);
+        dup2(fd, 1);
+        execv(p->argv[0], p->argv);
+        _exit(127);
+    }
+    close(fd);
+    for (int waited = 0; waited < 30000; waited += 5) {
+        int st;
+        if (read_ready(p))
+            return 0;
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            fprintf(stderr, "tesserad exited before it was ready:\n");
+            tsd_dump_log(p);
+            p->pid = 0;
+            return -1;
+        }
+        msleep(5);
+    }
+    fprintf(stderr, "tesserad not ready after 30 s:\n");
+    tsd_dump_log(p);
+    return -1;
+}
+
+int tsd_stop(struct tsd_proc *p)
+{
+    int st = -1;
+
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    for (int waited = 0; waited < 15000; waited += 5) {
+        if (waitpid(p->pid, &st, WNOHANG) == p->pid) {
+            p->pid = 0;
+            return st;
+        }
+        msleep(5);
+    }
+    fprintf(stderr, "tesserad did not stop on SIGTERM; killing it\n");
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &st, 0);
+    p->pid = 0;
+    return st;
+}
+
+void tsd_kill9(struct tsd_proc *p)
+{
+    if (p->pid > 0) {
+        kill(p->pid, SIGKILL);
+        waitpid(p->pid, NULL, 0);
+        p->pid = 0;
+    }
+}
+
+int tsd_alive(struct tsd_proc *p)
+{
+    return p->pid > 0 && waitpid(p->pid, NULL, WNOHANG) == 0;
+}
+
+static int rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    remove(path);
+    return 0;
+}
+
+void tsd_cleanup(struct tsd_proc *p)
+{
+    if (p->pid > 0)
+        tsd_kill9(p);
+    if (p->dir) {
+        nftw(p->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        free(p->dir);
+        p->dir = NULL;
+    }
+}
+
+void tsd_dump_log(const struct tsd_proc *p)
+{
+    FILE *f = fopen(p->log, "r");
+    char line[1024];
+
+    if (!f)
+        return;
+    fprintf(stderr, "---- %s ----\n", p->log);
+    while (fgets(line, sizeof(line), f))
+        fputs(line, stderr);
+    fprintf(stderr, "---- end of log ----\n");
+    fclose(f);
+}
+
+long tsd_rss_kb(const struct tsd_proc *p)
+{
+    char path[64], line[256];
+    long kb = -1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)p->pid);
+    f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb;
+}
+
+int raw_connect(const char *addr)
+{
+    struct sockaddr_in sa;
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    int fd, one = 1;
+
+    if (!colon)
+        return -1;
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+    memset(&sa, 0, sizeof(sa));
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return TS_ECONNRESET;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *payload,
+                   size_t len)
+{
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, op, flags, id, 0, (uint32_t)len};
+    int rc;
+
+    ts_frame_encode(h, &fh);
+    rc = write_all(fd, h, sizeof(h));
+    return rc ? rc : write_all(fd, payload, len);
+}
+
+static int read_full(int fd, void *buf, size_t len, int timeout_ms)
+{
+    uint8_t *p = buf;
+    while (len) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int r = poll(&pfd, 1, timeout_ms);
+        ssize_t n;
+        if (r == 0)
+            return TS_ETIMEDOUT;
+        if (r < 0 && errno == EINTR)
+            continue;
+        n = recv(fd, p, len, 0);
+        if (n <= 0)
+            return TS_ECONNRESET;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int raw_recv_reply(int fd, int timeout_ms, uint64_t *id, char *msg, size_t cap, uint8_t **payload,
+                   size_t *plen)
+{
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh;
+    uint8_t *p;
+    int rc, status;
+
+    if (msg && cap)
+        msg[0] = '\0';
+    rc = read_full(fd, h, sizeof(h), timeout_ms);
+    if (rc)
+        return rc;
+    if (ts_frame_parse(h, sizeof(h), UINT32_MAX, &fh) != TS_HDR_LEN || !(fh.flags & TS_F_REPLY) ||
+        fh.length < 4)
+        return TS_EPROTO;
+    p = malloc(fh.length);
+    if (!p)
+        return TS_ENOMEM;
+    rc = read_full(fd, p, fh.length, timeout_ms);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    status = (int)ts_get_le32(p);
+    if (id)
+        *id = fh.req_id;
+    if (status && msg && cap && fh.length >= 6) {
+        struct ts_rd r;
+        ts_rd_init(&r, p + 4, fh.length - 4);
+        ts_rd_str(&r, msg, cap);
+    }
+    if (payload) {
+        *payload = p;
+        *plen = fh.length;
+    } else {
+        free(p);
+    }
+    return status;
+}
+
+int raw_wait_closed(int fd, int timeout_ms)
+{
+    char buf[4096];
+    for (;;) {
+        struct pollfd pfd = {fd, POLLIN, 0};
+        int r = poll(&pfd, 1, timeout_ms);
+        if (r <= 0)
+            return 0;
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+        if (n <= 0)
+            return 1;
+    }
+}
+
+const char *test_certs(void)
+{
+    static char dir[512];
+    char cmd[1200];
+    const char *tmp = getenv("TMPDIR");
+
+    if (dir[0])
+        return dir;
+    snprintf(dir, sizeof(dir), "%s/tessera-certs-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir))
+        return NULL;
+    snprintf(cmd, sizeof(cmd), "%s %s >/dev/null", MKCERTS_PATH, dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "conf/mkcerts failed\n");
+        return NULL;
+    }
+    return dir;
+}

@@ -1,0 +1,481 @@
+/*
+ * tesserad over plain TCP, with the real client library and raw sockets: round trips,
+ * pipelined reads, the CLI-facing operations, and bad input of every kind. After each bad
+ * input the server keeps serving and nothing stored is lost.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tessera/tessera.h"
+#include "ts_common.h"
+#include "ts_proto.h"
+
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHUNK (64u << 10)
+
+static struct tsd_proc D;
+
+static void fill(void *buf, size_t len, uint64_t seed, uint64_t off)
+{
+    uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++) {
+        uint64_t x = (off + i) * 0x9E3779B97F4A7C15ull ^ seed * 0xC2B2AE3D27D4EB4Full;
+        x ^= x >> 29;
+        p[i] = (uint8_t)(x ^ (x >> 17));
+    }
+}
+
+static tessera_client *connect_c(void)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+
+    tessera_opts_init(&o);
+    o.address = D.addr;
+    o.timeout_ms = 20000;
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    return c;
+}
+
+static void put_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len,
+                      uint64_t seed)
+{
+    uint8_t *buf = malloc(len ? len : 1);
+    fill(buf, len, seed, 0);
+    assert_int_equal(tessera_put(c, ds, shard, buf, len, NULL, 0), 0);
+    free(buf);
+}
+
+static void check_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len,
+                        uint64_t seed)
+{
+    uint8_t *got = malloc(len + 16), *want = malloc(len + 16);
+    size_t n = 0;
+
+    assert_int_equal(tessera_read(c, ds, shard, 0, len + 16, got, &n), 0);
+    assert_int_equal(n, len);
+    fill(want, len, seed, 0);
+    assert_memory_equal(got, want, len);
+    free(got);
+    free(want);
+}
+
+static int group_setup(void **state)
+{
+    const char *const extra[] = {"--conn-output-kb", "1024", "--workers", "2", NULL};
+    tessera_client *c;
+    struct ts_dataset_policy p;
+
+    if (tsd_start(&D, extra) != 0)
+        return -1;
+    /* A dataset that every bad-input test must leave intact. */
+    c = connect_c();
+    memset(&p, 0, sizeof(p));
+    p.core = 1;
+    p.min_core = 1;
+    p.chunk_size = CHUNK;
+    assert_int_equal(tessera_dataset_create(c, "keep", &p), 0);
+    put_shard(c, "keep", 0, 5 * CHUNK + 7, 1);
+    put_shard(c, "keep", 1, 100, 2);
+    tessera_client_close(c);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    int st = tsd_stop(&D);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "tesserad did not exit cleanly on SIGTERM (status %d)\n", st);
+        tsd_dump_log(&D);
+        tsd_cleanup(&D);
+        return -1;
+    }
+    tsd_cleanup(&D);
+    return 0;
+}
+
+/* Everything stored so far is still there, byte for byte, and the server answers. */
+static void assert_intact(void)
+{
+    tessera_client *c = connect_c();
+    check_shard(c, "keep", 0, 5 * CHUNK + 7, 1);
+    check_shard(c, "keep", 1, 100, 2);
+    tessera_client_close(c);
+    assert_true(tsd_alive(&D));
+}
+
+static void mkds(tessera_client *c, const char *name)
+{
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK};
+    assert_int_equal(tessera_dataset_create(c, name, &p), 0);
+}
+
+/* ---- functional ------------------------------------------------------------------------- */
+
+static void test_roundtrip_sizes(void **state)
+{
+    tessera_client *c = connect_c();
+    const size_t sizes[] = {0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 64u << 20};
+    struct ts_dataset_info d;
+    struct ts_shard_info si;
+
+    mkds(c, "sizes");
+    for (uint32_t i = 0; i < TS_ARRAY_SIZE(sizes); i++) {
+        put_shard(c, "sizes", i, sizes[i], 10 + i);
+        check_shard(c, "sizes", i, sizes[i], 10 + i);
+        assert_int_equal(tessera_shard_stat(c, "sizes", i, &si), 0);
+        assert_int_equal(si.state, TS_SHARD_COMPLETE);
+        assert_true(si.size == sizes[i]);
+    }
+    assert_int_equal(tessera_dataset_seal(c, "sizes"), 0);
+    assert_int_equal(tessera_dataset_stat(c, "sizes", &d), 0);
+    assert_int_equal(d.state, TS_DS_SEALED);
+    assert_int_equal(d.shards, TS_ARRAY_SIZE(sizes));
+    tessera_client_close(c);
+}
+
+static void test_ranges_and_pipelining(void **state)
+{
+    tessera_client *c = connect_c();
+    const size_t len = 8 * CHUNK + 123;
+    uint8_t *want = malloc(len), *bufs[32];
+    uint64_t ops[32], offs[32];
+    size_t lens[32];
+
+    mkds(c, "ranges");
+    put_shard(c, "ranges", 0, len, 77);
+    fill(want, len, 77, 0);
+    /* 32 reads in flight on one connection, completing in any order. */
+    for (int i = 0; i < 32; i++) {
+        offs[i] = (uint64_t)(i * 7919 * 13) % len;
+        lens[i] = (size_t)(i * 4099) % (3 * CHUNK) + 1;
+        bufs[i] = malloc(lens[i]);
+        assert_int_equal(tessera_read_submit(c, "ranges", 0, offs[i], lens[i], bufs[i], &ops[i]),
+                         0);
+    }
+    for (int done = 0; done < 32; done++) {
+        uint64_t op;
+        size_t n;
+        int i;
+        assert_int_equal(tessera_wait_any(c, &op, &n), 0);
+        for (i = 0; i < 32 && ops[i] != op; i++)
+            ;
+        assert_true(i < 32);
+        assert_int_equal(n, TS_MIN(lens[i], len - offs[i]));
+        assert_memory_equal(bufs[i], want + offs[i], n);
+        free(bufs[i]);
+    }
+    /* Past the end: cut; beyond the end: TS_ERANGE. */
+    size_t n;
+    uint8_t b[10];
+    assert_int_equal(tessera_read(c, "ranges", 0, len - 3, 10, b, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(tessera_read(c, "ranges", 0, len + 1, 10, b, &n), TS_ERANGE);
+    free(want);
+    tessera_client_close(c);
+}
+
+static void test_names_and_rules(void **state)
+{
+    tessera_client *c = connect_c();
+    struct ts_dataset_info d;
+    struct ts_dataset_info *list;
+    size_t n;
+    uint8_t b[4];
+
+    assert_int_equal(tessera_dataset_stat(c, "nope", &d), TS_ENOENT);
+    assert_true(strstr(tessera_client_error(c), "nope") != NULL);
+    assert_int_equal(tessera_read(c, "nope", 0, 0, 1, b, &n), TS_ENOENT);
+    assert_int_equal(tessera_read(c, "keep", 99, 0, 1, b, &n), TS_ENOENT);
+    mkds(c, "rules");
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK};
+    assert_int_equal(tessera_dataset_create(c, "rules", &p), TS_EEXIST);
+    assert_int_equal(tessera_dataset_create(c, "bad name", &p), TS_ENAME);
+    put_shard(c, "rules", 0, 10, 3);
+    assert_int_equal(tessera_put(c, "rules", 0, b, 4, NULL, 0), TS_EEXIST);
+    assert_int_equal(tessera_dataset_seal(c, "rules"), 0);
+    /* A write to a sealed dataset. */
+    assert_int_equal(tessera_put(c, "rules", 1, b, 4, NULL, 0), TS_ESEALED);
+    assert_int_equal(tessera_dataset_list(c, &list, &n), 0);
+    assert_true(n >= 2);
+    free(list);
+    assert_int_equal(tessera_dataset_delete(c, "rules"), 0);
+    assert_int_equal(tessera_dataset_stat(c, "rules", &d), TS_ENOENT);
+    tessera_client_close(c);
+    assert_intact();
+}
+
+/* ---- bad input -------------------------------------------------------------------------- */
+
+static void test_random_bytes(void **state)
+{
+    int fd = raw_connect(D.addr);
+    uint8_t junk[4096];
+
+    assert_true(fd >= 0);
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)(rand() & 0xff);
+    junk[0] = 'X'; /* certainly not the magic */
+    assert_int_equal(send(fd, junk, sizeof(junk), MSG_NOSIGNAL), (ssize_t)sizeof(junk));
+    char msg[256];
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_EPROTO);
+    assert_true(raw_wait_closed(fd, 5000));
+    close(fd);
+    assert_intact();
+}
+
+static void test_truncated_header(void **state)
+{
+    int fd = raw_connect(D.addr);
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_STATUS, 0, 1, 0, 0};
+
+    ts_frame_encode(h, &fh);
+    assert_int_equal(send(fd, h, 20, MSG_NOSIGNAL), 20); /* then hang up */
+    close(fd);
+    assert_intact();
+}
+
+static void test_wrong_magic_and_crc(void **state)
+{
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_STATUS, 0, 1, 0, 0};
+    int fd;
+
+    ts_frame_encode(h, &fh);
+    h[0] = 'H'; /* "HTTP"-like */
+    fd = raw_connect(D.addr);
+    assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), TS_EPROTO);
+    assert_true(raw_wait_closed(fd, 5000));
+    close(fd);
+
+    ts_frame_encode(h, &fh);
+    h[28] ^= 1; /* header CRC */
+    fd = raw_connect(D.addr);
+    assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), TS_EPROTO);
+    assert_true(raw_wait_closed(fd, 5000));
+    close(fd);
+    assert_intact();
+}
+
+static void test_oversize_length(void **state)
+{
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_STATUS, 0, 1, 0, 0x7fffffffu};
+    int fd = raw_connect(D.addr);
+    char msg[256];
+
+    ts_frame_encode(h, &fh);
+    assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ETOOBIG);
+    assert_true(raw_wait_closed(fd, 5000));
+    close(fd);
+    /* Within the global limit but over the opcode's own (STATUS: 64 KiB). */
+    fh.length = 1u << 20;
+    ts_frame_encode(h, &fh);
+    fd = raw_connect(D.addr);
+    assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ETOOBIG);
+    close(fd);
+    assert_intact();
+}
+
+static void test_unknown_opcode_keeps_connection(void **state)
+{
+    int fd = raw_connect(D.addr);
+    uint64_t id;
+    char msg[256];
+
+    assert_int_equal(raw_send_frame(fd, 200, 0, 42, "xyz", 3), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_ENOTSUP);
+    assert_true(id == 42);
+    /* A malformed body (trailing bytes) is refused but framing is intact. */
+    assert_int_equal(raw_send_frame(fd, TS_OP_STATUS, 0, 43, "zz", 2), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_EPROTO);
+    /* The same connection still works. */
+    assert_int_equal(raw_send_frame(fd, TS_OP_STATUS, 0, 44, NULL, 0), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, NULL, 0, NULL, NULL), 0);
+    assert_true(id == 44);
+    close(fd);
+}
+
+static void shard_write_frame(struct ts_wr *w, const char *ds, uint32_t shard, uint32_t idx,
+                              uint64_t size, uint32_t crc, const void *data, uint32_t len)
+{
+    ts_wr_init(w);
+    ts_wr_str(w, ds);
+    ts_wr_u32(w, shard);
+    ts_wr_u32(w, idx);
+    ts_wr_u64(w, size);
+    ts_wr_u32(w, crc);
+    ts_wr_u32(w, len);
+    ts_wr_bytes(w, data, len);
+}
+
+static void test_bad_chunk_crc(void **state)
+{
+    tessera_client *c = connect_c();
+    int fd = raw_connect(D.addr);
+    uint8_t *data = malloc(CHUNK);
+    struct ts_wr w;
+    struct ts_shard_info si;
+    char msg[256];
+
+    mkds(c, "badcrc");
+    fill(data, CHUNK, 5, 0);
+    shard_write_frame(&w, "badcrc", 0, 0, 2 * CHUNK, ts_crc32c(0, data, CHUNK) ^ 0x10, data,
+                      CHUNK);
+    assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ECORRUPT);
+    ts_wr_fini(&w);
+    /* Nothing stored: the shard has no bytes. */
+    assert_int_equal(tessera_shard_stat(c, "badcrc", 0, &si), 0);
+    assert_true(si.size == 0 && si.state == TS_SHARD_WRITING);
+    close(fd);
+    free(data);
+    tessera_client_close(c);
+    assert_intact();
+}
+
+static void test_disconnect_mid_upload(void **state)
+{
+    tessera_client *c = connect_c();
+    int fd = raw_connect(D.addr);
+    uint8_t *data = malloc(CHUNK);
+    struct ts_wr w;
+    struct ts_shard_info si;
+    struct ts_dataset_info d;
+    size_t n;
+
+    mkds(c, "cut");
+    fill(data, CHUNK, 6, 0);
+    shard_write_frame(&w, "cut", 0, 0, 3 * CHUNK, ts_crc32c(0, data, CHUNK), data, CHUNK);
+    assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), 0);
+    ts_wr_fini(&w);
+    /* Half a second frame, then gone. */
+    shard_write_frame(&w, "cut", 0, 1, 3 * CHUNK, ts_crc32c(0, data, CHUNK), data, CHUNK);
+    assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 2, w.buf, w.len / 2), 0);
+    ts_wr_fini(&w);
+    close(fd);
+
+    /* The shard stays incomplete and invisible; the dataset cannot be sealed with it. */
+    assert_int_equal(tessera_shard_stat(c, "cut", 0, &si), 0);
+    assert_int_equal(si.state, TS_SHARD_WRITING);
+    assert_true(si.size == CHUNK);
+    assert_int_equal(tessera_read(c, "cut", 0, 0, 10, data, &n), TS_EINCOMPLETE);
+    assert_int_equal(tessera_dataset_stat(c, "cut", &d), 0);
+    assert_int_equal(d.shards_writing, 1);
+    assert_int_equal(tessera_dataset_seal(c, "cut"), TS_EINCOMPLETE);
+    /* Uploading it again starts over and completes. */
+    for (int i = 0; i < 500 && tessera_put(c, "cut", 0, data, CHUNK, NULL, 0) == TS_EBUSY; i++)
+        usleep(10000);
+    assert_int_equal(tessera_shard_stat(c, "cut", 0, &si), 0);
+    assert_int_equal(si.state, TS_SHARD_COMPLETE);
+    free(data);
+    tessera_client_close(c);
+    assert_intact();
+}
+
+static void test_reply_flag_and_short_body(void **state)
+{
+    int fd = raw_connect(D.addr);
+    uint8_t body[3] = {5, 0, 'k'}; /* name length 5, only 1 byte */
+
+    assert_int_equal(raw_send_frame(fd, TS_OP_STATUS, TS_F_REPLY, 1, NULL, 0), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), TS_EPROTO);
+    assert_int_equal(raw_send_frame(fd, TS_OP_DATASET_STAT, 0, 2, body, sizeof(body)), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), TS_EPROTO);
+    close(fd);
+    assert_intact();
+}
+
+/* A client asks for far more than it reads: the daemon's memory stays within its bound. */
+static void test_slow_reader_bounded_memory(void **state)
+{
+    tessera_client *c = connect_c();
+    const size_t big = 64u << 20;
+    struct ts_wr w;
+    int fd;
+    long base, peak = 0;
+
+    mkds(c, "hog");
+    put_shard(c, "hog", 0, big, 9);
+    tessera_client_close(c);
+    base = tsd_rss_kb(&D);
+
+    fd = raw_connect(D.addr);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    /* 16 reads of 64 MiB = 1 GiB asked for, never read. */
+    for (uint64_t i = 0; i < 16; i++) {
+        ts_wr_init(&w);
+        ts_wr_str(&w, "hog");
+        ts_wr_u32(&w, 0);
+        ts_wr_u64(&w, 0);
+        ts_wr_u32(&w, (uint32_t)big);
+        assert_int_equal(raw_send_frame(fd, TS_OP_READ, 0, i + 1, w.buf, w.len), 0);
+        ts_wr_fini(&w);
+    }
+    /* Give the server time to fill what it may; watch its RSS. */
+    for (int i = 0; i < 100; i++) {
+        long rss = tsd_rss_kb(&D);
+        if (rss > peak)
+            peak = rss;
+        usleep(10000);
+    }
+    /* Bound: output budget (1 MiB here) + two pinned chunks + allocator slack. */
+    fprintf(stderr, "  rss before %ld KiB, peak while hogged %ld KiB\n", base, peak);
+    assert_true(peak - base < 48 * 1024);
+    /* Others are served meanwhile. */
+    assert_intact();
+    close(fd);
+}
+
+static void test_status(void **state)
+{
+    tessera_client *c = connect_c();
+    char *json = NULL;
+
+    assert_int_equal(tessera_status(c, &json), 0);
+    assert_non_null(strstr(json, "\"node\""));
+    assert_non_null(strstr(json, "\"keep\""));
+    free(json);
+    tessera_client_close(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_sizes),
+        cmocka_unit_test(test_ranges_and_pipelining),
+        cmocka_unit_test(test_names_and_rules),
+        cmocka_unit_test(test_random_bytes),
+        cmocka_unit_test(test_truncated_header),
+        cmocka_unit_test(test_wrong_magic_and_crc),
+        cmocka_unit_test(test_oversize_length),
+        cmocka_unit_test(test_unknown_opcode_keeps_connection),
+        cmocka_unit_test(test_bad_chunk_crc),
+        cmocka_unit_test(test_disconnect_mid_upload),
+        cmocka_unit_test(test_reply_flag_and_short_body),
+        cmocka_unit_test(test_slow_reader_bounded_memory),
+        cmocka_unit_test(test_status),
+    };
+    int rc = cmocka_run_group_tests_name("server-tcp", tests, group_setup, group_teardown);
+    if (rc)
+        tsd_dump_log(&D);
+    return rc;
+}
