@@ -1,0 +1,1136 @@
+/*
+ * tessera: the admin CLI of tessera.
+ *
+ *   tessera [-s HOST:PORT] [--tls-ca F --tls-cert F --tls-key F] [--tls-server-name N]
+ *           [--json] [--timeout MS] [-v] COMMAND ...
+ *
+ * Global options may come anywhere on the line; command options after the command. Output is
+ * human-readable (aligned tables, sizes in KiB/MiB/GiB) or, with --json, one JSON document.
+ * Errors: one line on stderr, exit 1 (server or I/O) or 2 (usage).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "cli_util.h"
+#include "client_internal.h"
+
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+#define GET_WINDOW 4
+
+enum opt_id {
+    O_HELP = 1,
+    O_SERVER,
+    O_TLS_CA,
+    O_TLS_CERT,
+    O_TLS_KEY,
+    O_TLS_NAME,
+    O_JSON,
+    O_TIMEOUT,
+    O_VERBOSE,
+    O_CORE,
+    O_FRINGE,
+    O_MIN_CORE,
+    O_CHUNK,
+    O_OUTPUT,
+    O_OFFSET,
+    O_LENGTH,
+};
+
+static const struct cli_opt global_opts[] = {
+    {"help", 'h', 0, O_HELP},       {"server", 's', 1, O_SERVER},
+    {"tls-ca", 0, 1, O_TLS_CA},     {"tls-cert", 0, 1, O_TLS_CERT},
+    {"tls-key", 0, 1, O_TLS_KEY},   {"tls-server-name", 0, 1, O_TLS_NAME},
+    {"json", 0, 0, O_JSON},         {"timeout", 0, 1, O_TIMEOUT},
+    {"verbose", 'v', 0, O_VERBOSE}, {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt create_opts[] = {
+    {"core", 0, 1, O_CORE},
+    {"fringe", 0, 1, O_FRINGE},
+    {"min-core", 0, 1, O_MIN_CORE},
+    {"chunk-size", 0, 1, O_CHUNK},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt get_opts[] = {
+    {"output", 'o', 1, O_OUTPUT},
+    {"offset", 0, 1, O_OFFSET},
+    {"length", 0, 1, O_LENGTH},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt no_opts[] = {{NULL, 0, 0, 0}};
+
+/* What a command works with. */
+struct ctx {
+    tessera_client *c;
+    const char *server;
+    int json;
+    int timeout_set;
+    int argc;
+    char **argv;
+    /* dataset create */
+    struct ts_dataset_policy policy;
+    int min_core_set;
+    /* get */
+    const char *output;
+    uint64_t offset, length;
+    int length_set;
+    /* a local failure, in words (instead of a TS_E* line) */
+    char local[512];
+};
+
+struct cmd {
+    const char *group; /* "dataset", "shard" or NULL */
+    const char *name;
+    int min_args, max_args;
+    int ctx_args; /* positional arguments named in error lines */
+    const struct cli_opt *opts;
+    int (*run)(struct ctx *x);
+    const char *args;
+    const char *help;
+};
+
+/* ---- output helpers ------------------------------------------------------------------------- */
+
+static void json_print(struct json_object *o)
+{
+    puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+                                               JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
+}
+
+static struct json_object *json_u64(uint64_t v)
+{
+    return json_object_new_uint64(v);
+}
+
+static const char *pick(int v, const char *a, const char *b)
+{
+    return v ? b : a;
+}
+
+static struct json_object *dataset_json(const struct ts_dataset_info *d)
+{
+    struct json_object *o = json_object_new_object();
+
+    json_object_object_add(o, "name", json_object_new_string(d->name));
+    json_object_object_add(o, "id", json_u64(d->id));
+    json_object_object_add(o, "state", json_object_new_string(pick(d->state, "open", "sealed")));
+    json_object_object_add(o, "core", json_object_new_int(d->policy.core));
+    json_object_object_add(o, "fringe", json_object_new_int(d->policy.fringe));
+    json_object_object_add(o, "min_core", json_object_new_int(d->policy.min_core));
+    json_object_object_add(o, "chunk_size", json_u64(d->policy.chunk_size));
+    json_object_object_add(o, "created_ns", json_u64(d->created_ns));
+    json_object_object_add(o, "shards", json_u64(d->shards));
+    json_object_object_add(o, "shards_writing", json_u64(d->shards_writing));
+    json_object_object_add(o, "bytes", json_u64(d->bytes));
+    return o;
+}
+
+static struct json_object *shard_json(const struct ts_shard_info *s)
+{
+    struct json_object *o = json_object_new_object();
+    char crc[16];
+
+    snprintf(crc, sizeof(crc), "%08x", s->crc);
+    json_object_object_add(o, "shard", json_u64(s->shard));
+    json_object_object_add(o, "state",
+                           json_object_new_string(pick(s->state, "writing", "complete")));
+    json_object_object_add(o, "size", json_u64(s->size));
+    json_object_object_add(o, "declared_size",
+                           s->expect_size == TS_SIZE_UNKNOWN ? NULL : json_u64(s->expect_size));
+    json_object_object_add(o, "chunk_size", json_u64(s->chunk_size));
+    json_object_object_add(o, "chunks", json_u64(s->nchunks));
+    json_object_object_add(o, "crc32c", json_object_new_string(crc));
+    json_object_object_add(o, "records", json_u64(s->nrecords));
+    return o;
+}
+
+/* "key:  value" lines with the values lined up. */
+static void kv_print(const char *const *kv, size_t n)
+{
+    size_t w = 0;
+
+    for (size_t i = 0; i < n; i += 2)
+        w = TS_MAX(w, strlen(kv[i]));
+    for (size_t i = 0; i < n; i += 2)
+        printf("%s:%*s %s\n", kv[i], (int)(w - strlen(kv[i])), "", kv[i + 1]);
+}
+
+static void dataset_print(const struct ts_dataset_info *d)
+{
+    char size[32], chunk[32], when[40], shards[64], repl[64], id[24], bytes[64];
+    const char *kv[] = {
+        "name",     d->name,
+        "id",       id,
+        "state",    pick(d->state, "open", "sealed"),
+        "shards",   shards,
+        "size",     bytes,
+        "chunk",    cli_human_size(d->policy.chunk_size, chunk, sizeof(chunk)),
+        "replicas", repl,
+        "created",  cli_time(d->created_ns, when, sizeof(when)),
+    };
+
+    snprintf(id, sizeof(id), "%llu", (unsigned long long)d->id);
+    snprintf(shards, sizeof(shards), "%u complete, %u being written", d->shards, d->shards_writing);
+    snprintf(bytes, sizeof(bytes), "%s (%llu bytes)", cli_human_size(d->bytes, size, sizeof(size)),
+             (unsigned long long)d->bytes);
+    snprintf(repl, sizeof(repl), "core %u, fringe %u, min_core %u", d->policy.core,
+             d->policy.fringe, d->policy.min_core);
+    kv_print(kv, TS_ARRAY_SIZE(kv));
+}
+
+/* ---- dataset commands ------------------------------------------------------------------------ */
+
+static int cmd_dataset_create(struct ctx *x)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    if (!x->min_core_set)
+        x->policy.min_core = TS_MIN(x->policy.core, 1);
+    rc = tessera_dataset_create(x->c, x->argv[0], &x->policy);
+    if (rc)
+        return rc;
+    rc = tessera_dataset_stat(x->c, x->argv[0], &d);
+    if (rc)
+        return rc;
+    if (x->json)
+        json_print(dataset_json(&d));
+    else
+        dataset_print(&d);
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct ts_dataset_info *)a)->name,
+                  ((const struct ts_dataset_info *)b)->name);
+}
+
+static int cmd_dataset_ls(struct ctx *x)
+{
+    static const char *const hdr[] = {"NAME",  "STATE", "SHARDS", "WRITING", "SIZE",
+                                      "CHUNK", "CORE",  "FRINGE", "MIN",     "CREATED"};
+    struct ts_dataset_info *v;
+    struct cli_table t;
+    size_t n;
+    int rc;
+
+    rc = tessera_dataset_list(x->c, &v, &n);
+    if (rc)
+        return rc;
+    if (n)
+        qsort(v, n, sizeof(*v), by_name);
+    if (x->json) {
+        struct json_object *a = json_object_new_array();
+        for (size_t i = 0; i < n; i++)
+            json_object_array_add(a, dataset_json(&v[i]));
+        json_print(a);
+        goto out_free;
+    }
+    rc = cli_table_init(&t, TS_ARRAY_SIZE(hdr), 0x1fc, hdr);
+    for (size_t i = 0; i < n && !rc; i++) {
+        char shards[16], writing[16], size[32], chunk[32], core[8], fringe[8], minc[8], when[40];
+        const char *row[] = {v[i].name, pick(v[i].state, "open", "sealed"),
+                             shards,    writing,
+                             size,      cli_human_size(v[i].policy.chunk_size, chunk, 32),
+                             core,      fringe,
+                             minc,      cli_time(v[i].created_ns, when, sizeof(when))};
+        snprintf(shards, sizeof(shards), "%u", v[i].shards);
+        snprintf(writing, sizeof(writing), "%u", v[i].shards_writing);
+        cli_human_size(v[i].bytes, size, sizeof(size));
+        snprintf(core, sizeof(core), "%u", v[i].policy.core);
+        snprintf(fringe, sizeof(fringe), "%u", v[i].policy.fringe);
+        snprintf(minc, sizeof(minc), "%u", v[i].policy.min_core);
+        rc = cli_table_add(&t, row);
+    }
+    if (!rc)
+        cli_table_print(&t, stdout);
+    cli_table_fini(&t);
+out_free:
+    free(v);
+    return rc;
+}
+
+static int cmd_dataset_stat(struct ctx *x)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    rc = tessera_dataset_stat(x->c, x->argv[0], &d);
+    if (rc)
+        return rc;
+    if (x->json)
+        json_print(dataset_json(&d));
+    else
+        dataset_print(&d);
+    return 0;
+}
+
+static int cmd_dataset_seal(struct ctx *x)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    rc = tessera_dataset_seal(x->c, x->argv[0]);
+    if (rc)
+        return rc;
+    rc = tessera_dataset_stat(x->c, x->argv[0], &d);
+    if (rc)
+        return rc;
+    if (x->json) {
+        json_print(dataset_json(&d));
+    } else {
+        char size[32];
+        printf("sealed dataset %s: %u shards, %s\n", d.name, d.shards,
+               cli_human_size(d.bytes, size, sizeof(size)));
+    }
+    return 0;
+}
+
+static int cmd_dataset_rm(struct ctx *x)
+{
+    int rc;
+
+    rc = tessera_dataset_delete(x->c, x->argv[0]);
+    if (rc)
+        return rc;
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(x->argv[0]));
+        json_object_object_add(o, "deleted", json_object_new_boolean(1));
+        json_print(o);
+    } else {
+        printf("deleted dataset %s\n", x->argv[0]);
+    }
+    return 0;
+}
+
+/* ---- shard commands ------------------------------------------------------------------------- */
+
+static int parse_shard(struct ctx *x, const char *s, uint32_t *out)
+{
+    uint64_t v;
+
+    if (cli_parse_uint(s, UINT32_MAX, &v) != 0) {
+        snprintf(x->local, sizeof(x->local), "'%s' is not a shard number (0 to %u)", s, UINT32_MAX);
+        return TS_EINVAL;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
+static int cmd_shard_ls(struct ctx *x)
+{
+    static const char *const hdr[] = {"SHARD",  "STATE",  "SIZE",   "DECLARED",
+                                      "CHUNKS", "CRC32C", "RECORDS"};
+    struct ts_shard_info *v;
+    struct cli_table t;
+    size_t n;
+    int rc;
+
+    rc = tessera_shard_list(x->c, x->argv[0], &v, &n);
+    if (rc)
+        return rc;
+    if (x->json) {
+        struct json_object *a = json_object_new_array();
+        for (size_t i = 0; i < n; i++)
+            json_object_array_add(a, shard_json(&v[i]));
+        json_print(a);
+        goto out_free;
+    }
+    rc = cli_table_init(&t, TS_ARRAY_SIZE(hdr), 0x5d, hdr);
+    for (size_t i = 0; i < n && !rc; i++) {
+        char shard[16], size[32], decl[32], chunks[16], crc[16], recs[16];
+        const char *row[] = {
+            shard, pick(v[i].state, "writing", "complete"), size, decl, chunks, crc, recs};
+        snprintf(shard, sizeof(shard), "%u", v[i].shard);
+        cli_human_size(v[i].size, size, sizeof(size));
+        if (v[i].expect_size == TS_SIZE_UNKNOWN)
+            snprintf(decl, sizeof(decl), "-");
+        else
+            cli_human_size(v[i].expect_size, decl, sizeof(decl));
+        snprintf(chunks, sizeof(chunks), "%u", v[i].nchunks);
+        snprintf(crc, sizeof(crc), "%08x", v[i].crc);
+        snprintf(recs, sizeof(recs), "%u", v[i].nrecords);
+        rc = cli_table_add(&t, row);
+    }
+    if (!rc)
+        cli_table_print(&t, stdout);
+    cli_table_fini(&t);
+out_free:
+    free(v);
+    return rc;
+}
+
+static int cmd_shard_stat(struct ctx *x)
+{
+    char shard[16], size[64], hs[32], decl[64], chunk[32], chunks[16], crc[16], recs[16];
+    struct ts_shard_info s;
+    uint32_t id;
+    int rc;
+
+    rc = parse_shard(x, x->argv[1], &id);
+    if (rc)
+        return rc;
+    rc = tessera_shard_stat(x->c, x->argv[0], id, &s);
+    if (rc)
+        return rc;
+    if (x->json) {
+        json_print(shard_json(&s));
+        return 0;
+    }
+    snprintf(shard, sizeof(shard), "%u", s.shard);
+    snprintf(size, sizeof(size), "%s (%llu bytes)", cli_human_size(s.size, hs, sizeof(hs)),
+             (unsigned long long)s.size);
+    if (s.expect_size == TS_SIZE_UNKNOWN)
+        snprintf(decl, sizeof(decl), "unknown");
+    else
+        snprintf(decl, sizeof(decl), "%llu bytes", (unsigned long long)s.expect_size);
+    snprintf(chunks, sizeof(chunks), "%u", s.nchunks);
+    snprintf(crc, sizeof(crc), "%08x", s.crc);
+    snprintf(recs, sizeof(recs), "%u", s.nrecords);
+    const char *kv[] = {
+        "dataset", x->argv[0], "shard",
+        shard,     "state",    pick(s.state, "writing", "complete"),
+        "size",    size,       "declared",
+        decl,      "chunk",    cli_human_size(s.chunk_size, chunk, sizeof(chunk)),
+        "chunks",  chunks,     "crc32c",
+        crc,       "records",  recs,
+    };
+    kv_print(kv, TS_ARRAY_SIZE(kv));
+    return 0;
+}
+
+/* ---- put / get ---------------------------------------------------------------------------------
+ */
+
+static int cmd_put(struct ctx *x)
+{
+    const char *file = x->argv[2];
+    struct ts_shard_info s;
+    struct stat st;
+    uint64_t t0, bytes;
+    double secs;
+    uint32_t id;
+    void *map = NULL;
+    int fd = 0, rc;
+
+    rc = parse_shard(x, x->argv[1], &id);
+    if (rc)
+        return rc;
+    if (strcmp(file, "-") != 0) {
+        fd = open(file, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            snprintf(x->local, sizeof(x->local), "cannot open %s: %s", file, strerror(errno));
+            return TS_EIO;
+        }
+    }
+    if (fstat(fd, &st) < 0) {
+        snprintf(x->local, sizeof(x->local), "cannot stat %s: %s", file, strerror(errno));
+        rc = TS_EIO;
+        goto out_close;
+    }
+    t0 = ts_now_mono_ns();
+    if (S_ISREG(st.st_mode) && st.st_size > 0) {
+        /* A regular file is mapped and sent from the mapping: no copy in user space. */
+        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (map != MAP_FAILED) {
+            (void)madvise(map, (size_t)st.st_size, MADV_SEQUENTIAL);
+            rc = tessera_put(x->c, x->argv[0], id, map, (size_t)st.st_size, NULL, 0);
+            munmap(map, (size_t)st.st_size);
+            goto out_done;
+        }
+    }
+    rc = tessera_put_fd(x->c, x->argv[0], id, fd,
+                        S_ISREG(st.st_mode) ? (uint64_t)st.st_size : TS_SIZE_UNKNOWN);
+out_done:
+    if (rc)
+        goto out_close;
+    secs = (double)(ts_now_mono_ns() - t0) / 1e9;
+    rc = tessera_shard_stat(x->c, x->argv[0], id, &s);
+    if (rc)
+        goto out_close;
+    bytes = s.size;
+    if (x->json) {
+        struct json_object *o = shard_json(&s);
+        json_object_object_add(o, "dataset", json_object_new_string(x->argv[0]));
+        json_object_object_add(o, "seconds", json_object_new_double(secs));
+        json_print(o);
+    } else {
+        char hs[32], rate[32];
+        cli_human_size(secs > 0 ? (uint64_t)((double)bytes / secs) : 0, rate, sizeof(rate));
+        printf("put %s %u: %s in %.2f s (%s/s), %u chunk%s, crc32c %08x\n", x->argv[0], id,
+               cli_human_size(bytes, hs, sizeof(hs)), secs, rate, s.nchunks,
+               s.nchunks == 1 ? "" : "s", s.crc);
+    }
+out_close:
+    if (fd > 0)
+        close(fd);
+    return rc;
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/*
+ * Streams [off, end) of a shard to out in pieces of buflen, with GET_WINDOW reads in flight;
+ * each buffer is received into straight from the socket and written out from there.
+ */
+static int get_stream(struct ctx *x, uint32_t id, uint64_t off, uint64_t end, size_t buflen,
+                      int out, uint64_t *written)
+{
+    uint8_t *bufs[GET_WINDOW] = {NULL};
+    uint64_t ops[GET_WINDOW], next = off, lens[GET_WINDOW];
+    size_t head = 0, count = 0, got;
+    int rc = 0, wrc;
+
+    *written = 0;
+    for (size_t i = 0; i < GET_WINDOW; i++) {
+        bufs[i] = malloc(buflen);
+        if (!bufs[i]) {
+            rc = TS_ENOMEM;
+            goto out_free;
+        }
+    }
+    while (next < end || count) {
+        while (!rc && next < end && count < GET_WINDOW) {
+            size_t slot = (head + count) % GET_WINDOW;
+            lens[slot] = TS_MIN((uint64_t)buflen, end - next);
+            rc = tessera_read_submit(x->c, x->argv[0], id, next, (size_t)lens[slot], bufs[slot],
+                                     &ops[slot]);
+            if (rc)
+                break;
+            next += lens[slot];
+            count++;
+        }
+        if (!count)
+            break;
+        wrc = tessera_wait(x->c, ops[head], &got);
+        if (!rc && wrc)
+            rc = wrc;
+        if (!rc && got != lens[head]) {
+            snprintf(x->local, sizeof(x->local), "the shard ended early, at byte %llu",
+                     (unsigned long long)(*written + off + got));
+            rc = TS_EPROTO;
+        }
+        if (!rc) {
+            wrc = write_all(out, bufs[head], got);
+            if (wrc) {
+                snprintf(x->local, sizeof(x->local), "cannot write %s: %s",
+                         x->output ? x->output : "stdout", strerror(-wrc));
+                rc = TS_EIO;
+            }
+            *written += got;
+        }
+        head = (head + 1) % GET_WINDOW;
+        count--;
+        if (rc)
+            next = end; /* stop submitting; collect what is in flight */
+    }
+out_free:
+    for (size_t i = 0; i < GET_WINDOW; i++)
+        free(bufs[i]);
+    return rc;
+}
+
+static int cmd_get(struct ctx *x)
+{
+    int to_file = x->output && strcmp(x->output, "-") != 0;
+    struct ts_shard_info s;
+    uint64_t end, written = 0, t0;
+    size_t buflen;
+    uint32_t id;
+    int out = STDOUT_FILENO, rc;
+
+    rc = parse_shard(x, x->argv[1], &id);
+    if (rc)
+        return rc;
+    rc = tessera_shard_stat(x->c, x->argv[0], id, &s);
+    if (rc)
+        return rc;
+    if (s.state != TS_SHARD_COMPLETE) {
+        snprintf(x->local, sizeof(x->local), "shard %u is still being written", id);
+        return TS_EINCOMPLETE;
+    }
+    if (x->offset > s.size) {
+        snprintf(x->local, sizeof(x->local),
+                 "offset %llu is past the end of the shard (%llu bytes)",
+                 (unsigned long long)x->offset, (unsigned long long)s.size);
+        return TS_ERANGE;
+    }
+    end = x->length_set && x->length < s.size - x->offset ? x->offset + x->length : s.size;
+    /* Pieces of whole chunks, at least 1 MiB, at most one request. */
+    buflen = s.chunk_size ? s.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+    buflen *= ((1u << 20) + buflen - 1) / buflen;
+    buflen = TS_MIN(buflen, (size_t)TESSERA_MAX_READ);
+    if (to_file) {
+        out = open(x->output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+        if (out < 0) {
+            snprintf(x->local, sizeof(x->local), "cannot create %s: %s", x->output,
+                     strerror(errno));
+            return TS_EIO;
+        }
+    }
+    t0 = ts_now_mono_ns();
+    rc = get_stream(x, id, x->offset, end, buflen, out, &written);
+    if (to_file) {
+        if (!rc && close(out) < 0) {
+            snprintf(x->local, sizeof(x->local), "cannot write %s: %s", x->output, strerror(errno));
+            rc = TS_EIO;
+        } else if (rc) {
+            close(out);
+        }
+        if (rc)
+            unlink(x->output); /* no half-written file left behind */
+    }
+    if (rc || !to_file)
+        return rc;
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(x->argv[0]));
+        json_object_object_add(o, "shard", json_u64(id));
+        json_object_object_add(o, "offset", json_u64(x->offset));
+        json_object_object_add(o, "bytes", json_u64(written));
+        json_object_object_add(o, "output", json_object_new_string(x->output));
+        json_object_object_add(o, "seconds",
+                               json_object_new_double((double)(ts_now_mono_ns() - t0) / 1e9));
+        json_print(o);
+    } else {
+        char hs[32];
+        printf("get %s %u: %s to %s\n", x->argv[0], id, cli_human_size(written, hs, sizeof(hs)),
+               x->output);
+    }
+    return 0;
+}
+
+/* ---- scrub / status ----------------------------------------------------------------------------
+ */
+
+struct scrub_seen {
+    struct json_object *list; /* --json */
+    uint64_t n;
+};
+
+static void scrub_cb(void *arg, const char *dataset, uint32_t shard, uint32_t chunk, int code)
+{
+    struct scrub_seen *s = arg;
+
+    s->n++;
+    if (s->list) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(dataset));
+        json_object_object_add(o, "shard", json_u64(shard));
+        json_object_object_add(o, "chunk", json_u64(chunk));
+        json_object_object_add(o, "code", json_object_new_string(ts_errname(code)));
+        json_object_array_add(s->list, o);
+    } else {
+        printf("corrupt: dataset %s shard %u chunk %u: %s (%s)\n", dataset, shard, chunk,
+               ts_strerror(code), ts_errname(code));
+    }
+}
+
+static int cmd_scrub(struct ctx *x)
+{
+    struct scrub_seen seen = {NULL, 0};
+    struct ts_scrub_report rep;
+    const char *name = x->argc > 0 ? x->argv[0] : NULL;
+    int rc;
+
+    if (x->json)
+        seen.list = json_object_new_array();
+    rc = tessera_scrub(x->c, name, &rep, scrub_cb, &seen);
+    if (rc) {
+        json_object_put(seen.list);
+        return rc;
+    }
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "shards", json_u64(rep.shards));
+        json_object_object_add(o, "chunks", json_u64(rep.chunks));
+        json_object_object_add(o, "bytes", json_u64(rep.bytes));
+        json_object_object_add(o, "corrupt", json_u64(rep.corrupt));
+        json_object_object_add(o, "corrupt_chunks", seen.list);
+        json_print(o);
+    } else {
+        char hs[32];
+        printf("scrubbed %s: %llu shards, %llu chunks, %s: %llu corrupt%s\n",
+               name ? name : "every dataset", (unsigned long long)rep.shards,
+               (unsigned long long)rep.chunks, cli_human_size(rep.bytes, hs, sizeof(hs)),
+               (unsigned long long)rep.corrupt, rep.corrupt > seen.n ? " (more than listed)" : "");
+    }
+    if (rep.corrupt) {
+        snprintf(x->local, sizeof(x->local), "%llu corrupt chunk%s found",
+                 (unsigned long long)rep.corrupt, rep.corrupt == 1 ? "" : "s");
+        return TS_ECORRUPT;
+    }
+    return 0;
+}
+
+static int humanized_key(const char *key)
+{
+    size_t n = strlen(key);
+
+    return strcmp(key, "bytes") == 0 || (n > 6 && strcmp(key + n - 6, "_bytes") == 0);
+}
+
+/* Prints a JSON document as "a.b.c: value" lines; arrays of objects as tables. */
+static void status_flatten(struct json_object *o, const char *prefix, struct cli_table *kv,
+                           int *tables)
+{
+    char key[256], val[128], hs[32];
+
+    if (json_object_is_type(o, json_type_object)) {
+        json_object_object_foreach(o, k, v)
+        {
+            snprintf(key, sizeof(key), "%s%s%s", prefix, prefix[0] ? "." : "", k);
+            if (json_object_is_type(v, json_type_array) && json_object_array_length(v) > 0 &&
+                json_object_is_type(json_object_array_get_idx(v, 0), json_type_object)) {
+                (*tables)++;
+                continue; /* printed after the scalars */
+            }
+            if (json_object_is_type(v, json_type_object) ||
+                json_object_is_type(v, json_type_array)) {
+                status_flatten(v, key, kv, tables);
+                continue;
+            }
+            if (humanized_key(k) && json_object_is_type(v, json_type_int))
+                snprintf(val, sizeof(val), "%s",
+                         cli_human_size(json_object_get_uint64(v), hs, sizeof(hs)));
+            else if (json_object_is_type(v, json_type_double))
+                snprintf(val, sizeof(val), "%.1f", json_object_get_double(v));
+            else
+                snprintf(val, sizeof(val), "%s", json_object_get_string(v));
+            if (!val[0])
+                snprintf(val, sizeof(val), "-");
+            const char *row[] = {key, val};
+            cli_table_add(kv, row);
+        }
+    } else if (json_object_is_type(o, json_type_array)) {
+        size_t n = json_object_array_length(o), off = 0;
+        val[0] = '\0';
+        for (size_t i = 0; i < n && off < sizeof(val); i++)
+            off += (size_t)snprintf(val + off, sizeof(val) - off, "%s%s", i ? ", " : "",
+                                    json_object_get_string(json_object_array_get_idx(o, i)));
+        const char *row[] = {prefix, n ? val : "-"};
+        cli_table_add(kv, row);
+    }
+}
+
+/* Arrays of objects at the top level, one table each. */
+static void status_tables(struct json_object *o)
+{
+    json_object_object_foreach(o, k, v)
+    {
+        struct json_object *first;
+        const char *hdr[CLI_TABLE_MAXCOLS];
+        const char *row[CLI_TABLE_MAXCOLS];
+        char cells[CLI_TABLE_MAXCOLS][64], hs[32];
+        struct cli_table t;
+        size_t ncols = 0;
+
+        if (!json_object_is_type(v, json_type_array) || json_object_array_length(v) == 0)
+            continue;
+        first = json_object_array_get_idx(v, 0);
+        if (!json_object_is_type(first, json_type_object))
+            continue;
+        json_object_object_foreach(first, ck, cv)
+        {
+            (void)cv;
+            if (ncols < CLI_TABLE_MAXCOLS)
+                hdr[ncols++] = ck;
+        }
+        if (!ncols || cli_table_init(&t, ncols, 0, hdr))
+            continue;
+        for (size_t r = 0; r < json_object_array_length(v); r++) {
+            struct json_object *e = json_object_array_get_idx(v, r), *ev;
+            for (size_t i = 0; i < ncols; i++) {
+                if (!json_object_object_get_ex(e, hdr[i], &ev))
+                    snprintf(cells[i], sizeof(cells[i]), "-");
+                else if (humanized_key(hdr[i]) && json_object_is_type(ev, json_type_int))
+                    snprintf(cells[i], sizeof(cells[i]), "%s",
+                             cli_human_size(json_object_get_uint64(ev), hs, sizeof(hs)));
+                else
+                    snprintf(cells[i], sizeof(cells[i]), "%s", json_object_get_string(ev));
+                row[i] = cells[i];
+            }
+            cli_table_add(&t, row);
+        }
+        printf("\n%s:\n", k);
+        cli_table_print(&t, stdout);
+        cli_table_fini(&t);
+    }
+}
+
+static int cmd_status(struct ctx *x)
+{
+    static const char *const hdr[] = {"KEY", "VALUE"};
+    struct json_object *doc;
+    struct cli_table kv;
+    char *json = NULL;
+    int rc, tables = 0;
+
+    rc = tessera_status(x->c, &json);
+    if (rc)
+        return rc;
+    doc = json_tokener_parse(json);
+    if (!doc) {
+        /* Not JSON after all: show it as it came. */
+        puts(json);
+        free(json);
+        return 0;
+    }
+    free(json);
+    if (x->json || !json_object_is_type(doc, json_type_object)) {
+        json_print(doc);
+        return 0;
+    }
+    printf("server: %s (node %s, role %s)\n", x->server, tessera_client_node(x->c),
+           ts_role_name(tessera_client_role(x->c)));
+    if (cli_table_init(&kv, 2, 0, hdr) == 0) {
+        status_flatten(doc, "", &kv, &tables);
+        /* Without the header row: a "key: value" listing. */
+        size_t w = 0;
+        for (size_t r = 1; r < kv.nrows; r++)
+            w = TS_MAX(w, strlen(kv.cells[r * 2]));
+        for (size_t r = 1; r < kv.nrows; r++)
+            printf("%s:%*s %s\n", kv.cells[r * 2], (int)(w - strlen(kv.cells[r * 2])), "",
+                   kv.cells[r * 2 + 1]);
+        cli_table_fini(&kv);
+    }
+    if (tables)
+        status_tables(doc);
+    json_object_put(doc);
+    return 0;
+}
+
+/* ---- the command table ------------------------------------------------------------------------
+ */
+
+static const struct cmd cmds[] = {
+    {"dataset", "create", 1, 1, 1, create_opts, cmd_dataset_create,
+     "NAME [--core N] [--fringe N] [--min-core N] [--chunk-size B]",
+     "Creates a dataset. --core: synchronous replicas (default 1), --fringe: asynchronous\n"
+     "replicas (default 0), --min-core: core replicas that must hold a write (default 1),\n"
+     "--chunk-size: bytes per chunk, with K/M/G suffixes (default 1M, at least 4K)."},
+    {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets."},
+    {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset."},
+    {"dataset", "seal", 1, 1, 1, no_opts, cmd_dataset_seal, "NAME",
+     "Seals a dataset: no more shards can be added. Fails while an upload is incomplete."},
+    {"dataset", "rm", 1, 1, 1, no_opts, cmd_dataset_rm, "NAME",
+     "Deletes a dataset and all its shards (admin role)."},
+    {NULL, "put", 3, 3, 2, no_opts, cmd_put, "NAME SHARD FILE",
+     "Uploads FILE ('-': standard input) as shard SHARD of dataset NAME and seals the shard.\n"
+     "Every chunk carries its CRC32C; the server acknowledges each once it is durable."},
+    {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
+     "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
+     "or standard output, verifying every piece's CRC32C. A failed get leaves no FILE."},
+    {NULL, "scrub", 0, 1, 1, no_opts, cmd_scrub, "[NAME]",
+     "Re-verifies every stored chunk of NAME (or of every dataset) on the server and lists\n"
+     "corrupt ones; exits 1 when any is found. Waits without a timeout unless --timeout."},
+    {NULL, "status", 0, 0, 0, no_opts, cmd_status, "",
+     "Shows the server's status: node, listeners, connections, counters, datasets."},
+    {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset."},
+    {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard."},
+};
+
+static void usage_cmd(FILE *f, const struct cmd *k)
+{
+    fprintf(f, "usage: tessera [OPTIONS] %s%s%s%s%s\n\n%s\n", k->group ? k->group : "",
+            k->group ? " " : "", k->name, k->args[0] ? " " : "", k->args, k->help);
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: tessera [OPTIONS] COMMAND [ARGS]\n"
+          "\n"
+          "Options (anywhere on the line):\n"
+          "  -s, --server HOST:PORT   server address (default $TESSERA_SERVER, else "
+          "127.0.0.1:7070)\n"
+          "      --tls-ca FILE        CA bundle (PEM): connect with TLS 1.3 and verify the "
+          "server\n"
+          "      --tls-cert FILE      client certificate (PEM) for mutual TLS\n"
+          "      --tls-key FILE       its private key (PEM)\n"
+          "      --tls-server-name N  name expected in the server certificate (default: "
+          "HOST)\n"
+          "      --json               machine-readable output (JSON)\n"
+          "      --timeout MS         per-request timeout in milliseconds (default 30000)\n"
+          "  -v, --verbose            log what the library does to stderr\n"
+          "  -h, --help               this help; 'tessera COMMAND --help' for a command's\n"
+          "\n"
+          "Commands:\n",
+          f);
+    for (size_t i = 0; i < TS_ARRAY_SIZE(cmds); i++) {
+        char line[128];
+        snprintf(line, sizeof(line), "%s%s%s%s%s", cmds[i].group ? cmds[i].group : "",
+                 cmds[i].group ? " " : "", cmds[i].name, cmds[i].args[0] ? " " : "", cmds[i].args);
+        fprintf(f, "  %s\n", line);
+    }
+    fputs("\nSizes take K, M, G, T suffixes (powers of 1024). See docs/client.md.\n", f);
+}
+
+static int usage_error(const char *what, const struct cmd *k)
+{
+    fprintf(stderr, "tessera: %s\n", what);
+    if (k)
+        fprintf(stderr, "usage: tessera [OPTIONS] %s%s%s %s (see 'tessera %s%s%s --help')\n",
+                k->group ? k->group : "", k->group ? " " : "", k->name, k->args,
+                k->group ? k->group : "", k->group ? " " : "", k->name);
+    else
+        fprintf(stderr, "Try 'tessera --help'.\n");
+    return EXIT_USAGE;
+}
+
+static const struct cmd *find_cmd(const char *group, const char *name)
+{
+    for (size_t i = 0; i < TS_ARRAY_SIZE(cmds); i++) {
+        const struct cmd *k = &cmds[i];
+        if (k->group ? (group && strcmp(k->group, group) == 0 && name && strcmp(k->name, name) == 0)
+                     : (!group && strcmp(k->name, name) == 0))
+            return k;
+    }
+    return NULL;
+}
+
+static int is_group(const char *w)
+{
+    return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0;
+}
+
+static void usage_group(FILE *f, const char *group)
+{
+    fprintf(f, "usage: tessera [OPTIONS] %s SUBCOMMAND\n\n", group);
+    for (size_t i = 0; i < TS_ARRAY_SIZE(cmds); i++)
+        if (cmds[i].group && strcmp(cmds[i].group, group) == 0)
+            fprintf(f, "  %s %s%s%s\n", group, cmds[i].name, cmds[i].args[0] ? " " : "",
+                    cmds[i].args);
+}
+
+/* A size option's value, or a usage error. */
+static int opt_size(const char *opt, const char *val, uint64_t max, uint64_t *out)
+{
+    char msg[200];
+    int rc = cli_parse_size(val, out);
+
+    if (!rc && *out > max)
+        rc = TS_ERANGE;
+    if (!rc)
+        return 0;
+    snprintf(msg, sizeof(msg), "--%s: '%s' is not a size%s (e.g. 4096, 64K, 1M, 2G)", opt, val,
+             rc == TS_ERANGE ? " in range" : "");
+    return usage_error(msg, NULL);
+}
+
+static int opt_u8(const char *opt, const char *val, uint8_t *out)
+{
+    char msg[160];
+    uint64_t v;
+
+    if (cli_parse_uint(val, UINT8_MAX, &v) == 0) {
+        *out = (uint8_t)v;
+        return 0;
+    }
+    snprintf(msg, sizeof(msg), "--%s: '%s' is not a number from 0 to 255", opt, val);
+    return usage_error(msg, NULL);
+}
+
+static void print_error(const struct ctx *x, const struct cmd *k, int rc)
+{
+    char where[512];
+    const char *srv = x->c ? tessera_client_error(x->c) : "";
+    size_t off;
+
+    off = (size_t)snprintf(where, sizeof(where), "%s%s%s", k->group ? k->group : "",
+                           k->group ? " " : "", k->name);
+    for (int i = 0; i < x->argc && i < k->ctx_args && off < sizeof(where); i++)
+        off += (size_t)snprintf(where + off, sizeof(where) - off, " %s", x->argv[i]);
+    if (x->local[0])
+        srv = x->local;
+    if (srv[0])
+        fprintf(stderr, "tessera: %s: %s (%s): %s\n", where, ts_strerror(rc), ts_errname(rc), srv);
+    else
+        fprintf(stderr, "tessera: %s: %s (%s)\n", where, ts_strerror(rc), ts_errname(rc));
+}
+
+int main(int argc, char **argv)
+{
+    const struct cli_opt *tables[2] = {global_opts, NULL};
+    const struct cmd *k = NULL;
+    const char *group = NULL, *val, *env;
+    const struct cli_opt *o;
+    struct tessera_opts opts;
+    struct cli_iter it;
+    struct ts_addr addr;
+    struct ctx x;
+    char **pos, err[512];
+    int npos = 0, help = 0, verbose = 0, rc;
+    enum cli_token tok;
+    uint64_t v;
+
+    memset(&x, 0, sizeof(x));
+    tessera_opts_init(&opts);
+    opts.client_name = "tessera-cli";
+    x.policy.core = 1;
+    env = getenv("TESSERA_SERVER");
+    x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
+    pos = calloc((size_t)argc + 1, sizeof(*pos));
+    if (!pos)
+        return EXIT_FAIL;
+    cli_iter_init(&it, argc - 1, argv + 1);
+    while ((tok = cli_next(&it, tables, 2, &o, &val)) != CLI_END) {
+        if (tok == CLI_ERR)
+            return usage_error(it.err, k);
+        if (tok == CLI_POS) {
+            if (k) {
+                pos[npos++] = (char *)val;
+            } else if (!group && is_group(val)) {
+                group = val;
+            } else {
+                k = find_cmd(group, val);
+                if (!k) {
+                    char msg[300];
+                    snprintf(msg, sizeof(msg), "unknown command '%s%s%s'", group ? group : "",
+                             group ? " " : "", val);
+                    return usage_error(msg, NULL);
+                }
+                tables[1] = k->opts;
+            }
+            continue;
+        }
+        switch (o->id) {
+        case O_HELP:
+            help = 1;
+            break;
+        case O_SERVER:
+            x.server = val;
+            break;
+        case O_TLS_CA:
+            opts.tls_ca = val;
+            break;
+        case O_TLS_CERT:
+            opts.tls_cert = val;
+            break;
+        case O_TLS_KEY:
+            opts.tls_key = val;
+            break;
+        case O_TLS_NAME:
+            opts.tls_server_name = val;
+            break;
+        case O_JSON:
+            x.json = 1;
+            break;
+        case O_VERBOSE:
+            verbose = 1;
+            break;
+        case O_TIMEOUT:
+            if (cli_parse_uint(val, INT32_MAX, &v) != 0 || v == 0)
+                return usage_error("--timeout: want milliseconds, 1 or more", k);
+            opts.timeout_ms = (int)v;
+            x.timeout_set = 1;
+            break;
+        case O_CORE:
+        case O_FRINGE:
+        case O_MIN_CORE:
+            if (opt_u8(o->name, val,
+                       o->id == O_CORE     ? &x.policy.core
+                       : o->id == O_FRINGE ? &x.policy.fringe
+                                           : &x.policy.min_core))
+                return EXIT_USAGE;
+            x.min_core_set |= o->id == O_MIN_CORE;
+            break;
+        case O_CHUNK:
+            if (opt_size(o->name, val, UINT32_MAX, &v))
+                return EXIT_USAGE;
+            x.policy.chunk_size = (uint32_t)v;
+            break;
+        case O_OUTPUT:
+            x.output = val;
+            break;
+        case O_OFFSET:
+            if (opt_size(o->name, val, UINT64_MAX, &x.offset))
+                return EXIT_USAGE;
+            break;
+        case O_LENGTH:
+            if (opt_size(o->name, val, UINT64_MAX, &x.length))
+                return EXIT_USAGE;
+            x.length_set = 1;
+            break;
+        }
+    }
+    if (help || (!k && !group)) {
+        if (k)
+            usage_cmd(stdout, k);
+        else if (group)
+            usage_group(stdout, group);
+        else
+            usage(help ? stdout : stderr);
+        free(pos);
+        return help ? 0 : EXIT_USAGE;
+    }
+    if (!k) {
+        usage_group(stderr, group);
+        free(pos);
+        return EXIT_USAGE;
+    }
+    if (npos < k->min_args || npos > k->max_args) {
+        free(pos);
+        return usage_error(npos < k->min_args ? "missing arguments" : "too many arguments", k);
+    }
+    x.argc = npos;
+    x.argv = pos;
+    if (verbose)
+        ts_log_set(ts_log_stderr, NULL, TS_LOG_DEBUG);
+    opts.address = x.server;
+    if (ts_addr_parse(x.server, &addr) != 0) {
+        snprintf(err, sizeof(err), "bad server address '%s' (want HOST:PORT)", x.server);
+        free(pos);
+        return usage_error(err, NULL);
+    }
+    rc = ts_client_open_ex(&x.c, &opts, err, sizeof(err));
+    if (rc) {
+        if (err[0])
+            fprintf(stderr, "tessera: cannot connect to %s: %s (%s): %s\n", x.server,
+                    ts_strerror(rc), ts_errname(rc), err);
+        else
+            fprintf(stderr, "tessera: cannot connect to %s: %s (%s)\n", x.server, ts_strerror(rc),
+                    ts_errname(rc));
+        free(pos);
+        return EXIT_FAIL;
+    }
+    if (k->run == cmd_scrub && !x.timeout_set)
+        ts_client_set_timeout(x.c, -1); /* a scrub takes as long as the data it reads */
+    rc = k->run(&x);
+    if (rc)
+        print_error(&x, k, rc);
+    tessera_client_close(x.c);
+    free(pos);
+    if (fflush(stdout) != 0 && !rc) {
+        fprintf(stderr, "tessera: cannot write to stdout: %s\n", strerror(errno));
+        return EXIT_FAIL;
+    }
+    return rc ? (rc == TS_EINVAL && x.local[0] ? EXIT_USAGE : EXIT_FAIL) : 0;
+}

@@ -1,0 +1,1688 @@
+/*
+ * libtessera: one connection per handle, many requests in flight on it.
+ *
+ * Requests are queued for sending (header and fields in a buffer the request owns, then
+ * optionally a data tail borrowed from the caller) and matched to replies by request id; the
+ * server may answer in any order. Everything is driven by pump(), which sends and receives
+ * without blocking and waits in the transport's wait() until a condition holds, the
+ * connection fails, or the call's timeout passes. READ data is received straight into the
+ * destination buffer after its piece table was checked, and each piece's CRC32C is verified
+ * as soon as its bytes are in.
+ */
+#include "client_internal.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define FAC "client"
+#define DEFAULT_TIMEOUT_MS 30000
+#define DEFAULT_MAX_INFLIGHT 64u
+#define MAX_SMALL_REPLY (256u << 20) /* lists and documents */
+#define MAX_ERROR_REPLY (64u << 10)  /* a status and a message */
+#define MAX_READ_REPLY (TS_MAX_READ + (1u << 20))
+#define PUT_WINDOW_BYTES (32u << 20) /* upload bytes in flight */
+#define READ_WINDOW 4                /* TESSERA_MAX_READ requests in flight per tessera_read */
+#define TX_BATCH 16                  /* requests gathered into one send */
+#define RX_BUDGET (16u << 20)        /* bytes received before the pump looks around */
+
+struct ts_req {
+    struct ts_req *next_tx; /* send queue; also the free list */
+    uint64_t id;
+    uint8_t op;
+    uint8_t user;    /* a tessera_read_submit read: kept until tessera_wait* */
+    uint8_t queued;  /* on the send queue or sent */
+    uint8_t sent;    /* every byte handed to the transport */
+    uint8_t replied; /* the reply was received (or the connection failed) */
+    uint8_t done;    /* sent and replied: the caller may look */
+    int rc;          /* of a READ: its result; of others: 0 or why no reply came */
+    uint64_t seq;    /* completion order (tessera_wait_any reports the earliest) */
+    struct ts_wr w;  /* header + fields; the buffer is kept across reuse */
+    const uint8_t *data;
+    size_t data_len;
+    size_t tx_off;  /* bytes of w and data sent */
+    uint8_t *reply; /* non-READ: the whole payload */
+    size_t reply_len;
+    /* READ */
+    uint8_t *dst;
+    size_t cap;
+    uint64_t rd_off;
+    size_t got;
+    uint64_t shard_size;
+    char *msg; /* the server's message for a refused READ */
+};
+
+enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RTABLE, RX_RDATA, RX_DRAIN };
+
+struct rx {
+    enum rx_state state;
+    uint8_t hdr[TS_HDR_LEN];
+    size_t have; /* bytes of the current target received */
+    struct ts_frame_hdr h;
+    struct ts_req *req; /* NULL: a connection-level error reply (request id 0) */
+    uint8_t *body;
+    size_t body_len;
+    uint8_t rhead[TS_READ_HEAD_LEN];
+    size_t rhead_len;
+    struct ts_read_head rd;
+    uint8_t *table;
+    uint32_t pdone; /* pieces verified */
+    size_t pdoff;   /* their bytes */
+    size_t drain_left;
+    int drain_rc;
+};
+
+struct tessera_client {
+    struct ts_transport *t;
+    int broken; /* 0, or the code that ended the connection */
+    uint64_t next_id;
+    uint64_t done_seq;
+    uint64_t epoch;
+    int role;
+    uint32_t max_frame;
+    int timeout_ms;
+    unsigned max_inflight;
+    unsigned inflight;
+    struct ts_req **live; /* requests queued or awaiting tessera_wait, in id order */
+    size_t nlive, caplive;
+    struct ts_req *free_reqs;
+    struct ts_req *tx_head, *tx_tail;
+    struct rx rx;
+    uint8_t *scratch;
+    char node[256];
+    char err[512];
+};
+
+/* ---- small helpers ----------------------------------------------------------------------------
+ */
+
+static void set_err(struct tessera_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void set_err(struct tessera_client *c, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+}
+
+/* A malformed reply: the call fails with TS_EPROTO and says why. */
+static int proto_err(struct tessera_client *c, const char *what)
+{
+    set_err(c, "malformed reply from the server: %s", what);
+    TS_WARN(FAC, TS_EPROTO, "malformed reply: %s", what);
+    return TS_EPROTO;
+}
+
+/* Checks common to every call: a usable handle, a clean message slot. */
+static int enter(tessera_client *c)
+{
+    if (!c)
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    return c->broken ? TS_ECONNRESET : 0;
+}
+
+static int name_check(tessera_client *c, const char *name)
+{
+    if (!ts_name_valid(name)) {
+        set_err(c, "'%s' is not a valid dataset name", name ? name : "(null)");
+        return TS_ENAME;
+    }
+    return 0;
+}
+
+/* ---- request bookkeeping -------------------------------------------------------------------- */
+
+static struct ts_req *req_new(struct tessera_client *c, uint8_t op)
+{
+    struct ts_req *r = c->free_reqs;
+    struct ts_wr w;
+
+    if (r) {
+        c->free_reqs = r->next_tx;
+        w = r->w;
+    } else {
+        r = malloc(sizeof(*r));
+        if (!r)
+            return NULL;
+        ts_wr_init(&w);
+    }
+    memset(r, 0, sizeof(*r));
+    r->w = w;
+    r->w.err = 0;
+    r->op = op;
+    ts_wr_begin_frame(&r->w);
+    return r;
+}
+
+static size_t live_find(const struct tessera_client *c, uint64_t id)
+{
+    size_t lo = 0, hi = c->nlive;
+
+    while (lo < hi) { /* ids only grow: live[] is sorted */
+        size_t mid = lo + (hi - lo) / 2;
+        if (c->live[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < c->nlive && c->live[lo]->id == id ? lo : SIZE_MAX;
+}
+
+static void req_free(struct tessera_client *c, struct ts_req *r)
+{
+    size_t i;
+
+    if (!r)
+        return;
+    if (r->queued) {
+        i = live_find(c, r->id);
+        if (i != SIZE_MAX) {
+            memmove(&c->live[i], &c->live[i + 1], (c->nlive - i - 1) * sizeof(c->live[0]));
+            c->nlive--;
+        }
+    }
+    free(r->reply);
+    free(r->msg);
+    r->reply = NULL;
+    r->msg = NULL;
+    r->next_tx = c->free_reqs;
+    c->free_reqs = r;
+}
+
+static void req_destroy(struct ts_req *r)
+{
+    free(r->reply);
+    free(r->msg);
+    ts_wr_fini(&r->w);
+    free(r);
+}
+
+/* Sent and answered: the request is the caller's again. */
+static void req_finish(struct tessera_client *c, struct ts_req *r)
+{
+    if (r->done || !r->sent || !r->replied)
+        return;
+    r->done = 1;
+    r->seq = ++c->done_seq;
+    c->inflight--;
+}
+
+static void rx_reset(struct tessera_client *c)
+{
+    free(c->rx.body);
+    free(c->rx.table);
+    memset(&c->rx, 0, sizeof(c->rx));
+    c->rx.state = RX_HDR;
+}
+
+/*
+ * The connection is gone (or no longer trusted): every request still in flight completes
+ * with rc, and later calls get TS_ECONNRESET.
+ */
+static void fail_conn(struct tessera_client *c, int rc)
+{
+    const char *why;
+
+    if (c->broken)
+        return;
+    c->broken = rc;
+    why = c->t && c->t->ops->error ? c->t->ops->error(c->t) : NULL;
+    if (why && !c->err[0])
+        set_err(c, "%s", why);
+    TS_WARN(FAC, rc, "connection to %s failed%s%s", c->node[0] ? c->node : "the server",
+            why ? ": " : "", why ? why : "");
+    for (size_t i = 0; i < c->nlive; i++) {
+        struct ts_req *r = c->live[i];
+        if (r->done)
+            continue;
+        if (!r->replied)
+            r->rc = rc;
+        r->sent = r->replied = 1;
+        req_finish(c, r);
+    }
+    c->tx_head = c->tx_tail = NULL;
+    rx_reset(c);
+    if (c->t) {
+        c->t->ops->close(c->t);
+        c->t = NULL;
+    }
+}
+
+/* ---- sending ------------------------------------------------------------------------------- */
+
+static int tx_step(struct tessera_client *c, int *progress)
+{
+    struct iovec iov[2 * TX_BATCH];
+    struct ts_req *r;
+    int cnt = 0, k = 0;
+    long n;
+
+    for (r = c->tx_head; r && k < TX_BATCH; r = r->next_tx, k++) {
+        size_t off = r->tx_off;
+        if (off < r->w.len) {
+            iov[cnt].iov_base = r->w.buf + off;
+            iov[cnt++].iov_len = r->w.len - off;
+            off = r->w.len;
+        }
+        if (r->data_len > off - r->w.len) {
+            iov[cnt].iov_base = (void *)(r->data + (off - r->w.len));
+            iov[cnt++].iov_len = r->data_len - (off - r->w.len);
+        }
+    }
+    if (cnt == 0)
+        return 0;
+    n = c->t->ops->send(c->t, iov, cnt);
+    if (n <= 0)
+        return (int)n;
+    *progress = 1;
+    while (n > 0 && (r = c->tx_head)) {
+        size_t left = r->w.len + r->data_len - r->tx_off;
+        size_t take = TS_MIN((size_t)n, left);
+        r->tx_off += take;
+        n -= (long)take;
+        if (r->tx_off == r->w.len + r->data_len) {
+            c->tx_head = r->next_tx;
+            if (!c->tx_head)
+                c->tx_tail = NULL;
+            r->next_tx = NULL;
+            r->sent = 1;
+            req_finish(c, r);
+        }
+    }
+    return 0;
+}
+
+/* ---- receiving ------------------------------------------------------------------------------- */
+
+/* The whole reply is in: the request is answered. */
+static void rx_complete(struct tessera_client *c, int rc)
+{
+    struct ts_req *r = c->rx.req;
+
+    if (r->op == TS_OP_READ) {
+        r->rc = rc;
+        if (rc == 0) {
+            r->got = c->rx.rd.data_len;
+            r->shard_size = c->rx.rd.shard_size;
+        }
+    } else {
+        r->reply = c->rx.body; /* the request owns the payload now */
+        r->reply_len = c->rx.body_len;
+        c->rx.body = NULL;
+    }
+    r->replied = 1;
+    req_finish(c, r);
+    rx_reset(c);
+}
+
+/* Skips the rest of a frame whose request fails with rc (framing is intact). */
+static void rx_drain(struct tessera_client *c, size_t left, int rc)
+{
+    c->rx.drain_left = left;
+    c->rx.drain_rc = rc;
+    c->rx.have = 0;
+    c->rx.state = RX_DRAIN;
+    if (left == 0)
+        rx_complete(c, rc);
+}
+
+/* A whole refused READ reply or other small payload was received into rx.body. */
+static int rx_body_done(struct tessera_client *c)
+{
+    struct ts_req *r = c->rx.req;
+    char msg[sizeof(c->err)];
+    struct ts_rd rd;
+    int rc;
+
+    if (!r) { /* request id 0: the server gave up on the connection */
+        ts_rd_init(&rd, c->rx.body, c->rx.body_len);
+        rc = ts_reply_status(&rd, c->err, sizeof(c->err));
+        TS_WARN(FAC, rc, "the server closes the connection: %s", c->err);
+        return rc ? rc : TS_EPROTO;
+    }
+    if (r->op == TS_OP_READ) { /* only refusals come here */
+        ts_rd_init(&rd, c->rx.body, c->rx.body_len);
+        rc = ts_reply_status(&rd, msg, sizeof(msg));
+        free(r->msg);
+        r->msg = strdup(msg);
+        rx_complete(c, rc ? rc : TS_EPROTO);
+        return 0;
+    }
+    rx_complete(c, 0);
+    return 0;
+}
+
+static int rx_header(struct tessera_client *c)
+{
+    struct rx *x = &c->rx;
+    size_t i;
+
+    if (!(x->h.flags & TS_F_REPLY))
+        return proto_err(c, "a request where a reply was expected");
+    if (x->h.epoch > c->epoch)
+        c->epoch = x->h.epoch;
+    x->have = 0;
+    if (x->h.req_id == 0) {
+        if (x->h.length > MAX_ERROR_REPLY)
+            return proto_err(c, "oversized error reply");
+        x->req = NULL;
+        goto body;
+    }
+    i = live_find(c, x->h.req_id);
+    if (i == SIZE_MAX || c->live[i]->replied)
+        return proto_err(c, "reply to an unknown request id");
+    x->req = c->live[i];
+    if (x->req->op != x->h.opcode)
+        return proto_err(c, "reply opcode differs from the request's");
+    if (x->req->op == TS_OP_READ) {
+        if (x->h.length > MAX_READ_REPLY)
+            return proto_err(c, "oversized READ reply");
+        x->rhead_len = TS_MIN((size_t)x->h.length, TS_READ_HEAD_LEN);
+        x->state = RX_RHEAD;
+        if (x->rhead_len == 0)
+            rx_drain(c, 0, TS_EPROTO);
+        return 0;
+    }
+    if (x->h.length > MAX_SMALL_REPLY)
+        return proto_err(c, "oversized reply");
+body:
+    x->body_len = x->h.length;
+    x->body = malloc(x->body_len ? x->body_len : 1);
+    if (!x->body)
+        return TS_ENOMEM;
+    x->state = RX_BODY;
+    if (x->body_len == 0)
+        return rx_body_done(c);
+    return 0;
+}
+
+/* The fixed head of a READ reply is in. */
+static int rx_read_head(struct tessera_client *c)
+{
+    struct rx *x = &c->rx;
+    struct ts_req *r = x->req;
+    size_t payload = x->h.length;
+
+    int32_t status = (int32_t)ts_get_le32(x->rhead);
+
+    if (status != 0) { /* refused: status + message, read it whole */
+        if (payload > MAX_ERROR_REPLY) {
+            rx_drain(c, payload - x->rhead_len, status < 0 ? status : TS_EPROTO);
+            return 0;
+        }
+        x->body_len = payload;
+        x->body = malloc(payload);
+        if (!x->body)
+            return TS_ENOMEM;
+        memcpy(x->body, x->rhead, x->rhead_len);
+        x->have = x->rhead_len;
+        x->state = RX_BODY;
+        return x->have == x->body_len ? rx_body_done(c) : 0;
+    }
+    if (x->rhead_len < TS_READ_HEAD_LEN ||
+        ts_read_head_decode(x->rhead, payload, r->rd_off, r->cap, &x->rd) != 0) {
+        proto_err(c, "READ reply does not match the range asked for");
+        rx_drain(c, payload - x->rhead_len, TS_EPROTO);
+        return 0;
+    }
+    x->have = 0;
+    if (x->rd.npieces) {
+        x->table = malloc((size_t)x->rd.npieces * 8);
+        if (!x->table)
+            return TS_ENOMEM;
+        x->state = RX_RTABLE;
+        return 0;
+    }
+    if (x->rd.data_len) {
+        proto_err(c, "READ reply carries data but no pieces");
+        rx_drain(c, x->rd.data_len, TS_EPROTO);
+        return 0;
+    }
+    rx_complete(c, 0);
+    return 0;
+}
+
+static int rx_read_table(struct tessera_client *c)
+{
+    struct rx *x = &c->rx;
+
+    if (ts_read_pieces_check(x->table, x->rd.npieces, x->rd.data_len) != 0) {
+        proto_err(c, "READ piece lengths do not add up to the data sent");
+        rx_drain(c, x->rd.data_len, TS_EPROTO);
+        return 0;
+    }
+    x->have = 0;
+    x->state = RX_RDATA;
+    if (x->rd.data_len == 0)
+        rx_complete(c, 0);
+    return 0;
+}
+
+static int rx_read_data(struct tessera_client *c)
+{
+    struct rx *x = &c->rx;
+    struct ts_req *r = x->req;
+    int rc;
+
+    rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
+    if (rc) {
+        set_err(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
+        TS_ERROR(FAC, rc, "shard data corrupt in transit: piece %u of request %llu", x->pdone,
+                 (unsigned long long)r->id);
+        rx_drain(c, x->rd.data_len - x->have, rc);
+        return 0;
+    }
+    if (x->have == x->rd.data_len)
+        rx_complete(c, 0);
+    return 0;
+}
+
+/*
+ * One receive into the current target. 1 when bytes arrived, 0 when nothing is there,
+ * TS_E* when the connection is unusable.
+ */
+static int rx_step(struct tessera_client *c, size_t *bytes)
+{
+    struct rx *x = &c->rx;
+    uint8_t *dst;
+    size_t want;
+    long n;
+    int rc;
+
+    if (!c->scratch && x->state == RX_DRAIN) {
+        c->scratch = malloc(64u << 10);
+        if (!c->scratch)
+            return TS_ENOMEM;
+    }
+    switch (x->state) {
+    case RX_HDR:
+        dst = x->hdr + x->have;
+        want = TS_HDR_LEN - x->have;
+        break;
+    case RX_BODY:
+        dst = x->body + x->have;
+        want = x->body_len - x->have;
+        break;
+    case RX_RHEAD:
+        dst = x->rhead + x->have;
+        want = x->rhead_len - x->have;
+        break;
+    case RX_RTABLE:
+        dst = x->table + x->have;
+        want = (size_t)x->rd.npieces * 8 - x->have;
+        break;
+    case RX_RDATA:
+        dst = x->req->dst + x->have; /* straight into the caller's buffer */
+        want = x->rd.data_len - x->have;
+        break;
+    default:
+        dst = c->scratch;
+        want = TS_MIN(x->drain_left, (size_t)64u << 10);
+        break;
+    }
+    n = c->t->ops->recv(c->t, dst, want);
+    if (n <= 0)
+        return (int)n;
+    *bytes += (size_t)n;
+    if (x->state == RX_DRAIN) {
+        x->drain_left -= (size_t)n;
+        if (x->drain_left == 0)
+            rx_complete(c, x->drain_rc);
+        return 1;
+    }
+    x->have += (size_t)n;
+    switch (x->state) {
+    case RX_HDR:
+        rc = ts_frame_parse(x->hdr, x->have, UINT32_MAX, &x->h);
+        if (rc < 0)
+            return proto_err(c, "bad frame header");
+        if (rc > 0)
+            rc = rx_header(c);
+        break;
+    case RX_BODY:
+        rc = x->have < x->body_len ? 0 : rx_body_done(c);
+        break;
+    case RX_RHEAD:
+        rc = x->have < x->rhead_len ? 0 : rx_read_head(c);
+        break;
+    case RX_RTABLE:
+        rc = x->have < (size_t)x->rd.npieces * 8 ? 0 : rx_read_table(c);
+        break;
+    default:
+        rc = rx_read_data(c);
+        break;
+    }
+    return rc < 0 ? rc : 1;
+}
+
+/* Receives what is there, up to a budget; 0 or TS_E*. */
+static int rx_some(struct tessera_client *c, int *progress)
+{
+    size_t bytes = 0;
+    int rc;
+
+    while (bytes < RX_BUDGET) {
+        rc = rx_step(c, &bytes);
+        if (rc <= 0)
+            return rc;
+        *progress = 1;
+    }
+    return 0;
+}
+
+/* ---- the pump -------------------------------------------------------------------------------- */
+
+typedef int (*pump_cond)(const struct tessera_client *c, const void *arg);
+
+static int cond_done(const struct tessera_client *c, const void *arg)
+{
+    return ((const struct ts_req *)arg)->done;
+}
+
+static int cond_room(const struct tessera_client *c, const void *arg)
+{
+    return c->inflight < c->max_inflight;
+}
+
+static int cond_any_user(const struct tessera_client *c, const void *arg)
+{
+    for (size_t i = 0; i < c->nlive; i++)
+        if (c->live[i]->user && c->live[i]->done)
+            return 1;
+    return 0;
+}
+
+/*
+ * Sends and receives until cond holds. A call waits at most timeout_ms for it: then the
+ * connection is failed with TS_ETIMEDOUT. 0 when cond holds, else the code that broke the
+ * connection.
+ */
+static int pump(struct tessera_client *c, pump_cond cond, const void *arg)
+{
+    uint64_t deadline = 0, now;
+    int rc, progress, left, events;
+
+    if (c->timeout_ms > 0)
+        deadline = ts_now_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
+    for (;;) {
+        if (cond(c, arg))
+            return 0;
+        if (c->broken)
+            return c->broken;
+        progress = 0;
+        rc = tx_step(c, &progress);
+        if (rc < 0) {
+            /* The server may have said why before it closed: read that first. */
+            int rrc = rx_some(c, &progress);
+            fail_conn(c, rrc < 0 && rrc != TS_ECONNRESET ? rrc : rc);
+            continue;
+        }
+        rc = rx_some(c, &progress);
+        if (rc < 0) {
+            fail_conn(c, rc);
+            continue;
+        }
+        if (progress)
+            continue;
+        left = -1;
+        if (deadline) {
+            now = ts_now_mono_ns();
+            if (now >= deadline) {
+                set_err(c, "no reply within %d ms", c->timeout_ms);
+                fail_conn(c, TS_ETIMEDOUT);
+                continue;
+            }
+            left = (int)TS_MIN((deadline - now + 999999) / 1000000, (uint64_t)INT32_MAX);
+        }
+        events = TS_IO_READ | (c->tx_head ? TS_IO_WRITE : 0);
+        rc = c->t->ops->wait(c->t, events, left);
+        if (rc < 0)
+            fail_conn(c, rc);
+    }
+}
+
+/*
+ * Queues r with its data tail (borrowed until r is done) once fewer than max_inflight
+ * requests are in flight. On failure r is still the caller's to free.
+ */
+static int req_send(struct tessera_client *c, struct ts_req *r, const void *data, size_t len)
+{
+    const struct ts_op_desc *d = ts_op_desc(r->op);
+    struct ts_frame_hdr h = {TS_PROTO_VERSION, r->op, 0, 0, 0, 0};
+    uint64_t payload;
+    int rc;
+
+    if (r->w.err)
+        return r->w.err;
+    payload = (uint64_t)(r->w.len - TS_HDR_LEN) + len;
+    if (payload > TS_MIN(d->max_payload, c->max_frame)) {
+        set_err(c, "a %s request of %llu bytes exceeds the limit of %u", d->name,
+                (unsigned long long)payload, TS_MIN(d->max_payload, c->max_frame));
+        return TS_ETOOBIG;
+    }
+    if (c->nlive == c->caplive) {
+        size_t cap = c->caplive ? c->caplive * 2 : 64;
+        struct ts_req **p = realloc(c->live, cap * sizeof(*p));
+        if (!p)
+            return TS_ENOMEM;
+        c->live = p;
+        c->caplive = cap;
+    }
+    rc = pump(c, cond_room, NULL);
+    if (rc)
+        return rc;
+    if (c->broken) /* the wait for room ended with the connection */
+        return c->broken;
+    r->id = c->next_id++;
+    h.req_id = r->id;
+    h.epoch = c->epoch;
+    h.length = (uint32_t)payload;
+    ts_frame_encode(r->w.buf, &h);
+    r->data = data;
+    r->data_len = len;
+    r->queued = 1;
+    c->live[c->nlive++] = r;
+    c->inflight++;
+    if (c->tx_tail)
+        c->tx_tail->next_tx = r;
+    else
+        c->tx_head = r;
+    c->tx_tail = r;
+    return 0;
+}
+
+/*
+ * A request-reply round trip. On success the reply body is in *body (pointing into r, which
+ * the caller frees after decoding); on failure r is freed and the server's message is in
+ * c->err.
+ */
+static int call(struct tessera_client *c, struct ts_req *r, struct ts_rd *body)
+{
+    int rc;
+
+    rc = req_send(c, r, NULL, 0);
+    if (rc)
+        goto out_free;
+    rc = pump(c, cond_done, r);
+    if (rc)
+        goto out_free;
+    rc = r->rc;
+    if (rc)
+        goto out_free;
+    ts_rd_init(body, r->reply, r->reply_len);
+    rc = ts_reply_status(body, c->err, sizeof(c->err));
+    if (rc == TS_EPROTO && !c->err[0])
+        proto_err(c, "no status");
+    if (rc)
+        goto out_free;
+    return 0;
+
+out_free:
+    req_free(c, r);
+    return rc;
+}
+
+/* A request with just a dataset name as its body; the reply body is in *body. */
+static int call_name(struct tessera_client *c, uint8_t op, const char *name, struct ts_req **out,
+                     struct ts_rd *body)
+{
+    struct ts_req *r;
+    int rc;
+
+    *out = NULL;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    r = req_new(c, op);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name);
+    rc = call(c, r, body);
+    if (rc)
+        return rc;
+    *out = r;
+    return 0;
+}
+
+/* ---- open / close ---------------------------------------------------------------------------- */
+
+void tessera_opts_init(struct tessera_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->address = TS_DEFAULT_ADDRESS;
+    o->timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->max_inflight = DEFAULT_MAX_INFLIGHT;
+}
+
+static int hello(struct tessera_client *c, const char *client_name)
+{
+    struct ts_hello_reply h;
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    r = req_new(c, TS_OP_HELLO);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u16(&r->w, TS_PROTO_VERSION);
+    ts_wr_str(&r->w, client_name && client_name[0] ? client_name : "libtessera");
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    rc = ts_hello_decode(&body, &h);
+    req_free(c, r);
+    if (rc)
+        return proto_err(c, "HELLO");
+    if (h.version != TS_PROTO_VERSION) {
+        set_err(c, "the server speaks protocol version %u, this library %u", h.version,
+                TS_PROTO_VERSION);
+        return TS_ENOTSUP;
+    }
+    snprintf(c->node, sizeof(c->node), "%s", h.node);
+    c->role = h.role;
+    c->max_frame = h.max_frame ? h.max_frame : TS_MAX_CHUNK + 4096;
+    if (h.epoch > c->epoch)
+        c->epoch = h.epoch;
+    TS_DEBUG(FAC, "connected to node %s as %s (max frame %u, epoch %llu)", c->node,
+             ts_role_name(c->role), c->max_frame, (unsigned long long)c->epoch);
+    return 0;
+}
+
+int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
+                             struct ts_transport *t, char *err, size_t errlen)
+{
+    struct tessera_client *c;
+    int rc;
+
+    *out = NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        t->ops->close(t);
+        return TS_ENOMEM;
+    }
+    c->t = t;
+    c->next_id = 1;
+    c->timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms;
+    c->max_inflight = o->max_inflight ? o->max_inflight : DEFAULT_MAX_INFLIGHT;
+    c->max_frame = TS_SMALL_PAYLOAD;
+    rx_reset(c);
+    rc = hello(c, o->client_name);
+    if (rc)
+        goto out_close;
+    *out = c;
+    return 0;
+
+out_close:
+    if (err && errlen)
+        snprintf(err, errlen, "HELLO: %s", c->err[0] ? c->err : ts_strerror(rc));
+    tessera_client_close(c);
+    return rc;
+}
+
+int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen)
+{
+    struct tessera_opts defaults;
+    const struct ts_transport_ops *ops;
+    struct ts_conn_params p;
+    struct ts_transport *t;
+    struct ts_addr a;
+    int rc;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out)
+        return TS_EINVAL;
+    *out = NULL;
+    if (!o) {
+        tessera_opts_init(&defaults);
+        o = &defaults;
+    }
+    if (ts_addr_parse(o->address, &a) != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "bad address '%s' (want host:port)", o->address);
+        return TS_EINVAL;
+    }
+    ops = a.ops ? a.ops : o->tls_ca ? &ts_transport_tls : &ts_transport_tcp;
+    p = (struct ts_conn_params){
+        .host = a.host,
+        .port = a.port,
+        .tls_ca = o->tls_ca,
+        .tls_cert = o->tls_cert,
+        .tls_key = o->tls_key,
+        .tls_server_name = o->tls_server_name,
+        .timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms,
+        .err = err,
+        .errlen = errlen,
+    };
+    rc = ops->connect(&t, &p);
+    if (rc) {
+        TS_WARN(FAC, rc, "cannot connect to %s:%s over %s%s%s", a.host, a.port, ops->name,
+                err && err[0] ? ": " : "", err && err[0] ? err : "");
+        return rc;
+    }
+    return ts_client_open_transport(out, o, t, err, errlen);
+}
+
+int tessera_client_open(tessera_client **out, const struct tessera_opts *o)
+{
+    return ts_client_open_ex(out, o, NULL, 0);
+}
+
+void tessera_client_close(tessera_client *c)
+{
+    struct ts_req *r;
+
+    if (!c)
+        return;
+    if (c->t)
+        c->t->ops->close(c->t);
+    for (size_t i = 0; i < c->nlive; i++)
+        req_destroy(c->live[i]);
+    while ((r = c->free_reqs)) {
+        c->free_reqs = r->next_tx;
+        req_destroy(r);
+    }
+    free(c->live);
+    free(c->rx.body);
+    free(c->rx.table);
+    free(c->scratch);
+    free(c);
+}
+
+void ts_client_set_timeout(tessera_client *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : timeout_ms;
+}
+
+int tessera_client_role(const tessera_client *c)
+{
+    return c ? c->role : 0;
+}
+
+const char *tessera_client_error(const tessera_client *c)
+{
+    return c ? c->err : "";
+}
+
+const char *tessera_client_node(const tessera_client *c)
+{
+    return c ? c->node : "";
+}
+
+/* ---- datasets ------------------------------------------------------------------------------- */
+
+int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
+{
+    static const struct ts_dataset_policy def = {1, 0, 1, 0};
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    if (!p)
+        p = &def;
+    r = req_new(c, TS_OP_DATASET_CREATE);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name);
+    ts_wr_u8(&r->w, p->core);
+    ts_wr_u8(&r->w, p->fringe);
+    ts_wr_u8(&r->w, p->min_core);
+    ts_wr_u32(&r->w, p->chunk_size);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    req_free(c, r);
+    return 0;
+}
+
+int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
+{
+    struct ts_dataset_info *v = NULL;
+    struct ts_req *r;
+    struct ts_rd body;
+    uint32_t k;
+    int rc;
+
+    if (out)
+        *out = NULL;
+    if (n)
+        *n = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!out || !n)
+        return TS_EINVAL;
+    r = req_new(c, TS_OP_DATASET_LIST);
+    if (!r)
+        return TS_ENOMEM;
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    k = ts_rd_u32(&body);
+    if (body.err || k > (body.len - body.off) / TS_DATASET_INFO_MIN) {
+        rc = proto_err(c, "DATASET_LIST count");
+        goto out_free;
+    }
+    if (k) {
+        v = calloc(k, sizeof(*v));
+        if (!v) {
+            rc = TS_ENOMEM;
+            goto out_free;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        if (ts_rd_dataset_info(&body, &v[i])) {
+            rc = proto_err(c, "DATASET_LIST entry");
+            goto out_free_list;
+        }
+    }
+    req_free(c, r);
+    *out = v;
+    *n = k;
+    return 0;
+
+out_free_list:
+    free(v);
+out_free:
+    req_free(c, r);
+    return rc;
+}
+
+int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!out)
+        return TS_EINVAL;
+    rc = call_name(c, TS_OP_DATASET_STAT, name, &r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_dataset_info(&body, out))
+        rc = proto_err(c, "DATASET_STAT");
+    req_free(c, r);
+    return rc;
+}
+
+static int simple_name_op(tessera_client *c, uint8_t op, const char *name)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = call_name(c, op, name, &r, &body);
+    if (rc)
+        return rc;
+    req_free(c, r);
+    return 0;
+}
+
+int tessera_dataset_seal(tessera_client *c, const char *name)
+{
+    return simple_name_op(c, TS_OP_DATASET_SEAL, name);
+}
+
+int tessera_dataset_delete(tessera_client *c, const char *name)
+{
+    return simple_name_op(c, TS_OP_DATASET_DELETE, name);
+}
+
+/* ---- shards --------------------------------------------------------------------------------- */
+
+int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
+                       struct ts_shard_info *out)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!out)
+        return TS_EINVAL;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    r = req_new(c, TS_OP_SHARD_STAT);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name);
+    ts_wr_u32(&r->w, shard);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, out))
+        rc = proto_err(c, "SHARD_STAT");
+    req_free(c, r);
+    return rc;
+}
+
+int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
+{
+    struct ts_shard_info *v = NULL;
+    struct ts_req *r;
+    struct ts_rd body;
+    uint32_t k;
+    int rc;
+
+    if (out)
+        *out = NULL;
+    if (n)
+        *n = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!out || !n)
+        return TS_EINVAL;
+    rc = call_name(c, TS_OP_SHARD_LIST, name, &r, &body);
+    if (rc)
+        return rc;
+    k = ts_rd_u32(&body);
+    if (body.err || k > (body.len - body.off) / TS_SHARD_INFO_LEN) {
+        rc = proto_err(c, "SHARD_LIST count");
+        goto out_free;
+    }
+    if (k) {
+        v = calloc(k, sizeof(*v));
+        if (!v) {
+            rc = TS_ENOMEM;
+            goto out_free;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        if (ts_rd_shard_info(&body, &v[i])) {
+            rc = proto_err(c, "SHARD_LIST entry");
+            goto out_free_list;
+        }
+    }
+    req_free(c, r);
+    *out = v;
+    *n = k;
+    return 0;
+
+out_free_list:
+    free(v);
+out_free:
+    req_free(c, r);
+    return rc;
+}
+
+/* ---- reads ---------------------------------------------------------------------------------- */
+
+static int read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf)
+{
+    int rc = name_check(c, name);
+
+    if (rc)
+        return rc;
+    if ((!buf && len) || len > UINT64_MAX - off) {
+        set_err(c, "bad read range or buffer");
+        return TS_EINVAL;
+    }
+    return 0;
+}
+
+static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                      void *buf, int user, struct ts_req **out)
+{
+    struct ts_req *r;
+    int rc;
+
+    *out = NULL;
+    r = req_new(c, TS_OP_READ);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name);
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u64(&r->w, off);
+    ts_wr_u32(&r->w, (uint32_t)len);
+    r->user = (uint8_t)user;
+    r->dst = buf;
+    r->cap = len;
+    r->rd_off = off;
+    rc = req_send(c, r, NULL, 0);
+    if (rc) {
+        req_free(c, r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* A finished READ: its status, with the server's message (if any) as the handle's error. */
+static int read_result(tessera_client *c, struct ts_req *r, size_t *out_len)
+{
+    if (out_len)
+        *out_len = r->rc ? 0 : r->got;
+    if (r->rc && r->msg)
+        snprintf(c->err, sizeof(c->err), "%s", r->msg);
+    return r->rc;
+}
+
+int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                 void *buf, size_t *out_len)
+{
+    struct ts_req *win[READ_WINDOW];
+    uint8_t *dst = buf;
+    size_t npieces, next = 0, done = 0, total = 0, got = 0;
+    uint64_t size = UINT64_MAX;
+    int rc, first = 0, ended = 0;
+
+    if (out_len)
+        *out_len = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    npieces = len ? (len - 1) / TESSERA_MAX_READ + 1 : 1;
+    while (done < npieces) {
+        /* Keep a window of requests in flight; none past a known end of the shard. */
+        while (!first && !ended && next < npieces && next - done < READ_WINDOW) {
+            uint64_t poff = off + (uint64_t)next * TESSERA_MAX_READ;
+            size_t plen = TS_MIN(len - next * (size_t)TESSERA_MAX_READ, (size_t)TESSERA_MAX_READ);
+            if (next > 0 && poff >= size)
+                break;
+            rc = read_queue(c, name, shard, poff, plen, dst + next * (size_t)TESSERA_MAX_READ, 0,
+                            &win[next % READ_WINDOW]);
+            if (rc) {
+                first = rc;
+                break;
+            }
+            next++;
+        }
+        if (done == next)
+            break;
+        struct ts_req *r = win[done % READ_WINDOW];
+        rc = pump(c, cond_done, r);
+        if (!first && !ended) {
+            rc = rc ? rc : read_result(c, r, &got);
+            if (rc) {
+                first = rc;
+            } else {
+                size = r->shard_size;
+                total += got;
+                ended = got < r->cap; /* the shard ends inside this piece */
+            }
+        }
+        req_free(c, r);
+        done++;
+        if (done == next && (first || ended))
+            break;
+    }
+    if (first)
+        return first;
+    if (out_len)
+        *out_len = total;
+    return 0;
+}
+
+int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                        size_t len, void *buf, uint64_t *op)
+{
+    struct ts_req *r;
+    int rc, progress = 0;
+
+    if (op)
+        *op = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!op)
+        return TS_EINVAL;
+    rc = read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    if (len > TESSERA_MAX_READ) {
+        set_err(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
+        return TS_EINVAL;
+    }
+    rc = read_queue(c, name, shard, off, len, buf, 1, &r);
+    if (rc)
+        return rc;
+    *op = r->id;
+    /* Get the request on its way now; its outcome is reported by tessera_wait*. */
+    rc = tx_step(c, &progress);
+    if (rc < 0)
+        fail_conn(c, rc);
+    return 0;
+}
+
+int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
+{
+    struct ts_req *r;
+    size_t i;
+    int rc;
+
+    if (out_len)
+        *out_len = 0;
+    if (!c)
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    i = live_find(c, op);
+    if (i == SIZE_MAX || !c->live[i]->user)
+        return TS_ENOENT;
+    r = c->live[i];
+    (void)pump(c, cond_done, r); /* a failed connection completes r with its code */
+    rc = read_result(c, r, out_len);
+    req_free(c, r);
+    return rc;
+}
+
+int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
+{
+    struct ts_req *r = NULL;
+    int rc, any = 0;
+
+    if (op)
+        *op = 0;
+    if (out_len)
+        *out_len = 0;
+    if (!c)
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    for (size_t i = 0; i < c->nlive && !any; i++)
+        any = c->live[i]->user;
+    if (!any)
+        return TS_ENOENT;
+    (void)pump(c, cond_any_user, NULL);
+    for (size_t i = 0; i < c->nlive; i++) {
+        struct ts_req *q = c->live[i];
+        if (q->user && q->done && (!r || q->seq < r->seq))
+            r = q;
+    }
+    if (!r)
+        return c->broken ? c->broken : TS_EINTERNAL;
+    if (op)
+        *op = r->id;
+    rc = read_result(c, r, out_len);
+    req_free(c, r);
+    return rc;
+}
+
+/* ---- uploads -------------------------------------------------------------------------------- */
+
+struct put {
+    const char *name;
+    uint32_t shard;
+    uint32_t chunk;    /* the dataset's chunk size */
+    uint64_t declared; /* shard size, or TS_SIZE_UNKNOWN */
+    uint32_t index;    /* next chunk index */
+    uint64_t bytes;    /* bytes queued so far */
+    uint32_t crc;      /* of all of them */
+    struct ts_req **win;
+    uint32_t nwin;  /* ring size */
+    uint32_t head;  /* oldest request in flight */
+    uint32_t count; /* requests in flight */
+    int rc;         /* first failure */
+};
+
+static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_t shard,
+                     uint64_t declared)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    memset(p, 0, sizeof(*p));
+    p->name = name;
+    p->shard = shard;
+    p->declared = declared;
+    rc = tessera_dataset_stat(c, name, &d);
+    if (rc)
+        return rc;
+    p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+    p->nwin = TS_MAX(2u, PUT_WINDOW_BYTES / p->chunk);
+    p->nwin = TS_MIN(p->nwin, c->max_inflight);
+    p->win = calloc(p->nwin, sizeof(*p->win));
+    return p->win ? 0 : TS_ENOMEM;
+}
+
+/* Collects the oldest chunk's acknowledgement. */
+static void put_collect(tessera_client *c, struct put *p)
+{
+    struct ts_req *r = p->win[p->head];
+    char scratch[sizeof(c->err)];
+    uint32_t expect = p->index - p->count;
+    struct ts_rd body;
+    int rc;
+
+    rc = pump(c, cond_done, r);
+    rc = rc ? rc : r->rc;
+    if (!rc) {
+        ts_rd_init(&body, r->reply, r->reply_len);
+        /* Keep the first refusal's message: later ones are usually its echo. */
+        rc = ts_reply_status(&body, p->rc ? scratch : c->err, sizeof(scratch));
+        if (!rc) {
+            uint32_t idx = ts_rd_u32(&body);
+            (void)ts_rd_u64(&body);
+            if (body.err || idx != expect)
+                rc = p->rc ? TS_EPROTO : proto_err(c, "SHARD_WRITE acknowledges another chunk");
+        }
+    }
+    if (rc && !p->rc) {
+        p->rc = rc;
+        TS_WARN(FAC, rc, "upload of %s/%u: chunk %u failed", p->name, p->shard, expect);
+    }
+    req_free(c, r);
+    p->win[p->head] = NULL;
+    p->head = (p->head + 1) % p->nwin;
+    p->count--;
+}
+
+/* Waits until the window has room for another chunk; the first failure so far. */
+static int put_room(tessera_client *c, struct put *p)
+{
+    while (p->count == p->nwin)
+        put_collect(c, p);
+    return p->rc;
+}
+
+/* Queues one chunk (data borrowed until it is acknowledged). */
+static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len)
+{
+    uint32_t crc = ts_crc32c(0, data, len);
+    struct ts_req *r;
+    int rc;
+
+    r = req_new(c, TS_OP_SHARD_WRITE);
+    if (!r)
+        return p->rc = TS_ENOMEM;
+    ts_wr_str(&r->w, p->name);
+    ts_wr_u32(&r->w, p->shard);
+    ts_wr_u32(&r->w, p->index);
+    ts_wr_u64(&r->w, p->declared);
+    ts_wr_u32(&r->w, crc);
+    ts_wr_u32(&r->w, len);
+    rc = req_send(c, r, data, len);
+    if (rc) {
+        req_free(c, r);
+        return p->rc = rc;
+    }
+    p->win[(p->head + p->count) % p->nwin] = r;
+    p->count++;
+    p->index++;
+    p->bytes += len;
+    p->crc = ts_crc32c(p->crc, data, len);
+    return 0;
+}
+
+/* Collects every outstanding acknowledgement, then seals; frees the window. */
+static int put_end(tessera_client *c, struct put *p, const uint64_t *records, uint32_t nrecords)
+{
+    struct ts_shard_info info;
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    while (p->count)
+        put_collect(c, p);
+    free(p->win);
+    p->win = NULL;
+    if (p->rc)
+        return p->rc;
+    r = req_new(c, TS_OP_SHARD_SEAL);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, p->name);
+    ts_wr_u32(&r->w, p->shard);
+    ts_wr_u8(&r->w, 1);
+    ts_wr_u32(&r->w, p->crc);
+    ts_wr_u32(&r->w, nrecords);
+    for (uint32_t i = 0; i < nrecords; i++)
+        ts_wr_u64(&r->w, records[i]);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, &info))
+        rc = proto_err(c, "SHARD_SEAL");
+    req_free(c, r);
+    if (!rc)
+        TS_DEBUG(FAC, "sealed %s/%u: %llu bytes, %u chunks, crc %08x", p->name, p->shard,
+                 (unsigned long long)info.size, info.nchunks, info.crc);
+    return rc;
+}
+
+int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+                const uint64_t *records, uint32_t nrecords)
+{
+    const uint8_t *src = buf;
+    struct put p;
+    size_t off = 0;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    if ((!buf && len) || (!records && nrecords))
+        return TS_EINVAL;
+    rc = put_begin(c, &p, name, shard, len);
+    if (rc)
+        goto out_end;
+    if ((len - (len ? 1 : 0)) / p.chunk > UINT32_MAX) {
+        set_err(c, "a shard has at most 2^32 chunks");
+        p.rc = TS_ETOOBIG;
+        goto out_end;
+    }
+    do { /* an empty shard is one empty chunk */
+        uint32_t n = (uint32_t)TS_MIN((size_t)p.chunk, len - off);
+        if (put_room(c, &p) || put_chunk(c, &p, src + off, n))
+            break;
+        off += n;
+    } while (off < len);
+out_end:
+    if (!p.win)
+        return rc ? rc : p.rc;
+    return put_end(c, &p, records, nrecords);
+}
+
+/* Fills buf with up to len bytes from fd (a file or a pipe); the count, or TS_E*. */
+static long read_full(int fd, uint8_t *buf, size_t len)
+{
+    size_t got = 0;
+    ssize_t n;
+
+    while (got < len) {
+        n = read(fd, buf + got, len - got);
+        if (n == 0)
+            break;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                (void)poll(&pfd, 1, -1);
+                continue;
+            }
+            return ts_from_errno(errno);
+        }
+        got += (size_t)n;
+    }
+    return (long)got;
+}
+
+int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size)
+{
+    uint8_t **bufs = NULL;
+    struct put p;
+    uint32_t slot;
+    long n;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    if (fd < 0)
+        return TS_EINVAL;
+    rc = put_begin(c, &p, name, shard, size);
+    if (rc)
+        goto out_free;
+    /* One buffer per window slot: a buffer is reused once its chunk is acknowledged. */
+    bufs = calloc(p.nwin, sizeof(*bufs));
+    if (!bufs) {
+        p.rc = TS_ENOMEM;
+        goto out_end;
+    }
+    for (;;) {
+        uint64_t left = size == TS_SIZE_UNKNOWN ? p.chunk : size - p.bytes;
+        size_t want = (size_t)TS_MIN((uint64_t)p.chunk, left);
+        if (put_room(c, &p))
+            break;
+        slot = (p.head + p.count) % p.nwin;
+        if (!bufs[slot] && !(bufs[slot] = malloc(p.chunk))) {
+            p.rc = TS_ENOMEM;
+            break;
+        }
+        n = read_full(fd, bufs[slot], want);
+        if (n < 0) {
+            set_err(c, "cannot read the input: %s", ts_strerror((int)n));
+            p.rc = (int)n;
+            break;
+        }
+        if (size != TS_SIZE_UNKNOWN && (size_t)n < want) {
+            set_err(c, "the input ended after %llu of %llu bytes",
+                    (unsigned long long)(p.bytes + (uint64_t)n), (unsigned long long)size);
+            p.rc = TS_EIO;
+            break;
+        }
+        if (n == 0 && p.index > 0)
+            break;
+        if (p.index == UINT32_MAX) {
+            set_err(c, "a shard has at most 2^32 chunks");
+            p.rc = TS_ETOOBIG;
+            break;
+        }
+        if (put_chunk(c, &p, bufs[slot], (uint32_t)n))
+            break;
+        if ((size_t)n < want || (size != TS_SIZE_UNKNOWN && p.bytes == size))
+            break;
+    }
+out_end:
+    rc = put_end(c, &p, NULL, 0);
+out_free:
+    if (bufs)
+        for (uint32_t i = 0; i < p.nwin; i++)
+            free(bufs[i]);
+    free(bufs);
+    return rc;
+}
+
+/* ---- maintenance ------------------------------------------------------------------------------
+ */
+
+int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
+                  void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
+                             int rc),
+                  void *arg)
+{
+    struct ts_scrub_report tmp;
+    char ds[TS_NAME_MAX + 1];
+    struct ts_req *r;
+    struct ts_rd body;
+    uint32_t n;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (name) {
+        rc = name_check(c, name);
+        if (rc)
+            return rc;
+    }
+    if (!rep)
+        rep = &tmp;
+    memset(rep, 0, sizeof(*rep));
+    r = req_new(c, TS_OP_SCRUB);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name ? name : "");
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    rep->shards = ts_rd_u64(&body);
+    rep->chunks = ts_rd_u64(&body);
+    rep->bytes = ts_rd_u64(&body);
+    rep->corrupt = ts_rd_u64(&body);
+    n = ts_rd_u32(&body);
+    for (uint32_t i = 0; i < n && !body.err; i++) {
+        uint32_t shard, chunk;
+        int code;
+        ts_rd_str(&body, ds, sizeof(ds));
+        shard = ts_rd_u32(&body);
+        chunk = ts_rd_u32(&body);
+        code = (int32_t)ts_rd_u32(&body);
+        if (!body.err && cb)
+            cb(arg, ds, shard, chunk, code);
+    }
+    if (body.err)
+        rc = proto_err(c, "SCRUB");
+    req_free(c, r);
+    return rc;
+}
+
+int tessera_status(tessera_client *c, char **json)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    const uint8_t *p;
+    uint16_t n;
+    int rc;
+
+    if (json)
+        *json = NULL;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (!json)
+        return TS_EINVAL;
+    r = req_new(c, TS_OP_STATUS);
+    if (!r)
+        return TS_ENOMEM;
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    n = ts_rd_u16(&body);
+    p = ts_rd_bytes(&body, n);
+    if (!p) {
+        rc = proto_err(c, "STATUS");
+        goto out_free;
+    }
+    *json = malloc((size_t)n + 1);
+    if (!*json) {
+        rc = TS_ENOMEM;
+        goto out_free;
+    }
+    memcpy(*json, p, n);
+    (*json)[n] = '\0';
+out_free:
+    req_free(c, r);
+    return rc;
+}

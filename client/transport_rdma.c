@@ -1,0 +1,38 @@
+/*
+ * RDMA transport: a stub until the RDMA data path arrives. Addresses with the "rdma://" scheme
+ * select it; connecting reports TS_ENOTSUP.
+ */
+#include "client_internal.h"
+
+static int rdma_connect(struct ts_transport **out, const struct ts_conn_params *p)
+{
+    *out = NULL;
+    ts_conn_err(p, "the RDMA transport is not available in this build");
+    return TS_ENOTSUP;
+}
+
+static long rdma_send(struct ts_transport *t, const struct iovec *iov, int iovcnt)
+{
+    return TS_ENOTSUP;
+}
+
+static long rdma_recv(struct ts_transport *t, void *buf, size_t len)
+{
+    return TS_ENOTSUP;
+}
+
+static int rdma_wait(struct ts_transport *t, int events, int timeout_ms)
+{
+    return TS_ENOTSUP;
+}
+
+static void rdma_close(struct ts_transport *t) {}
+
+const struct ts_transport_ops ts_transport_rdma = {
+    .name = "rdma",
+    .connect = rdma_connect,
+    .send = rdma_send,
+    .recv = rdma_recv,
+    .wait = rdma_wait,
+    .close = rdma_close,
+};

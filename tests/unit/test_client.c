@@ -1,0 +1,1144 @@
+/*
+ * Unit tests for client/: the CLI helpers, the pure reply decoders, and the request engine of
+ * libtessera against a fake server on the other end of a socketpair. The fake server is either
+ * scripted (replies written before the call that reads them) or a thread that answers frames,
+ * so a lying server, out-of-order replies, timeouts and uploads are all tested without
+ * tesserad.
+ */
+#include "ts_test.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+#include "client_internal.h"
+
+/* ---- CLI helpers ------------------------------------------------------------------------------
+ */
+
+static void test_parse_size(void **state)
+{
+    uint64_t v;
+
+    assert_int_equal(cli_parse_size("0", &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(cli_parse_size("4096", &v), 0);
+    assert_int_equal(v, 4096);
+    assert_int_equal(cli_parse_size("64K", &v), 0);
+    assert_int_equal(v, 64u << 10);
+    assert_int_equal(cli_parse_size("64k", &v), 0);
+    assert_int_equal(v, 64u << 10);
+    assert_int_equal(cli_parse_size("1M", &v), 0);
+    assert_int_equal(v, 1u << 20);
+    assert_int_equal(cli_parse_size("1MiB", &v), 0);
+    assert_int_equal(v, 1u << 20);
+    assert_int_equal(cli_parse_size("1mb", &v), 0);
+    assert_int_equal(v, 1u << 20);
+    assert_int_equal(cli_parse_size("3G", &v), 0);
+    assert_int_equal(v, 3ull << 30);
+    assert_int_equal(cli_parse_size("2T", &v), 0);
+    assert_int_equal(v, 2ull << 40);
+    assert_int_equal(cli_parse_size("512B", &v), 0);
+    assert_int_equal(v, 512);
+    assert_int_equal(cli_parse_size("18446744073709551615", &v), 0);
+    assert_true(v == UINT64_MAX);
+
+    assert_int_equal(cli_parse_size("", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("M", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("-1", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("1.5M", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("12Q", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("1 M", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("1MM", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("1BB", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("1Bi", &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size(NULL, &v), TS_EINVAL);
+    assert_int_equal(cli_parse_size("18446744073709551616", &v), TS_ERANGE);
+    assert_int_equal(cli_parse_size("16777216T", &v), TS_ERANGE);
+    assert_int_equal(cli_parse_size("16777215T", &v), 0);
+}
+
+static void test_parse_uint(void **state)
+{
+    uint64_t v;
+
+    assert_int_equal(cli_parse_uint("255", 255, &v), 0);
+    assert_int_equal(v, 255);
+    assert_int_equal(cli_parse_uint("256", 255, &v), TS_ERANGE);
+    assert_int_equal(cli_parse_uint("4294967295", UINT32_MAX, &v), 0);
+    assert_int_equal(cli_parse_uint("4294967296", UINT32_MAX, &v), TS_ERANGE);
+    assert_int_equal(cli_parse_uint("1K", UINT32_MAX, &v), TS_EINVAL);
+    assert_int_equal(cli_parse_uint("x", UINT32_MAX, &v), TS_EINVAL);
+    assert_int_equal(cli_parse_uint("", UINT32_MAX, &v), TS_EINVAL);
+    assert_int_equal(cli_parse_uint(" 1", UINT32_MAX, &v), TS_EINVAL);
+}
+
+static void test_human_size(void **state)
+{
+    char b[32];
+
+    assert_string_equal(cli_human_size(0, b, sizeof(b)), "0 B");
+    assert_string_equal(cli_human_size(1023, b, sizeof(b)), "1023 B");
+    assert_string_equal(cli_human_size(1024, b, sizeof(b)), "1 KiB");
+    assert_string_equal(cli_human_size(1536, b, sizeof(b)), "1.50 KiB");
+    assert_string_equal(cli_human_size(64u << 20, b, sizeof(b)), "64 MiB");
+    assert_string_equal(cli_human_size((3u << 20) + 12345, b, sizeof(b)), "3.01 MiB");
+    assert_string_equal(cli_human_size(150ull << 30, b, sizeof(b)), "150 GiB");
+    assert_string_equal(cli_human_size((150ull << 30) + 1, b, sizeof(b)), "150 GiB");
+    assert_string_equal(cli_human_size(UINT64_MAX, b, sizeof(b)), "16.0 EiB");
+    assert_string_equal(cli_time(0, b, sizeof(b)), "-");
+    assert_string_equal(cli_time(1000000000ull * 86400, b, sizeof(b)), "1970-01-02T00:00:00Z");
+}
+
+enum { T_HELP = 1, T_SERVER, T_JSON, T_OUT, T_CORE };
+
+static void test_cli_next(void **state)
+{
+    static const struct cli_opt g[] = {{"help", 'h', 0, T_HELP},
+                                       {"server", 's', 1, T_SERVER},
+                                       {"json", 0, 0, T_JSON},
+                                       {NULL, 0, 0, 0}};
+    static const struct cli_opt c[] = {{"output", 'o', 1, T_OUT}, {"core", 0, 1, T_CORE}, {0}};
+    const struct cli_opt *tables[] = {g, c};
+    char *argv[] = {"-s",       "h:1", "--json", "get", "--core=3", "-ofile",
+                    "--output", "f2",  "-",      "--",  "-s",       NULL};
+    const struct cli_opt *o;
+    const char *v;
+    struct cli_iter it;
+
+    cli_iter_init(&it, 11, argv);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_OPT);
+    assert_int_equal(o->id, T_SERVER);
+    assert_string_equal(v, "h:1");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_OPT);
+    assert_int_equal(o->id, T_JSON);
+    assert_null(v);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_POS);
+    assert_string_equal(v, "get");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_OPT);
+    assert_int_equal(o->id, T_CORE);
+    assert_string_equal(v, "3");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_OPT);
+    assert_int_equal(o->id, T_OUT);
+    assert_string_equal(v, "file");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_OPT);
+    assert_string_equal(v, "f2");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_POS);
+    assert_string_equal(v, "-");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_POS); /* after "--" */
+    assert_string_equal(v, "-s");
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_END);
+
+    /* Errors: unknown, missing value, value to a flag; command options need their table. */
+    char *bad1[] = {"--nope"}, *bad2[] = {"--server"}, *bad3[] = {"--json=1"}, *bad4[] = {"-x"};
+    char *bad5[] = {"--core", "1"};
+    cli_iter_init(&it, 1, bad1);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_ERR);
+    assert_non_null(strstr(it.err, "--nope"));
+    cli_iter_init(&it, 1, bad2);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_ERR);
+    assert_non_null(strstr(it.err, "needs a value"));
+    cli_iter_init(&it, 1, bad3);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_ERR);
+    cli_iter_init(&it, 1, bad4);
+    assert_int_equal(cli_next(&it, tables, 2, &o, &v), CLI_ERR);
+    cli_iter_init(&it, 2, bad5);
+    assert_int_equal(cli_next(&it, tables, 1, &o, &v), CLI_ERR);
+}
+
+static void test_table(void **state)
+{
+    static const char *const hdr[] = {"NAME", "SIZE", "STATE"};
+    static const char *const r1[] = {"imagenet", "1.5 GiB", "sealed"};
+    static const char *const r2[] = {"a", "12 B", "open"};
+    struct cli_table t;
+    char *out = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&out, &len);
+
+    assert_non_null(f);
+    assert_int_equal(cli_table_init(&t, 3, 0x2, hdr), 0);
+    assert_int_equal(cli_table_add(&t, r1), 0);
+    assert_int_equal(cli_table_add(&t, r2), 0);
+    cli_table_print(&t, f);
+    fclose(f);
+    assert_string_equal(out, "NAME         SIZE  STATE\n"
+                             "imagenet  1.5 GiB  sealed\n"
+                             "a            12 B  open\n");
+    free(out);
+    cli_table_fini(&t);
+    assert_int_equal(cli_table_init(&t, 0, 0, hdr), TS_EINVAL);
+}
+
+static void test_addr_parse(void **state)
+{
+    struct ts_addr a;
+
+    assert_int_equal(ts_addr_parse("10.0.0.1:7070", &a), 0);
+    assert_string_equal(a.host, "10.0.0.1");
+    assert_string_equal(a.port, "7070");
+    assert_null(a.ops);
+    assert_int_equal(ts_addr_parse("node-1", &a), 0);
+    assert_string_equal(a.host, "node-1");
+    assert_string_equal(a.port, TS_DEFAULT_PORT);
+    assert_int_equal(ts_addr_parse("[::1]:9", &a), 0);
+    assert_string_equal(a.host, "::1");
+    assert_string_equal(a.port, "9");
+    assert_int_equal(ts_addr_parse("::1", &a), 0);
+    assert_string_equal(a.host, "::1");
+    assert_int_equal(ts_addr_parse("tcp://h:1", &a), 0);
+    assert_null(a.ops);
+    assert_int_equal(ts_addr_parse("rdma://h:1", &a), 0);
+    assert_ptr_equal(a.ops, &ts_transport_rdma);
+    assert_int_equal(ts_addr_parse(NULL, &a), 0);
+    assert_string_equal(a.host, "127.0.0.1");
+
+    assert_int_equal(ts_addr_parse(":7070", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("h:", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("h:0", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("h:65536", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("h:7x", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("[::1", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("[::1]x", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("udp://h:1", &a), TS_EINVAL);
+}
+
+static void test_rdma_stub(void **state)
+{
+    struct tessera_opts o;
+    tessera_client *c = (tessera_client *)&o;
+    char err[128];
+
+    tessera_opts_init(&o);
+    o.address = "rdma://127.0.0.1:1";
+    assert_int_equal(ts_client_open_ex(&c, &o, err, sizeof(err)), TS_ENOTSUP);
+    assert_null(c);
+    assert_non_null(strstr(err, "RDMA"));
+    o.address = "bad:address:x";
+    assert_int_equal(tessera_client_open(&c, &o), TS_EINVAL);
+    assert_null(c);
+}
+
+/* ---- pure decoders ----------------------------------------------------------------------------
+ */
+
+static void test_reply_status(void **state)
+{
+    struct ts_wr w;
+    struct ts_rd r;
+    char msg[16];
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u8(&w, 7);
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_reply_status(&r, msg, sizeof(msg)), 0);
+    assert_int_equal(ts_rd_u8(&r), 7); /* left at the body */
+    ts_wr_fini(&w);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, (uint32_t)TS_ENOENT);
+    ts_wr_str(&w, "no such\x1b[31m dataset, long message");
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_reply_status(&r, msg, sizeof(msg)), TS_ENOENT);
+    assert_string_equal(msg, "no such?[31m da"); /* cut, no escape sequences */
+    ts_wr_fini(&w);
+
+    ts_wr_init(&w); /* a refusal without its message still counts */
+    ts_wr_u32(&w, (uint32_t)TS_EPERM);
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_reply_status(&r, msg, sizeof(msg)), TS_EPERM);
+    assert_string_equal(msg, "");
+    ts_wr_fini(&w);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 5); /* not a TS_E* code */
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_reply_status(&r, msg, sizeof(msg)), TS_EPROTO);
+    ts_rd_init(&r, w.buf, 3); /* too short for a status */
+    assert_int_equal(ts_reply_status(&r, msg, sizeof(msg)), TS_EPROTO);
+    ts_wr_fini(&w);
+}
+
+static void test_hello_decode(void **state)
+{
+    struct ts_hello_reply h;
+    struct ts_wr w;
+    struct ts_rd r;
+
+    ts_wr_init(&w);
+    ts_wr_u16(&w, 1);
+    ts_wr_str(&w, "node-7");
+    ts_wr_u8(&w, TS_ROLE_WRITER);
+    ts_wr_u32(&w, 1u << 26);
+    ts_wr_u64(&w, 42);
+    ts_wr_u32(&w, 99); /* a newer server's trailing field */
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_hello_decode(&r, &h), 0);
+    assert_string_equal(h.node, "node-7");
+    assert_int_equal(h.role, TS_ROLE_WRITER);
+    assert_int_equal(h.max_frame, 1u << 26);
+    assert_int_equal(h.epoch, 42);
+    ts_rd_init(&r, w.buf, 10); /* cut short */
+    assert_int_equal(ts_hello_decode(&r, &h), TS_EPROTO);
+    ts_wr_fini(&w);
+}
+
+static void put_head(uint8_t *h, uint64_t size, uint32_t n)
+{
+    ts_put_le32(h, 0);
+    ts_put_le64(h + 4, size);
+    ts_put_le32(h + 12, n);
+}
+
+static void test_read_head_decode(void **state)
+{
+    struct ts_read_head rh;
+    uint8_t h[TS_READ_HEAD_LEN];
+
+    /* 100 bytes at 0 of a 1000-byte shard in 2 pieces. */
+    put_head(h, 1000, 2);
+    assert_int_equal(ts_read_head_decode(h, 16 + 16 + 100, 0, 100, &rh), 0);
+    assert_int_equal(rh.data_len, 100);
+    assert_int_equal(rh.npieces, 2);
+    assert_int_equal(rh.shard_size, 1000);
+    /* The range runs past the end: cut at the end. */
+    assert_int_equal(ts_read_head_decode(h, 16 + 16 + 50, 950, 100, &rh), 0);
+    assert_int_equal(rh.data_len, 50);
+    /* A lying server: more data than asked for (would overflow the buffer). */
+    assert_int_equal(ts_read_head_decode(h, 16 + 16 + 101, 0, 100, &rh), TS_EPROTO);
+    /* Less than the shard holds, or more than it holds. */
+    assert_int_equal(ts_read_head_decode(h, 16 + 16 + 99, 0, 100, &rh), TS_EPROTO);
+    assert_int_equal(ts_read_head_decode(h, 16 + 16 + 60, 950, 100, &rh), TS_EPROTO);
+    /* Data at or past the end of the shard. */
+    put_head(h, 1000, 0);
+    assert_int_equal(ts_read_head_decode(h, 16, 1000, 100, &rh), 0);
+    assert_int_equal(rh.data_len, 0);
+    assert_int_equal(ts_read_head_decode(h, 16 + 10, 1000, 100, &rh), TS_EPROTO);
+    /* A piece table longer than the payload. */
+    put_head(h, 1000, 0x20000000u);
+    assert_int_equal(ts_read_head_decode(h, 16 + 100, 0, 100, &rh), TS_EPROTO);
+    put_head(h, 1000, 3);
+    assert_int_equal(ts_read_head_decode(h, 16 + 16, 0, 100, &rh), TS_EPROTO);
+    /* Too short, or a status that is not 0. */
+    assert_int_equal(ts_read_head_decode(h, 15, 0, 100, &rh), TS_EPROTO);
+    ts_put_le32(h, (uint32_t)TS_EIO);
+    assert_int_equal(ts_read_head_decode(h, 16 + 24, 0, 0, &rh), TS_EPROTO);
+}
+
+static void test_read_pieces(void **state)
+{
+    uint8_t data[300], table[24];
+    uint32_t done = 0;
+    size_t doff = 0;
+
+    ts_test_fill(data, sizeof(data), 3, 0);
+    ts_put_le32(table, 100);
+    ts_put_le32(table + 4, ts_crc32c(0, data, 100));
+    ts_put_le32(table + 8, 150);
+    ts_put_le32(table + 12, ts_crc32c(0, data + 100, 150));
+    ts_put_le32(table + 16, 50);
+    ts_put_le32(table + 20, ts_crc32c(0, data + 250, 50));
+    assert_int_equal(ts_read_pieces_check(table, 3, 300), 0);
+    assert_int_equal(ts_read_pieces_check(table, 3, 299), TS_EPROTO);
+    assert_int_equal(ts_read_pieces_check(table, 2, 300), TS_EPROTO);
+    /* Verified piece by piece as the bytes arrive. */
+    assert_int_equal(ts_read_pieces_verify(table, 3, data, 99, &done, &doff), 0);
+    assert_int_equal(done, 0);
+    assert_int_equal(ts_read_pieces_verify(table, 3, data, 260, &done, &doff), 0);
+    assert_int_equal(done, 2);
+    assert_int_equal(doff, 250);
+    assert_int_equal(ts_read_pieces_verify(table, 3, data, 300, &done, &doff), 0);
+    assert_int_equal(done, 3);
+    /* One flipped bit in the middle piece. */
+    data[170] ^= 0x10;
+    done = 0;
+    doff = 0;
+    assert_int_equal(ts_read_pieces_verify(table, 3, data, 300, &done, &doff), TS_ECORRUPT);
+    assert_int_equal(done, 1);
+}
+
+/* ---- a fake server ------------------------------------------------------------------------------
+ */
+
+/* Reads exactly n bytes (blocking); 0 or -1 on EOF/error. */
+static int read_exact(int fd, void *buf, size_t n)
+{
+    uint8_t *p = buf;
+
+    while (n) {
+        ssize_t k = read(fd, p, n);
+        if (k <= 0) {
+            if (k < 0 && errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+static int write_exact(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+
+    while (n) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* One request frame from the client; *payload is malloc'ed. */
+static int fake_recv(int fd, struct ts_frame_hdr *h, uint8_t **payload)
+{
+    uint8_t hdr[TS_HDR_LEN];
+
+    if (read_exact(fd, hdr, sizeof(hdr)))
+        return -1;
+    if (ts_frame_parse(hdr, sizeof(hdr), UINT32_MAX, h) != TS_HDR_LEN)
+        return -1;
+    *payload = malloc(h->length + 1);
+    if (!*payload || read_exact(fd, *payload, h->length))
+        return -1;
+    return 0;
+}
+
+/* A reply frame with body w (which starts with the status), optional raw tail. */
+static void fake_send(int fd, uint8_t op, uint64_t id, const struct ts_wr *w, const void *tail,
+                      size_t tail_len)
+{
+    struct ts_frame_hdr h = {TS_PROTO_VERSION, op, TS_F_REPLY, id, 0, 0};
+    uint8_t hdr[TS_HDR_LEN];
+
+    h.length = (uint32_t)(w->len + tail_len);
+    ts_frame_encode(hdr, &h);
+    assert_int_equal(write_exact(fd, hdr, sizeof(hdr)), 0);
+    assert_int_equal(write_exact(fd, w->buf, w->len), 0);
+    if (tail_len)
+        assert_int_equal(write_exact(fd, tail, tail_len), 0);
+}
+
+static void fake_error(int fd, uint8_t op, uint64_t id, int rc, const char *msg)
+{
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, (uint32_t)rc);
+    ts_wr_str(&w, msg);
+    fake_send(fd, op, id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+static void fake_hello(int fd, uint64_t id)
+{
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u16(&w, TS_PROTO_VERSION);
+    ts_wr_str(&w, "fake-node");
+    ts_wr_u8(&w, TS_ROLE_ADMIN);
+    ts_wr_u32(&w, TS_MAX_CHUNK + 4096);
+    ts_wr_u64(&w, 3);
+    fake_send(fd, TS_OP_HELLO, id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+static void fake_dataset_info(int fd, uint64_t id, const char *name, uint32_t chunk)
+{
+    struct ts_dataset_info d = {.id = 9, .policy = {1, 0, 1, chunk}};
+    struct ts_wr w;
+
+    snprintf(d.name, sizeof(d.name), "%s", name);
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_dataset_info(&w, &d);
+    fake_send(fd, TS_OP_DATASET_STAT, id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+/* How a READ reply should lie. */
+enum lie { HONEST, LIE_LONG, LIE_SUM, LIE_CRC, LIE_SIZE };
+
+/* A READ reply for [off, off+len) of shard (size bytes), pieces of chunk bytes. */
+static void fake_read_reply(int fd, uint64_t id, const uint8_t *shard, uint64_t size,
+                            uint32_t chunk, uint64_t off, uint32_t len, enum lie lie)
+{
+    uint64_t end = off >= size ? off : TS_MIN(size, off + len), p;
+    uint32_t n = 0;
+    struct ts_wr w;
+    uint8_t *data;
+    size_t dlen;
+
+    if (lie == LIE_LONG)
+        end += 7;
+    dlen = (size_t)(end - off);
+    data = malloc(dlen + 1);
+    memcpy(data, shard + off, (size_t)(TS_MIN(end, size) - off));
+    if (end > size)
+        memset(data + (size - off), 0xAA, (size_t)(end - size));
+    for (p = off; p < end; p = (p / chunk + 1) * chunk)
+        n++;
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u64(&w, lie == LIE_SIZE ? off + len / 2 : size); /* says the shard ends early */
+    ts_wr_u32(&w, n);
+    for (p = off; p < end;) {
+        uint64_t q = TS_MIN((p / chunk + 1) * chunk, end);
+        uint32_t crc = ts_crc32c(0, data + (p - off), (size_t)(q - p));
+        ts_wr_u32(&w, (uint32_t)(q - p) + (lie == LIE_SUM && p == off ? 1 : 0));
+        ts_wr_u32(&w, lie == LIE_CRC && q == end ? crc ^ 1 : crc);
+        p = q;
+    }
+    fake_send(fd, TS_OP_READ, id, &w, data, dlen);
+    ts_wr_fini(&w);
+    free(data);
+}
+
+/* A client over one end of a socketpair; the other end is *peer. HELLO is answered first. */
+static tessera_client *open_pair(int *peer, int timeout_ms)
+{
+    struct ts_transport *t;
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    struct ts_frame_hdr h;
+    uint8_t *p;
+    char err[128];
+    int sv[2];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    fake_hello(sv[1], 1);
+    assert_int_equal(ts_tcp_from_fd(&t, sv[0]), 0);
+    tessera_opts_init(&o);
+    o.timeout_ms = timeout_ms;
+    o.max_inflight = 8;
+    assert_int_equal(ts_client_open_transport(&c, &o, t, err, sizeof(err)), 0);
+    assert_int_equal(fake_recv(sv[1], &h, &p), 0); /* the HELLO */
+    assert_int_equal(h.opcode, TS_OP_HELLO);
+    assert_int_equal(h.req_id, 1);
+    free(p);
+    assert_string_equal(tessera_client_node(c), "fake-node");
+    assert_int_equal(tessera_client_role(c), TS_ROLE_ADMIN);
+    *peer = sv[1];
+    return c;
+}
+
+/* Reads one request frame the client sent and checks its opcode; returns its id. */
+static uint64_t expect_req(int fd, uint8_t op)
+{
+    struct ts_frame_hdr h;
+    uint8_t *p = NULL;
+
+    assert_int_equal(fake_recv(fd, &h, &p), 0);
+    assert_int_equal(h.opcode, op);
+    assert_int_equal(h.flags, 0);
+    assert_int_equal(h.epoch, 3); /* the epoch from HELLO travels with every request */
+    free(p);
+    return h.req_id;
+}
+
+/* ---- engine: scripted -------------------------------------------------------------------------
+ */
+
+static void test_stat_and_refusal(void **state)
+{
+    struct ts_dataset_info d;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    fake_dataset_info(fd, 2, "imagenet", 4096);
+    assert_int_equal(tessera_dataset_stat(c, "imagenet", &d), 0);
+    assert_string_equal(d.name, "imagenet");
+    assert_int_equal(d.policy.chunk_size, 4096);
+    assert_int_equal(expect_req(fd, TS_OP_DATASET_STAT), 2);
+
+    fake_error(fd, TS_OP_DATASET_STAT, 3, TS_ENOENT, "dataset-stat nope: no such dataset");
+    assert_int_equal(tessera_dataset_stat(c, "nope", &d), TS_ENOENT);
+    assert_string_equal(tessera_client_error(c), "dataset-stat nope: no such dataset");
+    expect_req(fd, TS_OP_DATASET_STAT);
+
+    /* Checked before anything is sent: no request id is used up. */
+    assert_int_equal(tessera_dataset_stat(c, "bad name", &d), TS_ENAME);
+    fake_dataset_info(fd, 4, "x", 0);
+    assert_int_equal(tessera_dataset_stat(c, "x", &d), 0);
+    assert_string_equal(tessera_client_error(c), "");
+    tessera_client_close(c);
+    close(fd);
+}
+
+static void test_read_verified(void **state)
+{
+    uint8_t shard[10000], buf[5000 + 16];
+    size_t n = 0;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    ts_test_fill(shard, sizeof(shard), 1, 0);
+    memset(buf, 0x55, sizeof(buf));
+    fake_read_reply(fd, 2, shard, sizeof(shard), 4096, 1000, 5000, HONEST);
+    assert_int_equal(tessera_read(c, "ds", 0, 1000, 5000, buf, &n), 0);
+    assert_int_equal(n, 5000);
+    assert_memory_equal(buf, shard + 1000, 5000);
+    /* Past the end: cut there. */
+    fake_read_reply(fd, 3, shard, sizeof(shard), 4096, 9000, 5000, HONEST);
+    assert_int_equal(tessera_read(c, "ds", 0, 9000, 5000, buf, &n), 0);
+    assert_int_equal(n, 1000);
+    assert_memory_equal(buf, shard + 9000, 1000);
+    /* A refused read carries the server's message. */
+    fake_error(fd, TS_OP_READ, 4, TS_ERANGE, "read ds/0: offset past the end");
+    assert_int_equal(tessera_read(c, "ds", 0, 20000, 10, buf, &n), TS_ERANGE);
+    assert_int_equal(n, 0);
+    assert_string_equal(tessera_client_error(c), "read ds/0: offset past the end");
+    tessera_client_close(c);
+    close(fd);
+}
+
+/* A lying server never writes past the caller's buffer, and framing stays intact. */
+static void test_read_lying_server(void **state)
+{
+    static const enum lie lies[] = {LIE_LONG, LIE_SUM, LIE_CRC, LIE_SIZE};
+    static const int want[] = {TS_EPROTO, TS_EPROTO, TS_ECORRUPT, TS_EPROTO};
+    uint8_t shard[10000], buf[2000];
+    struct ts_dataset_info d;
+    uint64_t id = 2;
+    size_t n;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    ts_test_fill(shard, sizeof(shard), 2, 0);
+    for (size_t i = 0; i < TS_ARRAY_SIZE(lies); i++) {
+        memset(buf, 0x77, sizeof(buf));
+        fake_read_reply(fd, id++, shard, sizeof(shard), 1024, 8000, 1000, lies[i]);
+        assert_int_equal(tessera_read(c, "ds", 0, 8000, 1000, buf, &n), want[i]);
+        assert_int_equal(n, 0);
+        for (size_t k = 1000; k < sizeof(buf); k++) /* nothing past what was asked for */
+            assert_int_equal(buf[k], 0x77);
+        assert_true(strlen(tessera_client_error(c)) > 0);
+        /* The connection is still in step: the next reply is matched correctly. */
+        fake_dataset_info(fd, id++, "ds", 1024);
+        assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
+    }
+    tessera_client_close(c);
+    close(fd);
+}
+
+static void test_submit_out_of_order(void **state)
+{
+    uint8_t shard[4096], b[3][100];
+    uint64_t ops[3], op;
+    size_t n;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    ts_test_fill(shard, sizeof(shard), 3, 0);
+    assert_int_equal(tessera_wait_any(c, &op, &n), TS_ENOENT);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(tessera_read_submit(c, "ds", 0, (uint64_t)i * 100, 100, b[i], &ops[i]), 0);
+    assert_int_equal(ops[0], 2);
+    assert_int_equal(ops[2], 4);
+    assert_int_equal(tessera_read_submit(c, "ds", 0, 0, TESSERA_MAX_READ + 1, b[0], &op),
+                     TS_EINVAL);
+    /* Answered last first. */
+    fake_read_reply(fd, 4, shard, sizeof(shard), 1024, 200, 100, HONEST);
+    fake_read_reply(fd, 2, shard, sizeof(shard), 1024, 0, 100, HONEST);
+    fake_read_reply(fd, 3, shard, sizeof(shard), 1024, 100, 100, HONEST);
+    assert_int_equal(tessera_wait_any(c, &op, &n), 0);
+    assert_int_equal(op, 4);
+    assert_int_equal(n, 100);
+    assert_memory_equal(b[2], shard + 200, 100);
+    assert_int_equal(tessera_wait(c, ops[1], &n), 0);
+    assert_memory_equal(b[1], shard + 100, 100);
+    assert_int_equal(tessera_wait(c, ops[1], &n), TS_ENOENT); /* already collected */
+    assert_int_equal(tessera_wait_any(c, &op, &n), 0);
+    assert_int_equal(op, 2);
+    assert_memory_equal(b[0], shard, 100);
+    assert_int_equal(tessera_wait_any(c, &op, &n), TS_ENOENT);
+    tessera_client_close(c);
+    close(fd);
+}
+
+static void test_timeout_breaks_connection(void **state)
+{
+    struct ts_dataset_info d;
+    uint64_t t0, ms;
+    int fd;
+    tessera_client *c = open_pair(&fd, 200);
+
+    t0 = ts_now_mono_ns();
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ETIMEDOUT);
+    ms = (ts_now_mono_ns() - t0) / 1000000;
+    assert_true(ms >= 190 && ms < 3000);
+    /* The connection is gone for good. */
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ECONNRESET);
+    tessera_client_close(c);
+    close(fd);
+}
+
+static void test_server_closes(void **state)
+{
+    struct ts_dataset_info d;
+    uint8_t buf[10];
+    uint64_t op;
+    size_t n;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    assert_int_equal(tessera_read_submit(c, "ds", 0, 0, 10, buf, &op), 0);
+    shutdown(fd, SHUT_RDWR);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ECONNRESET);
+    assert_int_equal(tessera_wait(c, op, &n), TS_ECONNRESET); /* the submitted read fails too */
+    assert_int_equal(tessera_read(c, "ds", 0, 0, 10, buf, &n), TS_ECONNRESET);
+    tessera_client_close(c);
+    close(fd);
+}
+
+/* Request id 0: the server gave up on the connection and says why. */
+static void test_connection_error_reply(void **state)
+{
+    struct ts_dataset_info d;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    fake_error(fd, TS_OP_DATASET_STAT, 0, TS_ETOOBIG, "frame of 99999999 bytes is too big");
+    close(fd);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ETOOBIG);
+    assert_string_equal(tessera_client_error(c), "frame of 99999999 bytes is too big");
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ECONNRESET);
+    tessera_client_close(c);
+}
+
+static void test_framing_violations(void **state)
+{
+    struct ts_dataset_info d;
+    uint8_t junk[TS_HDR_LEN] = "HTTP/1.1 400 Bad Request\r\n";
+    struct ts_wr w;
+    int fd;
+    tessera_client *c;
+
+    /* A reply to a request never sent. */
+    c = open_pair(&fd, 5000);
+    fake_dataset_info(fd, 77, "ds", 0);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_ECONNRESET);
+    tessera_client_close(c);
+    close(fd);
+    /* Not a tessera frame at all. */
+    c = open_pair(&fd, 5000);
+    assert_int_equal(write_exact(fd, junk, sizeof(junk)), 0);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
+    tessera_client_close(c);
+    close(fd);
+    /* The right id with another opcode. */
+    c = open_pair(&fd, 5000);
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    fake_send(fd, TS_OP_STATUS, 2, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
+    tessera_client_close(c);
+    close(fd);
+    /* A truncated body is a malformed reply, not a crash; the connection stays usable. */
+    c = open_pair(&fd, 5000);
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_str(&w, "ds");
+    fake_send(fd, TS_OP_DATASET_STAT, 2, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
+    fake_dataset_info(fd, 3, "ds", 0);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
+    tessera_client_close(c);
+    close(fd);
+}
+
+static void test_lists(void **state)
+{
+    struct ts_dataset_info a = {.name = "a", .id = 1}, b = {.name = "b", .id = 2}, *dl;
+    struct ts_shard_info s = {.shard = 5, .state = 1, .size = 99, .expect_size = TS_SIZE_UNKNOWN},
+                         *sl;
+    struct ts_scrub_report rep;
+    struct ts_wr w;
+    char *json;
+    size_t n;
+    int fd;
+    tessera_client *c = open_pair(&fd, 5000);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u32(&w, 2);
+    ts_wr_dataset_info(&w, &a);
+    ts_wr_dataset_info(&w, &b);
+    fake_send(fd, TS_OP_DATASET_LIST, 2, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_dataset_list(c, &dl, &n), 0);
+    assert_int_equal(n, 2);
+    assert_string_equal(dl[1].name, "b");
+    assert_int_equal(dl[1].id, 2);
+    free(dl);
+
+    /* A count the payload cannot hold: refused before allocating for it. */
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u32(&w, 0xffffffffu);
+    ts_wr_dataset_info(&w, &a);
+    fake_send(fd, TS_OP_DATASET_LIST, 3, &w, NULL, 0);
+    ts_wr_fini(&w);
+    dl = (void *)&w;
+    assert_int_equal(tessera_dataset_list(c, &dl, &n), TS_EPROTO);
+    assert_null(dl);
+    assert_int_equal(n, 0);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u32(&w, 1);
+    ts_wr_shard_info(&w, &s);
+    fake_send(fd, TS_OP_SHARD_LIST, 4, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_shard_list(c, "ds", &sl, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(sl[0].shard, 5);
+    assert_true(sl[0].expect_size == TS_SIZE_UNKNOWN);
+    free(sl);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u64(&w, 3);
+    ts_wr_u64(&w, 30);
+    ts_wr_u64(&w, 3000);
+    ts_wr_u64(&w, 1);
+    ts_wr_u32(&w, 1);
+    ts_wr_str(&w, "ds");
+    ts_wr_u32(&w, 2);
+    ts_wr_u32(&w, 7);
+    ts_wr_u32(&w, (uint32_t)TS_ECORRUPT);
+    fake_send(fd, TS_OP_SCRUB, 5, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_scrub(c, NULL, &rep, NULL, NULL), 0);
+    assert_int_equal(rep.corrupt, 1);
+    assert_int_equal(rep.bytes, 3000);
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_str(&w, "{\"node\": \"fake\"}");
+    fake_send(fd, TS_OP_STATUS, 6, &w, NULL, 0);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_status(c, &json), 0);
+    assert_string_equal(json, "{\"node\": \"fake\"}");
+    free(json);
+    tessera_client_close(c);
+    close(fd);
+}
+
+/* ---- engine: a threaded fake server -------------------------------------------------------------
+ */
+
+struct fake {
+    int fd;
+    pthread_t th;
+    uint32_t chunk;
+    /* READ */
+    const uint8_t *shard;
+    uint64_t size;
+    /* uploads */
+    uint8_t *got;
+    size_t got_len, got_cap;
+    uint32_t next_idx;
+    uint64_t declared;
+    uint32_t fail_idx; /* refuse this chunk index (UINT32_MAX: none) */
+    int bad_crc;       /* chunks whose CRC did not match */
+    int out_of_order;  /* chunks not in index order */
+    uint32_t seal_crc, nrecords, writes;
+    uint64_t records[4];
+    int sealed, max_pending;
+};
+
+static void fake_on_write(struct fake *f, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char name[TS_NAME_MAX + 1];
+    uint32_t idx, crc, len;
+    const uint8_t *data;
+    struct ts_wr w;
+
+    ts_rd_name(r, name);
+    (void)ts_rd_u32(r);
+    idx = ts_rd_u32(r);
+    if (idx == 0)
+        f->declared = ts_rd_u64(r);
+    else
+        (void)ts_rd_u64(r);
+    crc = ts_rd_u32(r);
+    len = ts_rd_u32(r);
+    data = ts_rd_bytes(r, len);
+    assert_int_equal(ts_rd_done(r), 0);
+    f->writes++;
+    if (idx != f->next_idx)
+        f->out_of_order++;
+    f->next_idx = idx + 1;
+    if (ts_crc32c(0, data, len) != crc)
+        f->bad_crc++;
+    if (idx == f->fail_idx) {
+        fake_error(f->fd, TS_OP_SHARD_WRITE, h->req_id, TS_ENOSPC, "disk full");
+        return;
+    }
+    if (f->got_len + len > f->got_cap) {
+        f->got_cap = (f->got_len + len) * 2;
+        f->got = realloc(f->got, f->got_cap);
+    }
+    memcpy(f->got + f->got_len, data, len);
+    f->got_len += len;
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u32(&w, idx);
+    ts_wr_u64(&w, f->got_len);
+    fake_send(f->fd, TS_OP_SHARD_WRITE, h->req_id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+static void fake_on_seal(struct fake *f, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct ts_shard_info si = {.state = 1};
+    char name[TS_NAME_MAX + 1];
+    struct ts_wr w;
+
+    ts_rd_name(r, name);
+    si.shard = ts_rd_u32(r);
+    assert_int_equal(ts_rd_u8(r), 1);
+    f->seal_crc = ts_rd_u32(r);
+    f->nrecords = ts_rd_u32(r);
+    for (uint32_t i = 0; i < f->nrecords && i < 4; i++)
+        f->records[i] = ts_rd_u64(r);
+    assert_int_equal(ts_rd_done(r), 0);
+    f->sealed = 1;
+    si.size = f->got_len;
+    si.crc = f->seal_crc;
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_shard_info(&w, &si);
+    fake_send(f->fd, TS_OP_SHARD_SEAL, h->req_id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+static void *fake_main(void *arg)
+{
+    struct fake *f = arg;
+    struct ts_frame_hdr h;
+    struct ts_rd r;
+    uint8_t *p;
+
+    while (fake_recv(f->fd, &h, &p) == 0) {
+        char name[TS_NAME_MAX + 1];
+        ts_rd_init(&r, p, h.length);
+        switch (h.opcode) {
+        case TS_OP_DATASET_STAT:
+            fake_dataset_info(f->fd, h.req_id, "ds", f->chunk);
+            break;
+        case TS_OP_SHARD_WRITE:
+            fake_on_write(f, &h, &r);
+            break;
+        case TS_OP_SHARD_SEAL:
+            fake_on_seal(f, &h, &r);
+            break;
+        case TS_OP_READ: {
+            uint64_t off;
+            uint32_t len;
+            ts_rd_name(&r, name);
+            (void)ts_rd_u32(&r);
+            off = ts_rd_u64(&r);
+            len = ts_rd_u32(&r);
+            if (off > f->size)
+                fake_error(f->fd, TS_OP_READ, h.req_id, TS_ERANGE, "past the end");
+            else
+                fake_read_reply(f->fd, h.req_id, f->shard, f->size, f->chunk, off, len, HONEST);
+            break;
+        }
+        default:
+            fake_error(f->fd, h.opcode, h.req_id, TS_ENOTSUP, "not in this fake");
+        }
+        free(p);
+    }
+    return NULL;
+}
+
+static tessera_client *fake_start(struct fake *f, uint32_t chunk)
+{
+    tessera_client *c;
+
+    memset(f, 0, sizeof(*f));
+    f->chunk = chunk;
+    f->fail_idx = UINT32_MAX;
+    c = open_pair(&f->fd, 10000);
+    assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
+    return c;
+}
+
+static void fake_stop(struct fake *f, tessera_client *c)
+{
+    tessera_client_close(c); /* the fake sees EOF and ends */
+    pthread_join(f->th, NULL);
+    close(f->fd);
+    free(f->got);
+}
+
+static void test_put_pipelined(void **state)
+{
+    const size_t len = 100 * 4096 + 123;
+    const uint64_t recs[] = {0, 4096, 9000};
+    uint8_t *buf = malloc(len);
+    struct fake f;
+    tessera_client *c = fake_start(&f, 4096);
+
+    ts_test_fill(buf, len, 4, 0);
+    assert_int_equal(tessera_put(c, "ds", 3, buf, len, recs, 3), 0);
+    assert_int_equal(f.writes, 101);
+    assert_int_equal(f.out_of_order, 0);
+    assert_int_equal(f.bad_crc, 0);
+    assert_true(f.declared == len);
+    assert_int_equal(f.got_len, len);
+    assert_memory_equal(f.got, buf, len);
+    assert_true(f.sealed);
+    assert_int_equal(f.seal_crc, ts_crc32c(0, buf, len));
+    assert_int_equal(f.nrecords, 3);
+    assert_true(f.records[2] == 9000);
+    fake_stop(&f, c);
+    free(buf);
+}
+
+static void test_put_refused_chunk(void **state)
+{
+    const size_t len = 64 * 4096;
+    uint8_t *buf = malloc(len);
+    struct ts_dataset_info d;
+    struct fake f;
+    tessera_client *c = fake_start(&f, 4096);
+
+    ts_test_fill(buf, len, 5, 0);
+    f.fail_idx = 5;
+    assert_int_equal(tessera_put(c, "ds", 0, buf, len, NULL, 0), TS_ENOSPC);
+    assert_string_equal(tessera_client_error(c), "disk full");
+    assert_false(f.sealed);
+    /* Every chunk in flight was collected: the connection is in step. */
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
+    fake_stop(&f, c);
+    free(buf);
+}
+
+static void test_put_fd(void **state)
+{
+    const size_t len = 10 * 4096 + 1;
+    uint8_t *buf = malloc(len);
+    char *dir = ts_test_tmpdir("client"), path[512];
+    struct fake f;
+    int fd, pfd[2];
+    tessera_client *c = fake_start(&f, 4096);
+
+    ts_test_fill(buf, len, 6, 0);
+    snprintf(path, sizeof(path), "%s/shard", dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write_exact(fd, buf, len), 0);
+    lseek(fd, 0, SEEK_SET);
+    /* A known size. */
+    assert_int_equal(tessera_put_fd(c, "ds", 1, fd, len), 0);
+    assert_true(f.declared == len);
+    assert_int_equal(f.got_len, len);
+    assert_memory_equal(f.got, buf, len);
+    assert_int_equal(f.seal_crc, ts_crc32c(0, buf, len));
+    /* Fewer bytes than declared: refused locally, nothing sealed. */
+    lseek(fd, 0, SEEK_SET);
+    f.got_len = 0;
+    f.sealed = 0;
+    f.next_idx = 0;
+    assert_int_equal(tessera_put_fd(c, "ds", 2, fd, len + 1), TS_EIO);
+    assert_false(f.sealed);
+    close(fd);
+    /* A pipe, size unknown, ending on a chunk boundary. */
+    assert_int_equal(pipe(pfd), 0);
+    assert_int_equal(write_exact(pfd[1], buf, 8192), 0);
+    close(pfd[1]);
+    f.got_len = 0;
+    f.next_idx = 0;
+    f.writes = 0;
+    assert_int_equal(tessera_put_fd(c, "ds", 3, pfd[0], TS_SIZE_UNKNOWN), 0);
+    close(pfd[0]);
+    assert_true(f.declared == TS_SIZE_UNKNOWN);
+    assert_int_equal(f.writes, 2);
+    assert_int_equal(f.got_len, 8192);
+    assert_int_equal(f.seal_crc, ts_crc32c(0, buf, 8192));
+    assert_int_equal(f.out_of_order, 0);
+    fake_stop(&f, c);
+    ts_test_rmtree(dir);
+    free(buf);
+}
+
+/* A range larger than one request: split, pipelined, reassembled in place. */
+static void test_read_split(void **state)
+{
+    const size_t size = TESSERA_MAX_READ + (3u << 20) + 5;
+    uint8_t *shard = malloc(size), *buf = malloc(size + 100);
+    size_t n = 0;
+    struct fake f;
+    tessera_client *c = fake_start(&f, 1u << 20);
+
+    ts_test_fill(shard, size, 7, 0);
+    f.shard = shard;
+    f.size = size;
+    assert_int_equal(tessera_read(c, "ds", 0, 0, size + 100, buf, &n), 0);
+    assert_int_equal(n, size);
+    assert_memory_equal(buf, shard, size);
+    /* Starting inside, ending past the end. */
+    assert_int_equal(tessera_read(c, "ds", 0, 1000, size, buf, &n), 0);
+    assert_int_equal(n, size - 1000);
+    assert_memory_equal(buf, shard + 1000, size - 1000);
+    fake_stop(&f, c);
+    free(shard);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_size),
+        cmocka_unit_test(test_parse_uint),
+        cmocka_unit_test(test_human_size),
+        cmocka_unit_test(test_cli_next),
+        cmocka_unit_test(test_table),
+        cmocka_unit_test(test_addr_parse),
+        cmocka_unit_test(test_rdma_stub),
+        cmocka_unit_test(test_reply_status),
+        cmocka_unit_test(test_hello_decode),
+        cmocka_unit_test(test_read_head_decode),
+        cmocka_unit_test(test_read_pieces),
+        cmocka_unit_test(test_stat_and_refusal),
+        cmocka_unit_test(test_read_verified),
+        cmocka_unit_test(test_read_lying_server),
+        cmocka_unit_test(test_submit_out_of_order),
+        cmocka_unit_test(test_timeout_breaks_connection),
+        cmocka_unit_test(test_server_closes),
+        cmocka_unit_test(test_connection_error_reply),
+        cmocka_unit_test(test_framing_violations),
+        cmocka_unit_test(test_lists),
+        cmocka_unit_test(test_put_pipelined),
+        cmocka_unit_test(test_put_refused_chunk),
+        cmocka_unit_test(test_put_fd),
+        cmocka_unit_test(test_read_split),
+    };
+
+    signal(SIGPIPE, SIG_IGN); /* the fake server writes to clients that have given up */
+    ts_test_log_init();
+    return cmocka_run_group_tests_name("client", tests, NULL, NULL);
+}
