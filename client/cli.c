@@ -115,6 +115,14 @@ static struct json_object *json_u64(uint64_t v)
     return json_object_new_uint64(v);
 }
 
+static struct json_object *json_secs(double secs)
+{
+    char buf[32];
+
+    snprintf(buf, sizeof(buf), "%.3f", secs);
+    return json_object_new_double_s(secs, buf);
+}
+
 static const char *pick(int v, const char *a, const char *b)
 {
     return v ? b : a;
@@ -467,7 +475,7 @@ out_done:
     if (x->json) {
         struct json_object *o = shard_json(&s);
         json_object_object_add(o, "dataset", json_object_new_string(x->argv[0]));
-        json_object_object_add(o, "seconds", json_object_new_double(secs));
+        json_object_object_add(o, "seconds", json_secs(secs));
         json_print(o);
     } else {
         char hs[32], rate[32];
@@ -565,7 +573,8 @@ static int cmd_get(struct ctx *x)
     uint64_t end, written = 0, t0;
     size_t buflen;
     uint32_t id;
-    int out = STDOUT_FILENO, rc;
+    int out = STDOUT_FILENO, regular = 0, rc;
+    struct stat st;
 
     rc = parse_shard(x, x->argv[1], &id);
     if (rc)
@@ -595,6 +604,7 @@ static int cmd_get(struct ctx *x)
                      strerror(errno));
             return TS_EIO;
         }
+        regular = fstat(out, &st) == 0 && S_ISREG(st.st_mode);
     }
     t0 = ts_now_mono_ns();
     rc = get_stream(x, id, x->offset, end, buflen, out, &written);
@@ -605,8 +615,8 @@ static int cmd_get(struct ctx *x)
         } else if (rc) {
             close(out);
         }
-        if (rc)
-            unlink(x->output); /* no half-written file left behind */
+        if (rc && regular)
+            unlink(x->output); /* no half-written file left behind (but never /dev/null) */
     }
     if (rc || !to_file)
         return rc;
@@ -617,8 +627,7 @@ static int cmd_get(struct ctx *x)
         json_object_object_add(o, "offset", json_u64(x->offset));
         json_object_object_add(o, "bytes", json_u64(written));
         json_object_object_add(o, "output", json_object_new_string(x->output));
-        json_object_object_add(o, "seconds",
-                               json_object_new_double((double)(ts_now_mono_ns() - t0) / 1e9));
+        json_object_object_add(o, "seconds", json_secs((double)(ts_now_mono_ns() - t0) / 1e9));
         json_print(o);
     } else {
         char hs[32];
@@ -695,7 +704,9 @@ static int humanized_key(const char *key)
 {
     size_t n = strlen(key);
 
-    return strcmp(key, "bytes") == 0 || (n > 6 && strcmp(key + n - 6, "_bytes") == 0);
+    return strcmp(key, "bytes") == 0 || strcmp(key, "size") == 0 ||
+           (n > 6 && strcmp(key + n - 6, "_bytes") == 0) ||
+           (n > 5 && strcmp(key + n - 5, "_size") == 0);
 }
 
 /* Prints a JSON document as "a.b.c: value" lines; arrays of objects as tables. */
@@ -747,9 +758,8 @@ static void status_tables(struct json_object *o)
     json_object_object_foreach(o, k, v)
     {
         struct json_object *first;
-        const char *hdr[CLI_TABLE_MAXCOLS];
-        const char *row[CLI_TABLE_MAXCOLS];
-        char cells[CLI_TABLE_MAXCOLS][64], hs[32];
+        const char *hdr[CLI_TABLE_MAXCOLS], *row[CLI_TABLE_MAXCOLS];
+        char cells[CLI_TABLE_MAXCOLS][64], names[CLI_TABLE_MAXCOLS][64], hs[32];
         struct cli_table t;
         size_t ncols = 0;
 
@@ -764,7 +774,15 @@ static void status_tables(struct json_object *o)
             if (ncols < CLI_TABLE_MAXCOLS)
                 hdr[ncols++] = ck;
         }
-        if (!ncols || cli_table_init(&t, ncols, 0, hdr))
+        for (size_t i = 0; i < ncols; i++) { /* headers in capitals, like the other tables */
+            size_t j = 0;
+            for (; hdr[i][j] && j + 1 < sizeof(names[i]); j++)
+                names[i][j] =
+                    (char)(hdr[i][j] >= 'a' && hdr[i][j] <= 'z' ? hdr[i][j] - 32 : hdr[i][j]);
+            names[i][j] = '\0';
+            row[i] = names[i];
+        }
+        if (!ncols || cli_table_init(&t, ncols, 0, row))
             continue;
         for (size_t r = 0; r < json_object_array_length(v); r++) {
             struct json_object *e = json_object_array_get_idx(v, r), *ev;

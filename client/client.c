@@ -542,7 +542,7 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     case RX_HDR:
         rc = ts_frame_parse(x->hdr, x->have, UINT32_MAX, &x->h);
         if (rc < 0)
-            return proto_err(c, "bad frame header");
+            return proto_err(c, "bad frame header (is this a tessera server?)");
         if (rc > 0)
             rc = rx_header(c);
         break;
