@@ -911,15 +911,15 @@ static void usage(FILE *f)
     fputs("\nSizes take K, M, G, T suffixes (powers of 1024). See docs/client.md.\n", f);
 }
 
+/* A usage error: one line on stderr, exit status 2. */
 static int usage_error(const char *what, const struct cmd *k)
 {
-    fprintf(stderr, "tessera: %s\n", what);
     if (k)
-        fprintf(stderr, "usage: tessera [OPTIONS] %s%s%s %s (see 'tessera %s%s%s --help')\n",
-                k->group ? k->group : "", k->group ? " " : "", k->name, k->args,
+        fprintf(stderr, "tessera: %s%s%s: %s (see 'tessera %s%s%s --help')\n",
+                k->group ? k->group : "", k->group ? " " : "", k->name, what,
                 k->group ? k->group : "", k->group ? " " : "", k->name);
     else
-        fprintf(stderr, "Try 'tessera --help'.\n");
+        fprintf(stderr, "tessera: %s (see 'tessera --help')\n", what);
     return EXIT_USAGE;
 }
 
@@ -949,7 +949,8 @@ static void usage_group(FILE *f, const char *group)
 }
 
 /* A size option's value, or a usage error. */
-static int opt_size(const char *opt, const char *val, uint64_t max, uint64_t *out)
+static int opt_size(const struct cmd *k, const char *opt, const char *val, uint64_t max,
+                    uint64_t *out)
 {
     char msg[200];
     int rc = cli_parse_size(val, out);
@@ -960,10 +961,10 @@ static int opt_size(const char *opt, const char *val, uint64_t max, uint64_t *ou
         return 0;
     snprintf(msg, sizeof(msg), "--%s: '%s' is not a size%s (e.g. 4096, 64K, 1M, 2G)", opt, val,
              rc == TS_ERANGE ? " in range" : "");
-    return usage_error(msg, NULL);
+    return usage_error(msg, k);
 }
 
-static int opt_u8(const char *opt, const char *val, uint8_t *out)
+static int opt_u8(const struct cmd *k, const char *opt, const char *val, uint8_t *out)
 {
     char msg[160];
     uint64_t v;
@@ -973,7 +974,7 @@ static int opt_u8(const char *opt, const char *val, uint8_t *out)
         return 0;
     }
     snprintf(msg, sizeof(msg), "--%s: '%s' is not a number from 0 to 255", opt, val);
-    return usage_error(msg, NULL);
+    return usage_error(msg, k);
 }
 
 static void print_error(const struct ctx *x, const struct cmd *k, int rc)
@@ -994,43 +995,38 @@ static void print_error(const struct ctx *x, const struct cmd *k, int rc)
         fprintf(stderr, "tessera: %s: %s (%s)\n", where, ts_strerror(rc), ts_errname(rc));
 }
 
-int main(int argc, char **argv)
+/* Keep going after parsing. */
+#define CLI_RUN (-1)
+
+/*
+ * Parses the command line into x, opts and *kout; positional arguments go into x->argv
+ * (room for argc). CLI_RUN to go on, else the exit status (help printed, or a usage error).
+ */
+static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts *opts,
+                      const struct cmd **kout, int *verbose)
 {
-    const struct cli_opt *tables[2] = {global_opts, NULL};
+    const struct cli_opt *tables[2] = {global_opts, NULL}, *o;
     const struct cmd *k = NULL;
-    const char *group = NULL, *val, *env;
-    const struct cli_opt *o;
-    struct tessera_opts opts;
+    const char *group = NULL, *val;
     struct cli_iter it;
     struct ts_addr addr;
-    struct ctx x;
-    char **pos, err[512];
-    int npos = 0, help = 0, verbose = 0, rc;
     enum cli_token tok;
+    char msg[512];
+    int help = 0;
     uint64_t v;
 
-    memset(&x, 0, sizeof(x));
-    tessera_opts_init(&opts);
-    opts.client_name = "tessera-cli";
-    x.policy.core = 1;
-    env = getenv("TESSERA_SERVER");
-    x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
-    pos = calloc((size_t)argc + 1, sizeof(*pos));
-    if (!pos)
-        return EXIT_FAIL;
     cli_iter_init(&it, argc - 1, argv + 1);
     while ((tok = cli_next(&it, tables, 2, &o, &val)) != CLI_END) {
         if (tok == CLI_ERR)
             return usage_error(it.err, k);
         if (tok == CLI_POS) {
             if (k) {
-                pos[npos++] = (char *)val;
+                x->argv[x->argc++] = (char *)val;
             } else if (!group && is_group(val)) {
                 group = val;
             } else {
                 k = find_cmd(group, val);
                 if (!k) {
-                    char msg[300];
                     snprintf(msg, sizeof(msg), "unknown command '%s%s%s'", group ? group : "",
                              group ? " " : "", val);
                     return usage_error(msg, NULL);
@@ -1044,100 +1040,123 @@ int main(int argc, char **argv)
             help = 1;
             break;
         case O_SERVER:
-            x.server = val;
+            x->server = val;
             break;
         case O_TLS_CA:
-            opts.tls_ca = val;
+            opts->tls_ca = val;
             break;
         case O_TLS_CERT:
-            opts.tls_cert = val;
+            opts->tls_cert = val;
             break;
         case O_TLS_KEY:
-            opts.tls_key = val;
+            opts->tls_key = val;
             break;
         case O_TLS_NAME:
-            opts.tls_server_name = val;
+            opts->tls_server_name = val;
             break;
         case O_JSON:
-            x.json = 1;
+            x->json = 1;
             break;
         case O_VERBOSE:
-            verbose = 1;
+            *verbose = 1;
             break;
         case O_TIMEOUT:
             if (cli_parse_uint(val, INT32_MAX, &v) != 0 || v == 0)
                 return usage_error("--timeout: want milliseconds, 1 or more", k);
-            opts.timeout_ms = (int)v;
-            x.timeout_set = 1;
+            opts->timeout_ms = (int)v;
+            x->timeout_set = 1;
             break;
         case O_CORE:
         case O_FRINGE:
         case O_MIN_CORE:
-            if (opt_u8(o->name, val,
-                       o->id == O_CORE     ? &x.policy.core
-                       : o->id == O_FRINGE ? &x.policy.fringe
-                                           : &x.policy.min_core))
+            if (opt_u8(k, o->name, val,
+                       o->id == O_CORE     ? &x->policy.core
+                       : o->id == O_FRINGE ? &x->policy.fringe
+                                           : &x->policy.min_core))
                 return EXIT_USAGE;
-            x.min_core_set |= o->id == O_MIN_CORE;
+            x->min_core_set |= o->id == O_MIN_CORE;
             break;
         case O_CHUNK:
-            if (opt_size(o->name, val, UINT32_MAX, &v))
+            if (opt_size(k, o->name, val, UINT32_MAX, &v))
                 return EXIT_USAGE;
-            x.policy.chunk_size = (uint32_t)v;
+            x->policy.chunk_size = (uint32_t)v;
             break;
         case O_OUTPUT:
-            x.output = val;
+            x->output = val;
             break;
         case O_OFFSET:
-            if (opt_size(o->name, val, UINT64_MAX, &x.offset))
+            if (opt_size(k, o->name, val, UINT64_MAX, &x->offset))
                 return EXIT_USAGE;
             break;
         case O_LENGTH:
-            if (opt_size(o->name, val, UINT64_MAX, &x.length))
+            if (opt_size(k, o->name, val, UINT64_MAX, &x->length))
                 return EXIT_USAGE;
-            x.length_set = 1;
+            x->length_set = 1;
             break;
         }
     }
-    if (help || (!k && !group)) {
+    if (help) {
         if (k)
             usage_cmd(stdout, k);
         else if (group)
             usage_group(stdout, group);
         else
-            usage(help ? stdout : stderr);
-        free(pos);
-        return help ? 0 : EXIT_USAGE;
+            usage(stdout);
+        return 0;
     }
+    if (!k && !group)
+        return usage_error("no command given", NULL);
     if (!k) {
-        usage_group(stderr, group);
-        free(pos);
+        fprintf(stderr, "tessera: '%s' needs a subcommand (see 'tessera %s --help')\n", group,
+                group);
         return EXIT_USAGE;
     }
-    if (npos < k->min_args || npos > k->max_args) {
-        free(pos);
-        return usage_error(npos < k->min_args ? "missing arguments" : "too many arguments", k);
+    if (x->argc < k->min_args || x->argc > k->max_args)
+        return usage_error(x->argc < k->min_args ? "missing arguments" : "too many arguments", k);
+    /* A SHARD argument is checked before connecting: a typo is a usage error. */
+    if (strstr(k->args, "NAME SHARD") == k->args &&
+        cli_parse_uint(x->argv[1], UINT32_MAX, &v) != 0) {
+        snprintf(msg, sizeof(msg), "'%s' is not a shard number (0 to %u)", x->argv[1], UINT32_MAX);
+        return usage_error(msg, k);
     }
-    x.argc = npos;
-    x.argv = pos;
+    if (ts_addr_parse(x->server, &addr) != 0) {
+        snprintf(msg, sizeof(msg), "bad server address '%s' (want HOST:PORT)", x->server);
+        return usage_error(msg, NULL);
+    }
+    *kout = k;
+    return CLI_RUN;
+}
+
+int main(int argc, char **argv)
+{
+    const struct cmd *k = NULL;
+    struct tessera_opts opts;
+    const char *env;
+    struct ctx x;
+    char err[512];
+    int verbose = 0, rc;
+
+    memset(&x, 0, sizeof(x));
+    tessera_opts_init(&opts);
+    opts.client_name = "tessera-cli";
+    x.policy.core = 1;
+    env = getenv("TESSERA_SERVER");
+    x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
+    x.argv = calloc((size_t)argc + 1, sizeof(*x.argv));
+    if (!x.argv)
+        return EXIT_FAIL;
+    rc = parse_args(argc, argv, &x, &opts, &k, &verbose);
+    if (rc != CLI_RUN)
+        goto out_free;
     if (verbose)
         ts_log_set(ts_log_stderr, NULL, TS_LOG_DEBUG);
     opts.address = x.server;
-    if (ts_addr_parse(x.server, &addr) != 0) {
-        snprintf(err, sizeof(err), "bad server address '%s' (want HOST:PORT)", x.server);
-        free(pos);
-        return usage_error(err, NULL);
-    }
     rc = ts_client_open_ex(&x.c, &opts, err, sizeof(err));
     if (rc) {
-        if (err[0])
-            fprintf(stderr, "tessera: cannot connect to %s: %s (%s): %s\n", x.server,
-                    ts_strerror(rc), ts_errname(rc), err);
-        else
-            fprintf(stderr, "tessera: cannot connect to %s: %s (%s)\n", x.server, ts_strerror(rc),
-                    ts_errname(rc));
-        free(pos);
-        return EXIT_FAIL;
+        fprintf(stderr, "tessera: cannot connect to %s: %s (%s)%s%s\n", x.server, ts_strerror(rc),
+                ts_errname(rc), err[0] ? ": " : "", err);
+        rc = EXIT_FAIL;
+        goto out_free;
     }
     if (k->run == cmd_scrub && !x.timeout_set)
         ts_client_set_timeout(x.c, -1); /* a scrub takes as long as the data it reads */
@@ -1145,10 +1164,13 @@ int main(int argc, char **argv)
     if (rc)
         print_error(&x, k, rc);
     tessera_client_close(x.c);
-    free(pos);
     if (fflush(stdout) != 0 && !rc) {
         fprintf(stderr, "tessera: cannot write to stdout: %s\n", strerror(errno));
-        return EXIT_FAIL;
+        rc = EXIT_FAIL;
+        goto out_free;
     }
-    return rc ? (rc == TS_EINVAL && x.local[0] ? EXIT_USAGE : EXIT_FAIL) : 0;
+    rc = rc ? EXIT_FAIL : 0;
+out_free:
+    free(x.argv);
+    return rc;
 }
