@@ -1219,7 +1219,10 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
         rc = pump(c, cond_done, r);
         if (!first && !ended) {
             rc = rc ? rc : read_result(c, r, &got);
-            if (rc) {
+            if (rc == TS_ERANGE && done > 0 && r->rd_off >= size) {
+                ended = 1; /* the shard ended exactly where this piece begins */
+                c->err[0] = '\0';
+            } else if (rc) {
                 first = rc;
             } else {
                 size = r->shard_size;

@@ -864,7 +864,8 @@ struct fake {
     int out_of_order;  /* chunks not in index order */
     uint32_t seal_crc, nrecords, writes;
     uint64_t records[4];
-    int sealed, max_pending;
+    int sealed;
+    int erange_at_end; /* READ at offset == size: TS_ERANGE rather than no bytes */
 };
 
 static void fake_on_write(struct fake *f, const struct ts_frame_hdr *h, struct ts_rd *r)
@@ -960,7 +961,7 @@ static void *fake_main(void *arg)
             (void)ts_rd_u32(&r);
             off = ts_rd_u64(&r);
             len = ts_rd_u32(&r);
-            if (off > f->size)
+            if (off > f->size || (off == f->size && f->erange_at_end))
                 fake_error(f->fd, TS_OP_READ, h.req_id, TS_ERANGE, "past the end");
             else
                 fake_read_reply(f->fd, h.req_id, f->shard, f->size, f->chunk, off, len, HONEST);
@@ -1104,6 +1105,15 @@ static void test_read_split(void **state)
     assert_int_equal(tessera_read(c, "ds", 0, 1000, size, buf, &n), 0);
     assert_int_equal(n, size - 1000);
     assert_memory_equal(buf, shard + 1000, size - 1000);
+    /* The shard ends exactly where a piece begins: no bytes, or TS_ERANGE, for that piece. */
+    f.size = TESSERA_MAX_READ;
+    assert_int_equal(tessera_read(c, "ds", 0, 0, TESSERA_MAX_READ + 10, buf, &n), 0);
+    assert_int_equal(n, TESSERA_MAX_READ);
+    f.erange_at_end = 1;
+    assert_int_equal(tessera_read(c, "ds", 0, 0, TESSERA_MAX_READ + 10, buf, &n), 0);
+    assert_int_equal(n, TESSERA_MAX_READ);
+    assert_string_equal(tessera_client_error(c), "");
+    assert_memory_equal(buf, shard, TESSERA_MAX_READ);
     fake_stop(&f, c);
     free(shard);
     free(buf);
