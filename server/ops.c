@@ -286,7 +286,8 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
                         name, shard, idx);
         return;
     }
-    rc = ts_shard_writer_put(u->w, idx, data, len, crc);
+    /* An empty shard is uploaded as chunk 0 with no data: it only starts the upload. */
+    rc = (idx == 0 && len == 0) ? 0 : ts_shard_writer_put(u->w, idx, data, len, crc);
     if (rc) {
         if (rc == TS_ECORRUPT)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
@@ -297,7 +298,8 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
                                         : "");
         return;
     }
-    STAT_ADD(&c->w->stats, chunks_written, 1);
+    if (len)
+        STAT_ADD(&c->w->stats, chunks_written, 1);
     tsd_reply_begin(&w);
     ts_wr_u32(&w, idx);
     ts_wr_u64(&w, ts_shard_writer_bytes(u->w));

@@ -182,6 +182,7 @@ static int conn_process(struct tsd_conn *c)
                 return 1;
             }
         }
+        c->last_active_ns = ts_now_mono_ns();
         STAT_ADD(&c->w->stats, requests, 1);
         STAT_ADD(&c->w->stats, bytes_in, TS_HDR_LEN + (uint64_t)h.length);
         ts_rd_init(&r, payload, h.length);
@@ -211,8 +212,7 @@ void tsd_conn_resume(struct tsd_conn *c)
     if (c->closing)
         return;
     if (conn_process(c) && !c->closing && !c->rs &&
-        evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget &&
-        !c->w->draining)
+        evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget)
         bufferevent_enable(c->bev, EV_READ);
 }
 
@@ -235,12 +235,7 @@ static void conn_writecb(struct bufferevent *bev, void *arg)
             conn_free(c);
         return;
     }
-    if (c->w->draining) {
-        conn_process(c);
-        if (evbuffer_get_length(out) == 0 && !c->rs)
-            conn_free(c);
-        return;
-    }
+    c->last_active_ns = ts_now_mono_ns();
     tsd_conn_resume(c);
 }
 
@@ -289,6 +284,7 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
     setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     c->w = w;
     c->tls = p->tls;
+    c->last_active_ns = ts_now_mono_ns();
     snprintf(c->peer, sizeof(c->peer), "%s", p->peer);
     if (p->tls) {
         SSL *ssl = SSL_new(s->ssl_ctx);
@@ -329,22 +325,41 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
 
 /* ---- workers ---------------------------------------------------------------------------- */
 
-static void worker_drain(struct tsd_worker *w)
+/*
+ * Draining: connections keep being served; each is closed once it has been idle (no request
+ * parsed, no stream, nothing queued) for a full tick. A request already on its way when the
+ * signal came is thereby answered; a client that keeps sending is cut at drain_timeout_s.
+ */
+#define DRAIN_TICK_MS 50
+
+static void worker_drain_tick(evutil_socket_t fd, short what, void *arg)
 {
+    struct tsd_worker *w = arg;
+    uint64_t now = ts_now_mono_ns();
     struct tsd_conn *c, *next;
 
-    w->draining = 1;
     for (c = w->conns; c; c = next) {
         next = c->next;
-        bufferevent_disable(c->bev, EV_READ);
-        /* Requests already received are answered; then the connection closes. */
-        if (!conn_process(c))
-            continue;
-        if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 &&
+            evbuffer_get_length(bufferevent_get_input(c->bev)) == 0 &&
+            now - c->last_active_ns >= (uint64_t)DRAIN_TICK_MS * 1000000u)
             conn_free(c);
-        else
-            c->closing = 1; /* freed by the write callback once the output is flushed */
     }
+    if (!w->conns)
+        event_base_loopexit(w->base, NULL);
+}
+
+static void worker_drain(struct tsd_worker *w)
+{
+    struct timeval tick = {0, DRAIN_TICK_MS * 1000};
+    uint64_t now = ts_now_mono_ns();
+
+    w->draining = 1;
+    for (struct tsd_conn *c = w->conns; c; c = c->next)
+        c->last_active_ns = now;
+    w->drain_tick = event_new(w->base, -1, EV_PERSIST, worker_drain_tick, w);
+    if (w->drain_tick)
+        evtimer_add(w->drain_tick, &tick);
 }
 
 static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
@@ -366,11 +381,8 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
         }
         free(q);
     }
-    if (atomic_load(&w->srv->draining) && !w->draining) {
+    if (atomic_load(&w->srv->draining) && !w->draining)
         worker_drain(w);
-        if (!w->conns)
-            event_base_loopexit(w->base, NULL);
-    }
 }
 
 static void *worker_main(void *arg)
@@ -382,6 +394,8 @@ static void *worker_main(void *arg)
     w->draining = 0;
     while (w->conns)
         conn_free(w->conns);
+    if (w->drain_tick)
+        event_free(w->drain_tick);
     atomic_store(&w->done, 1);
     return NULL;
 }

@@ -55,6 +55,7 @@ struct tsd_worker {
     struct tsd_conn *conns;
     _Atomic int nconns;
     int draining;
+    struct event *drain_tick;
     _Atomic int done; /* its loop has ended */
     struct tsd_stats stats;
 };
@@ -83,6 +84,7 @@ struct tsd_conn {
     int ready; /* plain: at once; TLS: after the handshake */
     int role;
     int closing; /* close once the output has drained */
+    uint64_t last_active_ns;
     char peer[64];
     char subject[256];
     char client_name[64];

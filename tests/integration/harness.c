@@ -233,8 +233,7 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *payload,
-                   size_t len)
+int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *payload, size_t len)
 {
     uint8_t h[TS_HDR_LEN];
     struct ts_frame_hdr fh = {TS_PROTO_VERSION, op, flags, id, 0, (uint32_t)len};

@@ -12,10 +12,10 @@
 
 struct tsd_proc {
     pid_t pid;
-    char *dir;       /* temp dir holding data/ and the log */
-    char data[512];  /* data directory */
-    char log[512];   /* stderr of the daemon */
-    char addr[64];   /* plain TCP "127.0.0.1:PORT", "" if none */
+    char *dir;      /* temp dir holding data/ and the log */
+    char data[512]; /* data directory */
+    char log[512];  /* stderr of the daemon */
+    char addr[64];  /* plain TCP "127.0.0.1:PORT", "" if none */
     char tls_addr[64];
     char *argv[64];
     int argc;

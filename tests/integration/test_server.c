@@ -48,8 +48,7 @@ static tessera_client *connect_c(void)
     return c;
 }
 
-static void put_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len,
-                      uint64_t seed)
+static void put_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len, uint64_t seed)
 {
     uint8_t *buf = malloc(len ? len : 1);
     fill(buf, len, seed, 0);
@@ -336,8 +335,7 @@ static void test_bad_chunk_crc(void **state)
 
     mkds(c, "badcrc");
     fill(data, CHUNK, 5, 0);
-    shard_write_frame(&w, "badcrc", 0, 0, 2 * CHUNK, ts_crc32c(0, data, CHUNK) ^ 0x10, data,
-                      CHUNK);
+    shard_write_frame(&w, "badcrc", 0, 0, 2 * CHUNK, ts_crc32c(0, data, CHUNK) ^ 0x10, data, CHUNK);
     assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
     assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ECORRUPT);
     ts_wr_fini(&w);
