@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_SCRUB_REPORT 1000
 
@@ -746,6 +747,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     json_object_object_add(root, "node", json_object_new_string(s->cfg->node_id));
     json_object_object_add(root, "version", json_object_new_string(TESSERA_VERSION));
     json_object_object_add(root, "protocol", json_object_new_int(TS_PROTO_VERSION));
+    json_object_object_add(root, "pid", json_object_new_int((int)getpid()));
     json_object_object_add(root, "epoch", json_object_new_int64((int64_t)s->epoch));
     json_object_object_add(root, "uptime_s",
                            json_object_new_double((double)(ts_now_mono_ns() - s->start_ns) / 1e9));
