@@ -38,6 +38,8 @@ int ts_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, struct ts
     static const uint8_t magic[4] = {'T', 'S', 'R', 'A'};
     size_t n = len < 4 ? len : 4;
 
+    if (len == 0) /* buf may be NULL (an empty buffer): memcmp must not see it */
+        return 0;
     if (memcmp(buf, magic, n) != 0)
         return TS_EPROTO;
     if (len < TS_HDR_LEN)
@@ -173,6 +175,10 @@ static uint8_t *wr_room(struct ts_wr *w, size_t n)
         return NULL;
     if (w->cap - w->len < n) {
         size_t cap = w->cap ? w->cap : 256;
+        if (n > SIZE_MAX / 2 - w->len) { /* doubling past this would wrap cap */
+            w->err = TS_ENOMEM;
+            return NULL;
+        }
         while (cap - w->len < n)
             cap *= 2;
         p = realloc(w->buf, cap);
