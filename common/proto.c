@@ -250,6 +250,10 @@ void ts_wr_frame(struct ts_wr *w, uint8_t opcode, uint16_t flags, uint64_t req_i
 
     if (w->err || w->len < TS_HDR_LEN)
         return;
+    if (w->len - TS_HDR_LEN > UINT32_MAX) {
+        w->err = TS_ETOOBIG;
+        return;
+    }
     h.length = (uint32_t)(w->len - TS_HDR_LEN);
     ts_frame_encode(w->buf, &h);
 }

@@ -125,7 +125,7 @@ int ts_rd_done(const struct ts_rd *r);
 struct ts_wr {
     uint8_t *buf;
     size_t len, cap;
-    int err; /* sticky TS_ENOMEM */
+    int err; /* sticky: TS_ENOMEM, or TS_ETOOBIG from ts_wr_frame over 4 GiB */
 };
 
 void ts_wr_init(struct ts_wr *w);
