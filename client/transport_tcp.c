@@ -75,7 +75,7 @@ int ts_fd_wait(int fd, int events, int timeout_ms)
 
 static int set_socket_opts(int fd)
 {
-    int one = 1, fl;
+    int one = 1, fl, rcvbuf = 4 << 20;
 
     fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
@@ -83,6 +83,9 @@ static int set_socket_opts(int fd)
     /* Not every stream socket is TCP (tests use socketpairs): NODELAY may fail there. */
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     (void)setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    /* Room for a whole 1 MiB chunk reply and more in flight (set before connect so the
+     * window scale allows it). */
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
     return 0;
 }
 

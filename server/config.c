@@ -60,6 +60,12 @@ static const struct setting settings[] = {
     BOOL("storage.blob_files", blob_files, "true", "keep chunk bytes in BlobDB blob files"),
     BOOL("storage.verify_engine_checksums", verify_engine_checksums, "false",
          "also let RocksDB verify its own checksums on chunk reads (CRC32C always guards chunks)"),
+    INT("storage.cache_mb", cache_mb, 0, 1 << 20, "1024",
+        "cache of verified chunks and shard records, MiB (0: off): hot reads skip RocksDB and the "
+        "CRC pass"),
+    BOOL("storage.cache_arena", cache_arena, "true",
+         "keep cached chunks in a memfd and send them with sendfile() (plain TCP): no copy in the "
+         "daemon"),
     INT("storage.block_cache_mb", block_cache_mb, 8, 1 << 20, "256", "RocksDB block cache, MiB"),
     INT("max_connections", max_connections, 1, 100000, "4096",
         "open connections, all listeners together"),

@@ -23,6 +23,8 @@ struct tsd_config {
     int blob_files;
     int verify_engine_checksums;
     int block_cache_mb;
+    int cache_mb;
+    int cache_arena;
     int max_connections;
     int conn_output_kb;
     int idle_timeout_s;

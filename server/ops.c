@@ -399,10 +399,37 @@ void tsd_stream_free(struct tsd_read_stream *rs)
     free(rs);
 }
 
-/* Adds [in, in+n) of a verified chunk to the output by reference; the pin is released by
- * libevent once the bytes are written. Takes ownership of ref. */
-static void add_piece(struct evbuffer *out, struct ts_chunk_ref *ref, size_t in, size_t n)
+#define SENDFILE_MIN (128u << 10)
+
+static void seg_cleanup(struct evbuffer_file_segment const *seg, int flags, void *pin)
 {
+    ts_chunk_pin_release(pin);
+}
+
+/*
+ * Adds [in, in+n) of a verified chunk to the output without copying it: on plain TCP from the
+ * cache arena by sendfile() (file segment), otherwise by reference to its memory. The
+ * reference on the chunk is released by libevent once the bytes are handed to the kernel.
+ * Takes ownership of ref.
+ */
+static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_ref *ref, size_t in,
+                      size_t n)
+{
+    /* Small pieces batch better into one writev; large ones go by sendfile. */
+    if (!c->tls && ref->fd >= 0 && n >= SENDFILE_MIN) {
+        struct evbuffer_file_segment *seg =
+            evbuffer_file_segment_new(ref->fd, (ev_off_t)(ref->file_off + in), (ev_off_t)n,
+                                      EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
+        if (seg) {
+            evbuffer_file_segment_add_cleanup_cb(seg, seg_cleanup, ref->pin);
+            ref->pin = NULL; /* now released by the segment's cleanup */
+            if (evbuffer_add_file_segment(out, seg, 0, (ev_off_t)n) != 0)
+                TS_ERROR(FAC, TS_ENOMEM, "cannot queue %zu bytes to %s", n, c->peer);
+            evbuffer_file_segment_free(seg); /* the evbuffer holds its own reference */
+            ref->data = NULL;
+            return;
+        }
+    }
     if (evbuffer_add_reference(out, ref->data + in, n, pin_cleanup, ref->pin) != 0)
         ts_chunk_pin_release(ref->pin);
     ref->pin = NULL;
@@ -448,7 +475,7 @@ int tsd_stream_continue(struct tsd_conn *c)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
             add_zeros(out, n);
         } else {
-            add_piece(out, &ref, in, n);
+            add_piece(c, out, &ref, in, n);
         }
         rs->pos += n;
         STAT_ADD(&c->w->stats, read_bytes, n);
@@ -780,6 +807,18 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
             json_object_object_add(ops, ts_op_desc(op)->name,
                                    json_object_new_int64((int64_t)STAT_GET(&st, by_op[op])));
     json_object_object_add(stats, "by_op", ops);
+    {
+        struct ts_store_cache_stats cs;
+        json_object *cj = json_object_new_object();
+        ts_store_cache_stats(s->store, &cs);
+        json_object_object_add(cj, "budget", json_object_new_int64((int64_t)cs.budget));
+        json_object_object_add(cj, "bytes", json_object_new_int64((int64_t)cs.bytes));
+        json_object_object_add(cj, "entries", json_object_new_int64((int64_t)cs.entries));
+        json_object_object_add(cj, "hits", json_object_new_int64((int64_t)cs.hits));
+        json_object_object_add(cj, "misses", json_object_new_int64((int64_t)cs.misses));
+        json_object_object_add(cj, "evictions", json_object_new_int64((int64_t)cs.evictions));
+        json_object_object_add(root, "cache", cj);
+    }
     json_object_object_add(root, "stats", stats);
     ds = json_object_new_array();
     json_object_object_add(

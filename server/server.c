@@ -282,6 +282,10 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
         return;
     }
     setsockopt(p->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    {
+        int sndbuf = (int)s->out_budget;
+        setsockopt(p->fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+    }
     c->w = w;
     c->tls = p->tls;
     c->last_active_ns = ts_now_mono_ns();
@@ -319,6 +323,9 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
     bufferevent_setwatermark(c->bev, EV_READ, 0, TS_HDR_LEN + (size_t)max_payload_any());
     bufferevent_setwatermark(c->bev, EV_WRITE, s->out_budget / 2, 0);
     bufferevent_set_timeouts(c->bev, &idle, &idle);
+    /* libevent moves at most 16 KiB per syscall by default: far too little for 1 MiB chunks. */
+    bufferevent_set_max_single_write(c->bev, s->out_budget);
+    bufferevent_set_max_single_read(c->bev, 1u << 20);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     TS_DEBUG(FAC, "connection from %s (%s) on worker %d", c->peer, c->tls ? "tls" : "tcp", w->id);
 }
@@ -585,6 +592,8 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     so.blob_files = cfg->blob_files;
     so.verify_engine_checksums = cfg->verify_engine_checksums;
     so.block_cache_bytes = (uint64_t)cfg->block_cache_mb << 20;
+    so.cache_bytes = (uint64_t)cfg->cache_mb << 20;
+    so.cache_arena = cfg->cache_arena;
     so.max_chunk_size = (uint32_t)cfg->max_chunk_mb << 20;
     rc = ts_store_open(&s->store, &so);
     if (rc)

@@ -18,13 +18,18 @@
  */
 #include "ts_store.h"
 
+#include "cache.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define FAC "storage"
 
@@ -41,6 +46,28 @@ struct writer_slot {
     uint32_t shard;
 };
 
+/*
+ * The cache arena: one sparse memfd, mapped once. Slots come in power-of-two size classes
+ * (4 KiB .. 64 MiB), each class with its own 1 TiB of offsets, a free list and a bump
+ * pointer. A slot given back is hole-punched first, so its pages go back to the system and a
+ * later writer gets fresh pages: bytes the kernel still holds for an earlier sendfile() are
+ * never overwritten.
+ */
+#define ARENA_MIN_SHIFT 12
+#define ARENA_MAX_SHIFT 26
+#define ARENA_CLASS_SPAN (1ull << 40)
+#define ARENA_CLASSES (ARENA_MAX_SHIFT - ARENA_MIN_SHIFT + 1)
+
+struct arena {
+    int fd;
+    uint8_t *base;
+    uint64_t size;
+    pthread_mutex_t lock;
+    uint64_t bump[ARENA_CLASSES];
+    uint64_t *free[ARENA_CLASSES];
+    size_t nfree[ARENA_CLASSES], capfree[ARENA_CLASSES];
+};
+
 struct ts_store {
     rocksdb_t *db;
     rocksdb_options_t *opts;
@@ -53,9 +80,44 @@ struct ts_store {
     rocksdb_readoptions_t *ro_chunk;
     struct ts_store_opts o;
     char *path;
-    pthread_mutex_t lock; /* serialises metadata read-modify-write and the writer table */
+    pthread_mutex_t lock;   /* serialises metadata read-modify-write and the writer table */
+    ts_cache *ccache;       /* verified chunks and complete-shard records */
+    struct arena arena;     /* where cached chunk bytes live (fd -1: in engine buffers) */
+    pthread_mutex_t dslock; /* the dataset-record cache below */
+    struct ds_ent **dstab;
+    size_t ndsents;
+    uint64_t ds_gen; /* bumped on every invalidation: a racing fill is dropped */
     struct writer_slot *writers;
     size_t nwriters, capwriters;
+};
+
+#define DS_BUCKETS 1024
+#define DS_MAX_ENTS 4096
+
+struct ds_ent {
+    struct ds_ent *next;
+    struct ts_dataset_info d;
+};
+
+/*
+ * A verified chunk shared by readers through the cache: either the pinned engine buffer, or
+ * (cache arena on) a copy in the arena, a memfd that the server can sendfile() from.
+ */
+struct chunk_entry {
+    struct ts_cache_entry base;
+    ts_store *s;
+    rocksdb_pinnableslice_t *pin; /* NULL when the bytes live in the arena */
+    const uint8_t *data;
+    size_t len;
+    uint32_t crc;
+    int64_t arena_off; /* -1: not in the arena */
+};
+
+/* A complete shard's record with its CRC list (immutable once complete). */
+struct shard_entry {
+    struct ts_cache_entry base;
+    struct ts_shard_info info;
+    uint32_t crcs[];
 };
 
 struct ts_shard_writer {
@@ -76,7 +138,9 @@ struct ts_read_ctx {
     ts_store *s;
     uint64_t dsid;
     struct ts_shard_info info;
-    uint32_t *crcs; /* NULL while the shard is incomplete: per-chunk records are read instead */
+    const uint32_t *crcs;   /* NULL while the shard is incomplete: per-chunk records are used */
+    struct shard_entry *se; /* holds crcs */
+    int nocache;            /* scrub: always read and verify what is on disk */
 };
 
 /* ---- error conversion (the RocksDB edge) ------------------------------------------------- */
@@ -224,21 +288,87 @@ static int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what)
     return from_rocksdb(err, what);
 }
 
+static size_t ds_bucket(const char *name)
+{
+    return ts_crc32c(0, name, strlen(name)) & (DS_BUCKETS - 1);
+}
+
+/* Forgets a cached dataset record (after seal or delete). */
+static void ds_invalidate(ts_store *s, const char *name)
+{
+    struct ds_ent **pp;
+
+    pthread_mutex_lock(&s->dslock);
+    s->ds_gen++;
+    for (pp = &s->dstab[ds_bucket(name)]; *pp; pp = &(*pp)->next) {
+        if (!strcmp((*pp)->d.name, name)) {
+            struct ds_ent *e = *pp;
+            *pp = e->next;
+            free(e);
+            s->ndsents--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->dslock);
+}
+
+static void ds_clear_locked(ts_store *s)
+{
+    for (size_t i = 0; i < DS_BUCKETS; i++) {
+        while (s->dstab[i]) {
+            struct ds_ent *e = s->dstab[i];
+            s->dstab[i] = e->next;
+            free(e);
+        }
+    }
+    s->ndsents = 0;
+}
+
 static int dataset_get(ts_store *s, const char *name, struct ts_dataset_info *d)
 {
     uint8_t k[1 + TS_NAME_MAX];
+    struct ds_ent *e;
+    uint64_t gen;
     char *v;
     size_t vlen;
     int rc;
 
     if (!ts_name_valid(name))
         return TS_ENAME;
+    pthread_mutex_lock(&s->dslock);
+    for (e = s->dstab[ds_bucket(name)]; e; e = e->next)
+        if (!strcmp(e->d.name, name))
+            break;
+    if (e)
+        *d = e->d;
+    gen = s->ds_gen;
+    pthread_mutex_unlock(&s->dslock);
+    if (e)
+        return 0;
+
     rc = meta_get(s, k, key_ds(k, name), &v, &vlen);
     if (rc)
         return rc;
     rc = ds_decode(v, vlen, name, d);
     rocksdb_free(v);
-    return rc;
+    if (rc)
+        return rc;
+    e = malloc(sizeof(*e));
+    if (!e)
+        return 0;
+    e->d = *d;
+    pthread_mutex_lock(&s->dslock);
+    if (gen != s->ds_gen) {
+        free(e); /* invalidated meanwhile: what we read may be stale */
+    } else {
+        if (s->ndsents >= DS_MAX_ENTS)
+            ds_clear_locked(s);
+        e->next = s->dstab[ds_bucket(name)];
+        s->dstab[ds_bucket(name)] = e;
+        s->ndsents++;
+    }
+    pthread_mutex_unlock(&s->dslock);
+    return 0;
 }
 
 static int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si,
@@ -276,6 +406,90 @@ static int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
     return 0;
 }
 
+/* ---- cache arena ------------------------------------------------------------------------- */
+
+static int arena_class(size_t len)
+{
+    int c = ARENA_MIN_SHIFT;
+    while (c <= ARENA_MAX_SHIFT && ((size_t)1 << c) < len)
+        c++;
+    return c <= ARENA_MAX_SHIFT ? c - ARENA_MIN_SHIFT : -1;
+}
+
+static int arena_init(struct arena *a)
+{
+    a->fd = memfd_create("tessera-cache", MFD_CLOEXEC);
+    a->size = ARENA_CLASS_SPAN * ARENA_CLASSES;
+    if (a->fd < 0 || ftruncate(a->fd, (off_t)a->size) != 0)
+        goto out_fail;
+    a->base = mmap(NULL, a->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a->fd, 0);
+    if (a->base == MAP_FAILED)
+        goto out_fail;
+    pthread_mutex_init(&a->lock, NULL);
+    return 0;
+out_fail:
+    TS_WARN(FAC, ts_from_errno(errno), "no cache arena (%s): cached chunks stay in engine buffers",
+            strerror(errno));
+    if (a->fd >= 0)
+        close(a->fd);
+    a->fd = -1;
+    a->base = NULL;
+    return ts_from_errno(errno);
+}
+
+static void arena_fini(struct arena *a)
+{
+    if (a->fd < 0)
+        return;
+    munmap(a->base, a->size);
+    close(a->fd);
+    for (int i = 0; i < ARENA_CLASSES; i++)
+        free(a->free[i]);
+    pthread_mutex_destroy(&a->lock);
+    a->fd = -1;
+}
+
+/* An offset for len bytes, or -1. */
+static int64_t arena_alloc(struct arena *a, size_t len)
+{
+    int c = arena_class(len);
+    int64_t off = -1;
+
+    if (a->fd < 0 || c < 0)
+        return -1;
+    pthread_mutex_lock(&a->lock);
+    if (a->nfree[c]) {
+        off = (int64_t)a->free[c][--a->nfree[c]];
+    } else if (a->bump[c] + ((uint64_t)1 << (c + ARENA_MIN_SHIFT)) <= ARENA_CLASS_SPAN) {
+        off = (int64_t)((uint64_t)c * ARENA_CLASS_SPAN + a->bump[c]);
+        a->bump[c] += (uint64_t)1 << (c + ARENA_MIN_SHIFT);
+    }
+    pthread_mutex_unlock(&a->lock);
+    return off;
+}
+
+static void arena_release(struct arena *a, int64_t off, size_t len)
+{
+    int c = arena_class(len);
+    size_t span = (len + 4095) & ~(size_t)4095;
+
+    /* Give the pages back before the slot can be reused (see struct arena). */
+    fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)span);
+    pthread_mutex_lock(&a->lock);
+    if (a->nfree[c] == a->capfree[c]) {
+        size_t cap = a->capfree[c] ? 2 * a->capfree[c] : 64;
+        uint64_t *nf = realloc(a->free[c], cap * sizeof(*nf));
+        if (!nf) {
+            pthread_mutex_unlock(&a->lock);
+            return; /* the slot is lost to reuse; its pages are already free */
+        }
+        a->free[c] = nf;
+        a->capfree[c] = cap;
+    }
+    a->free[c][a->nfree[c]++] = (uint64_t)off;
+    pthread_mutex_unlock(&a->lock);
+}
+
 /* ---- open / close ------------------------------------------------------------------------ */
 
 void ts_store_opts_init(struct ts_store_opts *o)
@@ -288,6 +502,8 @@ void ts_store_opts_init(struct ts_store_opts *o)
     o->block_cache_bytes = 256ull << 20;
     o->verify_engine_checksums = 0;
     o->max_chunk_size = 64u << 20;
+    o->cache_bytes = 256ull << 20;
+    o->cache_arena = 1;
 }
 
 void ts_dataset_policy_init(struct ts_dataset_policy *p)
@@ -323,6 +539,15 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
         goto out_free;
     }
     pthread_mutex_init(&s->lock, NULL);
+    pthread_mutex_init(&s->dslock, NULL);
+    s->dstab = calloc(DS_BUCKETS, sizeof(*s->dstab));
+    s->arena.fd = -1;
+    if (!s->dstab || ts_cache_create(&s->ccache, o->cache_bytes) != 0) {
+        rc = TS_ENOMEM;
+        goto out_free;
+    }
+    if (o->cache_bytes && o->cache_arena)
+        arena_init(&s->arena); /* optional: without it cached chunks stay pinned */
 
     s->cache = rocksdb_cache_create_lru(o->block_cache_bytes);
     s->bbto = rocksdb_block_based_options_create();
@@ -381,8 +606,12 @@ out_destroy_opts:
     rocksdb_options_destroy(s->opts);
     rocksdb_block_based_options_destroy(s->bbto);
     rocksdb_cache_destroy(s->cache);
-    pthread_mutex_destroy(&s->lock);
 out_free:
+    ts_cache_destroy(s->ccache);
+    arena_fini(&s->arena);
+    free(s->dstab);
+    pthread_mutex_destroy(&s->dslock);
+    pthread_mutex_destroy(&s->lock);
     free(s->path);
     free(s);
     return rc;
@@ -392,6 +621,12 @@ void ts_store_close(ts_store *s)
 {
     if (!s)
         return;
+    /* Cached chunks pin engine memory: release them before the engine closes. */
+    ts_cache_destroy(s->ccache);
+    arena_fini(&s->arena);
+    ds_clear_locked(s);
+    free(s->dstab);
+    pthread_mutex_destroy(&s->dslock);
     for (int i = 0; i < CF_COUNT; i++)
         rocksdb_column_family_handle_destroy(s->cf[i]);
     rocksdb_close(s->db);
@@ -639,6 +874,7 @@ int ts_store_dataset_seal(ts_store *s, const char *name)
                               (const char *)rec, sizeof(rec));
     rc = batch_write(s, b, "dataset seal");
     rocksdb_writebatch_destroy(b);
+    ds_invalidate(s, name);
     if (rc == 0)
         TS_INFO(FAC, "sealed dataset %s (%u shards)", name, a.expect);
 out_unlock:
@@ -684,6 +920,8 @@ int ts_store_dataset_delete(ts_store *s, const char *name)
                                        8);
     rc = batch_write(s, b, "dataset delete");
     rocksdb_writebatch_destroy(b);
+    ds_invalidate(s, name);
+    ts_cache_drop_dataset(s->ccache, d.id);
     if (rc == 0)
         TS_INFO(FAC, "deleted dataset %s (id %llu)", name, (unsigned long long)d.id);
 out_unlock:
@@ -1036,21 +1274,57 @@ int ts_store_shard_records(ts_store *s, const char *dataset, uint32_t shard, uin
 
 /* ---- reads ------------------------------------------------------------------------------- */
 
+static void shard_entry_destroy(struct ts_cache_entry *e)
+{
+    free(e);
+}
+
+/* The complete shard's cached record, or its current record read from the engine. */
 static int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplete,
-                        ts_read_ctx **out)
+                        int nocache, ts_read_ctx **out)
 {
     ts_read_ctx *r = calloc(1, sizeof(*r));
+    struct ts_cache_entry *ce;
+    uint32_t *crcs = NULL;
     int rc;
 
     if (!r)
         return TS_ENOMEM;
     r->s = s;
     r->dsid = dsid;
-    rc = shard_get(s, dsid, shard, &r->info, &r->crcs);
+    r->nocache = nocache;
+    ce = ts_cache_get(s->ccache, dsid, shard, TS_CACHE_SHARD);
+    if (ce) {
+        r->se = (struct shard_entry *)ce;
+        r->info = r->se->info;
+        r->crcs = r->se->crcs;
+        *out = r;
+        return 0;
+    }
+    rc = shard_get(s, dsid, shard, &r->info, &crcs);
     if (rc == 0 && r->info.state != TS_SHARD_COMPLETE && !allow_incomplete)
         rc = TS_EINCOMPLETE;
+    if (rc == 0 && r->info.state == TS_SHARD_COMPLETE) {
+        struct shard_entry *se = malloc(sizeof(*se) + 4 * (size_t)r->info.nchunks);
+        if (!se) {
+            rc = TS_ENOMEM;
+        } else {
+            memset(&se->base, 0, sizeof(se->base));
+            se->base.dsid = dsid;
+            se->base.shard = shard;
+            se->base.idx = TS_CACHE_SHARD;
+            se->base.bytes = sizeof(*se) + 4 * (size_t)r->info.nchunks;
+            se->base.refs = 1;
+            se->base.destroy = shard_entry_destroy;
+            se->info = r->info;
+            if (r->info.nchunks)
+                memcpy(se->crcs, crcs, 4 * (size_t)r->info.nchunks);
+            r->se = (struct shard_entry *)ts_cache_insert(s->ccache, &se->base);
+            r->crcs = r->se->crcs;
+        }
+    }
+    free(crcs);
     if (rc) {
-        free(r->crcs);
         free(r);
         return rc;
     }
@@ -1070,12 +1344,32 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
     rc = dataset_get(s, dataset, &d);
     if (rc)
         return rc;
-    return read_open_id(s, d.id, shard, allow_incomplete, out);
+    return read_open_id(s, d.id, shard, allow_incomplete, 0, out);
 }
 
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r)
 {
     return &r->info;
+}
+
+static void chunk_entry_destroy(struct ts_cache_entry *e)
+{
+    struct chunk_entry *ce = (struct chunk_entry *)e;
+    if (ce->pin)
+        rocksdb_pinnableslice_destroy(ce->pin);
+    if (ce->arena_off >= 0)
+        arena_release(&ce->s->arena, ce->arena_off, ce->len);
+    free(ce);
+}
+
+static void chunk_ref_fill(ts_store *s, struct chunk_entry *ce, struct ts_chunk_ref *out)
+{
+    out->data = ce->data;
+    out->len = ce->len;
+    out->crc = ce->crc;
+    out->pin = &ce->base;
+    out->fd = ce->arena_off >= 0 ? s->arena.fd : -1;
+    out->file_off = ce->arena_off >= 0 ? (uint64_t)ce->arena_off : 0;
 }
 
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
@@ -1084,13 +1378,23 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     uint8_t k[17];
     uint32_t want, expect_len;
     rocksdb_pinnableslice_t *pin;
+    struct chunk_entry *ce;
+    struct ts_cache_entry *hit;
     char *err = NULL;
     const char *v;
     size_t vlen;
 
     memset(out, 0, sizeof(*out));
+    out->fd = -1;
     if (idx >= r->info.nchunks)
         return TS_ERANGE;
+    if (r->crcs && !r->nocache) {
+        hit = ts_cache_get(s->ccache, r->dsid, r->info.shard, idx);
+        if (hit) {
+            chunk_ref_fill(s, (struct chunk_entry *)hit, out);
+            return 0;
+        }
+    }
     if (r->crcs) {
         want = r->crcs[idx];
         expect_len = idx + 1 < r->info.nchunks
@@ -1125,10 +1429,40 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
         rocksdb_pinnableslice_destroy(pin);
         return TS_ECORRUPT;
     }
-    out->data = (const uint8_t *)v;
-    out->len = vlen;
-    out->crc = want;
-    out->pin = pin;
+    ce = malloc(sizeof(*ce));
+    if (!ce) {
+        rocksdb_pinnableslice_destroy(pin);
+        return TS_ENOMEM;
+    }
+    memset(&ce->base, 0, sizeof(ce->base));
+    ce->base.dsid = r->dsid;
+    ce->base.shard = r->info.shard;
+    ce->base.idx = idx;
+    ce->base.bytes = vlen + sizeof(*ce);
+    ce->base.refs = 1;
+    ce->base.destroy = chunk_entry_destroy;
+    ce->s = s;
+    ce->pin = pin;
+    ce->data = (const uint8_t *)v;
+    ce->len = vlen;
+    ce->crc = want;
+    ce->arena_off = -1;
+    /* Only verified chunks of complete (immutable) shards are shared. */
+    if (r->crcs && !r->nocache) {
+        int64_t off = arena_alloc(&s->arena, vlen);
+        if (off >= 0) {
+            /* One copy on a miss; hits are then served from the arena (sendfile). */
+            memcpy(s->arena.base + off, v, vlen);
+            rocksdb_pinnableslice_destroy(pin);
+            ce->pin = NULL;
+            ce->data = s->arena.base + off;
+            ce->arena_off = off;
+        }
+        hit = ts_cache_insert(s->ccache, &ce->base);
+    } else {
+        hit = &ce->base;
+    }
+    chunk_ref_fill(s, (struct chunk_entry *)hit, out);
     return 0;
 }
 
@@ -1147,14 +1481,13 @@ int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uin
 
 void ts_chunk_pin_release(void *pin)
 {
-    if (pin)
-        rocksdb_pinnableslice_destroy(pin);
+    ts_cache_unref(pin);
 }
 
 void ts_chunk_ref_release(struct ts_chunk_ref *ref)
 {
     if (ref && ref->pin) {
-        rocksdb_pinnableslice_destroy(ref->pin);
+        ts_cache_unref(ref->pin);
         ref->pin = NULL;
         ref->data = NULL;
     }
@@ -1164,8 +1497,21 @@ void ts_read_ctx_close(ts_read_ctx *r)
 {
     if (!r)
         return;
-    free(r->crcs);
+    if (r->se)
+        ts_cache_unref(&r->se->base);
     free(r);
+}
+
+void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
+{
+    struct ts_cache_stats cs;
+    ts_cache_stats(s->ccache, &cs);
+    out->hits = cs.hits;
+    out->misses = cs.misses;
+    out->evictions = cs.evictions;
+    out->bytes = cs.bytes;
+    out->entries = cs.entries;
+    out->budget = cs.budget;
 }
 
 int ts_store_read(ts_store *s, const char *dataset, uint32_t shard, uint64_t off, size_t len,
@@ -1256,7 +1602,7 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
     if (a->only_id && dsid != a->only_id)
         return 0;
     id_name(a->s, dsid, name);
-    rc = read_open_id(a->s, dsid, shard, 1, &r);
+    rc = read_open_id(a->s, dsid, shard, 1, 1, &r);
     if (rc) {
         a->rep->corrupt++;
         if (a->cb)

@@ -35,6 +35,9 @@ struct ts_store_opts {
                                     0 (default): our CRC32C guards chunks end to end. Metadata
                                     reads always verify. */
     uint32_t max_chunk_size;     /* largest accepted chunk size (default 64 MiB) */
+    uint64_t cache_bytes; /* verified-chunk and shard-record cache (default 256 MiB; 0 disables):
+                             hot reads skip the engine and the CRC pass */
+    int cache_arena; /* 1 (default): cached chunk bytes live in a memfd that can be sendfile()d */
 };
 
 /* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
@@ -42,7 +45,9 @@ struct ts_chunk_ref {
     const uint8_t *data;
     size_t len;
     uint32_t crc;
-    void *pin; /* engine handle; opaque */
+    void *pin; /* reference on the bytes; opaque */
+    int fd;    /* >= 0: the same bytes are file_off..+len of fd (for sendfile) */
+    uint64_t file_off;
 };
 
 void ts_store_opts_init(struct ts_store_opts *o);
@@ -133,6 +138,11 @@ uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count);
 int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,
                      int (*cb)(void *arg, const char *dataset, const struct ts_shard_info *info),
                      void *arg);
+
+struct ts_store_cache_stats {
+    uint64_t hits, misses, evictions, bytes, entries, budget;
+};
+void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out);
 
 /* Engine statistics as text (RocksDB "rocksdb.stats" etc.), malloc'ed; NULL on error. */
 char *ts_store_engine_stats(ts_store *s);

@@ -533,6 +533,81 @@ static void test_crash_kill9(void **state)
     assert_true(rep.corrupt == 0);
 }
 
+static void test_cache(void **state)
+{
+    struct fx *f = *state;
+    struct ts_store_cache_stats cs0, cs1;
+    ts_read_ctx *r;
+    struct ts_chunk_ref a, b;
+    uint8_t *buf = malloc(CHUNK);
+
+    mk_dataset(f->s, "cache", CHUNK);
+    put_shard(f->s, "cache", 0, 3 * CHUNK, CHUNK, 21);
+    ts_store_cache_stats(f->s, &cs0);
+    check_range(f->s, "cache", 0, 21, 0, 3 * CHUNK, 3 * CHUNK);  /* fills the cache */
+    check_range(f->s, "cache", 0, 21, 10, 2 * CHUNK, 2 * CHUNK); /* served from it */
+    ts_store_cache_stats(f->s, &cs1);
+    assert_true(cs1.hits >= cs0.hits + 3);
+    assert_true(cs1.entries >= 4); /* 3 chunks + the shard record */
+    /* A cached chunk is shared, and its bytes are in the arena for sendfile. */
+    assert_int_equal(ts_store_read_open(f->s, "cache", 0, 0, &r), 0);
+    assert_int_equal(ts_read_ctx_chunk(r, 1, &a), 0);
+    assert_int_equal(ts_read_ctx_chunk(r, 1, &b), 0);
+    assert_ptr_equal(a.data, b.data);
+    assert_true(a.fd >= 0);
+    assert_int_equal(pread(a.fd, buf, a.len, (off_t)a.file_off), (ssize_t)a.len);
+    assert_memory_equal(buf, a.data, a.len);
+    assert_int_equal(ts_crc32c(0, buf, a.len), a.crc);
+    ts_chunk_ref_release(&a);
+    ts_chunk_ref_release(&b);
+    ts_read_ctx_close(r);
+    /* Deleting the dataset drops its cached entries; the name comes back empty. */
+    assert_int_equal(ts_store_dataset_delete(f->s, "cache"), 0);
+    mk_dataset(f->s, "cache", CHUNK);
+    uint8_t x;
+    assert_int_equal(ts_store_read(f->s, "cache", 0, 0, 1, &x, NULL), TS_ENOENT);
+    free(buf);
+}
+
+static int setup_small_cache(void **state)
+{
+    setup_blob(state);
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    f->o.cache_bytes = 8 * (CHUNK + 4096); /* a few chunks: constant eviction */
+    return fx_open(f);
+}
+
+static int setup_no_cache(void **state)
+{
+    setup_blob(state);
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    f->o.cache_bytes = 0;
+    return fx_open(f);
+}
+
+static void test_cache_eviction(void **state)
+{
+    struct fx *f = *state;
+    struct ts_store_cache_stats cs;
+
+    mk_dataset(f->s, "ev", CHUNK);
+    put_shard(f->s, "ev", 0, 20 * CHUNK, CHUNK, 31);
+    put_shard(f->s, "ev", 1, 20 * CHUNK, CHUNK, 32);
+    for (int round = 0; round < 3; round++) {
+        check_range(f->s, "ev", 0, 31, 0, 20 * CHUNK, 20 * CHUNK);
+        check_range(f->s, "ev", 1, 32, CHUNK / 3, 15 * CHUNK, 15 * CHUNK);
+    }
+    ts_store_cache_stats(f->s, &cs);
+    if (f->o.cache_bytes) {
+        assert_true(cs.evictions > 0);
+        assert_true(cs.bytes <= cs.budget);
+    } else {
+        assert_true(cs.entries == 0 && cs.hits == 0);
+    }
+}
+
 static void test_sst_mode(void **state)
 {
     struct fx *f = *state;
@@ -556,6 +631,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_sst_mode, setup_sst, teardown),
+        cmocka_unit_test_setup_teardown(test_cache, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_cache_eviction, setup_small_cache, teardown),
+        cmocka_unit_test_setup_teardown(test_cache_eviction, setup_no_cache, teardown),
     };
     return cmocka_run_group_tests_name("storage", tests, NULL, NULL);
 }

@@ -1,0 +1,50 @@
+/*
+ * The store's cache of verified chunks and complete-shard records (storage-internal).
+ *
+ * One LRU over a byte budget, keyed by (dataset id, shard, chunk index); shard records use
+ * chunk index TS_CACHE_SHARD. Entries are reference-counted: a lookup returns a referenced
+ * entry, the cache holds one reference while the entry is in its table, and the last
+ * ts_cache_unref() frees it (through the entry's destructor). Thread-safe.
+ */
+#ifndef TS_CACHE_H
+#define TS_CACHE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TS_CACHE_SHARD UINT32_MAX
+
+struct ts_cache_entry {
+    uint64_t dsid;
+    uint32_t shard, idx;
+    size_t bytes; /* charged against the budget */
+    _Atomic int refs;
+    int in_table;
+    void (*destroy)(struct ts_cache_entry *e);
+    struct ts_cache_entry *hnext, *prev, *next;
+};
+
+typedef struct ts_cache ts_cache;
+
+/* budget 0: a cache that keeps nothing (inserts hand the entry straight back). */
+int ts_cache_create(ts_cache **out, uint64_t budget);
+void ts_cache_destroy(ts_cache *c);
+/* A referenced entry, or NULL. */
+struct ts_cache_entry *ts_cache_get(ts_cache *c, uint64_t dsid, uint32_t shard, uint32_t idx);
+/*
+ * Inserts e (refs must be 1: the caller's). If an entry with the same key is present, e is
+ * left out and the present one is returned referenced instead (the caller then unrefs e).
+ * Returns the entry the caller should use, referenced once for the caller.
+ */
+struct ts_cache_entry *ts_cache_insert(ts_cache *c, struct ts_cache_entry *e);
+void ts_cache_unref(struct ts_cache_entry *e);
+/* Drops every entry of a dataset (deleted). */
+void ts_cache_drop_dataset(ts_cache *c, uint64_t dsid);
+
+struct ts_cache_stats {
+    uint64_t hits, misses, inserts, evictions, bytes, entries, budget;
+};
+void ts_cache_stats(ts_cache *c, struct ts_cache_stats *out);
+
+#endif
