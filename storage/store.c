@@ -19,6 +19,7 @@
 #include "ts_store.h"
 
 #include "cache.h"
+#include "ts_proto.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -81,6 +82,7 @@ struct ts_store {
     struct ts_store_opts o;
     char *path;
     pthread_mutex_t lock;   /* serialises metadata read-modify-write and the writer table */
+    pthread_mutex_t loglock; /* PG log sequence assignment and order */
     ts_cache *ccache;       /* verified chunks and complete-shard records */
     struct arena arena;     /* where cached chunk bytes live (fd -1: in engine buffers) */
     pthread_mutex_t dslock; /* the dataset-record cache below */
@@ -406,6 +408,9 @@ static int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
     return 0;
 }
 
+static int log_write_locked_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b);
+static void log_write_end(ts_store *s, struct ts_log_rec *log, int rc);
+
 /* ---- cache arena ------------------------------------------------------------------------- */
 
 static int arena_class(size_t len)
@@ -540,6 +545,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     }
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->dslock, NULL);
+    pthread_mutex_init(&s->loglock, NULL);
     s->dstab = calloc(DS_BUCKETS, sizeof(*s->dstab));
     s->arena.fd = -1;
     if (!s->dstab || ts_cache_create(&s->ccache, o->cache_bytes) != 0) {
@@ -611,6 +617,7 @@ out_free:
     arena_fini(&s->arena);
     free(s->dstab);
     pthread_mutex_destroy(&s->dslock);
+    pthread_mutex_destroy(&s->loglock);
     pthread_mutex_destroy(&s->lock);
     free(s->path);
     free(s);
@@ -627,6 +634,7 @@ void ts_store_close(ts_store *s)
     ds_clear_locked(s);
     free(s->dstab);
     pthread_mutex_destroy(&s->dslock);
+    pthread_mutex_destroy(&s->loglock);
     for (int i = 0; i < CF_COUNT; i++)
         rocksdb_column_family_handle_destroy(s->cf[i]);
     rocksdb_close(s->db);
@@ -841,6 +849,11 @@ static int seal_check_cb(void *arg, const struct ts_shard_info *si)
 
 int ts_store_dataset_seal(ts_store *s, const char *name)
 {
+    return ts_store_dataset_seal_ex(s, name, 0);
+}
+
+int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only)
+{
     struct ts_dataset_info d;
     struct seal_check_arg a = {0, 0};
     uint8_t k[1 + TS_NAME_MAX], rec[DS_REC_LEN];
@@ -861,7 +874,7 @@ int ts_store_dataset_seal(ts_store *s, const char *name)
         rc = TS_EINCOMPLETE;
         goto out_unlock;
     }
-    rc = shard_scan(s, d.id, NULL, seal_check_cb, &a);
+    rc = local_only ? 0 : shard_scan(s, d.id, NULL, seal_check_cb, &a);
     if (rc) {
         TS_WARN(FAC, rc, "dataset %s cannot be sealed: shard %u is missing or incomplete", name,
                 a.expect);
@@ -1120,6 +1133,12 @@ uint32_t ts_shard_writer_next(const ts_shard_writer *w)
 int ts_shard_writer_seal(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
                          const uint64_t *records, uint32_t nrecords)
 {
+    return ts_shard_writer_seal_log(w, have_crc, expect_crc, records, nrecords, NULL);
+}
+
+int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                             const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log)
+{
     ts_store *s;
     struct ts_shard_info si;
     uint8_t ks[13], lo[17], hi[17];
@@ -1179,7 +1198,20 @@ int ts_shard_writer_seal(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
     key_chunkrec(hi, w->dsid, w->shard, UINT32_MAX);
     rocksdb_writebatch_delete_range_cf(b, s->cf[CF_META], (const char *)lo, 17, (const char *)hi,
                                        17);
+    if (log) {
+        log->type = TS_LOG_SEAL;
+        log->size = si.size;
+        log->crc = si.crc;
+        log->nchunks = si.nchunks;
+        rc = log_write_locked_begin(s, log, b);
+        if (rc) {
+            rocksdb_writebatch_destroy(b);
+            goto out_free;
+        }
+    }
     rc = batch_write(s, b, "shard seal");
+    if (log)
+        log_write_end(s, log, rc);
     rocksdb_writebatch_destroy(b);
     if (rc)
         goto out_free;
@@ -1199,6 +1231,239 @@ void ts_shard_writer_abort(ts_shard_writer *w)
     writer_unregister(w->s, w->dsid, w->shard);
     free(w->crcs);
     free(w);
+}
+
+/* ---- PG operation log ----------------------------------------------------------------------- */
+
+static size_t key_log(uint8_t *k, uint32_t pg, uint64_t seq)
+{
+    ts_put_be32(k, pg);
+    ts_put_be64(k + 4, seq);
+    return 12;
+}
+
+static size_t key_pg(uint8_t *k, uint32_t pg)
+{
+    k[0] = 'P';
+    ts_put_be32(k + 1, pg);
+    return 5;
+}
+
+static int pg_applied_get(ts_store *s, uint32_t pg, uint64_t *applied)
+{
+    uint8_t k[5];
+    char *v;
+    size_t vlen;
+    int rc = meta_get(s, k, key_pg(k, pg), &v, &vlen);
+
+    *applied = 0;
+    if (rc == TS_ENOENT)
+        return 0;
+    if (rc)
+        return rc;
+    if (vlen == 8)
+        *applied = ts_get_le64((const uint8_t *)v);
+    rocksdb_free(v);
+    return vlen == 8 ? 0 : TS_ECORRUPT;
+}
+
+static void log_encode(struct ts_wr *w, const struct ts_log_rec *l)
+{
+    ts_wr_u8(w, (uint8_t)l->type);
+    ts_wr_u64(w, l->time_ns);
+    ts_wr_str(w, l->dataset);
+    ts_wr_u8(w, l->policy.core);
+    ts_wr_u8(w, l->policy.fringe);
+    ts_wr_u8(w, l->policy.min_core);
+    ts_wr_u32(w, l->policy.chunk_size);
+    ts_wr_u32(w, l->shard);
+    ts_wr_u64(w, l->size);
+    ts_wr_u32(w, l->crc);
+    ts_wr_u32(w, l->nchunks);
+}
+
+static int log_decode(const char *v, size_t vlen, uint32_t pg, uint64_t seq, struct ts_log_rec *l)
+{
+    struct ts_rd r;
+
+    memset(l, 0, sizeof(*l));
+    ts_rd_init(&r, v, vlen);
+    l->pg = pg;
+    l->seq = seq;
+    l->type = ts_rd_u8(&r);
+    l->time_ns = ts_rd_u64(&r);
+    ts_rd_str(&r, l->dataset, sizeof(l->dataset));
+    l->policy.core = ts_rd_u8(&r);
+    l->policy.fringe = ts_rd_u8(&r);
+    l->policy.min_core = ts_rd_u8(&r);
+    l->policy.chunk_size = ts_rd_u32(&r);
+    l->shard = ts_rd_u32(&r);
+    l->size = ts_rd_u64(&r);
+    l->crc = ts_rd_u32(&r);
+    l->nchunks = ts_rd_u32(&r);
+    return ts_rd_done(&r) ? TS_ECORRUPT : 0;
+}
+
+/*
+ * Takes the log lock and adds the record and the PG's new applied sequence to batch b.
+ * log_write_end() releases the lock once the batch has been written. On failure the lock is
+ * not held.
+ */
+static int log_write_locked_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b)
+{
+    uint8_t k[12], kp[5], sq[8];
+    uint64_t applied;
+    struct ts_wr w;
+    int rc;
+
+    pthread_mutex_lock(&s->loglock);
+    rc = pg_applied_get(s, log->pg, &applied);
+    if (rc)
+        goto out_unlock;
+    if (log->seq == 0) {
+        log->seq = applied + 1;
+    } else if (log->seq <= applied) {
+        rc = TS_EEXIST;
+        goto out_unlock;
+    } else if (log->seq > applied + 1) {
+        rc = TS_ERANGE;
+        goto out_unlock;
+    }
+    if (!log->time_ns)
+        log->time_ns = ts_now_wall_ns();
+    ts_wr_init(&w);
+    log_encode(&w, log);
+    if (w.err) {
+        rc = w.err;
+        ts_wr_fini(&w);
+        goto out_unlock;
+    }
+    ts_put_le64(sq, log->seq);
+    rocksdb_writebatch_put_cf(b, s->cf[CF_OPLOG], (const char *)k, key_log(k, log->pg, log->seq),
+                              (const char *)w.buf, w.len);
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)kp, key_pg(kp, log->pg),
+                              (const char *)sq, 8);
+    ts_wr_fini(&w);
+    return 0;
+out_unlock:
+    pthread_mutex_unlock(&s->loglock);
+    return rc;
+}
+
+static void log_write_end(ts_store *s, struct ts_log_rec *log, int rc)
+{
+    pthread_mutex_unlock(&s->loglock);
+}
+
+int ts_store_log_append(ts_store *s, struct ts_log_rec *log)
+{
+    rocksdb_writebatch_t *b;
+    int rc;
+
+    if (!s || !log)
+        return TS_EINVAL;
+    b = rocksdb_writebatch_create();
+    rc = log_write_locked_begin(s, log, b);
+    if (rc == 0) {
+        rc = batch_write(s, b, "log append");
+        log_write_end(s, log, rc);
+    }
+    rocksdb_writebatch_destroy(b);
+    return rc;
+}
+
+int ts_store_pg_applied(ts_store *s, uint32_t pg, uint64_t *applied, uint64_t *oldest)
+{
+    uint8_t k[12];
+    rocksdb_iterator_t *it;
+    int rc;
+
+    rc = pg_applied_get(s, pg, applied);
+    if (rc || !oldest)
+        return rc;
+    *oldest = 0;
+    it = rocksdb_create_iterator_cf(s->db, s->ro_meta, s->cf[CF_OPLOG]);
+    rocksdb_iter_seek(it, (const char *)k, key_log(k, pg, 0));
+    if (rocksdb_iter_valid(it)) {
+        size_t klen;
+        const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &klen);
+        if (klen == 12 && ts_get_be32(key) == pg)
+            *oldest = ts_get_be64(key + 4);
+    }
+    rocksdb_iter_destroy(it);
+    return 0;
+}
+
+int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec *out)
+{
+    uint8_t k[12];
+    char *err = NULL, *v;
+    size_t vlen;
+    int rc;
+
+    v = rocksdb_get_cf(s->db, s->ro_meta, s->cf[CF_OPLOG], (const char *)k, key_log(k, pg, seq),
+                       &vlen, &err);
+    if (err)
+        return from_rocksdb(err, "log read");
+    if (!v)
+        return TS_ENOENT;
+    rc = log_decode(v, vlen, pg, seq, out);
+    rocksdb_free(v);
+    return rc;
+}
+
+int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep)
+{
+    uint64_t applied;
+    uint8_t lo[12], hi[12];
+    char *err = NULL;
+    int rc = pg_applied_get(s, pg, &applied);
+
+    if (rc || applied <= keep)
+        return rc;
+    rocksdb_delete_range_cf(s->db, s->wo, s->cf[CF_OPLOG], (const char *)lo, key_log(lo, pg, 0),
+                            (const char *)hi, key_log(hi, pg, applied - keep + 1), &err);
+    return from_rocksdb(err, "log trim");
+}
+
+/* ---- replication helpers ------------------------------------------------------------------ */
+
+int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p)
+{
+    struct ts_dataset_info d;
+    int rc = dataset_get(s, name, &d);
+
+    if (rc != TS_ENOENT)
+        return rc;
+    rc = ts_store_dataset_create(s, name, p);
+    return rc == TS_EEXIST ? 0 : rc;
+}
+
+int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint32_t idx,
+                          const void *data, size_t len)
+{
+    ts_read_ctx *r;
+    uint32_t crc, clen;
+    uint8_t k[16];
+    char *err = NULL;
+    int rc;
+
+    rc = ts_store_read_open(s, dataset, shard, 0, &r);
+    if (rc)
+        return rc;
+    rc = ts_read_ctx_chunk_crc(r, idx, &crc, &clen);
+    if (rc == 0 && (clen != len || ts_crc32c(0, data, len) != crc))
+        rc = TS_ECORRUPT;
+    if (rc == 0) {
+        rocksdb_put_cf(s->db, s->wo, s->cf[CF_CHUNKS], (const char *)k,
+                       key_chunk(k, r->dsid, shard, idx), data, len, &err);
+        rc = from_rocksdb(err, "chunk repair");
+    }
+    if (rc == 0)
+        TS_WARN(FAC, 0, "repaired chunk %u of %s/%u (%zu bytes) from a replica", idx, dataset,
+                shard, len);
+    ts_read_ctx_close(r);
+    return rc;
 }
 
 /* ---- shard metadata ---------------------------------------------------------------------- */

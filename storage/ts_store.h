@@ -131,6 +131,53 @@ int ts_store_scrub(ts_store *s, const char *dataset,
                    void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc),
                    void *arg, struct ts_scrub_report *report);
 
+/* ---- per-PG operation log (replication) --------------------------------------------------- */
+
+enum ts_log_type {
+    TS_LOG_SEAL = 1, /* a shard became complete */
+    TS_LOG_NOOP = 2, /* a sequence number with nothing to apply (keeps replica logs contiguous) */
+};
+
+struct ts_log_rec {
+    uint32_t pg;
+    uint64_t seq;     /* 0 on append: assign the next one */
+    int type;         /* enum ts_log_type */
+    uint64_t time_ns; /* wall clock when the primary appended it */
+    char dataset[TS_NAME_MAX + 1];
+    struct ts_dataset_policy policy;
+    uint32_t shard;
+    uint64_t size;
+    uint32_t crc;
+    uint32_t nchunks;
+};
+
+/*
+ * Seals like ts_shard_writer_seal and, in the same atomic write, appends log record *log to
+ * its PG's log and advances the PG's applied sequence. log->seq == 0 assigns the next
+ * sequence (primary) and stores it in log->seq; a given seq (replica) must be applied+1:
+ * TS_EEXIST if already applied, TS_ERANGE if it leaves a gap (*log->seq is then unchanged and
+ * ts_store_pg_applied tells where the PG is).
+ */
+int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                             const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log);
+/* Appends a record that carries no shard (same sequence rules). */
+int ts_store_log_append(ts_store *s, struct ts_log_rec *log);
+/* The PG's last applied sequence (0: none) and its oldest retained one (0: log empty). */
+int ts_store_pg_applied(ts_store *s, uint32_t pg, uint64_t *applied, uint64_t *oldest);
+/* Record seq of a PG's log: TS_ENOENT if trimmed or never written. */
+int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec *out);
+/* Keeps the newest keep records of a PG's log. */
+int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
+
+/* Creates the dataset if it does not exist (replicas learn datasets from their primaries). */
+int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p);
+/* Seal; local_only: this node holds only some shards, so skip the 0..N-1 check. */
+int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only);
+/* Replaces the bytes of chunk idx of a complete shard with data, which must match the stored
+ * CRC32C and length (TS_ECORRUPT otherwise): repair from a good replica. */
+int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint32_t idx,
+                          const void *data, size_t len);
+
 /* Placement group of a shard: stable across versions and machines. */
 uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count);
 
