@@ -28,6 +28,17 @@
 #define TS_F_REPLY 0x0001u
 #define TS_F_KNOWN (TS_F_REPLY)
 
+/* REPL_SEAL kinds. */
+enum ts_repl_kind {
+    TS_REPL_SEAL = 1,        /* seal the shard uploaded on this connection; log it as seq */
+    TS_REPL_NOOP = 2,        /* log seq with nothing to apply */
+    TS_REPL_BACKFILL = 3,    /* seal without a log record (backfill of a trimmed log) */
+    TS_REPL_SET_APPLIED = 4, /* backfill done: the PG is applied up to seq */
+};
+
+/* DATASET_SEAL flags (optional trailing u8). */
+#define TS_SEAL_LOCAL_ONLY 0x01
+
 /* Roles, ordered: a role may do everything the roles below it may. */
 enum ts_role {
     TS_ROLE_NONE = 0,
@@ -56,7 +67,12 @@ int ts_role_parse(const char *name); /* TS_EINVAL if unknown */
     X(SHARD_STAT, 10, "shard-stat", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
     X(SHARD_LIST, 11, "shard-list", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
     X(SCRUB, 12, "scrub", TS_ROLE_WRITER, TS_SMALL_PAYLOAD)                                        \
-    X(STATUS, 13, "status", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+    X(STATUS, 13, "status", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                      \
+    X(MAP_GET, 14, "map-get", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                    \
+    X(MAP_PUSH, 15, "map-push", TS_ROLE_ADMIN, 1u << 20)                                           \
+    X(REPL_WRITE, 16, "repl-write", TS_ROLE_ADMIN, TS_MAX_CHUNK + 4096)                            \
+    X(REPL_SEAL, 17, "repl-seal", TS_ROLE_ADMIN, 16u << 20)                                        \
+    X(PG_INFO, 18, "pg-info", TS_ROLE_READER, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

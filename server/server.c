@@ -262,6 +262,9 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
                 ERR_error_string_n(e, buf, sizeof(buf));
                 TS_WARN(FAC, TS_ETLS, "TLS connection from %s: %s", c->peer, buf);
             }
+            /* OpenSSL's error queue is per thread: leave nothing behind for the next
+             * connection this worker serves. */
+            ERR_clear_error();
         }
         if (what & BEV_EVENT_TIMEOUT)
             TS_INFO(FAC, "connection %s idle for %d s: closing", c->peer, s->cfg->idle_timeout_s);
@@ -291,7 +294,9 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
     c->last_active_ns = ts_now_mono_ns();
     snprintf(c->peer, sizeof(c->peer), "%s", p->peer);
     if (p->tls) {
-        SSL *ssl = SSL_new(s->ssl_ctx);
+        SSL *ssl;
+        ERR_clear_error();
+        ssl = SSL_new(s->ssl_ctx);
         c->bev = ssl ? bufferevent_openssl_socket_new(
                            w->base, p->fd, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE)
                      : NULL;

@@ -185,11 +185,18 @@ static void test_plain_client_to_tls_port(void **state)
     ts_wr_u16(&w, TS_PROTO_VERSION);
     ts_wr_str(&w, "plain");
     memcpy(body, w.buf, w.len);
-    assert_int_equal(raw_send_frame(fd, TS_OP_HELLO, 0, 1, body, w.len), 0);
+    /* The server may already have hung up on the header: a reset while sending is fine. */
+    rc = raw_send_frame(fd, TS_OP_HELLO, 0, 1, body, w.len);
+    assert_true(rc == 0 || rc == TS_ECONNRESET);
     ts_wr_fini(&w);
     assert_true(raw_wait_closed(fd, 5000));
     close(fd);
-    assert_int_equal(open_as(&M, "reader", NULL, &c), 0);
+    rc = open_as(&M, "reader", NULL, &c);
+    if (rc) {
+        fprintf(stderr, "reader open after a plain client: %s\n", ts_strerror(rc));
+        tsd_dump_log(&M);
+    }
+    assert_int_equal(rc, 0);
     tessera_client_close(c);
 }
 
