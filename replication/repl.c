@@ -1,0 +1,1425 @@
+/*
+ * The replication thread (see ts_repl.h).
+ *
+ * Everything here runs on the replication thread's event loop, except the ts_repl_* entry
+ * points, which only post messages to it (event_base_once is thread-safe once libevent's
+ * threading is on) and ts_repl_reachable/ts_repl_lag, which read state under r->lock.
+ *
+ * Ordering: one connection per peer, and a replica answers REPL_* frames in order, so the
+ * chunks of an upload reach a replica before its seal, and a PG's log records reach each
+ * replica in sequence order (one pusher per (PG, replica), one request at a time).
+ */
+#include "ts_repl.h"
+
+#include "ts_common.h"
+#include "ts_proto.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <netdb.h>
+#include <openssl/err.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define FAC "repl"
+#define TICK_MS 100
+#define RETRY_NS (500ull * 1000000)
+#define STREAM_WINDOW 4
+#define LAG_SCAN_MAX 10000
+
+struct peer;
+typedef void (*pend_cb)(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body);
+
+struct pend {
+    uint64_t id;
+    pend_cb cb;
+    void *ctx;
+    struct pend *next;
+};
+
+struct peer {
+    ts_repl *r;
+    char id[64], addr[128];
+    int use_tls;
+    struct bufferevent *bev;
+    int connected;
+    uint64_t next_id;
+    struct pend *pend;
+    unsigned npend;
+    uint64_t last_progress_ns;
+    uint64_t down_until_ns;
+    int down; /* under r->lock */
+    struct peer *next;
+};
+
+struct push {
+    uint32_t pg;
+    char node[64];
+    int known;
+    uint64_t applied;
+    int busy;
+    uint64_t retry_at;
+    /* streaming one shard's chunks before its seal */
+    ts_read_ctx *rctx;
+    uint32_t next_chunk, inflight;
+    int stream_failed;
+    struct ts_log_rec rec; /* what is being pushed */
+    int kind;              /* TS_REPL_SEAL or TS_REPL_BACKFILL */
+    /* backfill: the PG's shards, then SET_APPLIED */
+    int backfill;
+    struct ts_log_rec *items;
+    size_t nitems, at;
+    uint64_t bf_target;
+    struct push *next;
+};
+
+struct waiter {
+    uint32_t pg;
+    uint64_t seq;
+    struct ts_repl_targets to;
+    struct event_base *base;
+    ts_repl_done done;
+    void *arg;
+    uint64_t deadline;
+    struct waiter *next;
+};
+
+struct fwd {
+    struct ts_repl_chunk *c;
+    unsigned outstanding, acked;
+    int rc;
+    char msg[256];
+    int refs; /* this struct + data references queued in evbuffers */
+    struct event_base *base;
+    ts_repl_done done;
+    void *arg;
+};
+
+struct repair {
+    char dataset[TS_NAME_MAX + 1];
+    uint32_t shard, idx, pg;
+    int next_rank; /* which replica to ask next */
+};
+
+struct ts_repl {
+    struct ts_repl_opts o;
+    char node_id[64];
+    pthread_t thread;
+    struct event_base *base;
+    struct event *tick;
+    struct ts_map *map;
+    int self;
+    struct peer *peers;
+    struct push *pushes;
+    struct waiter *waiters;
+    pthread_mutex_t lock; /* peers' down flags and the lag snapshot */
+    struct ts_repl_lag *lag;
+    size_t nlag;
+    unsigned primary_pgs;
+    uint64_t repairs;
+    uint64_t last_lag_ns, last_trim_ns;
+};
+
+/* ---- completions on the caller's loop -------------------------------------------------- */
+
+struct done_msg {
+    ts_repl_done done;
+    void *arg;
+    int rc;
+    unsigned acked;
+    char msg[256];
+};
+
+static void done_tramp(evutil_socket_t fd, short what, void *arg)
+{
+    struct done_msg *m = arg;
+    m->done(m->arg, m->rc, m->acked, m->msg);
+    free(m);
+}
+
+static void complete(struct event_base *base, ts_repl_done done, void *arg, int rc, unsigned acked,
+                     const char *msg)
+{
+    struct done_msg *m = calloc(1, sizeof(*m));
+
+    if (!m) {
+        done(arg, TS_ENOMEM, acked, "out of memory");
+        return;
+    }
+    m->done = done;
+    m->arg = arg;
+    m->rc = rc;
+    m->acked = acked;
+    snprintf(m->msg, sizeof(m->msg), "%s", msg ? msg : "");
+    event_base_once(base, -1, EV_TIMEOUT, done_tramp, m, NULL);
+}
+
+/* ---- map helpers ------------------------------------------------------------------------ */
+
+static int node_rank(ts_repl *r, uint32_t pg, const char *id)
+{
+    int order[TS_REPL_MAX_REPLICAS];
+    size_t n;
+
+    if (!r->map)
+        return -1;
+    n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(r->map->nodes[order[i]].id, id))
+            return (int)i;
+    return -1;
+}
+
+/* ---- peers ------------------------------------------------------------------------------ */
+
+static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why);
+static void push_step(ts_repl *r, struct push *ps);
+static void waiters_check(ts_repl *r);
+
+static struct peer *peer_get(ts_repl *r, const char *id)
+{
+    struct peer *p;
+    int i;
+
+    for (p = r->peers; p; p = p->next)
+        if (!strcmp(p->id, id))
+            return p;
+    if (!r->map || (i = ts_map_find(r->map, id)) < 0)
+        return NULL;
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return NULL;
+    snprintf(p->id, sizeof(p->id), "%s", id);
+    if (r->o.ssl && r->map->nodes[i].tls_addr[0]) {
+        snprintf(p->addr, sizeof(p->addr), "%s", r->map->nodes[i].tls_addr);
+        p->use_tls = 1;
+    } else {
+        snprintf(p->addr, sizeof(p->addr), "%s", r->map->nodes[i].addr);
+    }
+    p->next_id = 1;
+    p->r = r;
+    p->next = r->peers;
+    r->peers = p;
+    return p;
+}
+
+static void peer_dispatch(ts_repl *r, struct peer *p, const struct ts_frame_hdr *h,
+                          const uint8_t *payload)
+{
+    struct pend **pp = &p->pend, *pe;
+    struct ts_rd body;
+    int status;
+
+    while (*pp && (*pp)->id != h->req_id)
+        pp = &(*pp)->next;
+    pe = *pp;
+    if (!pe) {
+        TS_WARN(FAC, TS_EPROTO, "peer %s: reply to unknown request %llu", p->id,
+                (unsigned long long)h->req_id);
+        return;
+    }
+    *pp = pe->next;
+    p->npend--;
+    ts_rd_init(&body, payload, h->length);
+    status = (int)ts_rd_u32(&body);
+    if (body.err)
+        status = TS_EPROTO;
+    pe->cb(r, p, pe->ctx, status, &body);
+    free(pe);
+}
+
+static void peer_readcb(struct bufferevent *bev, void *arg)
+{
+    struct peer *p = arg;
+    ts_repl *r = p->r;
+    struct evbuffer *in = bufferevent_get_input(bev);
+
+    for (;;) {
+        uint8_t hb[TS_HDR_LEN];
+        struct ts_frame_hdr h;
+        size_t avail = evbuffer_get_length(in);
+        int rc;
+
+        if (avail < TS_HDR_LEN)
+            return;
+        evbuffer_copyout(in, hb, TS_HDR_LEN);
+        rc = ts_frame_parse(hb, TS_HDR_LEN, TS_MAX_READ + (1u << 20), &h);
+        if (rc < 0 || !(h.flags & TS_F_REPLY)) {
+            peer_fail(r, p, TS_EPROTO, "malformed reply");
+            return;
+        }
+        if (avail < TS_HDR_LEN + (size_t)h.length)
+            return;
+        evbuffer_drain(in, TS_HDR_LEN);
+        p->last_progress_ns = ts_now_mono_ns();
+        peer_dispatch(r, p, &h, h.length ? evbuffer_pullup(in, h.length) : NULL);
+        if (!p->bev)
+            return; /* a callback failed the peer; the input went with it */
+        evbuffer_drain(in, h.length);
+    }
+}
+
+static void peer_set_down(ts_repl *r, struct peer *p, int down)
+{
+    pthread_mutex_lock(&r->lock);
+    p->down = down;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void peer_eventcb(struct bufferevent *bev, short what, void *arg)
+{
+    struct peer *p = arg;
+
+    if (what & BEV_EVENT_CONNECTED) {
+        p->connected = 1;
+        p->last_progress_ns = ts_now_mono_ns();
+        peer_set_down(p->r, p, 0);
+        TS_INFO(FAC, "connected to %s (%s%s)", p->id, p->addr, p->use_tls ? ", TLS" : "");
+        return;
+    }
+    if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) {
+        int err = EVUTIL_SOCKET_ERROR();
+        peer_fail(p->r, p, p->connected ? TS_ECONNRESET : TS_ECONNREFUSED,
+                  (what & BEV_EVENT_EOF) ? "connection closed" : evutil_socket_error_to_string(err));
+    }
+}
+
+/* Fails every request owed by p and drops its connection; reconnects after a pause. */
+static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why)
+{
+    struct pend *pe = p->pend;
+
+    if (p->bev) {
+        TS_WARN(FAC, rc, "peer %s (%s): %s", p->id, p->addr, why);
+        bufferevent_free(p->bev);
+        p->bev = NULL;
+    }
+    ERR_clear_error();
+    p->connected = 0;
+    p->pend = NULL;
+    p->npend = 0;
+    p->down_until_ns = ts_now_mono_ns() + RETRY_NS;
+    peer_set_down(r, p, 1);
+    while (pe) {
+        struct pend *next = pe->next;
+        struct ts_rd none;
+        ts_rd_init(&none, NULL, 0);
+        pe->cb(r, p, pe->ctx, rc, &none);
+        free(pe);
+        pe = next;
+    }
+    waiters_check(r);
+}
+
+static int peer_connect(ts_repl *r, struct peer *p)
+{
+    struct addrinfo hints, *res = NULL;
+    char host[128];
+    const char *colon = strrchr(p->addr, ':');
+
+    if (!colon || (size_t)(colon - p->addr) >= sizeof(host))
+        return TS_EINVAL;
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - p->addr), p->addr);
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICSERV;
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return TS_ECONNREFUSED;
+    if (p->use_tls) {
+        SSL *ssl = SSL_new(r->o.ssl);
+        if (!ssl) {
+            freeaddrinfo(res);
+            return TS_ETLS;
+        }
+        SSL_set_tlsext_host_name(ssl, host);
+        p->bev = bufferevent_openssl_socket_new(r->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                BEV_OPT_CLOSE_ON_FREE);
+    } else {
+        p->bev = bufferevent_socket_new(r->base, -1, BEV_OPT_CLOSE_ON_FREE);
+    }
+    if (!p->bev) {
+        freeaddrinfo(res);
+        return TS_ENOMEM;
+    }
+    bufferevent_setcb(p->bev, peer_readcb, NULL, peer_eventcb, p);
+    bufferevent_set_max_single_write(p->bev, 4u << 20);
+    bufferevent_set_max_single_read(p->bev, 1u << 20);
+    bufferevent_enable(p->bev, EV_READ | EV_WRITE);
+    p->connected = 0;
+    p->last_progress_ns = ts_now_mono_ns();
+    if (bufferevent_socket_connect(p->bev, res->ai_addr, (int)res->ai_addrlen) != 0) {
+        freeaddrinfo(res);
+        bufferevent_free(p->bev);
+        p->bev = NULL;
+        return TS_ECONNREFUSED;
+    }
+    freeaddrinfo(res);
+    return 0;
+}
+
+static void wr_free_cb(const void *data, size_t len, void *extra)
+{
+    free(extra);
+}
+
+/*
+ * Sends the frame in w (header room reserved by ts_wr_begin_frame; taken over) to peer id,
+ * plus an optional data tail by reference (released through tail_cleanup). cb runs with the
+ * reply, or with an error status if the peer cannot be reached or fails.
+ */
+static void peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, const void *tail,
+                      size_t tail_len, evbuffer_ref_cleanup_cb tail_cleanup, void *tail_arg,
+                      pend_cb cb, void *ctx)
+{
+    struct peer *p = peer_get(r, id);
+    struct pend *pe;
+    struct ts_frame_hdr h = {TS_PROTO_VERSION, op, 0, 0, 0, 0};
+    struct evbuffer *out;
+    struct ts_rd none;
+    int rc = 0;
+
+    ts_rd_init(&none, NULL, 0);
+    if (!p || w->err) {
+        rc = p ? w->err : TS_ENOENT;
+        goto out_fail;
+    }
+    if (!p->bev) {
+        if (ts_now_mono_ns() < p->down_until_ns) {
+            rc = TS_ECONNREFUSED;
+            goto out_fail;
+        }
+        rc = peer_connect(r, p);
+        if (rc) {
+            p->down_until_ns = ts_now_mono_ns() + RETRY_NS;
+            peer_set_down(r, p, 1);
+            goto out_fail;
+        }
+    }
+    pe = calloc(1, sizeof(*pe));
+    if (!pe) {
+        rc = TS_ENOMEM;
+        goto out_fail;
+    }
+    h.req_id = pe->id = p->next_id++;
+    h.epoch = r->map ? r->map->epoch : 0;
+    h.length = (uint32_t)(w->len - TS_HDR_LEN + tail_len);
+    ts_frame_encode(w->buf, &h);
+    pe->cb = cb;
+    pe->ctx = ctx;
+    pe->next = p->pend;
+    p->pend = pe;
+    if (p->npend++ == 0)
+        p->last_progress_ns = ts_now_mono_ns();
+    out = bufferevent_get_output(p->bev);
+    if (evbuffer_add_reference(out, w->buf, w->len, wr_free_cb, w->buf) != 0)
+        free(w->buf);
+    w->buf = NULL;
+    ts_wr_fini(w);
+    if (tail_len && evbuffer_add_reference(out, tail, tail_len, tail_cleanup, tail_arg) != 0)
+        tail_cleanup(tail, tail_len, tail_arg);
+    else if (!tail_len && tail_cleanup)
+        tail_cleanup(tail, 0, tail_arg);
+    return;
+
+out_fail:
+    ts_wr_fini(w);
+    if (tail_cleanup)
+        tail_cleanup(tail, tail_len, tail_arg);
+    cb(r, p, ctx, rc, &none);
+}
+
+/* A TS_ESTALE reply: adopt the peer's map if newer, or push ours if the peer's is older. */
+static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body);
+
+/* ---- chunk forwarding ------------------------------------------------------------------- */
+
+static void fwd_unref(struct fwd *f)
+{
+    if (--f->refs == 0) {
+        free(f->c->data);
+        free(f->c);
+        free(f);
+    }
+}
+
+static void fwd_data_cleanup(const void *data, size_t len, void *arg)
+{
+    /* Runs on the replication thread (the peer's evbuffer belongs to it). */
+    fwd_unref(arg);
+}
+
+static void fwd_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct fwd *f = ctx;
+    char msg[200] = "";
+
+    if (status == 0) {
+        f->acked++;
+    } else {
+        if (status == TS_ESTALE)
+            on_stale(r, p, body);
+        else if (body->len >= 6)
+            ts_rd_str(body, msg, sizeof(msg));
+        if (!f->rc) {
+            f->rc = status;
+            snprintf(f->msg, sizeof(f->msg), "replica %s: %s%s%s", p ? p->id : "?",
+                     ts_strerror(status), msg[0] ? ": " : "", msg);
+        }
+    }
+    if (--f->outstanding == 0) {
+        complete(f->base, f->done, f->arg, f->acked == f->c->to.n ? 0 : f->rc, f->acked, f->msg);
+        fwd_unref(f);
+    }
+}
+
+struct fwd_msg {
+    ts_repl *r;
+    struct fwd *f;
+};
+
+static void fwd_start(evutil_socket_t fd, short what, void *arg)
+{
+    struct fwd_msg *m = arg;
+    ts_repl *r = m->r;
+    struct fwd *f = m->f;
+    struct ts_repl_chunk *c = f->c;
+
+    free(m);
+    f->outstanding = c->to.n;
+    f->refs = 1 + c->to.n;
+    if (c->to.n == 0) {
+        complete(f->base, f->done, f->arg, 0, 0, "");
+        f->refs = 1;
+        fwd_unref(f);
+        return;
+    }
+    for (unsigned i = 0; i < c->to.n; i++) {
+        struct ts_wr w;
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_str(&w, c->dataset);
+        ts_wr_u8(&w, c->policy.core);
+        ts_wr_u8(&w, c->policy.fringe);
+        ts_wr_u8(&w, c->policy.min_core);
+        ts_wr_u32(&w, c->policy.chunk_size);
+        ts_wr_u32(&w, c->shard);
+        ts_wr_u32(&w, c->idx);
+        ts_wr_u64(&w, c->size);
+        ts_wr_u32(&w, c->crc);
+        ts_wr_u32(&w, (uint32_t)c->len);
+        peer_send(r, c->to.id[i], TS_OP_REPL_WRITE, &w, c->data, c->len, fwd_data_cleanup, f,
+                  fwd_reply, f);
+    }
+}
+
+void ts_repl_forward_chunk(ts_repl *r, struct ts_repl_chunk *c, struct event_base *base,
+                           ts_repl_done done, void *arg)
+{
+    struct fwd *f = calloc(1, sizeof(*f));
+    struct fwd_msg *m = calloc(1, sizeof(*m));
+
+    if (!f || !m) {
+        free(f);
+        free(m);
+        free(c->data);
+        free(c);
+        done(arg, TS_ENOMEM, 0, "out of memory");
+        return;
+    }
+    f->c = c;
+    f->base = base;
+    f->done = done;
+    f->arg = arg;
+    m->r = r;
+    m->f = f;
+    event_base_once(r->base, -1, EV_TIMEOUT, fwd_start, m, NULL);
+}
+
+/* ---- log pushing ------------------------------------------------------------------------ */
+
+static struct push *push_find(ts_repl *r, uint32_t pg, const char *node)
+{
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (ps->pg == pg && !strcmp(ps->node, node))
+            return ps;
+    return NULL;
+}
+
+static void push_free(struct push *ps)
+{
+    ts_read_ctx_close(ps->rctx);
+    free(ps->items);
+    free(ps);
+}
+
+static void push_retry_later(struct push *ps)
+{
+    ps->busy = 0;
+    ps->retry_at = ts_now_mono_ns() + RETRY_NS;
+}
+
+static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq,
+                         const struct ts_log_rec *rec, const uint64_t *recs, uint32_t nrec)
+{
+    ts_wr_init(w);
+    ts_wr_begin_frame(w);
+    ts_wr_u8(w, (uint8_t)kind);
+    ts_wr_u32(w, pg);
+    ts_wr_u64(w, seq);
+    ts_wr_str(w, rec ? rec->dataset : "");
+    ts_wr_u8(w, rec ? rec->policy.core : 0);
+    ts_wr_u8(w, rec ? rec->policy.fringe : 0);
+    ts_wr_u8(w, rec ? rec->policy.min_core : 0);
+    ts_wr_u32(w, rec ? rec->policy.chunk_size : 0);
+    ts_wr_u32(w, rec ? rec->shard : 0);
+    ts_wr_u8(w, rec ? 1 : 0);
+    ts_wr_u32(w, rec ? rec->crc : 0);
+    ts_wr_u32(w, nrec);
+    for (uint32_t i = 0; i < nrec; i++)
+        ts_wr_u64(w, recs[i]);
+}
+
+static void push_send_seal(ts_repl *r, struct push *ps);
+static void push_stream(ts_repl *r, struct push *ps);
+
+/* The replica holds log position `seq` now (or more). */
+static void push_advanced(ts_repl *r, struct push *ps, uint64_t applied)
+{
+    if (applied > ps->applied)
+        ps->applied = applied;
+    ps->busy = 0;
+    ps->retry_at = 0;
+    waiters_check(r);
+    push_step(r, ps);
+}
+
+static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    if (status == 0) {
+        uint64_t applied = ts_rd_u64(body);
+        if (!body->err) {
+            ps->known = 1;
+            ps->applied = applied;
+            ps->busy = 0;
+            waiters_check(r);
+            push_step(r, ps);
+            return;
+        }
+    }
+    push_retry_later(ps);
+}
+
+static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+    uint64_t seq = ps->backfill ? 0 : ps->rec.seq;
+
+    if (status == 0 || status == TS_EEXIST) {
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        if (ps->backfill) {
+            ps->at++;
+            ps->busy = 0;
+            push_step(r, ps);
+        } else {
+            push_advanced(r, ps, seq);
+        }
+        return;
+    }
+    if ((status == TS_EINCOMPLETE || status == TS_EINVAL) && !ps->rctx && !ps->stream_failed) {
+        /* The replica lacks the chunks: stream the shard, then seal again. */
+        push_stream(r, ps);
+        return;
+    }
+    if (status == TS_ERANGE) {
+        ps->known = 0; /* the replica is elsewhere in the log: ask it */
+        ps->busy = 0;
+        push_step(r, ps);
+        return;
+    }
+    if (status == TS_ESTALE)
+        on_stale(r, p, body);
+    if (status != TS_ECONNREFUSED && status != TS_ECONNRESET)
+        TS_WARN(FAC, status, "push of PG %u seq %llu (%s/%u) to %s failed", ps->pg,
+                (unsigned long long)seq, ps->rec.dataset, ps->rec.shard, ps->node);
+    ts_read_ctx_close(ps->rctx);
+    ps->rctx = NULL;
+    ps->stream_failed = 0;
+    push_retry_later(ps);
+}
+
+static void push_send_seal(ts_repl *r, struct push *ps)
+{
+    struct ts_wr w;
+    uint64_t *recs = NULL;
+    uint32_t nrec = 0;
+
+    ts_store_shard_records(r->o.store, ps->rec.dataset, ps->rec.shard, &recs, &nrec);
+    wr_repl_seal(&w, ps->backfill ? TS_REPL_BACKFILL : TS_REPL_SEAL, ps->pg,
+                 ps->backfill ? 0 : ps->rec.seq, &ps->rec, recs, nrec);
+    free(recs);
+    ps->busy = 1;
+    peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
+}
+
+static void chunk_pin_cleanup(const void *data, size_t len, void *pin)
+{
+    ts_chunk_pin_release(pin);
+}
+
+static void stream_more(ts_repl *r, struct push *ps);
+
+static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    ps->inflight--;
+    if (status)
+        ps->stream_failed = status;
+    if (ps->inflight == 0 && ps->stream_failed) {
+        TS_WARN(FAC, ps->stream_failed, "streaming %s/%u to %s failed", ps->rec.dataset,
+                ps->rec.shard, ps->node);
+        if (ps->stream_failed == TS_ESTALE)
+            on_stale(r, p, body);
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        ps->stream_failed = 0;
+        push_retry_later(ps);
+        return;
+    }
+    stream_more(r, ps);
+}
+
+static void stream_more(ts_repl *r, struct push *ps)
+{
+    const struct ts_shard_info *si = ts_read_ctx_info(ps->rctx);
+    uint32_t total = si->nchunks ? si->nchunks : 1; /* an empty shard: one empty chunk 0 */
+
+    while (!ps->stream_failed && ps->next_chunk < total && ps->inflight < STREAM_WINDOW) {
+        struct ts_chunk_ref ref = {0};
+        struct ts_wr w;
+        uint32_t idx = ps->next_chunk;
+        int rc = si->nchunks ? ts_read_ctx_chunk(ps->rctx, idx, &ref) : 0;
+
+        if (rc) {
+            /* Our own copy is bad: repair it first (from another replica), retry later. */
+            ts_repl_repair(r, ps->rec.dataset, ps->rec.shard, idx, ps->pg);
+            ps->stream_failed = rc;
+            break;
+        }
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_str(&w, ps->rec.dataset);
+        ts_wr_u8(&w, ps->rec.policy.core);
+        ts_wr_u8(&w, ps->rec.policy.fringe);
+        ts_wr_u8(&w, ps->rec.policy.min_core);
+        ts_wr_u32(&w, ps->rec.policy.chunk_size);
+        ts_wr_u32(&w, ps->rec.shard);
+        ts_wr_u32(&w, idx);
+        ts_wr_u64(&w, si->size);
+        ts_wr_u32(&w, ref.crc);
+        ts_wr_u32(&w, (uint32_t)ref.len);
+        ps->next_chunk++;
+        ps->inflight++;
+        peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
+                  ref.pin ? chunk_pin_cleanup : NULL, ref.pin, stream_reply, ps);
+    }
+    if (ps->inflight == 0 && ps->stream_failed) {
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        ps->stream_failed = 0;
+        push_retry_later(ps);
+        return;
+    }
+    if (ps->inflight == 0 && ps->next_chunk >= total)
+        push_send_seal(r, ps); /* all chunks acknowledged: seal (rctx marks "streamed") */
+}
+
+static void push_stream(ts_repl *r, struct push *ps)
+{
+    int rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
+
+    if (rc) {
+        /* The shard is gone here (dataset deleted): the position carries nothing. */
+        struct ts_wr w;
+        if (ps->backfill) {
+            ps->at++;
+            ps->busy = 0;
+            push_step(r, ps);
+            return;
+        }
+        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, NULL, NULL, 0);
+        ps->busy = 1;
+        peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
+        return;
+    }
+    ps->busy = 1;
+    ps->next_chunk = 0;
+    ps->inflight = 0;
+    ps->stream_failed = 0;
+    stream_more(r, ps);
+}
+
+struct bf_collect {
+    ts_repl *r;
+    struct push *ps;
+    int rank;
+};
+
+static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_info *si)
+{
+    struct bf_collect *b = arg;
+    struct push *ps = b->ps;
+    struct ts_dataset_info d;
+    struct ts_log_rec *it;
+
+    if (ts_store_dataset_stat(b->r->o.store, dataset, &d) != 0)
+        return 0;
+    if (b->rank >= d.policy.core + d.policy.fringe)
+        return 0; /* not a replica of this dataset */
+    if (ps->nitems % 64 == 0) {
+        struct ts_log_rec *n = realloc(ps->items, (ps->nitems + 64) * sizeof(*n));
+        if (!n)
+            return TS_ENOMEM;
+        ps->items = n;
+    }
+    it = &ps->items[ps->nitems++];
+    memset(it, 0, sizeof(*it));
+    it->pg = ps->pg;
+    it->type = TS_LOG_SEAL;
+    snprintf(it->dataset, sizeof(it->dataset), "%s", dataset);
+    it->policy = d.policy;
+    it->shard = si->shard;
+    it->size = si->size;
+    it->crc = si->crc;
+    it->nchunks = si->nchunks;
+    return 0;
+}
+
+static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied)
+{
+    struct bf_collect b = {r, ps, node_rank(r, ps->pg, ps->node)};
+
+    TS_INFO(FAC, "PG %u: %s is at %llu, before the oldest log record: backfilling", ps->pg,
+            ps->node, (unsigned long long)ps->applied);
+    free(ps->items);
+    ps->items = NULL;
+    ps->nitems = ps->at = 0;
+    ps->backfill = 1;
+    ps->bf_target = my_applied;
+    if (ts_store_pg_iter(r->o.store, ps->pg, r->map->pg_count, bf_collect_cb, &b) != 0) {
+        ps->backfill = 0;
+        push_retry_later(ps);
+    }
+}
+
+static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status,
+                             struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    if (status == 0) {
+        TS_INFO(FAC, "PG %u: backfill of %s done (%zu shards)", ps->pg, ps->node, ps->nitems);
+        ps->backfill = 0;
+        push_advanced(r, ps, ps->bf_target);
+        return;
+    }
+    push_retry_later(ps);
+}
+
+static void push_step(ts_repl *r, struct push *ps)
+{
+    uint64_t my_applied = 0, oldest = 0;
+    struct ts_wr w;
+    int rank, rc;
+
+    if (ps->busy || (ps->retry_at && ts_now_mono_ns() < ps->retry_at))
+        return;
+    ps->retry_at = 0;
+    if (!ps->known) {
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u32(&w, ps->pg);
+        ps->busy = 1;
+        peer_send(r, ps->node, TS_OP_PG_INFO, &w, NULL, 0, NULL, NULL, pginfo_reply, ps);
+        return;
+    }
+    if (ps->backfill) {
+        if (ps->at < ps->nitems) {
+            ps->rec = ps->items[ps->at];
+            push_send_seal(r, ps);
+        } else {
+            wr_repl_seal(&w, TS_REPL_SET_APPLIED, ps->pg, ps->bf_target, NULL, NULL, 0);
+            ps->busy = 1;
+            peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, setapplied_reply,
+                      ps);
+        }
+        return;
+    }
+    if (ts_store_pg_applied(r->o.store, ps->pg, &my_applied, &oldest) != 0)
+        return;
+    if (ps->applied >= my_applied)
+        return; /* caught up */
+    memset(&ps->rec, 0, sizeof(ps->rec));
+    rc = ts_store_log_read(r->o.store, ps->pg, ps->applied + 1, &ps->rec);
+    if (rc == TS_ENOENT) {
+        backfill_start(r, ps, my_applied);
+        push_step(r, ps);
+        return;
+    }
+    if (rc) {
+        push_retry_later(ps);
+        return;
+    }
+    rank = node_rank(r, ps->pg, ps->node);
+    if (ps->rec.type != TS_LOG_SEAL || rank < 0 ||
+        rank >= ps->rec.policy.core + ps->rec.policy.fringe) {
+        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, NULL, NULL, 0);
+        ps->busy = 1;
+        peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
+        return;
+    }
+    ps->stream_failed = 0;
+    push_send_seal(r, ps);
+}
+
+/* Rebuilds the set of pushes: one per (PG this node is primary of, other replica). */
+static void pushes_rebuild(ts_repl *r)
+{
+    struct push **pp = &r->pushes, *ps;
+    unsigned primary_pgs = 0;
+
+    /* Drop pushes of PGs we no longer lead, unless a request is outstanding (then later). */
+    while ((ps = *pp)) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = r->map ? ts_map_pg_order(r->map, ps->pg, order, TS_REPL_MAX_REPLICAS) : 0;
+        int keep = n > 0 && order[0] == r->self && node_rank(r, ps->pg, ps->node) > 0;
+        if (!keep && !ps->busy) {
+            *pp = ps->next;
+            push_free(ps);
+            continue;
+        }
+        pp = &ps->next;
+    }
+    if (!r->map || r->self < 0)
+        return;
+    for (uint32_t pg = 0; pg < r->map->pg_count; pg++) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
+        if (n == 0 || order[0] != r->self)
+            continue;
+        primary_pgs++;
+        for (size_t i = 1; i < n; i++) {
+            const char *id = r->map->nodes[order[i]].id;
+            if (push_find(r, pg, id))
+                continue;
+            ps = calloc(1, sizeof(*ps));
+            if (!ps)
+                return;
+            ps->pg = pg;
+            snprintf(ps->node, sizeof(ps->node), "%s", id);
+            ps->next = r->pushes;
+            r->pushes = ps;
+        }
+    }
+    pthread_mutex_lock(&r->lock);
+    r->primary_pgs = primary_pgs;
+    pthread_mutex_unlock(&r->lock);
+}
+
+/* ---- waiting for core replicas ------------------------------------------------------- */
+
+static int target_unreachable(ts_repl *r, const char *id)
+{
+    struct peer *p;
+    for (p = r->peers; p; p = p->next)
+        if (!strcmp(p->id, id))
+            return !p->bev && ts_now_mono_ns() < p->down_until_ns;
+    return 0;
+}
+
+static void waiters_check(ts_repl *r)
+{
+    struct waiter **wp = &r->waiters, *w;
+    uint64_t now = ts_now_mono_ns();
+
+    while ((w = *wp)) {
+        unsigned acked = 0, open = 0;
+        char msg[256] = "";
+
+        for (unsigned i = 0; i < w->to.n; i++) {
+            struct push *ps = push_find(r, w->pg, w->to.id[i]);
+            if (ps && ps->known && ps->applied >= w->seq)
+                acked++;
+            else if (!target_unreachable(r, w->to.id[i]) && now < w->deadline && ps)
+                open++;
+            else if (!msg[0])
+                snprintf(msg, sizeof(msg), "core replica %s did not acknowledge", w->to.id[i]);
+        }
+        if (open) {
+            wp = &w->next;
+            continue;
+        }
+        *wp = w->next;
+        complete(w->base, w->done, w->arg, acked == w->to.n ? 0 : TS_EUNAVAIL, acked, msg);
+        free(w);
+    }
+}
+
+struct wait_msg {
+    ts_repl *r;
+    struct waiter *w;
+};
+
+static void wait_start(evutil_socket_t fd, short what, void *arg)
+{
+    struct wait_msg *m = arg;
+    ts_repl *r = m->r;
+    struct waiter *w = m->w;
+
+    free(m);
+    w->deadline = ts_now_mono_ns() + (uint64_t)r->o.peer_timeout_ms * 1000000u * 2;
+    w->next = r->waiters;
+    r->waiters = w;
+    for (unsigned i = 0; i < w->to.n; i++) {
+        struct push *ps = push_find(r, w->pg, w->to.id[i]);
+        if (ps)
+            push_step(r, ps);
+    }
+    /* Fringe replicas of this PG get the new record too. */
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (ps->pg == w->pg)
+            push_step(r, ps);
+    waiters_check(r);
+}
+
+void ts_repl_wait_applied(ts_repl *r, uint32_t pg, uint64_t seq, const struct ts_repl_targets *to,
+                          struct event_base *base, ts_repl_done done, void *arg)
+{
+    struct waiter *w = calloc(1, sizeof(*w));
+    struct wait_msg *m = calloc(1, sizeof(*m));
+
+    if (!w || !m) {
+        free(w);
+        free(m);
+        done(arg, TS_ENOMEM, 0, "out of memory");
+        return;
+    }
+    w->pg = pg;
+    w->seq = seq;
+    w->to = *to;
+    w->base = base;
+    w->done = done;
+    w->arg = arg;
+    m->r = r;
+    m->w = w;
+    event_base_once(r->base, -1, EV_TIMEOUT, wait_start, m, NULL);
+}
+
+struct kick_msg {
+    ts_repl *r;
+    uint32_t pg;
+};
+
+static void kick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct kick_msg *m = arg;
+    for (struct push *ps = m->r->pushes; ps; ps = ps->next)
+        if (ps->pg == m->pg)
+            push_step(m->r, ps);
+    free(m);
+}
+
+void ts_repl_kick(ts_repl *r, uint32_t pg)
+{
+    struct kick_msg *m = calloc(1, sizeof(*m));
+    if (!m)
+        return;
+    m->r = r;
+    m->pg = pg;
+    event_base_once(r->base, -1, EV_TIMEOUT, kick_cb, m, NULL);
+}
+
+unsigned ts_repl_reachable(ts_repl *r, const struct ts_repl_targets *to)
+{
+    unsigned n = 0;
+
+    pthread_mutex_lock(&r->lock);
+    for (unsigned i = 0; i < to->n; i++) {
+        struct peer *p;
+        int down = 0;
+        for (p = r->peers; p; p = p->next)
+            if (!strcmp(p->id, to->id[i]))
+                down = p->down && ts_now_mono_ns() < p->down_until_ns;
+        n += !down;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+/* ---- maps ------------------------------------------------------------------------------- */
+
+static void map_push_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    if (status && status != TS_ECONNREFUSED)
+        TS_WARN(FAC, status, "pushing map epoch %llu to %s failed",
+                (unsigned long long)(r->map ? r->map->epoch : 0), p ? p->id : "?");
+}
+
+static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body)
+{
+    char msg[256];
+    struct ts_map *m = NULL;
+    struct ts_wr w;
+
+    if (!p)
+        return;
+    ts_rd_str(body, msg, sizeof(msg));
+    if (!body->err && body->off < body->len && ts_map_decode(body, &m) == 0 && m) {
+        if (!r->map || m->epoch > r->map->epoch) {
+            TS_INFO(FAC, "peer %s has map epoch %llu (ours %llu): adopting it", p->id,
+                    (unsigned long long)m->epoch,
+                    (unsigned long long)(r->map ? r->map->epoch : 0));
+            if (r->o.adopt_map)
+                r->o.adopt_map(r->o.arg, m);
+            ts_map_free(m);
+            return;
+        }
+        if (m->epoch == r->map->epoch) {
+            ts_map_free(m);
+            return;
+        }
+        ts_map_free(m);
+    }
+    if (!r->map)
+        return;
+    /* The peer is behind: give it our map. */
+    ts_wr_init(&w);
+    ts_wr_begin_frame(&w);
+    ts_map_encode(&w, r->map);
+    peer_send(r, p->id, TS_OP_MAP_PUSH, &w, NULL, 0, NULL, NULL, map_push_reply, NULL);
+}
+
+struct map_msg {
+    ts_repl *r;
+    struct ts_map *m;
+};
+
+static void set_map_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct map_msg *mm = arg;
+    ts_repl *r = mm->r;
+    struct peer *p;
+
+    ts_map_free(r->map);
+    r->map = mm->m;
+    free(mm);
+    r->self = ts_map_find(r->map, r->node_id);
+    /* Addresses may have changed: drop idle connections to peers no longer as they were. */
+    for (p = r->peers; p; p = p->next) {
+        int i = ts_map_find(r->map, p->id);
+        const char *addr = i < 0 ? ""
+                           : (p->use_tls && r->map->nodes[i].tls_addr[0]) ? r->map->nodes[i].tls_addr
+                                                                          : r->map->nodes[i].addr;
+        if (strcmp(addr, p->addr) != 0) {
+            peer_fail(r, p, TS_ECONNRESET, "address changed in the new map");
+            snprintf(p->addr, sizeof(p->addr), "%s", addr);
+        }
+    }
+    /* Positions may have moved with the map: ask again. */
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (!ps->busy)
+            ps->known = 0;
+    pushes_rebuild(r);
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        push_step(r, ps);
+    waiters_check(r);
+}
+
+void ts_repl_set_map(ts_repl *r, const struct ts_map *m)
+{
+    struct map_msg *mm = calloc(1, sizeof(*mm));
+
+    if (!mm)
+        return;
+    mm->r = r;
+    mm->m = ts_map_dup(m);
+    if (!mm->m) {
+        free(mm);
+        return;
+    }
+    event_base_once(r->base, -1, EV_TIMEOUT, set_map_cb, mm, NULL);
+}
+
+/* ---- repair ----------------------------------------------------------------------------- */
+
+static void repair_next(ts_repl *r, struct repair *rp);
+
+static void repair_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct repair *rp = ctx;
+
+    if (status == 0) {
+        uint32_t npieces, len = 0, crc;
+        const uint8_t *data;
+        ts_rd_u64(body); /* shard size */
+        npieces = ts_rd_u32(body);
+        if (npieces == 1) {
+            len = ts_rd_u32(body);
+            crc = ts_rd_u32(body);
+            data = ts_rd_bytes(body, len);
+            if (!body->err && ts_crc32c(0, data, len) == crc &&
+                ts_store_chunk_repair(r->o.store, rp->dataset, rp->shard, rp->idx, data, len) ==
+                    0) {
+                pthread_mutex_lock(&r->lock);
+                r->repairs++;
+                pthread_mutex_unlock(&r->lock);
+                TS_WARN(FAC, 0, "chunk %u of %s/%u repaired from %s", rp->idx, rp->dataset,
+                        rp->shard, p->id);
+                free(rp);
+                return;
+            }
+        }
+    }
+    repair_next(r, rp);
+}
+
+static void repair_next(ts_repl *r, struct repair *rp)
+{
+    int order[TS_REPL_MAX_REPLICAS];
+    size_t n = r->map ? ts_map_pg_order(r->map, rp->pg, order, TS_REPL_MAX_REPLICAS) : 0;
+    struct ts_shard_info si;
+
+    if (ts_store_shard_stat(r->o.store, rp->dataset, rp->shard, &si) != 0) {
+        free(rp);
+        return;
+    }
+    while ((size_t)rp->next_rank < n) {
+        int i = order[rp->next_rank++];
+        struct ts_wr w;
+        uint64_t off = (uint64_t)rp->idx * si.chunk_size;
+        uint32_t len = (uint32_t)TS_MIN((uint64_t)si.chunk_size, si.size - off);
+
+        if (i == r->self)
+            continue;
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_str(&w, rp->dataset);
+        ts_wr_u32(&w, rp->shard);
+        ts_wr_u64(&w, off);
+        ts_wr_u32(&w, len);
+        peer_send(r, r->map->nodes[i].id, TS_OP_READ, &w, NULL, 0, NULL, NULL, repair_reply, rp);
+        return;
+    }
+    TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of %s/%u: no replica could repair it", rp->idx,
+             rp->dataset, rp->shard);
+    free(rp);
+}
+
+static void repair_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct repair *rp = arg;
+    ts_repl *r = *(ts_repl **)((char *)rp + sizeof(*rp));
+    repair_next(r, rp);
+}
+
+void ts_repl_repair(ts_repl *r, const char *dataset, uint32_t shard, uint32_t idx, uint32_t pg)
+{
+    struct repair *rp = calloc(1, sizeof(*rp) + sizeof(ts_repl *));
+
+    if (!rp)
+        return;
+    snprintf(rp->dataset, sizeof(rp->dataset), "%s", dataset);
+    rp->shard = shard;
+    rp->idx = idx;
+    rp->pg = pg;
+    *(ts_repl **)((char *)rp + sizeof(*rp)) = r;
+    event_base_once(r->base, -1, EV_TIMEOUT, repair_cb, rp, NULL);
+}
+
+/* ---- tick: timeouts, retries, lag ------------------------------------------------------ */
+
+static void lag_snapshot(ts_repl *r)
+{
+    struct ts_repl_lag *lag = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t now = ts_now_wall_ns();
+
+    for (struct push *ps = r->pushes; ps; ps = ps->next) {
+        uint64_t my_applied = 0, oldest = 0;
+        struct ts_repl_lag *l;
+        int rank = node_rank(r, ps->pg, ps->node);
+        uint8_t max_core = 1;
+
+        if (ts_store_pg_applied(r->o.store, ps->pg, &my_applied, &oldest) != 0)
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            struct ts_repl_lag *nl = realloc(lag, cap * sizeof(*nl));
+            if (!nl)
+                break;
+            lag = nl;
+        }
+        l = &lag[n++];
+        memset(l, 0, sizeof(*l));
+        l->pg = ps->pg;
+        snprintf(l->node, sizeof(l->node), "%s", ps->node);
+        l->applied = ps->known ? ps->applied : 0;
+        l->primary_applied = my_applied;
+        if (my_applied > l->applied) {
+            uint64_t from = l->applied + 1, scanned = 0;
+            struct ts_log_rec rec;
+            l->lag_ops = my_applied - l->applied;
+            for (uint64_t s = from; s <= my_applied && scanned < LAG_SCAN_MAX; s++, scanned++) {
+                if (ts_store_log_read(r->o.store, ps->pg, s, &rec) != 0)
+                    continue;
+                if (s == from)
+                    l->lag_s = now > rec.time_ns ? (double)(now - rec.time_ns) / 1e9 : 0;
+                if (rec.type == TS_LOG_SEAL) {
+                    l->lag_bytes += rec.size;
+                    if (rec.policy.core > max_core)
+                        max_core = rec.policy.core;
+                }
+            }
+        }
+        /* Role by the rank and the largest core count seen in the outstanding records (3 by
+         * default when there are none). */
+        l->core = rank >= 0 && rank < (l->lag_ops ? max_core : 3);
+    }
+    pthread_mutex_lock(&r->lock);
+    free(r->lag);
+    r->lag = lag;
+    r->nlag = n;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    ts_repl *r = arg;
+    uint64_t now = ts_now_mono_ns();
+    uint64_t timeout = (uint64_t)r->o.peer_timeout_ms * 1000000u;
+
+    for (struct peer *p = r->peers; p; p = p->next)
+        if (p->bev && p->npend && now - p->last_progress_ns > timeout)
+            peer_fail(r, p, TS_ETIMEDOUT, "no answer within peer_timeout_ms");
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        push_step(r, ps);
+    waiters_check(r);
+    if (now - r->last_lag_ns > 200ull * 1000000) {
+        r->last_lag_ns = now;
+        lag_snapshot(r);
+    }
+    if (now - r->last_trim_ns > 1000ull * 1000000 && r->map) {
+        r->last_trim_ns = now;
+        for (uint32_t pg = 0; pg < r->map->pg_count; pg++)
+            ts_store_log_trim(r->o.store, pg, r->o.log_keep);
+    }
+}
+
+int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
+                uint64_t *repairs)
+{
+    pthread_mutex_lock(&r->lock);
+    *out = NULL;
+    *n = r->nlag;
+    if (r->nlag) {
+        *out = malloc(r->nlag * sizeof(**out));
+        if (*out)
+            memcpy(*out, r->lag, r->nlag * sizeof(**out));
+        else
+            *n = 0;
+    }
+    *primary_pgs = r->primary_pgs;
+    *repairs = r->repairs;
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+/* ---- lifecycle -------------------------------------------------------------------------- */
+
+static void *repl_main(void *arg)
+{
+    ts_repl *r = arg;
+    event_base_loop(r->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+int ts_repl_start(ts_repl **out, const struct ts_repl_opts *o, const struct ts_map *m)
+{
+    ts_repl *r = calloc(1, sizeof(*r));
+    struct timeval tv = {0, TICK_MS * 1000};
+
+    if (!r)
+        return TS_ENOMEM;
+    r->o = *o;
+    snprintf(r->node_id, sizeof(r->node_id), "%s", o->node_id);
+    r->self = -1;
+    pthread_mutex_init(&r->lock, NULL);
+    r->base = event_base_new();
+    if (!r->base)
+        goto out_free;
+    if (m) {
+        r->map = ts_map_dup(m);
+        r->self = r->map ? ts_map_find(r->map, r->node_id) : -1;
+        pushes_rebuild(r);
+    }
+    r->tick = event_new(r->base, -1, EV_PERSIST, tick_cb, r);
+    if (!r->tick || event_add(r->tick, &tv) != 0)
+        goto out_free;
+    if (pthread_create(&r->thread, NULL, repl_main, r) != 0)
+        goto out_free;
+    *out = r;
+    return 0;
+out_free:
+    if (r->tick)
+        event_free(r->tick);
+    if (r->base)
+        event_base_free(r->base);
+    ts_map_free(r->map);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    return TS_ENOMEM;
+}
+
+void ts_repl_stop(ts_repl *r)
+{
+    if (!r)
+        return;
+    event_base_loopbreak(r->base);
+    pthread_join(r->thread, NULL);
+    while (r->peers) {
+        struct peer *p = r->peers;
+        r->peers = p->next;
+        if (p->bev)
+            bufferevent_free(p->bev);
+        while (p->pend) {
+            struct pend *pe = p->pend;
+            p->pend = pe->next;
+            free(pe);
+        }
+        free(p);
+    }
+    while (r->pushes) {
+        struct push *ps = r->pushes;
+        r->pushes = ps->next;
+        push_free(ps);
+    }
+    while (r->waiters) {
+        struct waiter *w = r->waiters;
+        r->waiters = w->next;
+        free(w);
+    }
+    event_free(r->tick);
+    event_base_free(r->base);
+    ts_map_free(r->map);
+    free(r->lag);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}

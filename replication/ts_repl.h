@@ -1,0 +1,86 @@
+/*
+ * Replication (tesserad internal): one thread with its own event loop that owns the
+ * connections to the other nodes and
+ *   - forwards chunks of uploads to the other core replicas, synchronously for the uploader;
+ *   - pushes each PG's operation log, in order, to every other replica of the PGs this node is
+ *     primary of: core replicas (their acknowledgement completes a seal) and fringe replicas
+ *     (asynchronous, lag measured), streaming the shard's chunks first when a replica lacks
+ *     them; a replica whose position was trimmed from the log is backfilled from the PG;
+ *   - repairs a corrupt local chunk from another replica.
+ * Workers talk to it by posting work (thread-safe calls below); completions run on the
+ * worker's event base.
+ */
+#ifndef TS_REPL_H
+#define TS_REPL_H
+
+#include <event2/event.h>
+#include <openssl/ssl.h>
+
+#include "ts_map.h"
+#include "ts_store.h"
+
+#define TS_REPL_MAX_REPLICAS 8
+
+typedef struct ts_repl ts_repl;
+
+struct ts_repl_opts {
+    ts_store *store;
+    const char *node_id;
+    int peer_timeout_ms; /* a peer silent this long while owing replies is unreachable */
+    uint64_t log_keep;   /* PG log records kept per PG */
+    SSL_CTX *ssl;        /* client context for peers' TLS listeners; NULL: plain TCP */
+    /* Runs on the replication thread when a peer shows a newer map than ours. */
+    void (*adopt_map)(void *arg, const struct ts_map *m);
+    void *arg;
+};
+
+/* rc: 0, or why it failed; acked: how many targets hold the write. */
+typedef void (*ts_repl_done)(void *arg, int rc, unsigned acked, const char *msg);
+
+struct ts_repl_targets {
+    unsigned n;
+    char id[TS_REPL_MAX_REPLICAS][64];
+};
+
+struct ts_repl_chunk {
+    char dataset[TS_NAME_MAX + 1];
+    struct ts_dataset_policy policy;
+    uint32_t shard, idx;
+    uint64_t size;
+    uint32_t crc;
+    uint8_t *data; /* malloc'ed; the replication module frees it */
+    size_t len;
+    struct ts_repl_targets to;
+};
+
+int ts_repl_start(ts_repl **out, const struct ts_repl_opts *o, const struct ts_map *m);
+void ts_repl_stop(ts_repl *r); /* NULL ok */
+/* Installs a new map (copied). */
+void ts_repl_set_map(ts_repl *r, const struct ts_map *m);
+/* Sends chunk c (taken over) to its targets; done(arg, ...) runs on base when every target
+ * answered or was found unreachable. */
+void ts_repl_forward_chunk(ts_repl *r, struct ts_repl_chunk *c, struct event_base *base,
+                           ts_repl_done done, void *arg);
+/* Waits until every target has applied seq of pg (or is unreachable); pushes it there. */
+void ts_repl_wait_applied(ts_repl *r, uint32_t pg, uint64_t seq, const struct ts_repl_targets *to,
+                          struct event_base *base, ts_repl_done done, void *arg);
+/* New records in pg's log: push them. */
+void ts_repl_kick(ts_repl *r, uint32_t pg);
+/* Fetches chunk idx of dataset/shard from another replica of pg and repairs the local copy. */
+void ts_repl_repair(ts_repl *r, const char *dataset, uint32_t shard, uint32_t idx, uint32_t pg);
+/* How many of the targets are not known to be unreachable right now. */
+unsigned ts_repl_reachable(ts_repl *r, const struct ts_repl_targets *to);
+
+struct ts_repl_lag {
+    uint32_t pg;
+    char node[64];
+    int core; /* 1 core, 0 fringe */
+    uint64_t applied, primary_applied;
+    uint64_t lag_ops, lag_bytes;
+    double lag_s;
+};
+/* A snapshot of every replica's position for the PGs this node is primary of (malloc'ed). */
+int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
+                uint64_t *repairs);
+
+#endif
