@@ -285,7 +285,8 @@ static void peer_eventcb(struct bufferevent *bev, short what, void *arg)
     if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) {
         int err = EVUTIL_SOCKET_ERROR();
         peer_fail(p->r, p, p->connected ? TS_ECONNRESET : TS_ECONNREFUSED,
-                  (what & BEV_EVENT_EOF) ? "connection closed" : evutil_socket_error_to_string(err));
+                  (what & BEV_EVENT_EOF) ? "connection closed"
+                                         : evutil_socket_error_to_string(err));
     }
 }
 
@@ -820,8 +821,7 @@ static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied)
     }
 }
 
-static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status,
-                             struct ts_rd *body)
+static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
 {
     struct push *ps = ctx;
 
@@ -858,8 +858,7 @@ static void push_step(ts_repl *r, struct push *ps)
         } else {
             wr_repl_seal(&w, TS_REPL_SET_APPLIED, ps->pg, ps->bf_target, NULL, NULL, 0);
             ps->busy = 1;
-            peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, setapplied_reply,
-                      ps);
+            peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, setapplied_reply, ps);
         }
         return;
     }
@@ -1085,8 +1084,7 @@ static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body)
     if (!body->err && body->off < body->len && ts_map_decode(body, &m) == 0 && m) {
         if (!r->map || m->epoch > r->map->epoch) {
             TS_INFO(FAC, "peer %s has map epoch %llu (ours %llu): adopting it", p->id,
-                    (unsigned long long)m->epoch,
-                    (unsigned long long)(r->map ? r->map->epoch : 0));
+                    (unsigned long long)m->epoch, (unsigned long long)(r->map ? r->map->epoch : 0));
             if (r->o.adopt_map)
                 r->o.adopt_map(r->o.arg, m);
             ts_map_free(m);
@@ -1126,8 +1124,9 @@ static void set_map_cb(evutil_socket_t fd, short what, void *arg)
     for (p = r->peers; p; p = p->next) {
         int i = ts_map_find(r->map, p->id);
         const char *addr = i < 0 ? ""
-                           : (p->use_tls && r->map->nodes[i].tls_addr[0]) ? r->map->nodes[i].tls_addr
-                                                                          : r->map->nodes[i].addr;
+                           : (p->use_tls && r->map->nodes[i].tls_addr[0])
+                               ? r->map->nodes[i].tls_addr
+                               : r->map->nodes[i].addr;
         if (strcmp(addr, p->addr) != 0) {
             peer_fail(r, p, TS_ECONNRESET, "address changed in the new map");
             snprintf(p->addr, sizeof(p->addr), "%s", addr);

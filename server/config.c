@@ -48,6 +48,9 @@ static const struct setting settings[] = {
         "process crash, not a power loss)"),
     STR("anonymous_role", anonymous_role, "admin",
         "role of clients without a certificate: none | reader | writer | admin"),
+    STR("map_file", map_file, "",
+        "cluster map to start with (libconfig; see conf/cluster5.map); a newer one pushed later is "
+        "kept in data_dir/cluster.map"),
     STR("tls.cert", tls_cert, "", "server certificate (PEM)"),
     STR("tls.key", tls_key, "", "server private key (PEM)"),
     STR("tls.ca", tls_ca, "", "CA bundle that client certificates must chain to (PEM)"),
@@ -76,6 +79,10 @@ static const struct setting settings[] = {
         "close a connection that neither sends nor drains for this long"),
     INT("drain_timeout_s", drain_timeout_s, 1, 3600, "10",
         "on SIGTERM, wait this long for in-flight requests before exiting"),
+    INT("pg_log_keep", pg_log_keep, 1, 1 << 30, "10000",
+        "operation-log records kept per PG; a replica further behind is backfilled"),
+    INT("peer_timeout_ms", peer_timeout_ms, 100, 600000, "3000",
+        "a peer node that owes replies and says nothing this long is unreachable"),
     INT("max_chunk_mb", max_chunk_mb, 1, 64, "64", "largest chunk size a dataset may use, MiB"),
 };
 

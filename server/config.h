@@ -18,6 +18,7 @@ struct tsd_config {
     char *anonymous_role;
     char *tls_cert, *tls_key, *tls_ca;
     char *tls_ciphersuites;
+    char *map_file;
     int tls_require_client_cert;
     int workers;
     int blob_files;
@@ -30,6 +31,8 @@ struct tsd_config {
     int idle_timeout_s;
     int drain_timeout_s;
     int max_chunk_mb;
+    int pg_log_keep;
+    int peer_timeout_ms;
 };
 
 /* Fills every setting with its default. */

@@ -172,11 +172,16 @@ static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, st
 static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     char name[TS_NAME_MAX + 1];
+    uint8_t flags = 0;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 1))
+    if (rd_name_done(c, h, r, name, 0))
         return;
-    rc = ts_store_dataset_seal(c->w->srv->store, name);
+    if (r->off < r->len)
+        flags = ts_rd_u8(r); /* optional trailing flags */
+    if (rd_done(c, h, r))
+        return;
+    rc = ts_store_dataset_seal_ex(c->w->srv->store, name, flags & TS_SEAL_LOCAL_ONLY);
     if (rc == TS_EINCOMPLETE)
         tsd_reply_error(
             c, h, rc, "dataset-seal %s: shards must be 0..N-1, all complete, none uploading", name);
@@ -227,31 +232,21 @@ void tsd_uploads_abort(struct tsd_conn *c)
     c->nuploads = 0;
 }
 
-static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+/*
+ * Stores one chunk of an upload on this connection (chunk 0 starts it). Returns 0, or the
+ * error after replying it. *u_out is the upload.
+ */
+static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                       uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len,
+                       const uint8_t *data, struct tsd_upload **u_out)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
-    struct tsd_upload *u;
-    uint32_t shard, idx, crc, len;
-    uint64_t size;
-    const uint8_t *data;
-    struct ts_wr w;
+    struct tsd_upload *u = upload_find(c, name, shard);
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
-        return;
-    shard = ts_rd_u32(r);
-    idx = ts_rd_u32(r);
-    size = ts_rd_u64(r);
-    crc = ts_rd_u32(r);
-    len = ts_rd_u32(r);
-    data = ts_rd_bytes(r, len);
-    if (rd_done(c, h, r))
-        return;
-    u = upload_find(c, name, shard);
     if (idx == 0) {
         ts_shard_writer *wr;
-        if (u) { /* the client restarts this upload */
+        if (u) { /* the sender restarts this upload */
             ts_shard_writer_abort(u->w);
             upload_remove(c, u);
         }
@@ -260,7 +255,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
             struct tsd_upload *nu = realloc(c->uploads, cap * sizeof(*nu));
             if (!nu) {
                 tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
-                return;
+                return TS_ENOMEM;
             }
             c->uploads = nu;
             c->capuploads = cap;
@@ -274,7 +269,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
                                 name, shard);
             else
                 reply_store_error(c, h, rc, name, shard);
-            return;
+            return rc;
         }
         u = &c->uploads[c->nuploads++];
         snprintf(u->name, sizeof(u->name), "%s", name);
@@ -285,7 +280,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
                         "shard-write %s/%u chunk %u: no upload of this shard in progress on this "
                         "connection (chunk 0 starts one)",
                         name, shard, idx);
-        return;
+        return TS_EINVAL;
     }
     /* An empty shard is uploaded as chunk 0 with no data: it only starts the upload. */
     rc = (idx == 0 && len == 0) ? 0 : ts_shard_writer_put(u->w, idx, data, len, crc);
@@ -297,14 +292,247 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
                         rc == TS_EINVAL ? " (chunks go in order, each the dataset's chunk size "
                                           "but the last)"
                                         : "");
-        return;
+        return rc;
     }
     if (len)
         STAT_ADD(&c->w->stats, chunks_written, 1);
+    *u_out = u;
+    return 0;
+}
+
+static void reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
+                           uint64_t bytes)
+{
+    struct ts_wr w;
     tsd_reply_begin(&w);
     ts_wr_u32(&w, idx);
-    ts_wr_u64(&w, ts_shard_writer_bytes(u->w));
+    ts_wr_u64(&w, bytes);
     tsd_reply_send(c, h, &w);
+}
+
+/* A reply that waits for replication: the connection is held until it is sent. */
+struct parked {
+    struct tsd_conn *c;
+    struct ts_frame_hdr h;
+    unsigned min_acks; /* other core replicas that must hold the write */
+    unsigned targets;
+    uint32_t idx;
+    uint64_t bytes;
+    char name[TS_NAME_MAX + 1];
+    uint32_t shard;
+};
+
+static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                           const struct ts_dataset_policy *p, unsigned targets)
+{
+    struct parked *pk = calloc(1, sizeof(*pk));
+
+    if (!pk)
+        return NULL;
+    pk->c = c;
+    pk->h = *h;
+    pk->targets = targets;
+    pk->min_acks = p->min_core > 1 ? (unsigned)p->min_core - 1 : 0;
+    c->refs++;
+    c->parked++;
+    return pk;
+}
+
+/* Returns 1 if the parked connection is still there to reply to. */
+static int unpark(struct parked *pk)
+{
+    struct tsd_conn *c = pk->c;
+    int alive = !c->dead;
+
+    c->parked--;
+    if (!alive)
+        tsd_conn_unref(c);
+    return alive;
+}
+
+/* After the reply of a live parked connection: drop the parked reference. */
+static void unpark_done(struct parked *pk)
+{
+    struct tsd_conn *c = pk->c;
+
+    /* The connection holds its own reference while alive, so this never frees it. */
+    tsd_conn_unref(c);
+    free(pk);
+}
+
+static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
+{
+    struct parked *pk = arg;
+
+    if (unpark(pk)) {
+        if (acked >= pk->min_acks) {
+            if (acked < pk->targets)
+                TS_WARN(FAC, rc, "%s/%u chunk %u: %u of %u other core replicas hold it (%s)",
+                        pk->name, pk->shard, pk->idx, acked, pk->targets, msg);
+            reply_write_ok(pk->c, &pk->h, pk->idx, pk->bytes);
+        } else {
+            tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
+                            "shard-write %s/%u chunk %u: only %u of %u other core replicas "
+                            "stored it, min_core needs %u: %s",
+                            pk->name, pk->shard, pk->idx, acked, pk->targets, pk->min_acks, msg);
+        }
+        unpark_done(pk);
+        return;
+    }
+    free(pk);
+}
+
+/* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
+static int enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                           uint32_t shard, const struct ts_dataset_policy *p,
+                           const struct ts_repl_targets *to)
+{
+    unsigned reach = to->n ? ts_repl_reachable(c->w->srv->repl, to) : 0;
+
+    if (reach + 1 >= p->min_core)
+        return 1;
+    tsd_reply_error(c, h, TS_EUNAVAIL,
+                    "%s/%u: %u of %u core replicas reachable, the dataset's min_core is %u", name,
+                    shard, reach + 1, to->n + 1, p->min_core);
+    return 0;
+}
+
+static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct tsd_upload *u;
+    struct ts_dataset_info d;
+    struct ts_repl_targets to;
+    struct ts_repl_chunk *ch;
+    struct parked *pk;
+    uint32_t shard, idx, crc, len, pg;
+    uint64_t size;
+    const uint8_t *data;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    idx = ts_rd_u32(r);
+    size = ts_rd_u64(r);
+    crc = ts_rd_u32(r);
+    len = ts_rd_u32(r);
+    data = ts_rd_bytes(r, len);
+    if (rd_done(c, h, r))
+        return;
+    if (atomic_load(&s->epoch)) {
+        int rc = ts_store_dataset_get(s->store, name, &d);
+        if (rc) {
+            reply_store_error(c, h, rc, name, shard);
+            return;
+        }
+        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to))
+            return;
+        if (!enough_replicas(c, h, name, shard, &d.policy, &to))
+            return;
+    } else {
+        memset(&to, 0, sizeof(to));
+    }
+    if (local_write(c, h, name, shard, idx, size, crc, len, data, &u))
+        return;
+    if (to.n == 0) {
+        reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
+        return;
+    }
+    /* Synchronous replication: the other core replicas store the chunk before the ack. */
+    ch = calloc(1, sizeof(*ch));
+    pk = ch ? park(c, h, &d.policy, to.n) : NULL;
+    if (!pk || (len && !(ch->data = malloc(len)))) {
+        if (pk) {
+            unpark(pk);
+            tsd_conn_unref(c);
+            free(pk);
+        }
+        free(ch);
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    pk->idx = idx;
+    pk->bytes = ts_shard_writer_bytes(u->w);
+    snprintf(pk->name, sizeof(pk->name), "%s", name);
+    pk->shard = shard;
+    snprintf(ch->dataset, sizeof(ch->dataset), "%s", name);
+    ch->policy = d.policy;
+    ch->shard = shard;
+    ch->idx = idx;
+    ch->size = size;
+    ch->crc = crc;
+    if (len)
+        memcpy(ch->data, data, len);
+    ch->len = len;
+    ch->to = to;
+    ts_repl_forward_chunk(s->repl, ch, c->w->base, write_replicated, pk);
+}
+
+static int parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+                         uint64_t **recs, uint32_t *nrec)
+{
+    *recs = NULL;
+    *nrec = ts_rd_u32(r);
+    if (!r->err && (uint64_t)*nrec * 8 != r->len - r->off) {
+        tsd_reply_error(c, h, TS_EPROTO, "record count does not match the payload");
+        return TS_EPROTO;
+    }
+    if (*nrec) {
+        *recs = malloc(8 * (size_t)*nrec);
+        if (!*recs) {
+            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+            return TS_ENOMEM;
+        }
+        for (uint32_t i = 0; i < *nrec; i++)
+            (*recs)[i] = ts_rd_u64(r);
+    }
+    if (rd_done(c, h, r)) {
+        free(*recs);
+        *recs = NULL;
+        return TS_EPROTO;
+    }
+    return 0;
+}
+
+static void reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                             uint32_t shard)
+{
+    struct ts_shard_info si;
+    struct ts_wr w;
+    int rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
+
+    if (rc) {
+        reply_store_error(c, h, rc, name, shard);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_shard_info(&w, &si);
+    tsd_reply_send(c, h, &w);
+}
+
+static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
+{
+    struct parked *pk = arg;
+
+    if (unpark(pk)) {
+        if (acked >= pk->min_acks) {
+            if (acked < pk->targets)
+                TS_WARN(FAC, rc,
+                        "%s/%u sealed on %u of %u other core replicas (%s): the rest "
+                        "catch up from the PG log",
+                        pk->name, pk->shard, acked, pk->targets, msg);
+            reply_shard_info(pk->c, &pk->h, pk->name, pk->shard);
+        } else {
+            tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
+                            "shard-seal %s/%u: sealed here but only %u of %u other core replicas "
+                            "acknowledged, min_core needs %u: %s",
+                            pk->name, pk->shard, acked, pk->targets, pk->min_acks, msg);
+        }
+        unpark_done(pk);
+        return;
+    }
+    free(pk);
 }
 
 static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
@@ -313,10 +541,13 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     char name[TS_NAME_MAX + 1];
     struct tsd_upload *u;
     struct ts_shard_info si;
+    struct ts_dataset_info d;
+    struct ts_repl_targets to;
+    struct ts_log_rec log;
     uint64_t *recs = NULL;
-    uint32_t shard, crc, nrec;
+    uint32_t shard, crc, nrec, pg = 0;
     uint8_t have_crc;
-    struct ts_wr w;
+    int cluster = atomic_load(&s->epoch) != 0;
     int rc;
 
     if (rd_name_done(c, h, r, name, 0))
@@ -324,22 +555,20 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     shard = ts_rd_u32(r);
     have_crc = ts_rd_u8(r);
     crc = ts_rd_u32(r);
-    nrec = ts_rd_u32(r);
-    if (!r->err && (uint64_t)nrec * 8 != r->len - r->off) {
-        tsd_reply_error(c, h, TS_EPROTO, "shard-seal: record count does not match the payload");
+    if (parse_records(c, h, r, &recs, &nrec))
         return;
-    }
-    if (nrec) {
-        recs = malloc(8 * (size_t)nrec);
-        if (!recs) {
-            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
-            return;
+    memset(&to, 0, sizeof(to));
+    if (cluster) {
+        rc = ts_store_dataset_get(s->store, name, &d);
+        if (rc) {
+            reply_store_error(c, h, rc, name, shard);
+            goto out_free;
         }
-        for (uint32_t i = 0; i < nrec; i++)
-            recs[i] = ts_rd_u64(r);
+        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to))
+            goto out_free;
+        if (!enough_replicas(c, h, name, shard, &d.policy, &to))
+            goto out_free;
     }
-    if (rd_done(c, h, r))
-        goto out_free;
     u = upload_find(c, name, shard);
     if (!u) {
         rc = ts_store_shard_stat(s->store, name, shard, &si);
@@ -354,7 +583,16 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
                             name, shard);
         goto out_free;
     }
-    rc = ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
+    if (cluster) {
+        memset(&log, 0, sizeof(log));
+        log.pg = pg;
+        snprintf(log.dataset, sizeof(log.dataset), "%s", name);
+        log.policy = d.policy;
+        log.shard = shard;
+        rc = ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, &log);
+    } else {
+        rc = ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
+    }
     if (rc) {
         if (rc == TS_EINCOMPLETE)
             tsd_reply_error(c, h, rc, "shard-seal %s/%u: only %llu of the declared bytes arrived",
@@ -367,19 +605,248 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
         goto out_free;
     }
     upload_remove(c, u);
-    rc = ts_store_shard_stat(s->store, name, shard, &si);
-    if (rc) {
-        reply_store_error(c, h, rc, name, shard);
+    if (!cluster) {
+        reply_shard_info(c, h, name, shard);
         goto out_free;
     }
-    tsd_reply_begin(&w);
-    ts_wr_shard_info(&w, &si);
-    tsd_reply_send(c, h, &w);
+    /* Wait for the other core replicas to apply the seal (fringe ones get it later). */
+    {
+        struct parked *pk = park(c, h, &d.policy, to.n);
+        if (!pk) {
+            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+            goto out_free;
+        }
+        snprintf(pk->name, sizeof(pk->name), "%s", name);
+        pk->shard = shard;
+        ts_repl_wait_applied(s->repl, pg, log.seq, &to, c->w->base, seal_replicated, pk);
+    }
 out_free:
     free(recs);
 }
 
+/* ---- replication (from a PG primary) --------------------------------------------------- */
+
+static void rd_policy(struct ts_rd *r, struct ts_dataset_policy *p)
+{
+    p->core = ts_rd_u8(r);
+    p->fringe = ts_rd_u8(r);
+    p->min_core = ts_rd_u8(r);
+    p->chunk_size = ts_rd_u32(r);
+}
+
+static void op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_policy p;
+    struct tsd_upload *u;
+    uint32_t shard, idx, crc, len;
+    uint64_t size;
+    const uint8_t *data;
+    int rc;
+
+    if (rd_name_done(c, h, r, name, 0))
+        return;
+    rd_policy(r, &p);
+    shard = ts_rd_u32(r);
+    idx = ts_rd_u32(r);
+    size = ts_rd_u64(r);
+    crc = ts_rd_u32(r);
+    len = ts_rd_u32(r);
+    data = ts_rd_bytes(r, len);
+    if (rd_done(c, h, r))
+        return;
+    rc = ts_store_dataset_ensure(s->store, name, &p);
+    if (rc) {
+        reply_store_error(c, h, rc, name, shard);
+        return;
+    }
+    if (local_write(c, h, name, shard, idx, size, crc, len, data, &u))
+        return;
+    reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
+}
+
+static void reply_applied(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
+{
+    uint64_t applied = 0;
+    struct ts_wr w;
+
+    ts_store_pg_applied(c->w->srv->store, pg, &applied, NULL);
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, applied);
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_policy p;
+    struct ts_log_rec log;
+    struct ts_shard_info si;
+    struct tsd_upload *u;
+    uint64_t seq, *recs = NULL;
+    uint32_t pg, shard, crc, nrec;
+    uint8_t kind, have_crc;
+    int rc;
+
+    kind = ts_rd_u8(r);
+    pg = ts_rd_u32(r);
+    seq = ts_rd_u64(r);
+    if (kind == TS_REPL_NOOP || kind == TS_REPL_SET_APPLIED) {
+        ts_rd_u16(r); /* empty name */
+        name[0] = '\0';
+    } else if (rd_name_done(c, h, r, name, 0)) {
+        return;
+    }
+    rd_policy(r, &p);
+    shard = ts_rd_u32(r);
+    have_crc = ts_rd_u8(r);
+    crc = ts_rd_u32(r);
+    if (parse_records(c, h, r, &recs, &nrec))
+        return;
+    memset(&log, 0, sizeof(log));
+    log.pg = pg;
+    log.seq = seq;
+    snprintf(log.dataset, sizeof(log.dataset), "%s", name);
+    log.policy = p;
+    log.shard = shard;
+    switch (kind) {
+    case TS_REPL_NOOP:
+        log.type = TS_LOG_NOOP;
+        rc = ts_store_log_append(s->store, &log);
+        break;
+    case TS_REPL_SET_APPLIED:
+        rc = ts_store_pg_set_applied(s->store, pg, seq);
+        break;
+    case TS_REPL_SEAL:
+    case TS_REPL_BACKFILL:
+        rc = ts_store_dataset_ensure(s->store, name, &p);
+        if (rc)
+            break;
+        u = upload_find(c, name, shard);
+        if (u) {
+            rc = kind == TS_REPL_SEAL
+                     ? ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, &log)
+                     : ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
+            if (rc == 0 || rc == TS_EEXIST) {
+                if (rc == TS_EEXIST)
+                    ts_shard_writer_abort(u->w);
+                upload_remove(c, u);
+            }
+            break;
+        }
+        /* No upload: fine if the shard is already here, complete and identical. */
+        rc = ts_store_shard_stat(s->store, name, shard, &si);
+        if (rc == TS_ENOENT || (rc == 0 && si.state != TS_SHARD_COMPLETE)) {
+            rc = TS_EINCOMPLETE;
+        } else if (rc == 0 && have_crc && si.crc != crc) {
+            TS_ERROR(FAC, TS_ECORRUPT, "%s/%u here has CRC %08x, the primary's %08x", name, shard,
+                     si.crc, crc);
+            rc = TS_ECORRUPT;
+        } else if (rc == 0 && kind == TS_REPL_SEAL) {
+            log.type = TS_LOG_SEAL;
+            log.size = si.size;
+            log.crc = si.crc;
+            log.nchunks = si.nchunks;
+            rc = ts_store_log_append(s->store, &log);
+        } else if (rc == 0) {
+            rc = TS_EEXIST;
+        }
+        break;
+    default:
+        rc = TS_EPROTO;
+    }
+    free(recs);
+    if (rc == 0) {
+        reply_applied(c, h, pg);
+        return;
+    }
+    if (rc == TS_EINCOMPLETE)
+        tsd_reply_error(c, h, rc, "repl-seal %s/%u: this replica lacks its chunks", name, shard);
+    else if (rc == TS_ERANGE || rc == TS_EEXIST)
+        tsd_reply_error(c, h, rc, "repl-seal PG %u seq %llu: out of order here", pg,
+                        (unsigned long long)seq);
+    else
+        reply_store_error(c, h, rc, name[0] ? name : "(log)", shard);
+}
+
+static void op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    uint64_t applied = 0, oldest = 0;
+    uint32_t pg = ts_rd_u32(r);
+    struct ts_wr w;
+    int rc;
+
+    if (rd_done(c, h, r))
+        return;
+    rc = ts_store_pg_applied(c->w->srv->store, pg, &applied, &oldest);
+    if (rc) {
+        tsd_reply_error(c, h, rc, "pg-info %u: %s", pg, ts_strerror(rc));
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, applied);
+    ts_wr_u64(&w, oldest);
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_wr w;
+
+    if (rd_done(c, h, r))
+        return;
+    tsd_reply_begin(&w);
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map) {
+        ts_map_encode(&w, s->map);
+    } else {
+        ts_wr_u64(&w, 0);
+        ts_wr_u32(&w, 0);
+        ts_wr_u32(&w, 0);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    tsd_reply_send(c, h, &w);
+}
+
+static void op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_map *m = NULL;
+    struct ts_wr w;
+    int rc = ts_map_decode(r, &m);
+
+    if (rc || ts_rd_done(r)) {
+        ts_map_free(m);
+        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed map");
+        return;
+    }
+    rc = tsd_map_install(s, m);
+    if (rc == TS_ESTALE) {
+        tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
+                        (unsigned long long)m->epoch, (unsigned long long)atomic_load(&s->epoch));
+    } else if (rc) {
+        tsd_reply_error(c, h, rc, "map-push: %s", ts_strerror(rc));
+    } else {
+        tsd_reply_begin(&w);
+        ts_wr_u64(&w, atomic_load(&s->epoch));
+        tsd_reply_send(c, h, &w);
+    }
+    ts_map_free(m);
+}
+
 /* ---- reads ------------------------------------------------------------------------------ */
+
+/* A local chunk failed verification: in a cluster, fetch a good copy from a replica. */
+static void repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx,
+                         int rc)
+{
+    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX)
+        return;
+    ts_repl_repair(s->repl, name, shard, idx, tsd_pg_of(s, name, shard));
+}
 
 /* Zeros sent in place of a chunk that failed verification mid-stream (see protocol.md). */
 static const uint8_t zeros[1u << 20];
@@ -473,6 +940,7 @@ int tsd_stream_continue(struct tsd_conn *c)
             TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
                      ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+            repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
             add_zeros(out, n);
         } else {
             add_piece(c, out, &ref, in, n);
@@ -563,6 +1031,7 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
                 ts_wr_fini(&w);
                 if (rc == TS_ECORRUPT)
                     STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                repair_chunk(s, name, shard, idx, rc);
                 tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
                                 ts_strerror(rc));
                 goto out_free;
@@ -668,11 +1137,13 @@ static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
 struct scrub_arg {
     struct ts_wr *w;
     uint32_t n;
+    struct tsd_server *s;
 };
 
 static void scrub_cb(void *arg, const char *ds, uint32_t shard, uint32_t idx, int rc)
 {
     struct scrub_arg *a = arg;
+    repair_chunk(a->s, ds, shard, idx, rc);
     if (a->n >= MAX_SCRUB_REPORT)
         return;
     ts_wr_str(a->w, ds);
@@ -687,7 +1158,7 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     char name[TS_NAME_MAX + 1];
     struct ts_scrub_report rep;
     struct ts_wr w, list;
-    struct scrub_arg a = {&list, 0};
+    struct scrub_arg a = {&list, 0, c->w->srv};
     uint16_t n = 0;
     int rc;
 
@@ -739,7 +1210,8 @@ static long rss_kb(void)
     return kb;
 }
 
-#define STATUS_MAX_DATASETS 200 /* the reply is a u16-length str; `dataset ls` lists all */
+#define STATUS_MAX_DATASETS 100
+#define STATUS_MAX_LAG 100 /* the reply is a u16-length str; `dataset ls` lists all */
 
 static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
 {
@@ -820,6 +1292,76 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         json_object_object_add(root, "cache", cj);
     }
     json_object_object_add(root, "stats", stats);
+    if (atomic_load(&s->epoch)) {
+        json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;
+        struct ts_repl_lag *l = NULL;
+        size_t nl = 0;
+        unsigned ppgs = 0;
+        uint64_t repairs = 0;
+
+        json_object_object_add(cl, "epoch", json_object_new_int64((int64_t)atomic_load(&s->epoch)));
+        json_object_object_add(cl, "node", json_object_new_string(s->cfg->node_id));
+        pthread_rwlock_rdlock(&s->map_lock);
+        if (s->map) {
+            json_object_object_add(cl, "pg_count", json_object_new_int64(s->map->pg_count));
+            json_object_object_add(cl, "nodes", json_object_new_int64((int64_t)s->map->n));
+        }
+        pthread_rwlock_unlock(&s->map_lock);
+        json_object_object_add(root, "cluster", cl);
+        ts_repl_lag(s->repl, &l, &nl, &ppgs, &repairs);
+        /* Per replica node: totals over the PGs this node leads; then the lagging
+         * (PG, replica) pairs, at most STATUS_MAX_LAG of them (the reply is bounded). */
+        lag = json_object_new_array();
+        {
+            json_object *per = json_object_new_object();
+            for (size_t i = 0; i < nl; i++) {
+                json_object *o, *x;
+                if (!json_object_object_get_ex(per, l[i].node, &o)) {
+                    o = json_object_new_object();
+                    json_object_object_add(o, "pgs", json_object_new_int64(0));
+                    json_object_object_add(o, "core_pgs", json_object_new_int64(0));
+                    json_object_object_add(o, "lag_ops", json_object_new_int64(0));
+                    json_object_object_add(o, "lag_bytes", json_object_new_int64(0));
+                    json_object_object_add(o, "max_lag_s", json_object_new_double(0));
+                    json_object_object_add(per, l[i].node, o);
+                }
+                json_object_object_get_ex(o, "pgs", &x);
+                json_object_set_int64(x, json_object_get_int64(x) + 1);
+                json_object_object_get_ex(o, "core_pgs", &x);
+                json_object_set_int64(x, json_object_get_int64(x) + l[i].core);
+                json_object_object_get_ex(o, "lag_ops", &x);
+                json_object_set_int64(x, json_object_get_int64(x) + (int64_t)l[i].lag_ops);
+                json_object_object_get_ex(o, "lag_bytes", &x);
+                json_object_set_int64(x, json_object_get_int64(x) + (int64_t)l[i].lag_bytes);
+                json_object_object_get_ex(o, "max_lag_s", &x);
+                if (l[i].lag_s > json_object_get_double(x))
+                    json_object_set_double(x, l[i].lag_s);
+            }
+            json_object_object_add(rep, "replicas", per);
+        }
+        for (size_t i = 0; i < nl && json_object_array_length(lag) < STATUS_MAX_LAG; i++) {
+            json_object *o;
+            if (!l[i].lag_ops)
+                continue;
+            o = json_object_new_object();
+            json_object_object_add(o, "pg", json_object_new_int64(l[i].pg));
+            json_object_object_add(o, "node", json_object_new_string(l[i].node));
+            json_object_object_add(o, "role",
+                                   json_object_new_string(l[i].core ? "core" : "fringe"));
+            json_object_object_add(o, "applied", json_object_new_int64((int64_t)l[i].applied));
+            json_object_object_add(o, "primary_applied",
+                                   json_object_new_int64((int64_t)l[i].primary_applied));
+            json_object_object_add(o, "lag_ops", json_object_new_int64((int64_t)l[i].lag_ops));
+            json_object_object_add(o, "lag_bytes", json_object_new_int64((int64_t)l[i].lag_bytes));
+            json_object_object_add(o, "lag_s", json_object_new_double(l[i].lag_s));
+            json_object_array_add(lag, o);
+        }
+        free(l);
+        json_object_object_add(rep, "primary_pgs", json_object_new_int64(ppgs));
+        json_object_object_add(rep, "repairs", json_object_new_int64((int64_t)repairs));
+        json_object_object_add(rep, "lag", lag);
+        json_object_object_add(root, "replication", rep);
+    }
     ds = json_object_new_array();
     json_object_object_add(
         root, "datasets_truncated",
@@ -846,6 +1388,11 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_SHARD_LIST] = op_shard_list,
     [TS_OP_SCRUB] = op_scrub,
     [TS_OP_STATUS] = op_status,
+    [TS_OP_MAP_GET] = op_map_get,
+    [TS_OP_MAP_PUSH] = op_map_push,
+    [TS_OP_REPL_WRITE] = op_repl_write,
+    [TS_OP_REPL_SEAL] = op_repl_seal,
+    [TS_OP_PG_INFO] = op_pg_info,
 };
 
 tsd_handler tsd_handler_for(unsigned opcode)

@@ -91,6 +91,15 @@ void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc,
 
 /* ---- connections ------------------------------------------------------------------------ */
 
+void tsd_conn_unref(struct tsd_conn *c)
+{
+    if (--c->refs == 0) {
+        free(c->uploads);
+        free(c);
+    }
+}
+
+/* Closes the connection; the struct lives on while replies parked on replication hold it. */
 static void conn_free(struct tsd_conn *c)
 {
     struct tsd_worker *w = c->w;
@@ -101,7 +110,6 @@ static void conn_free(struct tsd_conn *c)
         c->rs = NULL;
     }
     tsd_uploads_abort(c);
-    free(c->uploads);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -109,9 +117,11 @@ static void conn_free(struct tsd_conn *c)
     if (c->next)
         c->next->prev = c->prev;
     bufferevent_free(c->bev); /* closes the socket (and frees the SSL) */
+    c->bev = NULL;
+    c->dead = 1;
     atomic_fetch_sub(&w->nconns, 1);
     atomic_fetch_sub(&w->srv->nconns, 1);
-    free(c);
+    tsd_conn_unref(c);
     if (w->draining && !w->conns)
         event_base_loopexit(w->base, NULL);
 }
@@ -122,6 +132,26 @@ static void conn_close_after_flush(struct tsd_conn *c)
     bufferevent_disable(c->bev, EV_READ);
     if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
         conn_free(c);
+}
+
+/*
+ * Fencing: writes carry the sender's map epoch and must match the node's. Replication traffic
+ * always; client writes once the node has a map (single-node clients send 0).
+ */
+static int epoch_fenced(struct tsd_server *s, const struct ts_frame_hdr *h)
+{
+    uint64_t e = atomic_load(&s->epoch);
+
+    switch (h->opcode) {
+    case TS_OP_REPL_WRITE:
+    case TS_OP_REPL_SEAL:
+        return h->epoch != e;
+    case TS_OP_SHARD_WRITE:
+    case TS_OP_SHARD_SEAL:
+        return e != 0 && h->epoch != e;
+    default:
+        return 0;
+    }
 }
 
 /* Parses and dispatches every complete frame in the input. Returns 0 if c was freed. */
@@ -194,6 +224,10 @@ static int conn_process(struct tsd_conn *c)
         } else if (c->role < d->min_role) {
             tsd_reply_error(c, &h, TS_EPERM, "role '%s' may not %s (needs '%s')",
                             ts_role_name(c->role), d->name, ts_role_name(d->min_role));
+        } else if (epoch_fenced(s, &h)) {
+            tsd_reply_stale(c, &h, "%s with map epoch %llu refused: this node is at epoch %llu",
+                            d->name, (unsigned long long)h.epoch,
+                            (unsigned long long)atomic_load(&s->epoch));
         } else {
             STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
             tsd_handler_for(h.opcode)(c, &h, &r);
@@ -291,6 +325,7 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
     }
     c->w = w;
     c->tls = p->tls;
+    c->refs = 1;
     c->last_active_ns = ts_now_mono_ns();
     snprintf(c->peer, sizeof(c->peer), "%s", p->peer);
     if (p->tls) {
@@ -352,7 +387,7 @@ static void worker_drain_tick(evutil_socket_t fd, short what, void *arg)
 
     for (c = w->conns; c; c = next) {
         next = c->next;
-        if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 &&
+        if (!c->rs && !c->parked && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 &&
             evbuffer_get_length(bufferevent_get_input(c->bev)) == 0 &&
             now - c->last_active_ns >= (uint64_t)DRAIN_TICK_MS * 1000000u)
             conn_free(c);
@@ -603,10 +638,13 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     rc = ts_store_open(&s->store, &so);
     if (rc)
         return rc;
+    rc = tsd_cluster_init(s);
+    if (rc)
+        goto out_close_store;
     if (cfg->tls_listen[0]) {
         rc = tsd_tls_init(s);
         if (rc)
-            goto out_close_store;
+            goto out_cluster;
     }
     s->base = event_base_new();
     if (!s->base) {
@@ -661,6 +699,8 @@ out_base:
     event_base_free(s->base);
 out_tls:
     tsd_tls_fini(s);
+out_cluster:
+    tsd_cluster_fini(s);
 out_close_store:
     ts_store_close(s->store);
     s->store = NULL;
@@ -687,6 +727,9 @@ int tsd_server_run(struct tsd_server *s)
 
 void tsd_server_fini(struct tsd_server *s)
 {
+    /* Replication posts completions to the workers' loops: stop it before they go. */
+    ts_repl_stop(s->repl);
+    s->repl = NULL;
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
         while (w->queue) {
@@ -714,6 +757,7 @@ void tsd_server_fini(struct tsd_server *s)
     if (s->base)
         event_base_free(s->base);
     tsd_tls_fini(s);
+    tsd_cluster_fini(s); /* replication uses the store: stop it first */
     ts_store_close(s->store);
 }
 

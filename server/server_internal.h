@@ -13,6 +13,8 @@
 #include "config.h"
 #include "ts_common.h"
 #include "ts_proto.h"
+#include "ts_map.h"
+#include "ts_repl.h"
 #include "ts_store.h"
 
 #define FAC "server"
@@ -91,6 +93,9 @@ struct tsd_conn {
     struct tsd_upload *uploads;
     size_t nuploads, capuploads;
     struct tsd_read_stream *rs;
+    int refs;   /* replies parked on replication hold a reference */
+    int dead;   /* closed; freed when refs drops to 0 */
+    int parked; /* replies still to come from replication */
 };
 
 struct tsd_server {
@@ -109,7 +114,12 @@ struct tsd_server {
     uint64_t start_ns;
     int anon_role;
     size_t out_budget;
-    uint64_t epoch;
+    _Atomic uint64_t epoch; /* of the map below; 0: single node */
+    pthread_rwlock_t map_lock;
+    struct ts_map *map; /* NULL: single node */
+    int self;           /* this node's index in map */
+    ts_repl *repl;
+    SSL_CTX *peer_ssl; /* client context towards peers' TLS listeners */
 };
 
 /* server.c */
@@ -124,6 +134,23 @@ void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc,
 void tsd_reply_begin(struct ts_wr *w);
 void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w);
 void tsd_conn_resume(struct tsd_conn *c);
+
+/* cluster.c: the map, fencing, placement. */
+int tsd_cluster_init(struct tsd_server *s);
+void tsd_cluster_fini(struct tsd_server *s);
+/* Installs m if newer than the current map (persisted, handed to replication). */
+int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
+/* Sends TS_ESTALE with the node's map after the message. */
+void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Cluster mode: 1 and fills pg/targets (other core replicas) if this node is the primary of
+ * (dataset, shard); 0 after replying TS_ESTALE; single node: 1 with no targets. */
+int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
+                      uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
+                      struct ts_repl_targets *to);
+/* PG of a shard in the current map (0 on a single node). */
+uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
+void tsd_conn_unref(struct tsd_conn *c);
 
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
 typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);

@@ -81,11 +81,11 @@ struct ts_store {
     rocksdb_readoptions_t *ro_chunk;
     struct ts_store_opts o;
     char *path;
-    pthread_mutex_t lock;   /* serialises metadata read-modify-write and the writer table */
+    pthread_mutex_t lock;    /* serialises metadata read-modify-write and the writer table */
     pthread_mutex_t loglock; /* PG log sequence assignment and order */
-    ts_cache *ccache;       /* verified chunks and complete-shard records */
-    struct arena arena;     /* where cached chunk bytes live (fd -1: in engine buffers) */
-    pthread_mutex_t dslock; /* the dataset-record cache below */
+    ts_cache *ccache;        /* verified chunks and complete-shard records */
+    struct arena arena;      /* where cached chunk bytes live (fd -1: in engine buffers) */
+    pthread_mutex_t dslock;  /* the dataset-record cache below */
     struct ds_ent **dstab;
     size_t ndsents;
     uint64_t ds_gen; /* bumped on every invalidation: a racing fill is dropped */
@@ -1424,6 +1424,26 @@ int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep)
     rocksdb_delete_range_cf(s->db, s->wo, s->cf[CF_OPLOG], (const char *)lo, key_log(lo, pg, 0),
                             (const char *)hi, key_log(hi, pg, applied - keep + 1), &err);
     return from_rocksdb(err, "log trim");
+}
+
+int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq)
+{
+    uint8_t kp[5], sq[8];
+    char *err = NULL;
+
+    ts_put_le64(sq, seq);
+    pthread_mutex_lock(&s->loglock);
+    rocksdb_put_cf(s->db, s->wo, s->cf[CF_META], (const char *)kp, key_pg(kp, pg), (const char *)sq,
+                   8, &err);
+    pthread_mutex_unlock(&s->loglock);
+    return from_rocksdb(err, "set applied");
+}
+
+int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *out)
+{
+    if (!s || !out)
+        return TS_EINVAL;
+    return dataset_get(s, name, out);
 }
 
 /* ---- replication helpers ------------------------------------------------------------------ */

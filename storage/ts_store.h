@@ -169,6 +169,11 @@ int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec 
 /* Keeps the newest keep records of a PG's log. */
 int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
 
+/* Forces the PG's applied sequence (backfill finished). */
+int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq);
+/* The dataset's record only (cached; no shard scan). */
+int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *out);
+
 /* Creates the dataset if it does not exist (replicas learn datasets from their primaries). */
 int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p);
 /* Seal; local_only: this node holds only some shards, so skip the 0..N-1 check. */

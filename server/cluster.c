@@ -1,0 +1,223 @@
+/* tesserad in a cluster: the map (file, persistence, pushes), fencing by epoch, placement. */
+#include "server_internal.h"
+
+#include <errno.h>
+#include <openssl/err.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void persisted_path(const struct tsd_server *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/cluster.map", s->cfg->data_dir);
+}
+
+/* Runs on the replication thread when a peer has a newer map. */
+static void adopt_map(void *arg, const struct ts_map *m)
+{
+    tsd_map_install(arg, m);
+}
+
+int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
+{
+    struct ts_map *copy;
+    char path[600];
+    int self, rc;
+
+    if (!m || m->n == 0)
+        return TS_EINVAL;
+    copy = ts_map_dup(m);
+    if (!copy)
+        return TS_ENOMEM;
+    self = ts_map_find(copy, s->cfg->node_id);
+    pthread_rwlock_wrlock(&s->map_lock);
+    if (s->map && copy->epoch <= s->map->epoch) {
+        rc = copy->epoch == s->map->epoch ? 0 : TS_ESTALE;
+        pthread_rwlock_unlock(&s->map_lock);
+        ts_map_free(copy);
+        return rc;
+    }
+    ts_map_free(s->map);
+    s->map = copy;
+    s->self = self;
+    atomic_store(&s->epoch, copy->epoch);
+    persisted_path(s, path, sizeof(path));
+    rc = ts_map_write_file(copy, path);
+    if (s->repl)
+        ts_repl_set_map(s->repl, copy);
+    pthread_rwlock_unlock(&s->map_lock);
+    if (rc)
+        TS_ERROR(FAC, rc, "cannot persist the map to %s", path);
+    if (self < 0)
+        TS_WARN(FAC, 0, "map epoch %llu does not list this node (%s): it holds no placements",
+                (unsigned long long)copy->epoch, s->cfg->node_id);
+    else
+        TS_INFO(FAC, "map epoch %llu installed: %zu nodes, %u PGs; this node is %s (%s)",
+                (unsigned long long)copy->epoch, copy->n, copy->pg_count, s->cfg->node_id,
+                ts_node_state_name(copy->nodes[self].state));
+    return 0;
+}
+
+static int peer_ssl_init(struct tsd_server *s)
+{
+    const struct tsd_config *c = s->cfg;
+    SSL_CTX *ctx;
+
+    if (!c->tls_cert[0] || !c->tls_key[0])
+        return 0; /* peers are reached over plain TCP */
+    ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx)
+        return TS_ETLS;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 ||
+        (c->tls_ca[0] && SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1)) {
+        TS_ERROR(FAC, TS_ETLS, "cannot set up TLS towards peers (node certificate %s)",
+                 c->tls_cert);
+        SSL_CTX_free(ctx);
+        ERR_clear_error();
+        return TS_ETLS;
+    }
+    if (c->tls_ca[0])
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    s->peer_ssl = ctx;
+    return 0;
+}
+
+int tsd_cluster_init(struct tsd_server *s)
+{
+    struct ts_map *from_file = NULL, *persisted = NULL, *use;
+    struct ts_repl_opts ro;
+    char path[600], err[512];
+    struct stat st;
+    int rc;
+
+    pthread_rwlock_init(&s->map_lock, NULL);
+    s->self = -1;
+    if (s->cfg->map_file[0]) {
+        rc = ts_map_parse_file(s->cfg->map_file, &from_file, err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "tesserad: map_file: %s\n", err);
+            return rc;
+        }
+    }
+    persisted_path(s, path, sizeof(path));
+    if (stat(path, &st) == 0) {
+        rc = ts_map_parse_file(path, &persisted, err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "tesserad: %s: %s\n", path, err);
+            ts_map_free(from_file);
+            return rc;
+        }
+    }
+    use = from_file;
+    if (persisted && (!use || persisted->epoch > use->epoch))
+        use = persisted;
+    rc = peer_ssl_init(s);
+    if (rc)
+        goto out_free;
+    if (use) {
+        if (ts_map_find(use, s->cfg->node_id) < 0) {
+            fprintf(stderr, "tesserad: node_id '%s' is not in the cluster map (epoch %llu)\n",
+                    s->cfg->node_id, (unsigned long long)use->epoch);
+            rc = TS_ECONFIG;
+            goto out_free;
+        }
+        rc = tsd_map_install(s, use);
+        if (rc)
+            goto out_free;
+    }
+    memset(&ro, 0, sizeof(ro));
+    ro.store = s->store;
+    ro.node_id = s->cfg->node_id;
+    ro.peer_timeout_ms = s->cfg->peer_timeout_ms;
+    ro.log_keep = (uint64_t)s->cfg->pg_log_keep;
+    ro.ssl = s->peer_ssl;
+    ro.adopt_map = adopt_map;
+    ro.arg = s;
+    pthread_rwlock_rdlock(&s->map_lock);
+    rc = ts_repl_start(&s->repl, &ro, s->map);
+    pthread_rwlock_unlock(&s->map_lock);
+out_free:
+    ts_map_free(from_file);
+    ts_map_free(persisted);
+    return rc;
+}
+
+void tsd_cluster_fini(struct tsd_server *s)
+{
+    ts_repl_stop(s->repl);
+    s->repl = NULL;
+    ts_map_free(s->map);
+    s->map = NULL;
+    SSL_CTX_free(s->peer_ssl);
+    pthread_rwlock_destroy(&s->map_lock);
+}
+
+void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_wr w;
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    STAT_ADD(&c->w->stats, errors, 1);
+    TS_DEBUG(FAC, "%s: %s", c->peer, msg);
+    ts_wr_init(&w);
+    ts_wr_begin_frame(&w);
+    ts_wr_u32(&w, (uint32_t)TS_ESTALE);
+    ts_wr_str(&w, msg);
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map)
+        ts_map_encode(&w, s->map);
+    pthread_rwlock_unlock(&s->map_lock);
+    tsd_reply_send(c, req, &w);
+}
+
+uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
+{
+    uint32_t pg = 0;
+
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map)
+        pg = ts_map_pg_of(s->map, dataset, shard);
+    pthread_rwlock_unlock(&s->map_lock);
+    return pg;
+}
+
+int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
+                      uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
+                      struct ts_repl_targets *to)
+{
+    struct tsd_server *s = c->w->srv;
+    int order[TS_REPL_MAX_REPLICAS];
+    size_t n;
+
+    memset(to, 0, sizeof(*to));
+    *pg = 0;
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (!s->map) {
+        pthread_rwlock_unlock(&s->map_lock);
+        return 1;
+    }
+    *pg = ts_map_pg_of(s->map, dataset, shard);
+    n = ts_map_pg_order(s->map, *pg, order, TS_REPL_MAX_REPLICAS);
+    if (n == 0 || order[0] != s->self) {
+        char primary[64];
+        snprintf(primary, sizeof(primary), "%s", n ? s->map->nodes[order[0]].id : "none");
+        pthread_rwlock_unlock(&s->map_lock);
+        tsd_reply_stale(c, h, "%s/%u is in PG %u, whose primary in epoch %llu is %s, not %s",
+                        dataset, shard, *pg, (unsigned long long)atomic_load(&s->epoch), primary,
+                        s->cfg->node_id);
+        return 0;
+    }
+    for (size_t i = 1; i < n && i < (p ? p->core : 1); i++)
+        snprintf(to->id[to->n++], sizeof(to->id[0]), "%s", s->map->nodes[order[i]].id);
+    pthread_rwlock_unlock(&s->map_lock);
+    return 1;
+}
