@@ -466,7 +466,7 @@ static void fwd_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct 
             on_stale(r, p, body);
         else if (body->len >= 6)
             ts_rd_str(body, msg, sizeof(msg));
-        if (!f->rc) {
+        if (!f->rc || status == TS_ESTALE) { /* a stale map trumps other failures */
             f->rc = status;
             snprintf(f->msg, sizeof(f->msg), "replica %s: %s%s%s", p ? p->id : "?",
                      ts_strerror(status), msg[0] ? ": " : "", msg);

@@ -365,7 +365,11 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
     struct parked *pk = arg;
 
     if (unpark(pk)) {
-        if (acked >= pk->min_acks) {
+        if (rc == TS_ESTALE) {
+            /* A replica knows a newer map: this node may no longer lead the PG. */
+            tsd_reply_stale(pk->c, &pk->h, "shard-write %s/%u chunk %u refused: %s", pk->name,
+                            pk->shard, pk->idx, msg);
+        } else if (acked >= pk->min_acks) {
             if (acked < pk->targets)
                 TS_WARN(FAC, rc, "%s/%u chunk %u: %u of %u other core replicas hold it (%s)",
                         pk->name, pk->shard, pk->idx, acked, pk->targets, msg);

@@ -17,6 +17,7 @@ struct tsd_proc {
     char log[512];  /* stderr of the daemon */
     char addr[64];  /* plain TCP "127.0.0.1:PORT", "" if none */
     char tls_addr[64];
+    long log_off; /* where this run's lines start in the log */
     char *argv[64];
     int argc;
 };
@@ -49,6 +50,28 @@ int raw_recv_reply(int fd, int timeout_ms, uint64_t *id, char *msg, size_t cap, 
                    size_t *plen);
 /* 1 when the peer has closed the connection within timeout_ms (reads and drops bytes). */
 int raw_wait_closed(int fd, int timeout_ms);
+
+/* A free TCP port on 127.0.0.1 (bound and released: a tiny race, fine for tests). */
+int tsd_free_port(void);
+
+/* A cluster of real daemons on loopback with a generated map file. */
+#define TSD_CLUSTER_MAX 8
+struct tsd_cluster {
+    int n;
+    struct tsd_proc node[TSD_CLUSTER_MAX];
+    char id[TSD_CLUSTER_MAX][16];
+    char listen[TSD_CLUSTER_MAX][64];
+    char map_path[512];
+    char *dir;
+};
+/* Starts n nodes "n1".."nN" in the given failure domains (NULL: one domain per node), with a
+ * map of pg_count PGs at epoch 1; extra arguments go to every node. */
+int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains, uint32_t pg_count,
+                      const char *const *extra);
+/* Index of node id, or -1. */
+int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
+void tsd_cluster_stop(struct tsd_cluster *cl);
+void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);

@@ -1,0 +1,592 @@
+/*
+ * A real 5-node cluster on loopback (three failure domains; every PG: 3 core + 2 fringe
+ * replicas): replication to every replica, corruption repaired from a replica, fringe lag
+ * under load and catch-up after a kill, fencing of a node left with an old map, kill -9 of a
+ * primary mid-stream with failover, and min_core refusing writes it cannot place.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tessera/tessera.h"
+#include "ts_common.h"
+#include "ts_map.h"
+#include "ts_proto.h"
+
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (64u << 10)
+#define SLEN (3 * CHUNK + 123)
+#define PGS 16
+
+static struct tsd_cluster CL;
+static const char *const domains[] = {"rack-a", "rack-a", "rack-b", "rack-b", "rack-c"};
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void fill(void *buf, size_t len, uint64_t seed)
+{
+    uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(((i + seed * 7919) * 2654435761u) >> 11);
+}
+
+static const char *any_addr(void)
+{
+    for (int i = 0; i < CL.n; i++)
+        if (tsd_alive(&CL.node[i]))
+            return CL.node[i].addr;
+    return NULL;
+}
+
+static tessera_client *cluster_client(void)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+
+    tessera_opts_init(&o);
+    o.address = any_addr();
+    o.timeout_ms = 10000;
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    assert_true(tessera_client_epoch(c) > 0);
+    return c;
+}
+
+static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t fringe,
+                 uint8_t min_core)
+{
+    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK};
+    assert_int_equal(tessera_dataset_create(c, name, &p), 0);
+}
+
+static int put_shard(tessera_client *c, const char *ds, uint32_t shard, uint64_t seed)
+{
+    uint8_t *buf = malloc(SLEN);
+    int rc;
+    fill(buf, SLEN, seed);
+    rc = tessera_put(c, ds, shard, buf, SLEN, NULL, 0);
+    free(buf);
+    return rc;
+}
+
+/* The node's current map (MAP_GET over a raw connection). */
+static struct ts_map *node_map(const char *addr)
+{
+    int fd = raw_connect(addr);
+    uint8_t *p = NULL;
+    size_t plen = 0;
+    struct ts_map *m = NULL;
+    struct ts_rd r;
+
+    if (fd < 0)
+        return NULL;
+    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
+        ts_rd_init(&r, p + 4, plen - 4);
+        ts_map_decode(&r, &m);
+    }
+    free(p);
+    close(fd);
+    return m;
+}
+
+/* Reads [0, SLEN) of a shard from one node directly, verifying piece CRCs and bytes. */
+static int raw_read_verify(const char *addr, const char *ds, uint32_t shard, uint64_t seed)
+{
+    int fd = raw_connect(addr), rc;
+    struct ts_wr w;
+    uint8_t *p = NULL, *want;
+    size_t plen = 0;
+    struct ts_rd r;
+    uint32_t npieces;
+    size_t off = 0;
+
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, shard);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, SLEN);
+    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen);
+    close(fd);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    ts_rd_init(&r, p + 4, plen - 4);
+    ts_rd_u64(&r);
+    npieces = ts_rd_u32(&r);
+    want = malloc(SLEN);
+    fill(want, SLEN, seed);
+    {
+        const uint8_t *table = ts_rd_bytes(&r, 8 * (size_t)npieces);
+        const uint8_t *data = ts_rd_bytes(&r, SLEN);
+        if (!table || !data) {
+            rc = TS_EPROTO;
+        } else {
+            for (uint32_t i = 0; i < npieces && !rc; i++) {
+                uint32_t len = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
+                if (ts_crc32c(0, data + off, len) != crc)
+                    rc = TS_ECORRUPT;
+                off += len;
+            }
+            if (!rc && (off != SLEN || memcmp(data, want, SLEN) != 0))
+                rc = TS_ECORRUPT;
+        }
+    }
+    free(want);
+    free(p);
+    return rc;
+}
+
+/* The replica set of a shard in the map (node indexes into CL), count returned. */
+static int replicas_of(const struct ts_map *m, const char *ds, uint32_t shard, int *out, int max)
+{
+    int order[8];
+    size_t n = ts_map_pg_order(m, ts_map_pg_of(m, ds, shard), order, 8);
+    int k = 0;
+
+    for (size_t i = 0; i < n && k < max; i++)
+        out[k++] = tsd_cluster_find(&CL, m->nodes[order[i]].id);
+    return k;
+}
+
+/* Waits (bounded) until node i serves the shard verified. */
+static int wait_on_node(int i, const char *ds, uint32_t shard, uint64_t seed, int ms)
+{
+    int rc = -1;
+    for (int t = 0; t < ms / 50; t++) {
+        rc = raw_read_verify(CL.node[i].addr, ds, shard, seed);
+        if (rc == 0)
+            return 0;
+        msleep(50);
+    }
+    return rc;
+}
+
+static json_object *node_status(int i)
+{
+    int fd = raw_connect(CL.node[i].addr);
+    uint8_t *p = NULL;
+    size_t plen = 0;
+    json_object *j = NULL;
+    char *txt;
+    struct ts_rd r;
+
+    if (fd < 0)
+        return NULL;
+    if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
+        txt = malloc(plen);
+        ts_rd_init(&r, p + 4, plen - 4);
+        ts_rd_str(&r, txt, plen);
+        j = json_tokener_parse(txt);
+        free(txt);
+    }
+    free(p);
+    close(fd);
+    return j;
+}
+
+/* Sum of lag_ops over every primary's replicas (and the largest lag_s); -1 if none answer. */
+static long total_lag(double *max_s, const char *only_node)
+{
+    long ops = -1;
+    if (max_s)
+        *max_s = 0;
+    for (int i = 0; i < CL.n; i++) {
+        json_object *j, *rep, *per;
+        if (!tsd_alive(&CL.node[i]) || !(j = node_status(i)))
+            continue;
+        if (ops < 0)
+            ops = 0;
+        if (json_object_object_get_ex(j, "replication", &rep) &&
+            json_object_object_get_ex(rep, "replicas", &per)) {
+            json_object_object_foreach(per, node, o)
+            {
+                json_object *x;
+                if (only_node && strcmp(node, only_node))
+                    continue;
+                if (json_object_object_get_ex(o, "lag_ops", &x))
+                    ops += (long)json_object_get_int64(x);
+                if (max_s && json_object_object_get_ex(o, "max_lag_s", &x) &&
+                    json_object_get_double(x) > *max_s)
+                    *max_s = json_object_get_double(x);
+            }
+        }
+        json_object_put(j);
+    }
+    return ops;
+}
+
+static int group_setup(void **state)
+{
+    if (tsd_cluster_start(&CL, 5, domains, PGS, NULL) != 0) {
+        tsd_cluster_dump_logs(&CL);
+        return -1;
+    }
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    tsd_cluster_stop(&CL);
+    return 0;
+}
+
+static void test_replicas_everywhere(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    uint8_t *back = malloc(SLEN), *want = malloc(SLEN);
+
+    assert_non_null(m);
+    mkds(c, "rep", 3, 2, 2);
+    for (uint32_t s = 0; s < 8; s++)
+        assert_int_equal(put_shard(c, "rep", s, s), 0);
+    for (uint32_t s = 0; s < 8; s++) {
+        int rep[5], n = replicas_of(m, "rep", s, rep, 5);
+        size_t got;
+        assert_int_equal(n, 5);
+        /* Through the client (any replica), then from every replica directly: the core
+         * ones at once (acknowledged), the fringe ones once they have caught up. */
+        assert_int_equal(tessera_read(c, "rep", s, 0, SLEN, back, &got), 0);
+        fill(want, SLEN, s);
+        assert_int_equal(got, SLEN);
+        assert_memory_equal(back, want, SLEN);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(raw_read_verify(CL.node[rep[k]].addr, "rep", s, s), 0);
+        for (int k = 3; k < 5; k++)
+            assert_int_equal(wait_on_node(rep[k], "rep", s, s, 10000), 0);
+    }
+    free(back);
+    free(want);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
+static void test_corrupt_chunk_repaired(void **state)
+{
+    struct ts_map *m = node_map(any_addr());
+    tessera_client *c;
+    int rep[5], victim;
+    char cmd[1024];
+    uint8_t *buf = malloc(SLEN), *want = malloc(SLEN);
+
+    replicas_of(m, "rep", 0, rep, 5);
+    victim = rep[1]; /* a core replica, not the primary */
+    assert_int_equal(tsd_stop(&CL.node[victim]), 0);
+    snprintf(cmd, sizeof(cmd), "%s %s rep 0 1 >/dev/null", CORRUPT_CHUNK_PATH,
+             CL.node[victim].data);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tsd_start(&CL.node[victim], NULL), 0);
+    /* Clients still get correct data, whichever replica they hit. */
+    c = cluster_client();
+    fill(want, SLEN, 0);
+    for (int i = 0; i < 20; i++) {
+        size_t got;
+        assert_int_equal(tessera_read(c, "rep", 0, 0, SLEN, buf, &got), 0);
+        assert_memory_equal(buf, want, SLEN);
+    }
+    /* The bad replica repairs itself from a good one; then every replica scrubs clean. */
+    assert_int_equal(wait_on_node(victim, "rep", 0, 0, 10000), 0);
+    for (int i = 0; i < CL.n; i++) {
+        tessera_client *one;
+        struct tessera_opts o;
+        struct ts_scrub_report rr;
+        int clean = 0;
+        tessera_opts_init(&o);
+        o.address = CL.node[i].addr;
+        assert_int_equal(tessera_client_open(&one, &o), 0);
+        for (int t = 0; t < 50 && !clean; t++) {
+            /* A scrub finding damage triggers its repair; the next one is clean. */
+            int fd = raw_connect(CL.node[i].addr);
+            struct ts_wr w;
+            uint8_t *p = NULL;
+            size_t plen;
+            ts_wr_init(&w);
+            ts_wr_str(&w, "rep");
+            raw_send_frame(fd, TS_OP_SCRUB, 0, 1, w.buf, w.len);
+            ts_wr_fini(&w);
+            if (raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen) == 0)
+                clean = ts_get_le64(p + 4 + 24) == 0;
+            free(p);
+            close(fd);
+            if (!clean)
+                msleep(100);
+        }
+        (void)rr;
+        tessera_client_close(one);
+        assert_true(clean);
+    }
+    free(buf);
+    free(want);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
+/* Child: writes shards of "lag" until `until` (monotonic ns). */
+static void lag_writer(uint64_t until, uint32_t first)
+{
+    struct tessera_opts o;
+    tessera_client *c;
+
+    tessera_opts_init(&o);
+    o.address = any_addr();
+    if (tessera_client_open(&c, &o))
+        _exit(2);
+    for (uint32_t s = first; ts_now_mono_ns() < until; s++)
+        if (put_shard(c, "lag", s, s))
+            _exit(3);
+    tessera_client_close(c);
+    _exit(0);
+}
+
+static void test_fringe_lag_and_catch_up(void **state)
+{
+    tessera_client *c = cluster_client();
+    double max_s = 0, s_now;
+    long max_ops = 0, ops;
+    pid_t child;
+    int st, fringe_idx;
+    struct ts_map *m;
+    int rep[5];
+
+    mkds(c, "lag", 3, 2, 2);
+    child = fork();
+    if (child == 0)
+        lag_writer(ts_now_mono_ns() + 3000000000ull, 0);
+    while (waitpid(child, &st, WNOHANG) == 0) {
+        ops = total_lag(&s_now, NULL);
+        if (ops > max_ops)
+            max_ops = ops;
+        if (s_now > max_s)
+            max_s = s_now;
+        msleep(100);
+    }
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    fprintf(stderr, "  under load: max lag %ld ops, %.2f s\n", max_ops, max_s);
+    assert_true(max_s < 5.0);
+    assert_true(max_ops < 500);
+    /* The load stopped: the lag drains to zero. */
+    for (int t = 0; t < 100 && (ops = total_lag(NULL, NULL)) != 0; t++)
+        msleep(100);
+    assert_int_equal(ops, 0);
+
+    /* Kill a node; write; it shows as lagging; restart it; it catches up. */
+    m = node_map(any_addr());
+    replicas_of(m, "lag", 1000, rep, 5);
+    fringe_idx = rep[4];
+    tsd_kill9(&CL.node[fringe_idx]);
+    for (uint32_t s = 1000; s < 1010; s++)
+        assert_int_equal(put_shard(c, "lag", s, s), 0);
+    msleep(400);
+    ops = total_lag(NULL, CL.id[fringe_idx]);
+    fprintf(stderr, "  %s down: lag %ld ops\n", CL.id[fringe_idx], ops);
+    assert_true(ops > 0);
+    assert_int_equal(tsd_start(&CL.node[fringe_idx], NULL), 0);
+    for (int t = 0; t < 150 && (ops = total_lag(NULL, NULL)) != 0; t++)
+        msleep(100);
+    assert_int_equal(ops, 0);
+    assert_int_equal(wait_on_node(fringe_idx, "lag", 1000, 1000, 5000), 0);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
+static void test_min_core_refuses(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    int rep[5];
+
+    /* min_core 3 of core 3: one core replica down and the write cannot be acknowledged. */
+    mkds(c, "strict", 3, 0, 3);
+    assert_int_equal(put_shard(c, "strict", 0, 1), 0);
+    replicas_of(m, "strict", 1, rep, 5);
+    assert_int_equal(tsd_stop(&CL.node[rep[2]]), 0);
+    assert_int_equal(put_shard(c, "strict", 1, 2), TS_EUNAVAIL);
+    assert_non_null(strstr(tessera_client_error(c), "min_core"));
+    /* Nothing was acknowledged, so nothing is visible. */
+    uint8_t b[8];
+    size_t got;
+    assert_int_not_equal(tessera_read(c, "strict", 1, 0, 8, b, &got), 0);
+    assert_int_equal(tsd_start(&CL.node[rep[2]], NULL), 0);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
+static void test_stale_epoch_fenced(void **state)
+{
+    struct ts_map *old = node_map(any_addr()), *now;
+    int n5 = tsd_cluster_find(&CL, "n5"), fd, rc;
+    uint32_t shard;
+    tessera_client *c;
+    uint64_t epoch = 0;
+    struct ts_wr w;
+    uint8_t data[100] = {1};
+    char msg[512];
+
+    /* n5 misses a map change. */
+    assert_int_equal(tsd_stop(&CL.node[n5]), 0);
+    c = cluster_client();
+    tessera_map_push_file(c, CL.map_path, &epoch); /* n5 is down: it reports that one */
+    assert_true(epoch > old->epoch);
+    tessera_client_close(c);
+    assert_int_equal(tsd_start(&CL.node[n5], NULL), 0);
+    now = node_map(CL.node[n5].addr);
+    assert_true(now->epoch == old->epoch); /* still the old map */
+    ts_map_free(now);
+
+    /* A writer with the old map sends a write to n5, primary in that map: refused. */
+    for (shard = 0; shard < 100000; shard++) {
+        int rep[1];
+        replicas_of(old, "rep", shard, rep, 1);
+        if (rep[0] == n5)
+            break;
+    }
+    fd = raw_connect(CL.node[n5].addr);
+    ts_wr_init(&w);
+    ts_wr_str(&w, "rep");
+    ts_wr_u32(&w, shard);
+    ts_wr_u32(&w, 0);
+    ts_wr_u64(&w, sizeof(data));
+    ts_wr_u32(&w, ts_crc32c(0, data, sizeof(data)));
+    ts_wr_u32(&w, sizeof(data));
+    ts_wr_bytes(&w, data, sizeof(data));
+    {
+        uint8_t h[TS_HDR_LEN];
+        struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_SHARD_WRITE, 0, 7,
+                                  old->epoch,       (uint32_t)w.len};
+        ts_frame_encode(h, &fh);
+        assert_int_equal(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+        assert_int_equal(write(fd, w.buf, w.len), (ssize_t)w.len);
+    }
+    ts_wr_fini(&w);
+    rc = raw_recv_reply(fd, 10000, NULL, msg, sizeof(msg), NULL, NULL);
+    fprintf(stderr, "  stale write to n5: %s: %s\n", ts_errname(rc), msg);
+    assert_int_equal(rc, TS_ESTALE);
+    close(fd);
+    /* n5 has learned the new map from its peers. */
+    for (int t = 0; t < 50; t++) {
+        now = node_map(CL.node[n5].addr);
+        if (now && now->epoch == epoch)
+            break;
+        ts_map_free(now);
+        now = NULL;
+        msleep(100);
+    }
+    assert_non_null(now);
+    ts_map_free(now);
+    ts_map_free(old);
+}
+
+/* Child: uploads shards of "fo" in order, reporting each acknowledged one on fd. */
+static void fo_writer(int fd, uint32_t count)
+{
+    struct tessera_opts o;
+    tessera_client *c;
+
+    tessera_opts_init(&o);
+    o.address = any_addr();
+    o.timeout_ms = 5000;
+    if (tessera_client_open(&c, &o))
+        _exit(2);
+    for (uint32_t s = 0; s < count; s++) {
+        int rc = put_shard(c, "fo", s, s + 500);
+        if (rc == 0 && write(fd, &s, sizeof(s)) != sizeof(s))
+            _exit(3);
+        if (rc)
+            msleep(50);
+    }
+    _exit(0);
+}
+
+static void test_primary_killed_failover(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    int pfd[2], n1 = tsd_cluster_find(&CL, "n1"), st;
+    uint32_t s, acked[400], nacked = 0, pg_n1 = UINT32_MAX;
+    uint64_t epoch = 0;
+    pid_t child;
+    uint8_t *buf = malloc(SLEN), *want = malloc(SLEN);
+
+    mkds(c, "fo", 3, 2, 2);
+    tessera_client_close(c);
+    for (uint32_t pg = 0; pg < m->pg_count && pg_n1 == UINT32_MAX; pg++) {
+        int order[1];
+        if (ts_map_pg_order(m, pg, order, 1) == 1 && !strcmp(m->nodes[order[0]].id, "n1"))
+            pg_n1 = pg;
+    }
+    assert_true(pg_n1 != UINT32_MAX);
+    assert_int_equal(pipe(pfd), 0);
+    child = fork();
+    if (child == 0) {
+        close(pfd[0]);
+        fo_writer(pfd[1], 120);
+    }
+    close(pfd[1]);
+    while (nacked < 30 && read(pfd[0], &s, sizeof(s)) == sizeof(s))
+        acked[nacked++] = s;
+    /* The primary of a PG dies in the middle of the write stream ... */
+    tsd_kill9(&CL.node[n1]);
+    /* ... and the operator promotes a core replica with a new map. */
+    c = cluster_client();
+    assert_int_equal(tessera_failover(c, pg_n1, &epoch), 0);
+    tessera_client_close(c);
+    while (nacked < 400 && read(pfd[0], &s, sizeof(s)) == sizeof(s))
+        acked[nacked++] = s;
+    close(pfd[0]);
+    waitpid(child, &st, 0);
+    fprintf(stderr, "  %u shards acknowledged, failover to epoch %llu\n", nacked,
+            (unsigned long long)epoch);
+    assert_true(nacked > 60); /* writing went on after the failover */
+    /* Every acknowledged write is readable and verified. */
+    c = cluster_client();
+    for (uint32_t i = 0; i < nacked; i++) {
+        size_t got;
+        fill(want, SLEN, acked[i] + 500);
+        assert_int_equal(tessera_read(c, "fo", acked[i], 0, SLEN, buf, &got), 0);
+        assert_int_equal(got, SLEN);
+        assert_memory_equal(buf, want, SLEN);
+    }
+    tessera_client_close(c);
+    free(buf);
+    free(want);
+    ts_map_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replicas_everywhere),
+        cmocka_unit_test(test_corrupt_chunk_repaired),
+        cmocka_unit_test(test_fringe_lag_and_catch_up),
+        cmocka_unit_test(test_min_core_refuses),
+        cmocka_unit_test(test_stale_epoch_fenced),
+        cmocka_unit_test(test_primary_killed_failover),
+    };
+    int rc = cmocka_run_group_tests_name("cluster", tests, group_setup, NULL);
+    if (rc)
+        tsd_cluster_dump_logs(&CL);
+    group_teardown(NULL);
+    return rc;
+}

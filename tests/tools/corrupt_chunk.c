@@ -1,0 +1,80 @@
+/*
+ * Test tool: flips one byte of a stored chunk directly in a (stopped) node's RocksDB,
+ * bypassing the store, to simulate on-disk corruption.
+ *
+ *   corrupt_chunk DATA_DIR DATASET SHARD CHUNK [BYTE_OFFSET]
+ */
+#include <rocksdb/c.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void put_be(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = n - 1; i >= 0; i--, v >>= 8)
+        p[i] = (uint8_t)v;
+}
+
+int main(int argc, char **argv)
+{
+    const char *names[] = {"default", "meta", "chunks", "oplog"};
+    rocksdb_column_family_handle_t *cf[4];
+    rocksdb_options_t *o;
+    rocksdb_readoptions_t *ro;
+    rocksdb_writeoptions_t *wo;
+    const rocksdb_options_t *opts[4];
+    char *err = NULL, *v, dkey[200];
+    size_t vlen, at;
+    uint8_t key[16];
+    uint64_t id = 0;
+    rocksdb_t *db;
+
+    if (argc < 5) {
+        fprintf(stderr, "usage: corrupt_chunk DATA_DIR DATASET SHARD CHUNK [BYTE_OFFSET]\n");
+        return 2;
+    }
+    at = argc > 5 ? strtoul(argv[5], NULL, 0) : 100;
+    o = rocksdb_options_create();
+    rocksdb_options_set_enable_blob_files(o, 1);
+    for (int i = 0; i < 4; i++)
+        opts[i] = o;
+    db = rocksdb_open_column_families(o, argv[1], 4, names, opts, cf, &err);
+    if (err) {
+        fprintf(stderr, "corrupt_chunk: open %s: %s\n", argv[1], err);
+        return 1;
+    }
+    ro = rocksdb_readoptions_create();
+    wo = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(wo, 1);
+    snprintf(dkey, sizeof(dkey), "D%s", argv[2]);
+    v = rocksdb_get_cf(db, ro, cf[1], dkey, strlen(dkey), &vlen, &err);
+    if (err || !v || vlen < 24) {
+        fprintf(stderr, "corrupt_chunk: no dataset %s\n", argv[2]);
+        return 1;
+    }
+    for (int i = 7; i >= 0; i--) /* dataset record: little-endian id at offset 16 */
+        id = (id << 8) | (uint8_t)v[16 + i];
+    rocksdb_free(v);
+    put_be(key, id, 8);
+    put_be(key + 8, strtoul(argv[3], NULL, 0), 4);
+    put_be(key + 12, strtoul(argv[4], NULL, 0), 4);
+    v = rocksdb_get_cf(db, ro, cf[2], (const char *)key, 16, &vlen, &err);
+    if (err || !v || at >= vlen) {
+        fprintf(stderr, "corrupt_chunk: no chunk %s/%s/%s (or offset past its end)\n", argv[2],
+                argv[3], argv[4]);
+        return 1;
+    }
+    v[at] ^= 0x5a;
+    rocksdb_put_cf(db, wo, cf[2], (const char *)key, 16, v, vlen, &err);
+    if (err) {
+        fprintf(stderr, "corrupt_chunk: put: %s\n", err);
+        return 1;
+    }
+    rocksdb_free(v);
+    for (int i = 0; i < 4; i++)
+        rocksdb_column_family_handle_destroy(cf[i]);
+    rocksdb_close(db);
+    printf("flipped byte %zu of chunk %s of %s/%s\n", at, argv[4], argv[2], argv[3]);
+    return 0;
+}
