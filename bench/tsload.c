@@ -807,6 +807,22 @@ static long proc_memfd_kb(const struct cfg *c)
     return total;
 }
 
+struct mem {
+    long hwm_kb, rss_kb, shmem_kb, memfd_kb;
+};
+
+static struct mem mem_sample(const struct cfg *c)
+{
+    struct mem m = {-1, -1, -1, -1};
+    if (c->npids) {
+        m.hwm_kb = proc_status_kb(c, "VmHWM");
+        m.rss_kb = proc_status_kb(c, "VmRSS");
+        m.shmem_kb = proc_status_kb(c, "RssShmem");
+        m.memfd_kb = proc_memfd_kb(c);
+    }
+    return m;
+}
+
 static void proc_reset_hwm(const struct cfg *c)
 {
     for (int i = 0; i < c->npids; i++) {
@@ -879,7 +895,7 @@ static void cores_busy(struct sample *s)
 }
 
 static void report(struct cfg *c, struct worker *ws, double secs, struct sample a, struct sample b,
-                   long hwm_kb, long rss_kb, long memfd_kb)
+                   struct mem mem)
 {
     uint64_t ops = 0, bytes = 0;
     size_t n = 0, k = 0;
@@ -933,9 +949,10 @@ static void report(struct cfg *c, struct worker *ws, double secs, struct sample 
             busy -= server_cpu;
         printf("],\"other_cpu\":%.3f", busy > 0 ? busy / secs : 0);
     }
-    if (hwm_kb >= 0)
-        printf(",\"server_hwm_kb\":%ld,\"server_rss_kb\":%ld,\"server_memfd_kb\":%ld", hwm_kb,
-               rss_kb, memfd_kb);
+    if (mem.hwm_kb >= 0)
+        printf(",\"server_hwm_kb\":%ld,\"server_rss_kb\":%ld,\"server_shmem_kb\":%ld,"
+               "\"server_memfd_kb\":%ld",
+               mem.hwm_kb, mem.rss_kb, mem.shmem_kb, mem.memfd_kb);
     printf("}\n");
     fflush(stdout);
     fprintf(stderr,
@@ -961,7 +978,7 @@ static int cmd_read(struct cfg *c)
 {
     struct worker *ws = calloc(c->conns, sizeof(*ws));
     struct sample a, b;
-    long hwm = -1, rss = -1, memfd = -1;
+    struct mem mem;
     double secs;
     int failed = 0;
     int64_t start;
@@ -1007,11 +1024,7 @@ static int cmd_read(struct cfg *c)
     } else {
         secs = c->duration;
     }
-    if (c->npids) {
-        hwm = proc_status_kb(c, "VmHWM");
-        rss = proc_status_kb(c, "VmRSS");
-        memfd = proc_memfd_kb(c);
-    }
+    mem = mem_sample(c);
     for (unsigned i = 0; i < c->conns; i++) {
         if (ws[i].failed) {
             fprintf(stderr, "tsload: connection %u: %s\n", i, ws[i].err);
@@ -1019,7 +1032,7 @@ static int cmd_read(struct cfg *c)
         }
     }
     if (!failed)
-        report(c, ws, secs, a, b, hwm, rss, memfd);
+        report(c, ws, secs, a, b, mem);
     for (unsigned i = 0; i < c->conns; i++)
         free(ws[i].lat);
     free(ws);
@@ -1195,8 +1208,7 @@ static int cmd_put(struct cfg *c)
                 tessera_client_error(tc));
     }
     tessera_client_close(tc);
-    report(c, &w, (end - start) / 1e9, a, b, c->npids ? proc_status_kb(c, "VmHWM") : -1,
-           c->npids ? proc_status_kb(c, "VmRSS") : -1, c->npids ? proc_memfd_kb(c) : -1);
+    report(c, &w, (end - start) / 1e9, a, b, mem_sample(c));
     free(w.lat);
     free(buf);
     return 0;
