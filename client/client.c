@@ -18,11 +18,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "ts_map.h"
+
 #define FAC "client"
 #define DEFAULT_TIMEOUT_MS 30000
 #define DEFAULT_MAX_INFLIGHT 64u
 #define MAX_SMALL_REPLY (256u << 20) /* lists and documents */
 #define MAX_ERROR_REPLY (64u << 10)  /* a status and a message */
+#define MAX_REFUSAL (2u << 20)       /* a refused READ: a message and maybe a map (TS_ESTALE) */
 #define MAX_READ_REPLY (TS_MAX_READ + (1u << 20))
 #define PUT_WINDOW_BYTES (32u << 20) /* upload bytes in flight */
 #define READ_WINDOW 4                /* TESSERA_MAX_READ requests in flight per tessera_read */
@@ -76,6 +79,7 @@ struct rx {
 };
 
 struct tessera_client {
+    struct ts_cluster *cl; /* cluster mode: a router with no connection of its own */
     struct ts_transport *t;
     int broken; /* 0, or the code that ended the connection */
     uint64_t next_id;
@@ -92,6 +96,11 @@ struct tessera_client {
     struct ts_req *tx_head, *tx_tail;
     struct rx rx;
     uint8_t *scratch;
+    const uint64_t *epoch_ref; /* a sub-connection: requests carry the router's map epoch */
+    uint64_t seen_epoch;       /* the highest epoch a reply carried */
+    struct ts_map *stale_map;  /* the newest map a TS_ESTALE reply carried, until taken */
+    struct tessera_opts opts;  /* a top-level handle: how it was opened (strings in optbuf) */
+    char *optbuf;
     char node[256];
     char err[512];
 };
@@ -117,6 +126,30 @@ static int proto_err(struct tessera_client *c, const char *what)
     set_err(c, "malformed reply from the server: %s", what);
     TS_WARN(FAC, TS_EPROTO, "malformed reply: %s", what);
     return TS_EPROTO;
+}
+
+/*
+ * A refusal with status rc was decoded from r (left after the message): a TS_ESTALE reply
+ * carries the node's map there; keep the newest for the router (ts_conn_take_stale_map).
+ */
+static void note_stale(struct tessera_client *c, struct ts_rd *r, int rc)
+{
+    struct ts_map *m = NULL;
+
+    if (rc != TS_ESTALE || r->err || r->off >= r->len)
+        return;
+    if (ts_map_decode(r, &m) != 0) {
+        TS_WARN(FAC, TS_EPROTO, "a TS_ESTALE reply from %s carries a malformed map", c->node);
+        return;
+    }
+    if (c->stale_map && c->stale_map->epoch >= m->epoch) {
+        ts_map_free(m);
+        return;
+    }
+    ts_map_free(c->stale_map);
+    c->stale_map = m;
+    if (m->epoch > c->seen_epoch)
+        c->seen_epoch = m->epoch;
 }
 
 /* Checks common to every call: a usable handle, a clean message slot. */
@@ -350,6 +383,7 @@ static int rx_body_done(struct tessera_client *c)
     if (r->op == TS_OP_READ) { /* only refusals come here */
         ts_rd_init(&rd, c->rx.body, c->rx.body_len);
         rc = ts_reply_status(&rd, msg, sizeof(msg));
+        note_stale(c, &rd, rc);
         free(r->msg);
         r->msg = strdup(msg);
         rx_complete(c, rc ? rc : TS_EPROTO);
@@ -366,7 +400,9 @@ static int rx_header(struct tessera_client *c)
 
     if (!(x->h.flags & TS_F_REPLY))
         return proto_err(c, "a request where a reply was expected");
-    if (x->h.epoch > c->epoch)
+    if (x->h.epoch > c->seen_epoch)
+        c->seen_epoch = x->h.epoch;
+    if (!c->epoch_ref && x->h.epoch > c->epoch)
         c->epoch = x->h.epoch;
     x->have = 0;
     if (x->h.req_id == 0) {
@@ -413,7 +449,7 @@ static int rx_read_head(struct tessera_client *c)
     int32_t status = (int32_t)ts_get_le32(x->rhead);
 
     if (status != 0) { /* refused: status + message, read it whole */
-        if (payload > MAX_ERROR_REPLY) {
+        if (payload > MAX_REFUSAL) {
             rx_drain(c, payload - x->rhead_len, status < 0 ? status : TS_EPROTO);
             return 0;
         }
@@ -474,6 +510,8 @@ static int rx_read_data(struct tessera_client *c)
     rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
     if (rc) {
         set_err(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
+        free(r->msg);
+        r->msg = strdup(c->err); /* for tessera_wait*, which report the read's own message */
         TS_ERROR(FAC, rc, "shard data corrupt in transit: piece %u of request %llu", x->pdone,
                  (unsigned long long)r->id);
         rx_drain(c, x->rd.data_len - x->have, rc);
@@ -599,6 +637,23 @@ static int cond_any_user(const struct tessera_client *c, const void *arg)
     return 0;
 }
 
+/* Sends and receives what it can without blocking; a failure ends the connection. */
+static void conn_step(struct tessera_client *c, int *progress)
+{
+    int rc;
+
+    rc = tx_step(c, progress);
+    if (rc < 0) {
+        /* The server may have said why before it closed: read that first. */
+        int rrc = rx_some(c, progress);
+        fail_conn(c, rrc < 0 && rrc != TS_ECONNRESET ? rrc : rc);
+        return;
+    }
+    rc = rx_some(c, progress);
+    if (rc < 0)
+        fail_conn(c, rc);
+}
+
 /*
  * Sends and receives until cond holds. A call waits at most timeout_ms for it: then the
  * connection is failed with TS_ETIMEDOUT. 0 when cond holds, else the code that broke the
@@ -609,6 +664,8 @@ static int pump(struct tessera_client *c, pump_cond cond, const void *arg)
     uint64_t deadline = 0, now;
     int rc, progress, left, events;
 
+    if (!c->t && !c->broken)
+        return TS_EINVAL; /* a router has no connection to pump */
     if (c->timeout_ms > 0)
         deadline = ts_now_mono_ns() + (uint64_t)c->timeout_ms * 1000000u;
     for (;;) {
@@ -617,19 +674,8 @@ static int pump(struct tessera_client *c, pump_cond cond, const void *arg)
         if (c->broken)
             return c->broken;
         progress = 0;
-        rc = tx_step(c, &progress);
-        if (rc < 0) {
-            /* The server may have said why before it closed: read that first. */
-            int rrc = rx_some(c, &progress);
-            fail_conn(c, rrc < 0 && rrc != TS_ECONNRESET ? rrc : rc);
-            continue;
-        }
-        rc = rx_some(c, &progress);
-        if (rc < 0) {
-            fail_conn(c, rc);
-            continue;
-        }
-        if (progress)
+        conn_step(c, &progress);
+        if (progress || c->broken)
             continue;
         left = -1;
         if (deadline) {
@@ -645,6 +691,96 @@ static int pump(struct tessera_client *c, pump_cond cond, const void *arg)
         rc = c->t->ops->wait(c->t, events, left);
         if (rc < 0)
             fail_conn(c, rc);
+    }
+}
+
+size_t ts_conn_user_pending(const tessera_client *c)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < c->nlive; i++)
+        n += c->live[i]->user;
+    return n;
+}
+
+int ts_conn_op_done(const tessera_client *c, uint64_t op)
+{
+    size_t i = live_find(c, op);
+
+    if (i == SIZE_MAX || !c->live[i]->user)
+        return TS_ENOENT;
+    return c->live[i]->done;
+}
+
+int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
+{
+    struct pollfd pfd[64];
+    tessera_client *on[64];
+    uint64_t deadline = 0, now;
+    size_t k, waiting;
+    int progress, left, rc;
+
+    if (timeout_ms > 0)
+        deadline = ts_now_mono_ns() + (uint64_t)timeout_ms * 1000000u;
+    for (;;) {
+        waiting = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (cond_any_user(v[i], NULL))
+                return 0;
+            waiting += ts_conn_user_pending(v[i]) > 0;
+        }
+        if (!waiting)
+            return TS_ENOENT;
+        progress = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!v[i]->broken && v[i]->t)
+                conn_step(v[i], &progress);
+        if (progress)
+            continue;
+        left = -1;
+        if (deadline) {
+            now = ts_now_mono_ns();
+            if (now >= deadline) {
+                for (size_t i = 0; i < n; i++) {
+                    if (v[i]->broken || !ts_conn_user_pending(v[i]))
+                        continue;
+                    set_err(v[i], "no reply within %d ms", timeout_ms);
+                    fail_conn(v[i], TS_ETIMEDOUT);
+                }
+                continue;
+            }
+            left = (int)TS_MIN((deadline - now + 999999) / 1000000, (uint64_t)INT32_MAX);
+        }
+        k = 0;
+        rc = 0;
+        for (size_t i = 0; i < n && k < TS_ARRAY_SIZE(pfd); i++) {
+            tessera_client *c = v[i];
+            int events;
+            if (c->broken || !c->t || (!ts_conn_user_pending(c) && !c->tx_head))
+                continue;
+            events = TS_IO_READ | (c->tx_head ? TS_IO_WRITE : 0);
+            pfd[k].revents = 0;
+            rc = c->t->ops->pollfd ? c->t->ops->pollfd(c->t, events, &pfd[k].fd, &pfd[k].events)
+                                   : TS_ENOTSUP;
+            if (rc < 0) {
+                fail_conn(c, rc);
+                break;
+            }
+            if (rc > 0)
+                break; /* bytes are waiting inside the transport: step again */
+            on[k++] = c;
+        }
+        if (k == 0 || rc != 0)
+            continue;
+        do {
+            rc = poll(pfd, (nfds_t)k, left);
+        } while (rc < 0 && errno == EINTR);
+        if (rc < 0) {
+            rc = ts_from_errno(errno);
+            for (size_t i = 0; i < k; i++)
+                fail_conn(on[i], rc);
+        }
+        rc = 0;
     }
 }
 
@@ -682,7 +818,7 @@ static int req_send(struct tessera_client *c, struct ts_req *r, const void *data
         return c->broken;
     r->id = c->next_id++;
     h.req_id = r->id;
-    h.epoch = c->epoch;
+    h.epoch = c->epoch_ref ? *c->epoch_ref : c->epoch;
     h.length = (uint32_t)payload;
     ts_frame_encode(r->w.buf, &h);
     r->data = data;
@@ -720,6 +856,7 @@ static int call(struct tessera_client *c, struct ts_req *r, struct ts_rd *body)
     rc = ts_reply_status(body, c->err, sizeof(c->err));
     if (rc == TS_EPROTO && !c->err[0])
         proto_err(c, "no status");
+    note_stale(c, body, rc);
     if (rc)
         goto out_free;
     return 0;
@@ -795,10 +932,95 @@ static int hello(struct tessera_client *c, const char *client_name)
     return 0;
 }
 
-int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
-                             struct ts_transport *t, char *err, size_t errlen)
+/* Keeps a copy of the options (and their strings) in a top-level handle. */
+static int opts_keep(struct tessera_client *c, const struct tessera_opts *o)
+{
+    const char *src[] = {o->address, o->tls_ca,          o->tls_cert,
+                         o->tls_key, o->tls_server_name, o->client_name};
+    const char **dst[] = {&c->opts.address, &c->opts.tls_ca,          &c->opts.tls_cert,
+                          &c->opts.tls_key, &c->opts.tls_server_name, &c->opts.client_name};
+    size_t len = 0, off = 0;
+
+    c->opts = *o;
+    for (size_t i = 0; i < TS_ARRAY_SIZE(src); i++)
+        len += src[i] ? strlen(src[i]) + 1 : 0;
+    c->optbuf = malloc(len ? len : 1);
+    if (!c->optbuf)
+        return TS_ENOMEM;
+    for (size_t i = 0; i < TS_ARRAY_SIZE(src); i++) {
+        if (!src[i])
+            continue;
+        memcpy(c->optbuf + off, src[i], strlen(src[i]) + 1);
+        *dst[i] = c->optbuf + off;
+        off += strlen(src[i]) + 1;
+    }
+    return 0;
+}
+
+/*
+ * Asks the node for its cluster map. None (epoch 0, or a server without MAP_GET, or a role
+ * that may not ask): a single node, *map NULL.
+ */
+static int seed_map(struct tessera_client *c, struct ts_map **map)
+{
+    uint64_t epoch;
+    int rc;
+
+    *map = NULL;
+    rc = ts_conn_map_get(c, map, &epoch);
+    if (rc == TS_ENOTSUP || rc == TS_EPERM) {
+        TS_DEBUG(FAC, "node %s gives no cluster map (%s): single-node mode", c->node,
+                 ts_errname(rc));
+        c->err[0] = '\0';
+        return 0;
+    }
+    return rc;
+}
+
+/* A router handle over the seed's cluster: it takes seed and map. */
+static int make_router(struct tessera_client **out, struct tessera_client *seed, struct ts_map *map)
+{
+    struct tessera_client *r;
+    int rc;
+
+    *out = NULL;
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        rc = TS_ENOMEM;
+        goto out_free_seed;
+    }
+    r->role = seed->role;
+    r->max_frame = seed->max_frame;
+    r->timeout_ms = seed->timeout_ms;
+    r->max_inflight = seed->max_inflight;
+    r->epoch = map->epoch;
+    snprintf(r->node, sizeof(r->node), "%s", seed->node);
+    r->opts = seed->opts; /* the strings stay in seed->optbuf: move them */
+    r->optbuf = seed->optbuf;
+    seed->optbuf = NULL;
+    rx_reset(r);
+    rc = ts_cl_create(&r->cl, r, seed, map, &r->opts);
+    if (rc) {
+        tessera_client_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+
+out_free_seed:
+    ts_map_free(map);
+    tessera_client_close(seed);
+    return rc;
+}
+
+/* HELLO on a connected transport (taken on success and failure alike); then, for a
+ * top-level handle (sub == 0), the cluster map decides between a single-node handle and a
+ * router. */
+static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts_transport *t,
+                   const uint64_t *epoch_ref, int sub, char *err, size_t errlen)
 {
     struct tessera_client *c;
+    struct ts_map *map = NULL;
     int rc;
 
     *out = NULL;
@@ -812,21 +1034,50 @@ int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
     c->timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms;
     c->max_inflight = o->max_inflight ? o->max_inflight : DEFAULT_MAX_INFLIGHT;
     c->max_frame = TS_SMALL_PAYLOAD;
+    c->epoch_ref = epoch_ref;
     rx_reset(c);
     rc = hello(c, o->client_name);
     if (rc)
         goto out_close;
-    *out = c;
-    return 0;
+    if (sub) {
+        *out = c;
+        return 0;
+    }
+    rc = opts_keep(c, o);
+    if (rc)
+        goto out_close;
+    rc = seed_map(c, &map);
+    if (rc)
+        goto out_close;
+    if (!map) {
+        *out = c;
+        return 0;
+    }
+    TS_INFO(FAC, "node %s is in a cluster: map epoch %llu, %zu nodes, %u PGs", c->node,
+            (unsigned long long)map->epoch, map->n, map->pg_count);
+    rc = make_router(out, c, map);
+    if (rc && err && errlen)
+        snprintf(err, errlen, "cluster map of %s: %s", o->address ? o->address : "the seed",
+                 ts_strerror(rc));
+    return rc;
 
 out_close:
     if (err && errlen)
-        snprintf(err, errlen, "HELLO: %s", c->err[0] ? c->err : ts_strerror(rc));
+        snprintf(err, errlen, "%s: %s", c->role || c->node[0] ? "MAP_GET" : "HELLO",
+                 c->err[0] ? c->err : ts_strerror(rc));
     tessera_client_close(c);
     return rc;
 }
 
-int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen)
+int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
+                             struct ts_transport *t, char *err, size_t errlen)
+{
+    return open_on(out, o, t, NULL, 0, err, errlen);
+}
+
+/* Connects to o->address and opens a handle on it (sub: a sub-connection). */
+static int open_addr(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
+                     int sub, char *err, size_t errlen)
 {
     struct tessera_opts defaults;
     const struct ts_transport_ops *ops;
@@ -867,7 +1118,18 @@ int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *
                 err && err[0] ? ": " : "", err && err[0] ? err : "");
         return rc;
     }
-    return ts_client_open_transport(out, o, t, err, errlen);
+    return open_on(out, o, t, epoch_ref, sub, err, errlen);
+}
+
+int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen)
+{
+    return open_addr(out, o, NULL, 0, err, errlen);
+}
+
+int ts_conn_open(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
+                 char *err, size_t errlen)
+{
+    return open_addr(out, o, epoch_ref, 1, err, errlen);
 }
 
 int tessera_client_open(tessera_client **out, const struct tessera_opts *o)
@@ -881,6 +1143,7 @@ void tessera_client_close(tessera_client *c)
 
     if (!c)
         return;
+    ts_cl_free(c->cl);
     if (c->t)
         c->t->ops->close(c->t);
     for (size_t i = 0; i < c->nlive; i++)
@@ -893,12 +1156,133 @@ void tessera_client_close(tessera_client *c)
     free(c->rx.body);
     free(c->rx.table);
     free(c->scratch);
+    ts_map_free(c->stale_map);
+    free(c->optbuf);
     free(c);
+}
+
+/* ---- sub-connections ------------------------------------------------------------------------ */
+
+void ts_conn_attach(tessera_client *c, const uint64_t *epoch_ref)
+{
+    c->epoch_ref = epoch_ref;
+}
+
+int ts_conn_broken(const tessera_client *c)
+{
+    return c->broken;
+}
+
+uint64_t ts_conn_seen_epoch(const tessera_client *c)
+{
+    return c->seen_epoch;
+}
+
+struct ts_map *ts_conn_take_stale_map(tessera_client *c)
+{
+    struct ts_map *m = c->stale_map;
+
+    c->stale_map = NULL;
+    return m;
+}
+
+struct ts_cluster *ts_client_cluster(const tessera_client *c)
+{
+    return c ? c->cl : NULL;
+}
+
+const struct tessera_opts *ts_client_opts(const tessera_client *c)
+{
+    return &c->opts;
+}
+
+int ts_client_timeout(const tessera_client *c)
+{
+    return c->timeout_ms;
+}
+
+void ts_client_set_error(tessera_client *c, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof(c->err), fmt, ap);
+    va_end(ap);
+}
+
+int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch)
+{
+    struct ts_req *r;
+    struct ts_rd body, peek;
+    uint32_t n;
+    int rc;
+
+    *out = NULL;
+    *epoch = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return TS_EINVAL;
+    r = req_new(c, TS_OP_MAP_GET);
+    if (!r)
+        return TS_ENOMEM;
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    peek = body;
+    *epoch = ts_rd_u64(&peek);
+    (void)ts_rd_u32(&peek);
+    n = ts_rd_u32(&peek);
+    if (peek.err)
+        rc = proto_err(c, "MAP_GET");
+    else if (n > 0 && (ts_map_decode(&body, out) != 0 || ts_rd_done(&body) != 0))
+        rc = proto_err(c, "MAP_GET map");
+    if (rc) {
+        ts_map_free(*out);
+        *out = NULL;
+        *epoch = 0;
+    }
+    req_free(c, r);
+    return rc;
+}
+
+int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    *epoch = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return TS_EINVAL;
+    r = req_new(c, TS_OP_MAP_PUSH);
+    if (!r)
+        return TS_ENOMEM;
+    ts_map_encode(&r->w, m);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    *epoch = ts_rd_u64(&body);
+    if (body.err)
+        rc = proto_err(c, "MAP_PUSH");
+    req_free(c, r);
+    return rc;
 }
 
 void ts_client_set_timeout(tessera_client *c, int timeout_ms)
 {
     c->timeout_ms = timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : timeout_ms;
+    if (c->cl)
+        ts_cl_set_timeout(c->cl, c->timeout_ms);
+}
+
+uint64_t tessera_client_epoch(const tessera_client *c)
+{
+    return c && c->cl ? ts_cl_epoch(c->cl) : 0;
 }
 
 int tessera_client_role(const tessera_client *c)
@@ -933,6 +1317,8 @@ int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_
         return rc;
     if (!p)
         p = &def;
+    if (c->cl)
+        return ts_cl_dataset_create(c, c->cl, name, p);
     r = req_new(c, TS_OP_DATASET_CREATE);
     if (!r)
         return TS_ENOMEM;
@@ -965,6 +1351,8 @@ int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t
         return rc;
     if (!out || !n)
         return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_dataset_list(c, c->cl, out, n);
     r = req_new(c, TS_OP_DATASET_LIST);
     if (!r)
         return TS_ENOMEM;
@@ -1012,6 +1400,8 @@ int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
         return rc;
     if (!out)
         return TS_EINVAL;
+    if (c->cl)
+        return name_check(c, name) ? TS_ENAME : ts_cl_dataset_stat(c, c->cl, name, out);
     rc = call_name(c, TS_OP_DATASET_STAT, name, &r, &body);
     if (rc)
         return rc;
@@ -1039,12 +1429,46 @@ static int simple_name_op(tessera_client *c, uint8_t op, const char *name)
 
 int tessera_dataset_seal(tessera_client *c, const char *name)
 {
+    if (c && c->cl) {
+        c->err[0] = '\0';
+        return name_check(c, name) ? TS_ENAME : ts_cl_dataset_seal(c, c->cl, name);
+    }
     return simple_name_op(c, TS_OP_DATASET_SEAL, name);
 }
 
 int tessera_dataset_delete(tessera_client *c, const char *name)
 {
+    if (c && c->cl) {
+        c->err[0] = '\0';
+        return name_check(c, name) ? TS_ENAME : ts_cl_dataset_delete(c, c->cl, name);
+    }
     return simple_name_op(c, TS_OP_DATASET_DELETE, name);
+}
+
+int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = name_check(c, name);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return TS_EINVAL;
+    r = req_new(c, TS_OP_DATASET_SEAL);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name);
+    ts_wr_u8(&r->w, flags);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    req_free(c, r);
+    return 0;
 }
 
 /* ---- shards --------------------------------------------------------------------------------- */
@@ -1064,6 +1488,8 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
     rc = name_check(c, name);
     if (rc)
         return rc;
+    if (c->cl)
+        return ts_cl_shard_stat(c, c->cl, name, shard, out);
     r = req_new(c, TS_OP_SHARD_STAT);
     if (!r)
         return TS_ENOMEM;
@@ -1095,6 +1521,8 @@ int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info
         return rc;
     if (!out || !n)
         return TS_EINVAL;
+    if (c->cl)
+        return name_check(c, name) ? TS_ENAME : ts_cl_shard_list(c, c->cl, name, out, n);
     rc = call_name(c, TS_OP_SHARD_LIST, name, &r, &body);
     if (rc)
         return rc;
@@ -1197,6 +1625,8 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
     rc = read_args(c, name, off, len, buf);
     if (rc)
         return rc;
+    if (c->cl)
+        return ts_cl_read(c, c->cl, name, shard, off, len, buf, out_len);
     npieces = len ? (len - 1) / TESSERA_MAX_READ + 1 : 1;
     while (done < npieces) {
         /* Keep a window of requests in flight; none past a known end of the shard. */
@@ -1262,6 +1692,8 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
         set_err(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
         return TS_EINVAL;
     }
+    if (c->cl)
+        return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
     rc = read_queue(c, name, shard, off, len, buf, 1, &r);
     if (rc)
         return rc;
@@ -1284,6 +1716,8 @@ int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
     if (!c)
         return TS_EINVAL;
     c->err[0] = '\0';
+    if (c->cl)
+        return ts_cl_wait(c, c->cl, op, out_len);
     i = live_find(c, op);
     if (i == SIZE_MAX || !c->live[i]->user)
         return TS_ENOENT;
@@ -1306,6 +1740,8 @@ int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
     if (!c)
         return TS_EINVAL;
     c->err[0] = '\0';
+    if (c->cl)
+        return ts_cl_wait_any(c, c->cl, op, out_len);
     for (size_t i = 0; i < c->nlive && !any; i++)
         any = c->live[i]->user;
     if (!any)
@@ -1377,6 +1813,7 @@ static void put_collect(tessera_client *c, struct put *p)
         ts_rd_init(&body, r->reply, r->reply_len);
         /* Keep the first refusal's message: later ones are usually its echo. */
         rc = ts_reply_status(&body, p->rc ? scratch : c->err, sizeof(scratch));
+        note_stale(c, &body, rc);
         if (!rc) {
             uint32_t idx = ts_rd_u32(&body);
             (void)ts_rd_u64(&body);
@@ -1483,6 +1920,8 @@ int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void 
         return rc;
     if ((!buf && len) || (!records && nrecords))
         return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_put(c, c->cl, name, shard, buf, len, records, nrecords, -1, 0);
     rc = put_begin(c, &p, name, shard, len);
     if (rc)
         goto out_end;
@@ -1544,6 +1983,8 @@ int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
         return rc;
     if (fd < 0)
         return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_put(c, c->cl, name, shard, NULL, 0, NULL, 0, fd, size);
     rc = put_begin(c, &p, name, shard, size);
     if (rc)
         goto out_free;
@@ -1623,6 +2064,8 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
     if (!rep)
         rep = &tmp;
     memset(rep, 0, sizeof(*rep));
+    if (c->cl)
+        return ts_cl_scrub(c, c->cl, name, rep, cb, arg);
     r = req_new(c, TS_OP_SCRUB);
     if (!r)
         return TS_ENOMEM;
@@ -1666,6 +2109,8 @@ int tessera_status(tessera_client *c, char **json)
         return rc;
     if (!json)
         return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_status(c, c->cl, json);
     r = req_new(c, TS_OP_STATUS);
     if (!r)
         return TS_ENOMEM;

@@ -48,6 +48,9 @@ struct ts_transport {
  *            passes (< 0: forever); the events that are ready, 0 on timeout, or TS_E*.
  *   error:   why the last send or recv failed, in words; NULL when there is nothing to add
  *            to the code (optional).
+ *   pollfd:  for waiting on several transports at once: 1 when it can make progress on
+ *            events (TS_IO_*) right now (bytes buffered inside the transport), else 0 with
+ *            the descriptor and the poll() events to wait for in *fd and *pevents; or TS_E*.
  *   close:   releases everything; NULL is a no-op.
  */
 struct ts_transport_ops {
@@ -57,6 +60,7 @@ struct ts_transport_ops {
     long (*recv)(struct ts_transport *t, void *buf, size_t len);
     int (*wait)(struct ts_transport *t, int events, int timeout_ms);
     const char *(*error)(struct ts_transport *t);
+    int (*pollfd)(struct ts_transport *t, int events, int *fd, short *pevents);
     void (*close)(struct ts_transport *t);
 };
 
@@ -70,6 +74,8 @@ int ts_tcp_connect_fd(const struct ts_conn_params *p, int *fd);
 int ts_tcp_from_fd(struct ts_transport **out, int fd);
 /* Waits for events on fd with poll(); what ts_transport_ops.wait returns. */
 int ts_fd_wait(int fd, int events, int timeout_ms);
+/* TS_IO_* events as poll() events. */
+short ts_poll_events(int events);
 /* Formats a reason into p->err (when it has room). */
 void ts_conn_err(const struct ts_conn_params *p, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -104,6 +110,110 @@ void ts_client_set_timeout(tessera_client *c, int timeout_ms);
 /* Like tessera_client_open, over t (taken on success and failure alike). */
 int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
                              struct ts_transport *t, char *err, size_t errlen);
+
+/* ---- sub-connections (cluster mode) ----------------------------------------------------------
+ *
+ * In cluster mode the handle the caller holds is a router (client/cluster.c): it has no
+ * connection of its own, keeps the cluster map, and routes every call over sub-connections,
+ * one plain single-node handle per node, opened lazily. A sub-connection never asks for the
+ * map and never routes; the public calls on it behave as on a single-node handle.
+ */
+
+struct ts_map;
+struct ts_cluster;
+
+/*
+ * Opens a sub-connection to o->address (connect, TLS, HELLO; no MAP_GET). Its requests carry
+ * *epoch_ref (the router's map epoch) rather than the epoch of the replies.
+ */
+int ts_conn_open(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
+                 char *err, size_t errlen);
+/* Makes an open single-node handle a sub-connection whose requests carry *epoch_ref. */
+void ts_conn_attach(tessera_client *c, const uint64_t *epoch_ref);
+/* The code that ended the connection, or 0 while it is usable. */
+int ts_conn_broken(const tessera_client *c);
+/* The highest map epoch any reply on the connection carried (HELLO included). */
+uint64_t ts_conn_seen_epoch(const tessera_client *c);
+/* The newest map a TS_ESTALE reply carried since the last call, or NULL; the caller frees it. */
+struct ts_map *ts_conn_take_stale_map(tessera_client *c);
+/*
+ * MAP_GET: *out the node's map (NULL when it has none: epoch 0, no nodes), *epoch its epoch.
+ * 0 or TS_E* (an old server answers TS_ENOTSUP).
+ */
+int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch);
+/* MAP_PUSH: *epoch the epoch now in force on the node. */
+int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch);
+/* DATASET_SEAL with the trailing flags byte (TS_SEAL_LOCAL_ONLY). */
+int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags);
+/* Submitted reads on the connection not collected yet. */
+size_t ts_conn_user_pending(const tessera_client *c);
+/* 1 when submitted read op has completed (tessera_wait returns at once), 0 while it is in
+ * flight, TS_ENOENT when the connection has no such read. */
+int ts_conn_op_done(const tessera_client *c, uint64_t op);
+/*
+ * Drives the connections v[0..n) at once until one of them holds a completed submitted read
+ * (a failed connection completes its reads with its code). After timeout_ms (< 0: none)
+ * without one, every connection still waiting for a read is failed with TS_ETIMEDOUT.
+ * 0, or TS_ENOENT when no connection has a read in flight.
+ */
+int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms);
+/* The router state of a handle in cluster mode, else NULL. */
+struct ts_cluster *ts_client_cluster(const tessera_client *c);
+/* The options a top-level handle was opened with (strings owned by the handle). */
+const struct tessera_opts *ts_client_opts(const tessera_client *c);
+/* Sets the handle's message, as tessera_client_error() shows it. */
+void ts_client_set_error(tessera_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Per-request timeout of a handle (ms; < 0: none). */
+int ts_client_timeout(const tessera_client *c);
+
+/* ---- the router (client/cluster.c) ----------------------------------------------------------
+ *
+ * Every ts_cl_* function implements the public call of the same name for a router handle c
+ * (c's message was cleared already); cl is c's cluster state.
+ */
+
+/* Takes seed (an open handle to one node, which becomes that node's sub-connection) and map. */
+int ts_cl_create(struct ts_cluster **out, tessera_client *router, tessera_client *seed,
+                 struct ts_map *map, const struct tessera_opts *o);
+void ts_cl_free(struct ts_cluster *cl);
+uint64_t ts_cl_epoch(const struct ts_cluster *cl);
+void ts_cl_set_timeout(struct ts_cluster *cl, int timeout_ms);
+
+int ts_cl_dataset_create(tessera_client *c, struct ts_cluster *cl, const char *name,
+                         const struct ts_dataset_policy *p);
+int ts_cl_dataset_list(tessera_client *c, struct ts_cluster *cl, struct ts_dataset_info **out,
+                       size_t *n);
+int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *name,
+                       struct ts_dataset_info *out);
+int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *name);
+int ts_cl_dataset_delete(tessera_client *c, struct ts_cluster *cl, const char *name);
+int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                     struct ts_shard_info *out);
+int ts_cl_shard_list(tessera_client *c, struct ts_cluster *cl, const char *name,
+                     struct ts_shard_info **out, size_t *n);
+/* fd < 0: upload buf/len with records; else upload size bytes (or to EOF) from fd. */
+int ts_cl_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+              const void *buf, size_t len, const uint64_t *records, uint32_t nrecords, int fd,
+              uint64_t size);
+int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+               uint64_t off, size_t len, void *buf, size_t *out_len);
+int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                      uint64_t off, size_t len, void *buf, uint64_t *op);
+int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len);
+int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_t *out_len);
+int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
+                struct ts_scrub_report *rep,
+                void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk, int rc),
+                void *arg);
+int ts_cl_status(tessera_client *c, struct ts_cluster *cl, char **json);
+
+/* ---- cluster views for the CLI -------------------------------------------------------------- */
+
+/* The handle's cluster map; NULL on a single node. */
+const struct ts_map *ts_client_map(const tessera_client *c);
+/* STATUS of node i of the handle's map (connecting to it if needed). */
+int ts_client_node_status(tessera_client *c, size_t node, char **json);
 
 /* ---- pure reply decoders ------------------------------------------------------------------- */
 

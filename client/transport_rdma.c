@@ -26,6 +26,11 @@ static int rdma_wait(struct ts_transport *t, int events, int timeout_ms)
     return TS_ENOTSUP;
 }
 
+static int rdma_pollfd(struct ts_transport *t, int events, int *fd, short *pevents)
+{
+    return TS_ENOTSUP;
+}
+
 static void rdma_close(struct ts_transport *t) {}
 
 const struct ts_transport_ops ts_transport_rdma = {
@@ -34,5 +39,6 @@ const struct ts_transport_ops ts_transport_rdma = {
     .send = rdma_send,
     .recv = rdma_recv,
     .wait = rdma_wait,
+    .pollfd = rdma_pollfd,
     .close = rdma_close,
 };

@@ -49,15 +49,22 @@ static int connect_errno(int err)
     }
 }
 
-int ts_fd_wait(int fd, int events, int timeout_ms)
+short ts_poll_events(int events)
 {
-    struct pollfd pfd = {.fd = fd, .events = 0};
-    int n, ready = 0;
+    short ev = 0;
 
     if (events & TS_IO_READ)
-        pfd.events |= POLLIN;
+        ev |= POLLIN;
     if (events & TS_IO_WRITE)
-        pfd.events |= POLLOUT;
+        ev |= POLLOUT;
+    return ev;
+}
+
+int ts_fd_wait(int fd, int events, int timeout_ms)
+{
+    struct pollfd pfd = {.fd = fd, .events = ts_poll_events(events)};
+    int n, ready = 0;
+
     do {
         n = poll(&pfd, 1, timeout_ms);
     } while (n < 0 && errno == EINTR);
@@ -236,6 +243,15 @@ static int tcp_wait(struct ts_transport *tt, int events, int timeout_ms)
     return ts_fd_wait(t->fd, events, timeout_ms);
 }
 
+static int tcp_pollfd(struct ts_transport *tt, int events, int *fd, short *pevents)
+{
+    struct tcp_transport *t = (struct tcp_transport *)tt;
+
+    *fd = t->fd;
+    *pevents = ts_poll_events(events);
+    return 0;
+}
+
 static void tcp_close(struct ts_transport *tt)
 {
     struct tcp_transport *t = (struct tcp_transport *)tt;
@@ -252,5 +268,6 @@ const struct ts_transport_ops ts_transport_tcp = {
     .send = tcp_send,
     .recv = tcp_recv,
     .wait = tcp_wait,
+    .pollfd = tcp_pollfd,
     .close = tcp_close,
 };

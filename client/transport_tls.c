@@ -378,6 +378,22 @@ static int tls_wait(struct ts_transport *tt, int events, int timeout_ms)
     return rc > 0 ? events : rc;
 }
 
+static int tls_pollfd(struct ts_transport *tt, int events, int *fd, short *pevents)
+{
+    struct tls_transport *t = (struct tls_transport *)tt;
+    int ev = 0;
+
+    if ((events & TS_IO_READ) && SSL_pending(t->ssl) > 0)
+        return 1;
+    if (events & TS_IO_READ)
+        ev |= t->rd_want;
+    if (events & TS_IO_WRITE)
+        ev |= t->wr_want;
+    *fd = t->fd;
+    *pevents = ts_poll_events(ev);
+    return 0;
+}
+
 static const char *tls_error(struct ts_transport *tt)
 {
     struct tls_transport *t = (struct tls_transport *)tt;
@@ -392,5 +408,6 @@ const struct ts_transport_ops ts_transport_tls = {
     .recv = tls_recv,
     .wait = tls_wait,
     .error = tls_error,
+    .pollfd = tls_pollfd,
     .close = tls_close,
 };

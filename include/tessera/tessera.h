@@ -14,6 +14,12 @@
  * through out-parameters are malloc'ed and the caller free()s them. On failure out-parameters
  * are left empty (NULL / 0) and the caller still owns its arguments.
  *
+ * Clusters: the address given to tessera_client_open may be any node of a cluster (a seed).
+ * When that node has a cluster map, the handle keeps it and routes every call to the nodes
+ * that hold the data (writes to the placement group's primary, reads to any of its replicas,
+ * with failover to the next replica), over one connection per node opened when first needed
+ * (docs/client.md, "Cluster mode").
+ *
  * Integrity: every byte received is checked against the CRC32C the server sent for its piece
  * before the call reports success; a mismatch is TS_ECORRUPT. Uploads send each chunk's CRC32C
  * and the whole shard's CRC32C, which the server verifies before acknowledging.
@@ -57,6 +63,8 @@ int tessera_client_role(const tessera_client *c);
 const char *tessera_client_error(const tessera_client *c);
 /* The server's node id, as sent in its HELLO reply. */
 const char *tessera_client_node(const tessera_client *c);
+/* The cluster map epoch the handle routes by; 0 on a single node (no cluster map). */
+uint64_t tessera_client_epoch(const tessera_client *c);
 
 /* ---- datasets ----------------------------------------------------------------------------- */
 
@@ -112,6 +120,25 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
                   void *arg);
 /* The server's status as a JSON document; *json is malloc'ed. */
 int tessera_status(tessera_client *c, char **json);
+
+/* ---- cluster administration (admin role) ------------------------------------------------ */
+
+/*
+ * Pushes the cluster map in the map file at path (format: conf/cluster5.map) to every node
+ * it lists: the epoch becomes one more than the highest of the file's epoch and the epochs
+ * that the reachable nodes of the file report, and is written back into the file before the
+ * push. *new_epoch is that epoch (also on failure, once the file was written). 0 when every
+ * node that is up in the map accepted it; otherwise the first failure, with every node that
+ * failed named in tessera_client_error().
+ */
+int tessera_map_push_file(tessera_client *c, const char *path, uint64_t *new_epoch);
+/*
+ * Fails over placement group pg: takes the newest map the nodes have, marks the PG's current
+ * primary down (its next core replica becomes primary), bumps the epoch and pushes that map
+ * to every other node that is up. The map file is not changed: edit it before the next
+ * tessera_map_push_file. 0 when every node pushed to accepted; TS_EINVAL on a single node.
+ */
+int tessera_failover(tessera_client *c, uint32_t pg, uint64_t *new_epoch);
 
 #ifdef __cplusplus
 }

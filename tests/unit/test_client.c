@@ -510,28 +510,65 @@ static void fake_read_reply(int fd, uint64_t id, const uint8_t *shard, uint64_t 
     free(data);
 }
 
-/* A client over one end of a socketpair; the other end is *peer. HELLO is answered first. */
+/* The first request id after HELLO (1) and MAP_GET (2). */
+#define ID0 3
+
+/* A MAP_GET reply of a single node: epoch 0, no nodes. */
+static void fake_no_map(int fd, uint64_t id)
+{
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_u32(&w, 0);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, 0);
+    ts_wr_u32(&w, 0);
+    fake_send(fd, TS_OP_MAP_GET, id, &w, NULL, 0);
+    ts_wr_fini(&w);
+}
+
+/* Answers the handshake of tessera_client_open: HELLO, then MAP_GET (no map). */
+static void *fake_handshake(void *arg)
+{
+    int fd = *(int *)arg;
+    struct ts_frame_hdr h;
+    uint8_t *p;
+
+    if (fake_recv(fd, &h, &p) != 0 || h.opcode != TS_OP_HELLO || h.req_id != 1)
+        return (void *)1;
+    free(p);
+    fake_hello(fd, 1);
+    if (fake_recv(fd, &h, &p) != 0 || h.opcode != TS_OP_MAP_GET || h.req_id != 2)
+        return (void *)1;
+    free(p);
+    fake_no_map(fd, 2);
+    return NULL;
+}
+
+/*
+ * A client over one end of a socketpair; the other end is *peer. HELLO and MAP_GET (no map:
+ * a single node) are answered first.
+ */
 static tessera_client *open_pair(int *peer, int timeout_ms)
 {
     struct ts_transport *t;
     struct tessera_opts o;
     tessera_client *c = NULL;
-    struct ts_frame_hdr h;
-    uint8_t *p;
+    pthread_t th;
+    void *bad;
     char err[128];
     int sv[2];
 
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-    fake_hello(sv[1], 1);
+    assert_int_equal(pthread_create(&th, NULL, fake_handshake, &sv[1]), 0);
     assert_int_equal(ts_tcp_from_fd(&t, sv[0]), 0);
     tessera_opts_init(&o);
     o.timeout_ms = timeout_ms;
     o.max_inflight = 8;
     assert_int_equal(ts_client_open_transport(&c, &o, t, err, sizeof(err)), 0);
-    assert_int_equal(fake_recv(sv[1], &h, &p), 0); /* the HELLO */
-    assert_int_equal(h.opcode, TS_OP_HELLO);
-    assert_int_equal(h.req_id, 1);
-    free(p);
+    pthread_join(th, &bad);
+    assert_null(bad);
+    assert_int_equal(tessera_client_epoch(c), 0); /* a single node */
     assert_string_equal(tessera_client_node(c), "fake-node");
     assert_int_equal(tessera_client_role(c), TS_ROLE_ADMIN);
     *peer = sv[1];
@@ -561,20 +598,20 @@ static void test_stat_and_refusal(void **state)
     int fd;
     tessera_client *c = open_pair(&fd, 5000);
 
-    fake_dataset_info(fd, 2, "imagenet", 4096);
+    fake_dataset_info(fd, ID0, "imagenet", 4096);
     assert_int_equal(tessera_dataset_stat(c, "imagenet", &d), 0);
     assert_string_equal(d.name, "imagenet");
     assert_int_equal(d.policy.chunk_size, 4096);
-    assert_int_equal(expect_req(fd, TS_OP_DATASET_STAT), 2);
+    assert_int_equal(expect_req(fd, TS_OP_DATASET_STAT), ID0);
 
-    fake_error(fd, TS_OP_DATASET_STAT, 3, TS_ENOENT, "dataset-stat nope: no such dataset");
+    fake_error(fd, TS_OP_DATASET_STAT, ID0 + 1, TS_ENOENT, "dataset-stat nope: no such dataset");
     assert_int_equal(tessera_dataset_stat(c, "nope", &d), TS_ENOENT);
     assert_string_equal(tessera_client_error(c), "dataset-stat nope: no such dataset");
     expect_req(fd, TS_OP_DATASET_STAT);
 
     /* Checked before anything is sent: no request id is used up. */
     assert_int_equal(tessera_dataset_stat(c, "bad name", &d), TS_ENAME);
-    fake_dataset_info(fd, 4, "x", 0);
+    fake_dataset_info(fd, ID0 + 2, "x", 0);
     assert_int_equal(tessera_dataset_stat(c, "x", &d), 0);
     assert_string_equal(tessera_client_error(c), "");
     tessera_client_close(c);
@@ -590,17 +627,17 @@ static void test_read_verified(void **state)
 
     ts_test_fill(shard, sizeof(shard), 1, 0);
     memset(buf, 0x55, sizeof(buf));
-    fake_read_reply(fd, 2, shard, sizeof(shard), 4096, 1000, 5000, HONEST);
+    fake_read_reply(fd, ID0, shard, sizeof(shard), 4096, 1000, 5000, HONEST);
     assert_int_equal(tessera_read(c, "ds", 0, 1000, 5000, buf, &n), 0);
     assert_int_equal(n, 5000);
     assert_memory_equal(buf, shard + 1000, 5000);
     /* Past the end: cut there. */
-    fake_read_reply(fd, 3, shard, sizeof(shard), 4096, 9000, 5000, HONEST);
+    fake_read_reply(fd, ID0 + 1, shard, sizeof(shard), 4096, 9000, 5000, HONEST);
     assert_int_equal(tessera_read(c, "ds", 0, 9000, 5000, buf, &n), 0);
     assert_int_equal(n, 1000);
     assert_memory_equal(buf, shard + 9000, 1000);
     /* A refused read carries the server's message. */
-    fake_error(fd, TS_OP_READ, 4, TS_ERANGE, "read ds/0: offset past the end");
+    fake_error(fd, TS_OP_READ, ID0 + 2, TS_ERANGE, "read ds/0: offset past the end");
     assert_int_equal(tessera_read(c, "ds", 0, 20000, 10, buf, &n), TS_ERANGE);
     assert_int_equal(n, 0);
     assert_string_equal(tessera_client_error(c), "read ds/0: offset past the end");
@@ -615,7 +652,7 @@ static void test_read_lying_server(void **state)
     static const int want[] = {TS_EPROTO, TS_EPROTO, TS_ECORRUPT, TS_EPROTO};
     uint8_t shard[10000], buf[2000];
     struct ts_dataset_info d;
-    uint64_t id = 2;
+    uint64_t id = ID0;
     size_t n;
     int fd;
     tessera_client *c = open_pair(&fd, 5000);
@@ -649,23 +686,23 @@ static void test_submit_out_of_order(void **state)
     assert_int_equal(tessera_wait_any(c, &op, &n), TS_ENOENT);
     for (int i = 0; i < 3; i++)
         assert_int_equal(tessera_read_submit(c, "ds", 0, (uint64_t)i * 100, 100, b[i], &ops[i]), 0);
-    assert_int_equal(ops[0], 2);
-    assert_int_equal(ops[2], 4);
+    assert_int_equal(ops[0], ID0);
+    assert_int_equal(ops[2], ID0 + 2);
     assert_int_equal(tessera_read_submit(c, "ds", 0, 0, TESSERA_MAX_READ + 1, b[0], &op),
                      TS_EINVAL);
     /* Answered last first. */
-    fake_read_reply(fd, 4, shard, sizeof(shard), 1024, 200, 100, HONEST);
-    fake_read_reply(fd, 2, shard, sizeof(shard), 1024, 0, 100, HONEST);
-    fake_read_reply(fd, 3, shard, sizeof(shard), 1024, 100, 100, HONEST);
+    fake_read_reply(fd, ID0 + 2, shard, sizeof(shard), 1024, 200, 100, HONEST);
+    fake_read_reply(fd, ID0, shard, sizeof(shard), 1024, 0, 100, HONEST);
+    fake_read_reply(fd, ID0 + 1, shard, sizeof(shard), 1024, 100, 100, HONEST);
     assert_int_equal(tessera_wait_any(c, &op, &n), 0);
-    assert_int_equal(op, 4);
+    assert_int_equal(op, ID0 + 2);
     assert_int_equal(n, 100);
     assert_memory_equal(b[2], shard + 200, 100);
     assert_int_equal(tessera_wait(c, ops[1], &n), 0);
     assert_memory_equal(b[1], shard + 100, 100);
     assert_int_equal(tessera_wait(c, ops[1], &n), TS_ENOENT); /* already collected */
     assert_int_equal(tessera_wait_any(c, &op, &n), 0);
-    assert_int_equal(op, 2);
+    assert_int_equal(op, ID0);
     assert_memory_equal(b[0], shard, 100);
     assert_int_equal(tessera_wait_any(c, &op, &n), TS_ENOENT);
     tessera_client_close(c);
@@ -747,7 +784,7 @@ static void test_framing_violations(void **state)
     c = open_pair(&fd, 5000);
     ts_wr_init(&w);
     ts_wr_u32(&w, 0);
-    fake_send(fd, TS_OP_STATUS, 2, &w, NULL, 0);
+    fake_send(fd, TS_OP_STATUS, ID0, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
     tessera_client_close(c);
@@ -757,10 +794,10 @@ static void test_framing_violations(void **state)
     ts_wr_init(&w);
     ts_wr_u32(&w, 0);
     ts_wr_str(&w, "ds");
-    fake_send(fd, TS_OP_DATASET_STAT, 2, &w, NULL, 0);
+    fake_send(fd, TS_OP_DATASET_STAT, ID0, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_dataset_stat(c, "ds", &d), TS_EPROTO);
-    fake_dataset_info(fd, 3, "ds", 0);
+    fake_dataset_info(fd, ID0 + 1, "ds", 0);
     assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
     tessera_client_close(c);
     close(fd);
@@ -783,7 +820,7 @@ static void test_lists(void **state)
     ts_wr_u32(&w, 2);
     ts_wr_dataset_info(&w, &a);
     ts_wr_dataset_info(&w, &b);
-    fake_send(fd, TS_OP_DATASET_LIST, 2, &w, NULL, 0);
+    fake_send(fd, TS_OP_DATASET_LIST, ID0, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_dataset_list(c, &dl, &n), 0);
     assert_int_equal(n, 2);
@@ -796,7 +833,7 @@ static void test_lists(void **state)
     ts_wr_u32(&w, 0);
     ts_wr_u32(&w, 0xffffffffu);
     ts_wr_dataset_info(&w, &a);
-    fake_send(fd, TS_OP_DATASET_LIST, 3, &w, NULL, 0);
+    fake_send(fd, TS_OP_DATASET_LIST, ID0 + 1, &w, NULL, 0);
     ts_wr_fini(&w);
     dl = (void *)&w;
     assert_int_equal(tessera_dataset_list(c, &dl, &n), TS_EPROTO);
@@ -807,7 +844,7 @@ static void test_lists(void **state)
     ts_wr_u32(&w, 0);
     ts_wr_u32(&w, 1);
     ts_wr_shard_info(&w, &s);
-    fake_send(fd, TS_OP_SHARD_LIST, 4, &w, NULL, 0);
+    fake_send(fd, TS_OP_SHARD_LIST, ID0 + 2, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_shard_list(c, "ds", &sl, &n), 0);
     assert_int_equal(n, 1);
@@ -826,7 +863,7 @@ static void test_lists(void **state)
     ts_wr_u32(&w, 2);
     ts_wr_u32(&w, 7);
     ts_wr_u32(&w, (uint32_t)TS_ECORRUPT);
-    fake_send(fd, TS_OP_SCRUB, 5, &w, NULL, 0);
+    fake_send(fd, TS_OP_SCRUB, ID0 + 3, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_scrub(c, NULL, &rep, NULL, NULL), 0);
     assert_int_equal(rep.corrupt, 1);
@@ -835,7 +872,7 @@ static void test_lists(void **state)
     ts_wr_init(&w);
     ts_wr_u32(&w, 0);
     ts_wr_str(&w, "{\"node\": \"fake\"}");
-    fake_send(fd, TS_OP_STATUS, 6, &w, NULL, 0);
+    fake_send(fd, TS_OP_STATUS, ID0 + 4, &w, NULL, 0);
     ts_wr_fini(&w);
     assert_int_equal(tessera_status(c, &json), 0);
     assert_string_equal(json, "{\"node\": \"fake\"}");
