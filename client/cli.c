@@ -22,6 +22,7 @@
 
 #include "cli_util.h"
 #include "client_internal.h"
+#include "ts_map.h"
 
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
@@ -44,6 +45,9 @@ enum opt_id {
     O_OUTPUT,
     O_OFFSET,
     O_LENGTH,
+    O_DATASET,
+    O_SHARD,
+    O_NODE,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -69,6 +73,17 @@ static const struct cli_opt get_opts[] = {
     {NULL, 0, 0, 0},
 };
 
+static const struct cli_opt pg_opts[] = {
+    {"dataset", 0, 1, O_DATASET},
+    {"shard", 0, 1, O_SHARD},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt status_opts[] = {
+    {"node", 0, 1, O_NODE},
+    {NULL, 0, 0, 0},
+};
+
 static const struct cli_opt no_opts[] = {{NULL, 0, 0, 0}};
 
 /* What a command works with. */
@@ -86,6 +101,12 @@ struct ctx {
     const char *output;
     uint64_t offset, length;
     int length_set;
+    /* pg, status */
+    const char *dataset;
+    uint64_t shard;
+    int shard_set;
+    const char *node;
+    int server_set; /* -s or $TESSERA_SERVER */
     /* a local failure, in words (instead of a TS_E* line) */
     char local[512];
 };
@@ -804,15 +825,31 @@ static void status_tables(struct json_object *o)
     }
 }
 
+static int status_cluster(struct ctx *x, const struct ts_map *m);
+
 static int cmd_status(struct ctx *x)
 {
     static const char *const hdr[] = {"KEY", "VALUE"};
+    const struct ts_map *m = ts_client_map(x->c);
+    const char *where = x->server;
     struct json_object *doc;
     struct cli_table kv;
     char *json = NULL;
-    int rc, tables = 0;
+    int rc, tables = 0, i = -1;
 
-    rc = tessera_status(x->c, &json);
+    if (m && !x->node)
+        return status_cluster(x, m);
+    if (x->node && (!m || (i = ts_map_find(m, x->node)) < 0)) {
+        snprintf(x->local, sizeof(x->local), "no node '%s' in the cluster map%s", x->node,
+                 m ? "" : " (there is none: a single node)");
+        return TS_EINVAL;
+    }
+    if (i >= 0) {
+        where = m->nodes[i].addr;
+        rc = ts_client_node_status(x->c, (size_t)i, &json);
+    } else {
+        rc = tessera_status(x->c, &json);
+    }
     if (rc)
         return rc;
     doc = json_tokener_parse(json);
@@ -827,7 +864,7 @@ static int cmd_status(struct ctx *x)
         json_print(doc);
         return 0;
     }
-    printf("server: %s (node %s, role %s)\n", x->server, tessera_client_node(x->c),
+    printf("server: %s (node %s, role %s)\n", where, i >= 0 ? x->node : tessera_client_node(x->c),
            ts_role_name(tessera_client_role(x->c)));
     if (cli_table_init(&kv, 2, 0, hdr) == 0) {
         status_flatten(doc, "", &kv, &tables);
@@ -844,6 +881,408 @@ static int cmd_status(struct ctx *x)
         status_tables(doc);
     json_object_put(doc);
     return 0;
+}
+
+/* ---- cluster commands ---------------------------------------------------------------------- */
+
+/* The handle's cluster map, or a local error on a single node. */
+static const struct ts_map *need_map(struct ctx *x)
+{
+    const struct ts_map *m = ts_client_map(x->c);
+
+    if (!m)
+        snprintf(x->local, sizeof(x->local),
+                 "%s (node %s) has no cluster map: it runs as a single node", x->server,
+                 tessera_client_node(x->c));
+    return m;
+}
+
+static struct json_object *map_node_json(const struct ts_map_node *nd, unsigned primary_pgs)
+{
+    struct json_object *o = json_object_new_object();
+
+    json_object_object_add(o, "id", json_object_new_string(nd->id));
+    json_object_object_add(o, "addr", json_object_new_string(nd->addr));
+    json_object_object_add(o, "tls_addr", json_object_new_string(nd->tls_addr));
+    json_object_object_add(o, "domain", json_object_new_string(nd->domain));
+    json_object_object_add(o, "weight", json_u64(nd->weight));
+    json_object_object_add(o, "state", json_object_new_string(ts_node_state_name(nd->state)));
+    json_object_object_add(o, "primary_pgs", json_u64(primary_pgs));
+    return o;
+}
+
+static int cmd_map_show(struct ctx *x)
+{
+    static const char *const hdr[] = {"ID",     "ADDR",  "TLS_ADDR",   "DOMAIN",
+                                      "WEIGHT", "STATE", "PRIMARY_PGS"};
+    const struct ts_map *m = ts_client_map(x->c);
+    unsigned *leads, count[3] = {0, 0, 0};
+    struct cli_table t;
+    int rc;
+
+    if (!m) {
+        if (x->json) {
+            struct json_object *o = json_object_new_object();
+            json_object_object_add(o, "epoch", json_u64(0));
+            json_object_object_add(o, "pg_count", json_u64(0));
+            json_object_object_add(o, "nodes", json_object_new_array());
+            json_print(o);
+        } else {
+            printf("node %s has no cluster map (a single node, epoch 0)\n",
+                   tessera_client_node(x->c));
+        }
+        return 0;
+    }
+    leads = calloc(m->n, sizeof(*leads));
+    if (!leads)
+        return TS_ENOMEM;
+    for (uint32_t pg = 0; pg < m->pg_count; pg++) {
+        int first[1];
+        if (ts_map_pg_order(m, pg, first, 1) == 1)
+            leads[first[0]]++;
+    }
+    if (x->json) {
+        struct json_object *o = json_object_new_object(), *a = json_object_new_array();
+        json_object_object_add(o, "epoch", json_u64(m->epoch));
+        json_object_object_add(o, "pg_count", json_u64(m->pg_count));
+        for (size_t i = 0; i < m->n; i++)
+            json_object_array_add(a, map_node_json(&m->nodes[i], leads[i]));
+        json_object_object_add(o, "nodes", a);
+        json_print(o);
+        free(leads);
+        return 0;
+    }
+    for (size_t i = 0; i < m->n; i++)
+        if (m->nodes[i].state >= 0 && m->nodes[i].state <= 2)
+            count[m->nodes[i].state]++;
+    printf("epoch:    %llu\npg_count: %u\nnodes:    %zu (%u up, %u down, %u out)\n\n",
+           (unsigned long long)m->epoch, m->pg_count, m->n, count[0], count[1], count[2]);
+    rc = cli_table_init(&t, TS_ARRAY_SIZE(hdr), 0x50, hdr);
+    for (size_t i = 0; i < m->n && !rc; i++) {
+        const struct ts_map_node *nd = &m->nodes[i];
+        char weight[16], lead[16];
+        const char *row[] = {nd->id,
+                             nd->addr,
+                             nd->tls_addr[0] ? nd->tls_addr : "-",
+                             nd->domain[0] ? nd->domain : "-",
+                             weight,
+                             ts_node_state_name(nd->state),
+                             lead};
+        snprintf(weight, sizeof(weight), "%u", nd->weight);
+        snprintf(lead, sizeof(lead), "%u", leads[i]);
+        rc = cli_table_add(&t, row);
+    }
+    if (!rc)
+        cli_table_print(&t, stdout);
+    cli_table_fini(&t);
+    free(leads);
+    return rc;
+}
+
+/* `map push FILE` without -s: connect to the first node of the file that is up. */
+static void map_push_seed(struct ctx *x, const struct tessera_opts *o)
+{
+    static char addr[sizeof(((struct ts_map_node *)0)->addr)];
+    struct ts_map *m = NULL;
+
+    if (x->argc < 1 || ts_map_parse_file(x->argv[0], &m, NULL, 0) != 0)
+        return; /* the push itself says what is wrong with the file */
+    for (size_t i = 0; i < m->n; i++) {
+        const struct ts_map_node *nd = &m->nodes[i];
+        if (nd->state != TS_NODE_UP)
+            continue;
+        snprintf(addr, sizeof(addr), "%s", o->tls_ca && nd->tls_addr[0] ? nd->tls_addr : nd->addr);
+        x->server = addr;
+        break;
+    }
+    ts_map_free(m);
+}
+
+static int cmd_map_push(struct ctx *x)
+{
+    const char *file = x->argv[0];
+    uint64_t epoch = 0;
+    int rc;
+
+    rc = tessera_map_push_file(x->c, file, &epoch);
+    if (rc)
+        return rc;
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "file", json_object_new_string(file));
+        json_object_object_add(o, "epoch", json_u64(epoch));
+        json_object_object_add(o, "note",
+                               tessera_client_error(x->c)[0]
+                                   ? json_object_new_string(tessera_client_error(x->c))
+                                   : NULL);
+        json_print(o);
+    } else {
+        printf("pushed map %s at epoch %llu\n", file, (unsigned long long)epoch);
+        if (tessera_client_error(x->c)[0]) /* nodes that are not up and did not take it */
+            fprintf(stderr, "tessera: map push: note: %s\n", tessera_client_error(x->c));
+    }
+    return 0;
+}
+
+static int cmd_failover(struct ctx *x)
+{
+    const struct ts_map *m = need_map(x);
+    char old[64] = "?", now[64] = "?";
+    uint64_t pg, epoch = 0;
+    int first[1], rc;
+
+    if (!m)
+        return TS_EINVAL;
+    (void)cli_parse_uint(x->argv[0], UINT32_MAX, &pg); /* checked with the arguments */
+    if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
+        snprintf(old, sizeof(old), "%s", m->nodes[first[0]].id);
+    rc = tessera_failover(x->c, (uint32_t)pg, &epoch);
+    if (rc)
+        return rc;
+    m = ts_client_map(x->c);
+    if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
+        snprintf(now, sizeof(now), "%s", m->nodes[first[0]].id);
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "pg", json_u64(pg));
+        json_object_object_add(o, "epoch", json_u64(epoch));
+        json_object_object_add(o, "old_primary", json_object_new_string(old));
+        json_object_object_add(o, "new_primary", json_object_new_string(now));
+        json_print(o);
+    } else {
+        printf("PG %llu: primary %s -> %s (%s marked down), map epoch %llu\n",
+               (unsigned long long)pg, old, now, old, (unsigned long long)epoch);
+    }
+    return 0;
+}
+
+static int cmd_pg(struct ctx *x)
+{
+    static const char *const hdr[] = {"RANK", "NODE", "ADDR", "DOMAIN", "ROLE"};
+    const struct ts_map *m = need_map(x);
+    struct ts_dataset_info d;
+    struct cli_table t;
+    int order[256], rc;
+    unsigned core = 0, fringe = 0;
+    uint64_t pg = 0;
+    size_t n;
+
+    if (!m)
+        return TS_EINVAL;
+    if (x->dataset) {
+        rc = tessera_dataset_stat(x->c, x->dataset, &d);
+        if (rc)
+            return rc;
+        core = d.policy.core;
+        fringe = d.policy.fringe;
+        m = ts_client_map(x->c); /* may have been refreshed */
+    }
+    if (x->argc > 0)
+        (void)cli_parse_uint(x->argv[0], UINT32_MAX, &pg);
+    else
+        pg = ts_map_pg_of(m, x->dataset, (uint32_t)x->shard);
+    if (pg >= m->pg_count) {
+        snprintf(x->local, sizeof(x->local), "the cluster has PGs 0 to %u", m->pg_count - 1);
+        return TS_EINVAL;
+    }
+    n = ts_map_pg_order(m, (uint32_t)pg, order, TS_ARRAY_SIZE(order));
+    if (x->json) {
+        struct json_object *o = json_object_new_object(), *a = json_object_new_array();
+        json_object_object_add(o, "pg", json_u64(pg));
+        json_object_object_add(o, "epoch", json_u64(m->epoch));
+        json_object_object_add(o, "dataset",
+                               x->dataset ? json_object_new_string(x->dataset) : NULL);
+        if (x->shard_set)
+            json_object_object_add(o, "shard", json_u64(x->shard));
+        for (size_t i = 0; i < n; i++) {
+            struct json_object *e = json_object_new_object();
+            const char *role = i == 0                      ? "primary"
+                               : !x->dataset               ? NULL
+                               : i < core                  ? "core"
+                               : i < (size_t)core + fringe ? "fringe"
+                                                           : NULL;
+            json_object_object_add(e, "rank", json_u64(i));
+            json_object_object_add(e, "node", json_object_new_string(m->nodes[order[i]].id));
+            json_object_object_add(e, "addr", json_object_new_string(m->nodes[order[i]].addr));
+            json_object_object_add(e, "role", role ? json_object_new_string(role) : NULL);
+            json_object_array_add(a, e);
+        }
+        json_object_object_add(o, "order", a);
+        json_print(o);
+        return 0;
+    }
+    printf("PG %llu, map epoch %llu", (unsigned long long)pg, (unsigned long long)m->epoch);
+    if (x->dataset)
+        printf(", dataset %s (core %u, fringe %u)", x->dataset, core, fringe);
+    if (x->shard_set)
+        printf(" shard %llu", (unsigned long long)x->shard);
+    printf(": %zu node%s up\n", n, n == 1 ? "" : "s");
+    rc = cli_table_init(&t, TS_ARRAY_SIZE(hdr), 0x1, hdr);
+    for (size_t i = 0; i < n && !rc; i++) {
+        const struct ts_map_node *nd = &m->nodes[order[i]];
+        char rank[16];
+        const char *role = i == 0                      ? "primary"
+                           : !x->dataset               ? "-"
+                           : i < core                  ? "core"
+                           : i < (size_t)core + fringe ? "fringe"
+                                                       : "-";
+        const char *row[] = {rank, nd->id, nd->addr, nd->domain[0] ? nd->domain : "-", role};
+        snprintf(rank, sizeof(rank), "%zu", i);
+        rc = cli_table_add(&t, row);
+    }
+    if (!rc)
+        cli_table_print(&t, stdout);
+    cli_table_fini(&t);
+    if (!x->dataset)
+        printf("(--dataset NAME shows which ranks are its core and fringe replicas)\n");
+    return rc;
+}
+
+/* A JSON member as text ("-" when absent). */
+static const char *jstr(struct json_object *o, const char *key, char *buf, size_t cap)
+{
+    struct json_object *v;
+
+    if (!o || !json_object_object_get_ex(o, key, &v) || !v)
+        return "-";
+    if (json_object_is_type(v, json_type_double))
+        snprintf(buf, cap, "%.3f", json_object_get_double(v));
+    else
+        snprintf(buf, cap, "%s", json_object_get_string(v));
+    return buf;
+}
+
+/* The "replication" object of a node's STATUS: replicas of the PGs it leads, and lagging ones. */
+static void status_replication(struct json_object *rep)
+{
+    static const char *const rhdr[] = {"REPLICA", "PGS",       "CORE_PGS",
+                                       "LAG_OPS", "LAG_BYTES", "MAX_LAG_S"};
+    static const char *const lhdr[] = {"PG",      "REPLICA", "ROLE",      "APPLIED",
+                                       "PRIMARY", "LAG_OPS", "LAG_BYTES", "LAG_S"};
+    struct json_object *per, *lag;
+    struct cli_table t;
+    char b[8][64];
+
+    printf("primary of %s PGs, %s repairs\n", jstr(rep, "primary_pgs", b[0], 64),
+           jstr(rep, "repairs", b[1], 64));
+    if (json_object_object_get_ex(rep, "replicas", &per) &&
+        json_object_is_type(per, json_type_object) && json_object_object_length(per) > 0 &&
+        cli_table_init(&t, TS_ARRAY_SIZE(rhdr), 0x3e, rhdr) == 0) {
+        json_object_object_foreach(per, node, o)
+        {
+            struct json_object *v;
+            const char *row[] = {node,
+                                 jstr(o, "pgs", b[1], 64),
+                                 jstr(o, "core_pgs", b[2], 64),
+                                 jstr(o, "lag_ops", b[3], 64),
+                                 b[4],
+                                 jstr(o, "max_lag_s", b[5], 64)};
+            if (json_object_object_get_ex(o, "lag_bytes", &v))
+                cli_human_size(json_object_get_uint64(v), b[4], 64);
+            else
+                snprintf(b[4], 64, "-");
+            cli_table_add(&t, row);
+        }
+        printf("replicas of the PGs it leads:\n");
+        cli_table_print(&t, stdout);
+        cli_table_fini(&t);
+    }
+    if (json_object_object_get_ex(rep, "lag", &lag) && json_object_is_type(lag, json_type_array) &&
+        json_object_array_length(lag) > 0 &&
+        cli_table_init(&t, TS_ARRAY_SIZE(lhdr), 0xf9, lhdr) == 0) {
+        for (size_t i = 0; i < json_object_array_length(lag); i++) {
+            struct json_object *o = json_object_array_get_idx(lag, i), *v;
+            const char *row[] = {jstr(o, "pg", b[0], 64),
+                                 jstr(o, "node", b[1], 64),
+                                 jstr(o, "role", b[2], 64),
+                                 jstr(o, "applied", b[3], 64),
+                                 jstr(o, "primary_applied", b[4], 64),
+                                 jstr(o, "lag_ops", b[5], 64),
+                                 b[6],
+                                 jstr(o, "lag_s", b[7], 64)};
+            if (json_object_object_get_ex(o, "lag_bytes", &v))
+                cli_human_size(json_object_get_uint64(v), b[6], 64);
+            else
+                snprintf(b[6], 64, "-");
+            cli_table_add(&t, row);
+        }
+        printf("lagging (PG, replica) pairs:\n");
+        cli_table_print(&t, stdout);
+        cli_table_fini(&t);
+    } else {
+        printf("no replica lags\n");
+    }
+}
+
+/*
+ * `status` on a cluster: every node of the map, one section each (or with --json, an array of
+ * {node, addr, state, status | error}). 1 when a node that is up in the map did not answer.
+ */
+static int status_cluster(struct ctx *x, const struct ts_map *m)
+{
+    struct json_object *all = x->json ? json_object_new_array() : NULL;
+    char b[4][64];
+    int bad = 0;
+
+    if (!x->json)
+        printf("cluster: map epoch %llu, %u PGs, %zu nodes (asked via %s)\n",
+               (unsigned long long)m->epoch, m->pg_count, m->n, x->server);
+    for (size_t i = 0; i < m->n; i++) {
+        const struct ts_map_node *nd = &m->nodes[i];
+        struct json_object *doc = NULL, *cl = NULL, *rep = NULL;
+        char *json = NULL;
+        int rc;
+
+        rc = ts_client_node_status(x->c, i, &json);
+        if (!rc) {
+            doc = json_tokener_parse(json);
+            free(json);
+            if (!doc)
+                rc = TS_EPROTO;
+        }
+        if (rc && nd->state == TS_NODE_UP)
+            bad = 1;
+        if (all) {
+            struct json_object *e = json_object_new_object();
+            json_object_object_add(e, "node", json_object_new_string(nd->id));
+            json_object_object_add(e, "addr", json_object_new_string(nd->addr));
+            json_object_object_add(e, "state",
+                                   json_object_new_string(ts_node_state_name(nd->state)));
+            json_object_object_add(e, "status", doc);
+            json_object_object_add(e, "error",
+                                   rc ? json_object_new_string(tessera_client_error(x->c)[0]
+                                                                   ? tessera_client_error(x->c)
+                                                                   : ts_strerror(rc))
+                                      : NULL);
+            json_object_array_add(all, e);
+            continue;
+        }
+        printf("\n%s (%s%s%s, %s in the map): ", nd->id, nd->addr, nd->domain[0] ? ", " : "",
+               nd->domain, ts_node_state_name(nd->state));
+        if (rc) {
+            printf("unreachable: %s (%s)%s%s\n", ts_strerror(rc), ts_errname(rc),
+                   tessera_client_error(x->c)[0] ? ": " : "", tessera_client_error(x->c));
+            continue;
+        }
+        json_object_object_get_ex(doc, "cluster", &cl);
+        printf("up, epoch %s, pid %s, uptime %s s\n", jstr(cl, "epoch", b[0], 64),
+               jstr(doc, "pid", b[1], 64), jstr(doc, "uptime_s", b[2], 64));
+        if (cl && json_object_is_type(cl, json_type_object)) {
+            struct json_object *e;
+            if (json_object_object_get_ex(cl, "epoch", &e) && json_object_get_uint64(e) != m->epoch)
+                printf("its map epoch differs from this client's (%llu)\n",
+                       (unsigned long long)m->epoch);
+        }
+        if (json_object_object_get_ex(doc, "replication", &rep) &&
+            json_object_is_type(rep, json_type_object))
+            status_replication(rep);
+        json_object_put(doc);
+    }
+    if (all)
+        json_print(all);
+    if (bad)
+        snprintf(x->local, sizeof(x->local), "a node that is up in the map did not answer");
+    return bad ? TS_EUNAVAIL : 0;
 }
 
 /* ---- the command table ------------------------------------------------------------------------
@@ -870,8 +1309,26 @@ static const struct cmd cmds[] = {
     {NULL, "scrub", 0, 1, 1, no_opts, cmd_scrub, "[NAME]",
      "Re-verifies every stored chunk of NAME (or of every dataset) on the server and lists\n"
      "corrupt ones; exits 1 when any is found. Waits without a timeout unless --timeout."},
-    {NULL, "status", 0, 0, 0, no_opts, cmd_status, "",
-     "Shows the server's status: node, listeners, connections, counters, datasets."},
+    {NULL, "status", 0, 0, 0, status_opts, cmd_status, "[--node ID]",
+     "Shows the server's status: node, listeners, connections, counters, datasets.\n"
+     "On a cluster: one section per node of the map (reachable, epoch, the PGs it leads,\n"
+     "its replicas' applied position and lag in operations, bytes and seconds); exits 1\n"
+     "when a node that is up in the map does not answer. --node ID: that node's whole status."},
+    {"map", "show", 0, 0, 0, no_opts, cmd_map_show, "",
+     "Shows the cluster map the server has: epoch, PG count, and every node's id, addresses,\n"
+     "failure domain, weight, state and how many PGs it leads."},
+    {"map", "push", 1, 1, 1, no_opts, cmd_map_push, "FILE",
+     "Pushes the map FILE to every node it lists (admin role): its epoch becomes one more\n"
+     "than the highest epoch of the file and of every reachable node, and is written back\n"
+     "into FILE first. Fails when a node that is up in the map does not take it. Without\n"
+     "-s it connects to the first node of FILE that is up."},
+    {NULL, "failover", 1, 1, 1, no_opts, cmd_failover, "PG",
+     "Fails over placement group PG (admin role): its primary is marked down in a new map\n"
+     "epoch, pushed to every other node that is up; the next core replica leads. Edit the\n"
+     "map file to match before the next 'map push'."},
+    {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
+     "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
+     "roles of its core and fringe replicas; with --shard too, the PG of that shard."},
     {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset."},
     {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard."},
 };
@@ -936,7 +1393,7 @@ static const struct cmd *find_cmd(const char *group, const char *name)
 
 static int is_group(const char *w)
 {
-    return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0;
+    return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0 || strcmp(w, "map") == 0;
 }
 
 static void usage_group(FILE *f, const char *group)
@@ -1041,6 +1498,7 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_SERVER:
             x->server = val;
+            x->server_set = 1;
             break;
         case O_TLS_CA:
             opts->tls_ca = val;
@@ -1088,6 +1546,20 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             if (opt_size(k, o->name, val, UINT64_MAX, &x->offset))
                 return EXIT_USAGE;
             break;
+        case O_DATASET:
+            x->dataset = val;
+            break;
+        case O_SHARD:
+            if (cli_parse_uint(val, UINT32_MAX, &x->shard) != 0) {
+                snprintf(msg, sizeof(msg), "--shard: '%s' is not a shard number (0 to %u)", val,
+                         UINT32_MAX);
+                return usage_error(msg, k);
+            }
+            x->shard_set = 1;
+            break;
+        case O_NODE:
+            x->node = val;
+            break;
         case O_LENGTH:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->length))
                 return EXIT_USAGE;
@@ -1119,6 +1591,16 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         snprintf(msg, sizeof(msg), "'%s' is not a shard number (0 to %u)", x->argv[1], UINT32_MAX);
         return usage_error(msg, k);
     }
+    /* PG arguments too; `pg` needs a PG or --dataset with --shard. */
+    if ((k->run == cmd_failover || k->run == cmd_pg) && x->argc > 0 &&
+        cli_parse_uint(x->argv[0], UINT32_MAX, &v) != 0) {
+        snprintf(msg, sizeof(msg), "'%s' is not a PG number", x->argv[0]);
+        return usage_error(msg, k);
+    }
+    if (k->run == cmd_pg && x->argc == 0 && !(x->dataset && x->shard_set))
+        return usage_error("give a PG, or --dataset NAME --shard N", k);
+    if (k->run == cmd_pg && x->shard_set && !x->dataset)
+        return usage_error("--shard needs --dataset", k);
     if (ts_addr_parse(x->server, &addr) != 0) {
         snprintf(msg, sizeof(msg), "bad server address '%s' (want HOST:PORT)", x->server);
         return usage_error(msg, NULL);
@@ -1142,6 +1624,7 @@ int main(int argc, char **argv)
     x.policy.core = 1;
     env = getenv("TESSERA_SERVER");
     x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
+    x.server_set = env && env[0];
     x.argv = calloc((size_t)argc + 1, sizeof(*x.argv));
     if (!x.argv)
         return EXIT_FAIL;
@@ -1150,6 +1633,8 @@ int main(int argc, char **argv)
         goto out_free;
     if (verbose)
         ts_log_set(ts_log_stderr, NULL, TS_LOG_DEBUG);
+    if (k->run == cmd_map_push && !x.server_set)
+        map_push_seed(&x, &opts); /* no -s: the first node of the map file */
     opts.address = x.server;
     rc = ts_client_open_ex(&x.c, &opts, err, sizeof(err));
     if (rc) {
