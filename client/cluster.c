@@ -591,6 +591,9 @@ static int sel_fail(struct ts_cluster *cl, struct sel *s, size_t p, int rc, cons
         TS_ERROR(FAC, rc, "replica %s (%s) served corrupt data for %s/%u at offset %llu: %s",
                  pe->id, pe->addr, name, shard, (unsigned long long)off,
                  msg[0] ? msg : ts_strerror(rc));
+    else if (absent(rc)) /* a fringe replica behind: to be expected */
+        TS_INFO(FAC, "replica %s (%s) does not have %s/%u yet (%s): reading another", pe->id,
+                pe->addr, name, shard, ts_errname(rc));
     else
         TS_WARN(FAC, rc, "replica %s (%s) failed a read of %s/%u at offset %llu: %s", pe->id,
                 pe->addr, name, shard, (unsigned long long)off, msg[0] ? msg : ts_strerror(rc));
@@ -659,6 +662,7 @@ again:
 int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                uint64_t off, size_t len, void *buf, size_t *out_len)
 {
+    char msg[512];
     struct sel s;
     tessera_client *sub;
     size_t p;
@@ -674,8 +678,9 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
             cl_check(cl, p);
             return 0;
         }
-        if (!sel_fail(cl, &s, p, rc, tessera_client_error(sub), name, shard, off)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, tessera_client_error(sub));
+        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+        if (!sel_fail(cl, &s, p, rc, msg, name, shard, off)) {
+            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
             return rc;
         }
     }
@@ -712,6 +717,7 @@ static void cop_remove(struct ts_cluster *cl, size_t at)
 /* Sends read k to the next replica that takes it; else k's final error. */
 static int cop_submit(struct ts_cluster *cl, struct cop *k)
 {
+    char msg[512];
     tessera_client *sub;
     size_t p;
     int rc;
@@ -728,8 +734,9 @@ static int cop_submit(struct ts_cluster *cl, struct cop *k)
             cl->peers[p].reads++;
             return 0;
         }
-        if (!sel_fail(cl, &k->sel, p, rc, tessera_client_error(sub), k->name, k->shard, k->off)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, tessera_client_error(sub));
+        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+        if (!sel_fail(cl, &k->sel, p, rc, msg, k->name, k->shard, k->off)) {
+            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
             return rc;
         }
     }
@@ -972,15 +979,17 @@ static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_da
     for (long i = 0; i < n; i++) {
         size_t p = peers[i];
         tessera_client *sub;
+        char msgbuf[512];
         const char *msg;
         rc = peer_conn(cl, p, states[i] != TS_NODE_UP, &sub);
         if (!rc) {
             rc = pol ? tessera_dataset_create(sub, name, pol) : tessera_dataset_delete(sub, name);
-            msg = tessera_client_error(sub);
+            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(sub));
             cl_check(cl, p);
         } else {
-            msg = tessera_client_error(cl->c);
+            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(cl->c));
         }
+        msg = msgbuf;
         if (!rc) {
             ok++;
         } else if (states[i] != TS_NODE_UP) {
@@ -1295,15 +1304,17 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
         return (int)n;
     for (long i = 0; i < n; i++) {
         tessera_client *sub;
+        char msgbuf[512];
         const char *msg;
         rc = peer_conn(cl, peers[i], 0, &sub);
         if (!rc) {
             rc = ts_conn_dataset_seal(sub, name, TS_SEAL_LOCAL_ONLY);
-            msg = tessera_client_error(sub);
+            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(sub));
             cl_check(cl, peers[i]);
         } else {
-            msg = tessera_client_error(cl->c);
+            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(cl->c));
         }
+        msg = msgbuf;
         if (!rc) {
             ok++;
         } else if (rc == TS_ESEALED) {
@@ -1332,6 +1343,7 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
 int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                      struct ts_shard_info *out)
 {
+    char msg[512];
     struct sel s;
     tessera_client *sub;
     size_t p;
@@ -1347,8 +1359,9 @@ int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name,
             cl_check(cl, p);
             return 0;
         }
-        if (!sel_fail(cl, &s, p, rc, tessera_client_error(sub), name, shard, 0)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, tessera_client_error(sub));
+        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+        if (!sel_fail(cl, &s, p, rc, msg, name, shard, 0)) {
+            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
             return rc;
         }
     }
