@@ -364,8 +364,25 @@ static int file_readable(const char *what, const char *path)
     return 1;
 }
 
+static int is_loopback(const char *addr)
+{
+    return !strncmp(addr, "127.", 4) || !strncmp(addr, "[::1]", 5) ||
+           !strncmp(addr, "localhost:", 10);
+}
+
 int tsd_config_validate(const struct tsd_config *c)
 {
+    if (!ts_name_valid(c->node_id) || strlen(c->node_id) > 63) {
+        fprintf(stderr, "tesserad: node_id '%s' must be 1-63 of [A-Za-z0-9._-]\n", c->node_id);
+        return TS_ECONFIG;
+    }
+    if (c->listen[0] && !is_loopback(c->listen) &&
+        ts_role_parse(c->anonymous_role) >= TS_ROLE_WRITER)
+        fprintf(stderr,
+                "tesserad: warning: %s is reachable beyond this host and clients without a "
+                "certificate get role '%s' (anonymous_role): anyone who can connect may write%s\n",
+                c->listen, c->anonymous_role,
+                ts_role_parse(c->anonymous_role) == TS_ROLE_ADMIN ? " and delete" : "");
     if (ts_log_level_parse(c->log_level) < 0) {
         fprintf(stderr, "tesserad: log_level must be error, warn, info or debug\n");
         return TS_ECONFIG;

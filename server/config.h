@@ -33,6 +33,7 @@ struct tsd_config {
     int max_chunk_mb;
     int pg_log_keep;
     int peer_timeout_ms;
+    int max_open_files; /* derived at start-up from the descriptor limit */
 };
 
 /* Fills every setting with its default. */

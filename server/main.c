@@ -3,10 +3,40 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 static void log_line(void *arg, const char *line)
 {
     TS_DEBUG(FAC, "config: %s", line);
+}
+
+/*
+ * Connections and RocksDB share the descriptor limit: raise the soft limit to the hard one
+ * and keep max_connections within what is left after RocksDB's budget and a margin.
+ */
+static void fit_descriptors(struct tsd_config *cfg)
+{
+    struct rlimit rl;
+    long avail;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    cfg->max_open_files = (int)TS_MIN((rlim_t)4096, rl.rlim_cur / 4);
+    avail = (long)rl.rlim_cur - cfg->max_open_files - 128;
+    if (avail < 16)
+        avail = 16;
+    if (cfg->max_connections > avail) {
+        TS_WARN(FAC, 0,
+                "max_connections %d exceeds what %llu file descriptors allow next to RocksDB's "
+                "%d: using %ld",
+                cfg->max_connections, (unsigned long long)rl.rlim_cur, cfg->max_open_files, avail);
+        cfg->max_connections = (int)avail;
+    }
 }
 
 int main(int argc, char **argv)
@@ -26,6 +56,7 @@ int main(int argc, char **argv)
         return 2;
     }
     ts_log_set(ts_log_stderr, NULL, ts_log_level_parse(cfg.log_level));
+    fit_descriptors(&cfg);
     TS_INFO(FAC, "tesserad %s starting (node %s)", TESSERA_VERSION, cfg.node_id);
     tsd_config_dump(&cfg, log_line, NULL);
     rc = tsd_server_init(&srv, &cfg);

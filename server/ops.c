@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #define MAX_SCRUB_REPORT 1000
+#define MAX_UPLOADS_PER_CONN 64
 
 /* Reads a name and checks the payload is fully consumed; replies on failure. */
 static int rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
@@ -60,8 +61,10 @@ static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     struct tsd_server *s = c->w->srv;
     struct ts_wr w;
     uint16_t ver = ts_rd_u16(r);
+    char name[1024];
 
-    ts_rd_str(r, c->client_name, sizeof(c->client_name));
+    ts_rd_str(r, name, sizeof(name));
+    snprintf(c->client_name, sizeof(c->client_name), "%.63s", name); /* kept short */
     if (rd_done(c, h, r))
         return;
     if (ver != TS_PROTO_VERSION) {
@@ -97,7 +100,7 @@ static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h, 
     if (p.core == 0)
         p.core = 1;
     if (p.min_core == 0)
-        p.min_core = p.core;
+        p.min_core = (uint8_t)(p.core / 2 + 1); /* default: a majority of the core replicas */
     rc = ts_store_dataset_create(c->w->srv->store, name, &p);
     if (rc == TS_EINVAL)
         tsd_reply_error(c, h, rc,
@@ -250,6 +253,12 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
             ts_shard_writer_abort(u->w);
             upload_remove(c, u);
         }
+        if (c->nuploads >= MAX_UPLOADS_PER_CONN) {
+            tsd_reply_error(c, h, TS_EBUSY,
+                            "shard-write %s/%u: %d uploads already in progress on this connection",
+                            name, shard, MAX_UPLOADS_PER_CONN);
+            return TS_EBUSY;
+        }
         if (c->nuploads == c->capuploads) {
             size_t cap = c->capuploads ? 2 * c->capuploads : 4;
             struct tsd_upload *nu = realloc(c->uploads, cap * sizeof(*nu));
@@ -285,6 +294,10 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
     /* An empty shard is uploaded as chunk 0 with no data: it only starts the upload. */
     rc = (idx == 0 && len == 0) ? 0 : ts_shard_writer_put(u->w, idx, data, len, crc);
     if (rc) {
+        /* A failed chunk ends the upload: the shard stays incomplete and unlocked, and the
+         * sender (or anyone) starts over with chunk 0. */
+        ts_shard_writer_abort(u->w);
+        upload_remove(c, u);
         if (rc == TS_ECORRUPT)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
         tsd_reply_error(c, h, rc, "shard-write %s/%u chunk %u (%u bytes): %s%s", name, shard, idx,
@@ -358,6 +371,7 @@ static void unpark_done(struct parked *pk)
     /* The connection holds its own reference while alive, so this never frees it. */
     tsd_conn_unref(c);
     free(pk);
+    tsd_conn_maybe_finish(c);
 }
 
 static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
@@ -938,6 +952,17 @@ int tsd_stream_continue(struct tsd_conn *c)
         } else {
             rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
         }
+        if (rc == TS_ENOENT) {
+            /* The dataset was deleted while its reply streamed: nothing to send; closing the
+             * connection is the only honest end of a frame already promised. */
+            TS_INFO(FAC, "read %s/%u: deleted while streaming to %s; closing", rs->name,
+                    ts_read_ctx_info(rs->ctx)->shard, c->peer);
+            tsd_stream_free(rs);
+            c->rs = NULL;
+            c->closing = 1;
+            bufferevent_disable(c->bev, EV_READ);
+            return 1;
+        }
         if (rc) {
             /* Already promised in the piece table: send zeros, which fail the piece CRC at
              * the client (TS_ECORRUPT there). The corrupt bytes themselves never leave. */
@@ -1157,14 +1182,63 @@ static void scrub_cb(void *arg, const char *ds, uint32_t shard, uint32_t idx, in
     a->n++;
 }
 
-static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
+/* A scrub runs on the maintenance thread; its reply is sent from the worker afterwards. */
+struct scrub_job {
+    struct parked *pk;
+    struct tsd_server *s;
+    struct event_base *worker_base;
     char name[TS_NAME_MAX + 1];
     struct ts_scrub_report rep;
-    struct ts_wr w, list;
-    struct scrub_arg a = {&list, 0, c->w->srv};
-    uint16_t n = 0;
+    struct ts_wr list;
+    struct scrub_arg a;
     int rc;
+};
+
+static void scrub_done(evutil_socket_t fd, short what, void *arg)
+{
+    struct scrub_job *j = arg;
+    struct parked *pk = j->pk;
+    struct ts_wr w;
+
+    if (unpark(pk)) {
+        if (j->rc) {
+            reply_store_error(pk->c, &pk->h, j->rc, j->name[0] ? j->name : "(all)", -1);
+        } else {
+            tsd_reply_begin(&w);
+            ts_wr_u64(&w, j->rep.shards);
+            ts_wr_u64(&w, j->rep.chunks);
+            ts_wr_u64(&w, j->rep.bytes);
+            ts_wr_u64(&w, j->rep.corrupt);
+            ts_wr_u32(&w, j->a.n);
+            ts_wr_bytes(&w, j->list.buf, j->list.len);
+            tsd_reply_send(pk->c, &pk->h, &w);
+        }
+        unpark_done(pk);
+    } else {
+        free(pk);
+    }
+    ts_wr_fini(&j->list);
+    free(j);
+}
+
+static void scrub_run(evutil_socket_t fd, short what, void *arg)
+{
+    struct scrub_job *j = arg;
+
+    j->rc = ts_store_scrub_ex(j->s->store, j->name[0] ? j->name : NULL, scrub_cb, &j->a, &j->rep,
+                              &j->s->stopping);
+    if (j->rep.corrupt)
+        STAT_ADD(&j->s->workers[0].stats, corrupt_chunks, j->rep.corrupt);
+    event_base_once(j->worker_base, -1, EV_TIMEOUT, scrub_done, j, NULL);
+}
+
+static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_dataset_policy none = {1, 0, 1, 0};
+    struct scrub_job *j;
+    char name[TS_NAME_MAX + 1];
+    uint16_t n = 0;
 
     /* An empty name means every dataset. */
     if (r->len - r->off >= 2)
@@ -1177,26 +1251,20 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     } else if (rd_name_done(c, h, r, name, 1)) {
         return;
     }
-    ts_wr_init(&list);
-    /* Runs on the worker thread: scrubbing is a maintenance operation; other connections of
-     * this worker wait for it (documented in docs/operations.md). */
-    rc = ts_store_scrub(c->w->srv->store, name[0] ? name : NULL, scrub_cb, &a, &rep);
-    if (rc) {
-        ts_wr_fini(&list);
-        reply_store_error(c, h, rc, name[0] ? name : "(all)", -1);
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->pk = park(c, h, &none, 0))) {
+        free(j);
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
         return;
     }
-    if (rep.corrupt)
-        STAT_ADD(&c->w->stats, corrupt_chunks, rep.corrupt);
-    tsd_reply_begin(&w);
-    ts_wr_u64(&w, rep.shards);
-    ts_wr_u64(&w, rep.chunks);
-    ts_wr_u64(&w, rep.bytes);
-    ts_wr_u64(&w, rep.corrupt);
-    ts_wr_u32(&w, a.n);
-    ts_wr_bytes(&w, list.buf, list.len);
-    ts_wr_fini(&list);
-    tsd_reply_send(c, h, &w);
+    /* Off the worker: scrubbing reads every chunk and must not stall other clients. */
+    j->s = s;
+    j->worker_base = c->w->base;
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    ts_wr_init(&j->list);
+    j->a.w = &j->list;
+    j->a.s = s;
+    event_base_once(s->maint_base, -1, EV_TIMEOUT, scrub_run, j, NULL);
 }
 
 static long rss_kb(void)
@@ -1373,7 +1441,22 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     json_object_object_add(root, "datasets", ds);
 
     tsd_reply_begin(&w);
-    ts_wr_str(&w, json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN));
+    {
+        /* The document travels as a u16-length string: shed the long lists if needed. */
+        const char *txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
+        json_object *rep;
+        if (strlen(txt) > 60000) {
+            json_object_object_add(root, "datasets", json_object_new_array());
+            json_object_object_add(root, "datasets_truncated", json_object_new_boolean(1));
+            txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
+        }
+        if (strlen(txt) > 60000 && json_object_object_get_ex(root, "replication", &rep)) {
+            json_object_object_add(rep, "lag", json_object_new_array());
+            json_object_object_add(rep, "lag_truncated", json_object_new_boolean(1));
+            txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
+        }
+        ts_wr_str(&w, txt);
+    }
     json_object_put(root);
     tsd_reply_send(c, h, &w);
 }

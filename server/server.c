@@ -50,17 +50,39 @@ void tsd_reply_begin(struct ts_wr *w)
 }
 
 /* Hands the frame's buffer to the connection's output without copying it. */
+/* A fixed error reply that needs no allocation (the last resort when building one failed). */
+static void reply_static_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc)
+{
+    static const char msg[] = "reply could not be built (out of memory or too large)";
+    uint8_t buf[TS_HDR_LEN + 4 + 2 + sizeof(msg)];
+    struct ts_frame_hdr h = {TS_PROTO_VERSION,
+                             req->opcode,
+                             TS_F_REPLY,
+                             req->req_id,
+                             atomic_load(&c->w->srv->epoch),
+                             4 + 2 + sizeof(msg) - 1};
+
+    ts_frame_encode(buf, &h);
+    ts_put_le32(buf + TS_HDR_LEN, (uint32_t)rc);
+    ts_put_le16(buf + TS_HDR_LEN + 4, sizeof(msg) - 1);
+    memcpy(buf + TS_HDR_LEN + 6, msg, sizeof(msg) - 1);
+    evbuffer_add(bufferevent_get_output(c->bev), buf, TS_HDR_LEN + h.length);
+}
+
+/* Hands the frame's buffer to the connection's output without copying it. */
 void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w)
 {
     struct evbuffer *out = bufferevent_get_output(c->bev);
     struct tsd_server *s = c->w->srv;
 
+    if (!w->err)
+        ts_wr_frame(w, req->opcode, TS_F_REPLY, req->req_id, atomic_load(&s->epoch));
     if (w->err) {
+        int rc = w->err;
         ts_wr_fini(w);
-        tsd_reply_error(c, req, TS_ENOMEM, "out of memory building the reply");
+        reply_static_error(c, req, rc);
         return;
     }
-    ts_wr_frame(w, req->opcode, TS_F_REPLY, req->req_id, s->epoch);
     STAT_ADD(&c->w->stats, bytes_out, w->len);
     if (evbuffer_add_reference(out, w->buf, w->len, wr_free_cb, w->buf) != 0)
         free(w->buf);
@@ -126,12 +148,22 @@ static void conn_free(struct tsd_conn *c)
         event_base_loopexit(w->base, NULL);
 }
 
-static void conn_close_after_flush(struct tsd_conn *c)
+/* Returns 1 if c was freed (nothing left to send). */
+static int conn_close_after_flush(struct tsd_conn *c)
 {
     c->closing = 1;
     bufferevent_disable(c->bev, EV_READ);
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 && !c->rs && !c->parked) {
         conn_free(c);
+        return 1;
+    }
+    return 0;
+}
+
+void tsd_conn_maybe_finish(struct tsd_conn *c)
+{
+    if (!c->dead && c->eof && !c->closing && !c->rs && !c->parked)
+        conn_close_after_flush(c);
 }
 
 /*
@@ -169,10 +201,17 @@ static int conn_process(struct tsd_conn *c)
         size_t avail = evbuffer_get_length(in), n = TS_MIN(avail, (size_t)TS_HDR_LEN);
         uint8_t *payload = NULL;
         struct ts_rd r;
-        int rc;
+        int rc, refuse = 0;
 
         if (avail == 0)
             break;
+        if (c->discard) {
+            /* The rest of a refused frame: dropped as it arrives, never buffered whole. */
+            size_t k = TS_MIN(avail, (size_t)c->discard);
+            evbuffer_drain(in, k);
+            c->discard -= (uint32_t)k;
+            continue;
+        }
         if (evbuffer_get_length(out) >= s->out_budget) {
             /* Backpressure: the peer is not reading its replies; stop reading requests. */
             bufferevent_disable(c->bev, EV_READ);
@@ -189,8 +228,7 @@ static int conn_process(struct tsd_conn *c)
                             rc == TS_ETOOBIG ? "frame payload exceeds the protocol limit"
                                              : "malformed frame header (magic, version, flags "
                                                "or header CRC); closing");
-            conn_close_after_flush(c);
-            return 1;
+            return !conn_close_after_flush(c);
         }
         d = ts_op_desc(h.opcode);
         if (h.length > (d ? d->max_payload : TS_SMALL_PAYLOAD)) {
@@ -198,8 +236,33 @@ static int conn_process(struct tsd_conn *c)
             tsd_reply_error(c, &h, TS_ETOOBIG, "%s payload of %u bytes exceeds its limit of %u",
                             d ? d->name : "unknown opcode", h.length,
                             d ? d->max_payload : TS_SMALL_PAYLOAD);
-            conn_close_after_flush(c);
-            return 1;
+            return !conn_close_after_flush(c);
+        }
+        /* Central checks, decided on the header alone: a frame that will be refused is not
+         * buffered (its payload is dropped as it arrives). */
+        c->last_active_ns = ts_now_mono_ns();
+        if (!d) {
+            refuse = 1;
+            tsd_reply_error(c, &h, TS_ENOTSUP, "unknown opcode %u", h.opcode);
+        } else if (h.flags & TS_F_REPLY) {
+            refuse = 1;
+            STAT_ADD(&c->w->stats, protocol_errors, 1);
+            tsd_reply_error(c, &h, TS_EPROTO, "a request must not carry the REPLY flag");
+        } else if (c->role < d->min_role) {
+            refuse = 1;
+            tsd_reply_error(c, &h, TS_EPERM, "role '%s' may not %s (needs '%s')",
+                            ts_role_name(c->role), d->name, ts_role_name(d->min_role));
+        } else if (epoch_fenced(s, &h)) {
+            refuse = 1;
+            tsd_reply_stale(c, &h, "%s with map epoch %llu refused: this node is at epoch %llu",
+                            d->name, (unsigned long long)h.epoch,
+                            (unsigned long long)atomic_load(&s->epoch));
+        }
+        if (refuse) {
+            STAT_ADD(&c->w->stats, requests, 1);
+            evbuffer_drain(in, TS_HDR_LEN);
+            c->discard = h.length;
+            continue;
         }
         if (avail < TS_HDR_LEN + (size_t)h.length)
             break; /* wait for the whole frame (bounded by the watermark) */
@@ -208,33 +271,17 @@ static int conn_process(struct tsd_conn *c)
             payload = evbuffer_pullup(in, h.length);
             if (!payload) {
                 tsd_reply_error(c, &h, TS_ENOMEM, "out of memory");
-                conn_close_after_flush(c);
-                return 1;
+                return !conn_close_after_flush(c);
             }
         }
-        c->last_active_ns = ts_now_mono_ns();
         STAT_ADD(&c->w->stats, requests, 1);
         STAT_ADD(&c->w->stats, bytes_in, TS_HDR_LEN + (uint64_t)h.length);
         ts_rd_init(&r, payload, h.length);
-        if (!d) {
-            tsd_reply_error(c, &h, TS_ENOTSUP, "unknown opcode %u", h.opcode);
-        } else if (h.flags & TS_F_REPLY) {
-            STAT_ADD(&c->w->stats, protocol_errors, 1);
-            tsd_reply_error(c, &h, TS_EPROTO, "a request must not carry the REPLY flag");
-        } else if (c->role < d->min_role) {
-            tsd_reply_error(c, &h, TS_EPERM, "role '%s' may not %s (needs '%s')",
-                            ts_role_name(c->role), d->name, ts_role_name(d->min_role));
-        } else if (epoch_fenced(s, &h)) {
-            tsd_reply_stale(c, &h, "%s with map epoch %llu refused: this node is at epoch %llu",
-                            d->name, (unsigned long long)h.epoch,
-                            (unsigned long long)atomic_load(&s->epoch));
-        } else {
-            STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
-            tsd_handler_for(h.opcode)(c, &h, &r);
-        }
+        STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
+        tsd_handler_for(h.opcode)(c, &h, &r);
         evbuffer_drain(in, h.length);
     }
-    if (c->closing && evbuffer_get_length(out) == 0 && !c->rs) {
+    if (c->closing && evbuffer_get_length(out) == 0 && !c->rs && !c->parked) {
         conn_free(c);
         return 0;
     }
@@ -245,8 +292,13 @@ void tsd_conn_resume(struct tsd_conn *c)
 {
     if (c->closing)
         return;
-    if (conn_process(c) && !c->closing && !c->rs &&
-        evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget)
+    if (!conn_process(c) || c->closing)
+        return;
+    if (c->eof) {
+        tsd_conn_maybe_finish(c);
+        return;
+    }
+    if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget)
         bufferevent_enable(c->bev, EV_READ);
 }
 
@@ -265,7 +317,7 @@ static void conn_writecb(struct bufferevent *bev, void *arg)
     if (c->rs && !tsd_stream_continue(c))
         return; /* still streaming; called again when the output drains */
     if (c->closing) {
-        if (evbuffer_get_length(out) == 0)
+        if (evbuffer_get_length(out) == 0 && !c->rs && !c->parked)
             conn_free(c);
         return;
     }
@@ -286,6 +338,14 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
         TS_DEBUG(FAC, "TLS %s from %s: %s, role %s", SSL_get_version(ssl), c->peer,
                  c->subject[0] ? c->subject : "no certificate", ts_role_name(c->role));
         conn_process(c);
+        return;
+    }
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) && c->ready && !c->eof) {
+        /* Half-close: answer every complete request already received, then close. */
+        c->eof = 1;
+        bufferevent_disable(bev, EV_READ);
+        if (conn_process(c))
+            tsd_conn_maybe_finish(c);
         return;
     }
     if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF | BEV_EVENT_TIMEOUT)) {
@@ -492,10 +552,37 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     event_active(w->notify, EV_READ, 0);
 }
 
+static void listener_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct evconnlistener *l = arg;
+    evconnlistener_enable(l);
+}
+
+/*
+ * accept() failed. Out of descriptors (or memory), the pending connection stays queued and
+ * the listener would fire again at once: pause it for a moment instead of spinning, and log
+ * at most once a second.
+ */
 static void accept_error_cb(struct evconnlistener *l, void *arg)
 {
-    int err = EVUTIL_SOCKET_ERROR();
-    TS_WARN(FAC, ts_from_errno(err), "accept: %s", evutil_socket_error_to_string(err));
+    struct tsd_server *s = arg;
+    int err = EVUTIL_SOCKET_ERROR(), which = l == s->lis[1];
+    uint64_t now = ts_now_mono_ns();
+
+    if (now - s->last_accept_warn_ns > 1000000000ull) {
+        s->last_accept_warn_ns = now;
+        TS_WARN(FAC, ts_from_errno(err), "accept: %s%s", evutil_socket_error_to_string(err),
+                err == EMFILE || err == ENFILE ? " (out of file descriptors: pausing accepts)"
+                                               : "");
+    }
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        struct timeval tv = {0, 100000};
+        evconnlistener_disable(l);
+        if (!s->lis_resume[which])
+            s->lis_resume[which] = evtimer_new(s->base, listener_resume_cb, l);
+        if (s->lis_resume[which] && !atomic_load(&s->draining))
+            evtimer_add(s->lis_resume[which], &tv);
+    }
 }
 
 /* "HOST:PORT" or "[V6]:PORT" (port 0: any free port) -> socket address. */
@@ -521,6 +608,12 @@ static int parse_listen_addr(const char *addr, struct sockaddr_storage *ss, int 
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    {
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 0 || port > 65535)
+            return TS_ECONFIG;
+    }
     if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
         return TS_ECONFIG;
     memcpy(ss, res->ai_addr, res->ai_addrlen);
@@ -634,6 +727,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     so.block_cache_bytes = (uint64_t)cfg->block_cache_mb << 20;
     so.cache_bytes = (uint64_t)cfg->cache_mb << 20;
     so.cache_arena = cfg->cache_arena;
+    so.max_open_files = cfg->max_open_files;
     so.max_chunk_size = (uint32_t)cfg->max_chunk_mb << 20;
     rc = ts_store_open(&s->store, &so);
     if (rc)
@@ -707,8 +801,18 @@ out_close_store:
     return rc;
 }
 
+static void *maint_main(void *arg)
+{
+    struct tsd_server *s = arg;
+    event_base_loop(s->maint_base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
 int tsd_server_run(struct tsd_server *s)
 {
+    s->maint_base = event_base_new();
+    if (!s->maint_base || pthread_create(&s->maint_thread, NULL, maint_main, s) != 0)
+        return TS_ENOMEM;
     for (int i = 0; i < s->nworkers; i++)
         if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0)
             return TS_ENOMEM;
@@ -727,9 +831,16 @@ int tsd_server_run(struct tsd_server *s)
 
 void tsd_server_fini(struct tsd_server *s)
 {
-    /* Replication posts completions to the workers' loops: stop it before they go. */
+    /* Replication and maintenance post completions to the workers' loops: stop them first. */
     ts_repl_stop(s->repl);
     s->repl = NULL;
+    if (s->maint_base) {
+        atomic_store(&s->stopping, 1); /* a running scrub stops at its next shard */
+        event_base_loopbreak(s->maint_base);
+        pthread_join(s->maint_thread, NULL);
+        event_base_free(s->maint_base);
+        s->maint_base = NULL;
+    }
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
         while (w->queue) {
@@ -743,9 +854,12 @@ void tsd_server_fini(struct tsd_server *s)
         pthread_mutex_destroy(&w->lock);
     }
     free(s->workers);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        if (s->lis_resume[i])
+            event_free(s->lis_resume[i]);
         if (s->lis[i])
             evconnlistener_free(s->lis[i]);
+    }
     if (s->drain_timer)
         event_free(s->drain_timer);
     if (s->drain_check)

@@ -93,9 +93,11 @@ struct tsd_conn {
     struct tsd_upload *uploads;
     size_t nuploads, capuploads;
     struct tsd_read_stream *rs;
-    int refs;   /* replies parked on replication hold a reference */
-    int dead;   /* closed; freed when refs drops to 0 */
-    int parked; /* replies still to come from replication */
+    int eof;          /* the peer half-closed: answer what was sent, then close */
+    uint32_t discard; /* payload bytes of a refused frame still to drop */
+    int refs;         /* replies parked on replication hold a reference */
+    int dead;         /* closed; freed when refs drops to 0 */
+    int parked;       /* replies still to come from replication */
 };
 
 struct tsd_server {
@@ -103,7 +105,14 @@ struct tsd_server {
     ts_store *store;
     struct event_base *base;
     struct evconnlistener *lis[2]; /* plain, TLS */
-    char addr[2][64];              /* the bound addresses (port resolved) */
+    struct event *lis_resume[2];   /* re-enables a listener paused by EMFILE */
+    uint64_t last_accept_warn_ns;
+    /* Maintenance thread: scrubs run here, not on the workers. */
+    pthread_t maint_thread;
+    struct event_base *maint_base;
+    struct event *maint_keepalive;
+    _Atomic int stopping;
+    char addr[2][64]; /* the bound addresses (port resolved) */
     SSL_CTX *ssl_ctx;
     struct tsd_worker *workers;
     int nworkers;
@@ -151,6 +160,8 @@ int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const ch
 /* PG of a shard in the current map (0 on a single node). */
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 void tsd_conn_unref(struct tsd_conn *c);
+/* After a parked reply: close a half-closed connection once nothing is left to answer. */
+void tsd_conn_maybe_finish(struct tsd_conn *c);
 
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
 typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);

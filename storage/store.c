@@ -22,6 +22,7 @@
 #include "ts_proto.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <rocksdb/c.h>
 #include <stdio.h>
@@ -509,6 +510,7 @@ void ts_store_opts_init(struct ts_store_opts *o)
     o->max_chunk_size = 64u << 20;
     o->cache_bytes = 256ull << 20;
     o->cache_arena = 1;
+    o->max_open_files = 4096;
 }
 
 void ts_dataset_policy_init(struct ts_dataset_policy *p)
@@ -565,7 +567,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     rocksdb_options_set_create_if_missing(s->opts, 1);
     rocksdb_options_set_create_missing_column_families(s->opts, 1);
     rocksdb_options_increase_parallelism(s->opts, 2);
-    rocksdb_options_set_max_open_files(s->opts, 4096);
+    rocksdb_options_set_max_open_files(s->opts, o->max_open_files ? o->max_open_files : 4096);
     for (int i = 0; i < CF_COUNT; i++) {
         rocksdb_options_t *co = rocksdb_options_create_copy(s->opts);
         rocksdb_options_set_block_based_table_factory(co, s->bbto);
@@ -1070,6 +1072,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_EINVAL;
     if (len == 0 || len > w->chunk_size || w->short_seen)
         return TS_EINVAL;
+    if (w->next >= (1u << 30))
+        return TS_ETOOBIG; /* a shard of 2^30 chunks is far past any sane size */
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes + len > w->expect_size)
         return TS_ETOOBIG;
     got = ts_crc32c(0, data, len);
@@ -1704,6 +1708,14 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     if (err)
         return from_rocksdb(err, "chunk read");
     if (!pin) {
+        /* Gone because the dataset was deleted meanwhile, or lost: corruption. */
+        char *nv = NULL;
+        size_t nvlen = 0;
+        int nrc = meta_get(s, k, key_id(k, 'I', r->dsid), &nv, &nvlen);
+        if (nrc == TS_ENOENT)
+            return TS_ENOENT;
+        if (nrc == 0)
+            rocksdb_free(nv);
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u is missing", idx, r->info.shard);
         return TS_ECORRUPT;
     }
@@ -1865,6 +1877,7 @@ static int id_name(ts_store *s, uint64_t dsid, char *name)
 
 struct scrub_arg {
     ts_store *s;
+    const _Atomic int *cancel;
     uint64_t only_id; /* 0: all datasets */
     void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc);
     void *arg;
@@ -1882,6 +1895,8 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
 
     if (klen != 13)
         return 0;
+    if (a->cancel && atomic_load(a->cancel))
+        return TS_ECANCELED;
     dsid = ts_get_be64(k + 1);
     shard = ts_get_be32(k + 9);
     if (a->only_id && dsid != a->only_id)
@@ -1916,8 +1931,16 @@ int ts_store_scrub(ts_store *s, const char *dataset,
                    void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc),
                    void *arg, struct ts_scrub_report *report)
 {
+    return ts_store_scrub_ex(s, dataset, cb, arg, report, NULL);
+}
+
+int ts_store_scrub_ex(ts_store *s, const char *dataset,
+                      void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
+                                 int rc),
+                      void *arg, struct ts_scrub_report *report, const _Atomic int *cancel)
+{
     struct ts_scrub_report local;
-    struct scrub_arg a = {s, 0, cb, arg, report ? report : &local};
+    struct scrub_arg a = {s, cancel, 0, cb, arg, report ? report : &local};
     struct ts_dataset_info d;
     uint8_t prefix[9];
     size_t plen = 1;

@@ -38,6 +38,7 @@ struct ts_store_opts {
     uint64_t cache_bytes; /* verified-chunk and shard-record cache (default 256 MiB; 0 disables):
                              hot reads skip the engine and the CRC pass */
     int cache_arena; /* 1 (default): cached chunk bytes live in a memfd that can be sendfile()d */
+    int max_open_files; /* RocksDB's file descriptor budget (default 4096) */
 };
 
 /* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
@@ -182,6 +183,12 @@ int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only);
  * CRC32C and length (TS_ECORRUPT otherwise): repair from a good replica. */
 int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint32_t idx,
                           const void *data, size_t len);
+
+/* Scrub that stops with TS_ECANCELED once *cancel becomes non-zero (checked per shard). */
+int ts_store_scrub_ex(ts_store *s, const char *dataset,
+                      void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
+                                 int rc),
+                      void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
 
 /* Placement group of a shard: stable across versions and machines. */
 uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count);
