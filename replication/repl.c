@@ -390,10 +390,8 @@ static void peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, c
         goto out_fail;
     }
     if (!p->bev) {
-        if (ts_now_mono_ns() < p->down_until_ns) {
-            rc = TS_ECONNREFUSED;
-            goto out_fail;
-        }
+        /* Always try: a writer is waiting on this. Background retries are paced by the
+         * pushers themselves (push_retry_later). */
         rc = peer_connect(r, p);
         if (rc) {
             p->down_until_ns = ts_now_mono_ns() + RETRY_NS;

@@ -444,9 +444,9 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
             reply_store_error(c, h, rc, name, shard);
             return;
         }
+        /* No reachability pre-check here: forwarding the chunk is the check (a replica that
+         * cannot take it makes the write fail with TS_EUNAVAIL below min_core). */
         if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to))
-            return;
-        if (!enough_replicas(c, h, name, shard, &d.policy, &to))
             return;
     } else {
         memset(&to, 0, sizeof(to));

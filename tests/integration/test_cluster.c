@@ -344,13 +344,13 @@ static void test_corrupt_chunk_repaired(void **state)
 }
 
 /* Child: writes shards of "lag" until `until` (monotonic ns). */
-static void lag_writer(uint64_t until, uint32_t first)
+static void lag_writer(const char *addr, uint64_t until, uint32_t first)
 {
     struct tessera_opts o;
     tessera_client *c;
 
     tessera_opts_init(&o);
-    o.address = any_addr();
+    o.address = addr; /* computed by the parent: a child cannot waitpid() the daemons */
     if (tessera_client_open(&c, &o))
         _exit(2);
     for (uint32_t s = first; ts_now_mono_ns() < until; s++)
@@ -371,9 +371,12 @@ static void test_fringe_lag_and_catch_up(void **state)
     int rep[5];
 
     mkds(c, "lag", 3, 2, 2);
-    child = fork();
-    if (child == 0)
-        lag_writer(ts_now_mono_ns() + 3000000000ull, 0);
+    {
+        const char *addr = any_addr();
+        child = fork();
+        if (child == 0)
+            lag_writer(addr, ts_now_mono_ns() + 3000000000ull, 0);
+    }
     while (waitpid(child, &st, WNOHANG) == 0) {
         ops = total_lag(&s_now, NULL);
         if (ops > max_ops)
@@ -433,38 +436,34 @@ static void test_min_core_refuses(void **state)
     tessera_client_close(c);
 }
 
-static void test_stale_epoch_fenced(void **state)
+/* MAP_PUSH m to node i; returns the status. */
+static int push_map_to(int i, const struct ts_map *m)
 {
-    struct ts_map *old = node_map(any_addr()), *now;
-    int n5 = tsd_cluster_find(&CL, "n5"), fd, rc;
-    uint32_t shard;
-    tessera_client *c;
-    uint64_t epoch = 0;
+    int fd = raw_connect(CL.node[i].addr), rc;
     struct ts_wr w;
-    uint8_t data[100] = {1};
-    char msg[512];
 
-    /* n5 misses a map change. */
-    assert_int_equal(tsd_stop(&CL.node[n5]), 0);
-    c = cluster_client();
-    tessera_map_push_file(c, CL.map_path, &epoch); /* n5 is down: it reports that one */
-    assert_true(epoch > old->epoch);
-    tessera_client_close(c);
-    assert_int_equal(tsd_start(&CL.node[n5], NULL), 0);
-    now = node_map(CL.node[n5].addr);
-    assert_true(now->epoch == old->epoch); /* still the old map */
-    ts_map_free(now);
-
-    /* A writer with the old map sends a write to n5, primary in that map: refused. */
-    for (shard = 0; shard < 100000; shard++) {
-        int rep[1];
-        replicas_of(old, "rep", shard, rep, 1);
-        if (rep[0] == n5)
-            break;
-    }
-    fd = raw_connect(CL.node[n5].addr);
+    if (fd < 0)
+        return TS_ECONNREFUSED;
     ts_wr_init(&w);
-    ts_wr_str(&w, "rep");
+    ts_map_encode(&w, m);
+    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
+    close(fd);
+    return rc;
+}
+
+/* A SHARD_WRITE of chunk 0 carrying `epoch`, straight to node i. */
+static int raw_write_epoch(int i, const char *ds, uint32_t shard, uint64_t epoch, char *msg,
+                           size_t cap)
+{
+    int fd = raw_connect(CL.node[i].addr), rc;
+    uint8_t data[100] = {1}, h[TS_HDR_LEN];
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
     ts_wr_u32(&w, shard);
     ts_wr_u32(&w, 0);
     ts_wr_u64(&w, sizeof(data));
@@ -472,40 +471,81 @@ static void test_stale_epoch_fenced(void **state)
     ts_wr_u32(&w, sizeof(data));
     ts_wr_bytes(&w, data, sizeof(data));
     {
-        uint8_t h[TS_HDR_LEN];
-        struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_SHARD_WRITE, 0, 7,
-                                  old->epoch,       (uint32_t)w.len};
+        struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_SHARD_WRITE, 0, 7, epoch,
+                                  (uint32_t)w.len};
         ts_frame_encode(h, &fh);
-        assert_int_equal(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
-        assert_int_equal(write(fd, w.buf, w.len), (ssize_t)w.len);
     }
+    rc =
+        (write(fd, h, sizeof(h)) == (ssize_t)sizeof(h) && write(fd, w.buf, w.len) == (ssize_t)w.len)
+            ? raw_recv_reply(fd, 10000, NULL, msg, cap, NULL, NULL)
+            : TS_ECONNRESET;
     ts_wr_fini(&w);
-    rc = raw_recv_reply(fd, 10000, NULL, msg, sizeof(msg), NULL, NULL);
+    close(fd);
+    return rc;
+}
+
+static void test_stale_epoch_fenced(void **state)
+{
+    struct ts_map *old = node_map(any_addr()), *next, *now;
+    int n5 = tsd_cluster_find(&CL, "n5"), rc;
+    uint32_t shard;
+    char msg[512];
+
+    /* A new epoch reaches every node but n5, which is up and keeps the old map. */
+    next = ts_map_dup(old);
+    next->epoch = old->epoch + 1;
+    for (int i = 0; i < CL.n; i++)
+        if (i != n5)
+            assert_int_equal(push_map_to(i, next), 0);
+    now = node_map(CL.node[n5].addr);
+    fprintf(stderr, "  n5 at epoch %llu, the others at %llu\n", (unsigned long long)now->epoch,
+            (unsigned long long)next->epoch);
+    ts_map_free(now);
+
+    /* A writer with the old map sends a write to n5, primary of the shard in that map: n5's
+     * core replicas refuse the stale epoch, so n5 refuses the write. */
+    for (shard = 10000; shard < 100000; shard++) { /* unused shard numbers */
+        int rep[1];
+        replicas_of(old, "rep", shard, rep, 1);
+        if (rep[0] == n5)
+            break;
+    }
+    rc = raw_write_epoch(n5, "rep", shard, old->epoch, msg, sizeof(msg));
     fprintf(stderr, "  stale write to n5: %s: %s\n", ts_errname(rc), msg);
     assert_int_equal(rc, TS_ESTALE);
-    close(fd);
-    /* n5 has learned the new map from its peers. */
-    for (int t = 0; t < 50; t++) {
-        now = node_map(CL.node[n5].addr);
-        if (now && now->epoch == epoch)
-            break;
-        ts_map_free(now);
-        now = NULL;
-        msleep(100);
-    }
+    /* n5 learned the new map in the process; the old epoch stays refused everywhere. */
+    now = node_map(CL.node[n5].addr);
     assert_non_null(now);
+    assert_true(now->epoch == next->epoch);
     ts_map_free(now);
+    for (int i = 0; i < CL.n; i++) {
+        int rep[1];
+        uint32_t sh;
+        for (sh = 20000; sh < 100000; sh++) {
+            replicas_of(next, "rep", sh, rep, 1);
+            if (rep[0] == i)
+                break;
+        }
+        assert_int_equal(raw_write_epoch(i, "rep", sh, old->epoch, msg, sizeof(msg)), TS_ESTALE);
+    }
+    /* Up-to-date clients write as before. */
+    {
+        tessera_client *c = cluster_client();
+        assert_int_equal(put_shard(c, "rep", 5000, 5000), 0);
+        tessera_client_close(c);
+    }
+    ts_map_free(next);
     ts_map_free(old);
 }
 
 /* Child: uploads shards of "fo" in order, reporting each acknowledged one on fd. */
-static void fo_writer(int fd, uint32_t count)
+static void fo_writer(const char *addr, int fd, uint32_t count)
 {
     struct tessera_opts o;
     tessera_client *c;
 
     tessera_opts_init(&o);
-    o.address = any_addr();
+    o.address = addr;
     o.timeout_ms = 5000;
     if (tessera_client_open(&c, &o))
         _exit(2);
@@ -538,10 +578,14 @@ static void test_primary_killed_failover(void **state)
     }
     assert_true(pg_n1 != UINT32_MAX);
     assert_int_equal(pipe(pfd), 0);
-    child = fork();
-    if (child == 0) {
-        close(pfd[0]);
-        fo_writer(pfd[1], 120);
+    {
+        /* Seed the writer with a node that survives (n1 is killed below). */
+        const char *addr = CL.node[tsd_cluster_find(&CL, "n2")].addr;
+        child = fork();
+        if (child == 0) {
+            close(pfd[0]);
+            fo_writer(addr, pfd[1], 120);
+        }
     }
     close(pfd[1]);
     while (nacked < 30 && read(pfd[0], &s, sizeof(s)) == sizeof(s))
