@@ -47,7 +47,19 @@ static void reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, 
                               const char *name, long shard)
 {
     const char *what = ts_op_desc(h->opcode)->name;
+    struct ts_dataset_info d;
 
+    /* Say which is missing: the dataset or the shard. */
+    if (rc == TS_ENOENT && name[0] && name[0] != '(') {
+        if (ts_store_dataset_get(c->w->srv->store, name, &d) == TS_ENOENT)
+            tsd_reply_error(c, h, rc, "%s: no dataset named '%s'", what, name);
+        else if (shard >= 0)
+            tsd_reply_error(c, h, rc, "%s: dataset '%s' has no shard %ld%s", what, name, shard,
+                            atomic_load(&c->w->srv->epoch) ? " on this node" : "");
+        else
+            tsd_reply_error(c, h, rc, "%s %s: %s", what, name, ts_strerror(rc));
+        return;
+    }
     if (shard >= 0)
         tsd_reply_error(c, h, rc, "%s %s/%ld: %s", what, name, shard, ts_strerror(rc));
     else
