@@ -413,11 +413,19 @@ int tsd_cluster_find(const struct tsd_cluster *cl, const char *id)
     return -1;
 }
 
-void tsd_cluster_stop(struct tsd_cluster *cl)
+int tsd_cluster_stop(struct tsd_cluster *cl)
 {
+    int bad = 0;
+
     for (int i = 0; i < cl->n; i++) {
-        if (cl->node[i].pid > 0)
-            tsd_stop(&cl->node[i]);
+        if (cl->node[i].pid > 0) {
+            int st = tsd_stop(&cl->node[i]);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                fprintf(stderr, "%s did not exit cleanly (status %d):\n", cl->id[i], st);
+                tsd_dump_log(&cl->node[i]);
+                bad = 1;
+            }
+        }
         tsd_cleanup(&cl->node[i]);
     }
     if (cl->dir) {
@@ -425,6 +433,7 @@ void tsd_cluster_stop(struct tsd_cluster *cl)
         free(cl->dir);
         cl->dir = NULL;
     }
+    return bad ? -1 : 0;
 }
 
 void tsd_cluster_dump_logs(const struct tsd_cluster *cl)

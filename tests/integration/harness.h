@@ -70,7 +70,8 @@ int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains,
                       const char *const *extra);
 /* Index of node id, or -1. */
 int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
-void tsd_cluster_stop(struct tsd_cluster *cl);
+/* SIGTERM to every node; -1 if any did not exit 0 (its log is printed). */
+int tsd_cluster_stop(struct tsd_cluster *cl);
 void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
 /* The certificate directory made by conf/mkcerts for this test run. */

@@ -248,8 +248,7 @@ static int group_setup(void **state)
 
 static int group_teardown(void **state)
 {
-    tsd_cluster_stop(&CL);
-    return 0;
+    return tsd_cluster_stop(&CL);
 }
 
 static void test_replicas_everywhere(void **state)
@@ -631,6 +630,7 @@ int main(void)
     int rc = cmocka_run_group_tests_name("cluster", tests, group_setup, NULL);
     if (rc)
         tsd_cluster_dump_logs(&CL);
-    group_teardown(NULL);
+    if (group_teardown(NULL) != 0)
+        rc = 1;
     return rc;
 }
