@@ -83,8 +83,10 @@ def main():
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
+    global OTHER_MAX
     os.makedirs(a.out, exist_ok=True)
     meta = load_meta(a.meta)
+    OTHER_MAX = float(meta.get("other_max", OTHER_MAX))
     runs = []
     with open(a.runs) as f:
         for line in f:
