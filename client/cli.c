@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -120,6 +119,7 @@ struct cmd {
     int (*run)(struct ctx *x);
     const char *args;
     const char *help;
+    int cluster; /* listed under "Cluster commands" */
 };
 
 /* ---- output helpers ------------------------------------------------------------------------- */
@@ -228,7 +228,7 @@ static int cmd_dataset_create(struct ctx *x)
     int rc;
 
     if (!x->min_core_set)
-        x->policy.min_core = TS_MIN(x->policy.core, 1);
+        x->policy.min_core = 0; /* the server's default: a majority of the core replicas */
     rc = tessera_dataset_create(x->c, x->argv[0], &x->policy);
     if (rc)
         return rc;
@@ -446,21 +446,27 @@ static int cmd_shard_stat(struct ctx *x)
 /* ---- put / get ---------------------------------------------------------------------------------
  */
 
+/*
+ * Uploads FILE ('-': standard input) as the shard. Everything is read with read() into the
+ * library's chunk buffers (tessera_put_fd): never mapped, so a file that shrinks during the
+ * upload ends it with an error (the shard stays incomplete and invisible) rather than SIGBUS.
+ */
 static int cmd_put(struct ctx *x)
 {
     const char *file = x->argv[2];
+    int from_stdin = strcmp(file, "-") == 0;
     struct ts_shard_info s;
-    struct stat st;
-    uint64_t t0, bytes;
+    struct stat st, now;
+    uint64_t t0, bytes, size = TS_SIZE_UNKNOWN;
+    off_t start = 0;
     double secs;
     uint32_t id;
-    void *map = NULL;
-    int fd = 0, rc;
+    int fd = STDIN_FILENO, rc;
 
     rc = parse_shard(x, x->argv[1], &id);
     if (rc)
         return rc;
-    if (strcmp(file, "-") != 0) {
+    if (!from_stdin) {
         fd = open(file, O_RDONLY | O_CLOEXEC);
         if (fd < 0) {
             snprintf(x->local, sizeof(x->local), "cannot open %s: %s", file, strerror(errno));
@@ -472,20 +478,28 @@ static int cmd_put(struct ctx *x)
         rc = TS_EIO;
         goto out_close;
     }
+    if (S_ISREG(st.st_mode)) {
+        /* A regular file declares its size: what is left of it from where it is read. */
+        start = lseek(fd, 0, SEEK_CUR);
+        if (start < 0 || start > st.st_size)
+            start = 0;
+        size = (uint64_t)(st.st_size - start);
+    }
     t0 = ts_now_mono_ns();
-    if (S_ISREG(st.st_mode) && st.st_size > 0) {
-        /* A regular file is mapped and sent from the mapping: no copy in user space. */
-        map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map != MAP_FAILED) {
-            (void)madvise(map, (size_t)st.st_size, MADV_SEQUENTIAL);
-            rc = tessera_put(x->c, x->argv[0], id, map, (size_t)st.st_size, NULL, 0);
-            munmap(map, (size_t)st.st_size);
-            goto out_done;
+    rc = tessera_put_fd(x->c, x->argv[0], id, fd, size);
+    if (S_ISREG(st.st_mode) && fstat(fd, &now) == 0 && now.st_size != st.st_size) {
+        if (rc == TS_EIO) {
+            snprintf(x->local, sizeof(x->local),
+                     "%s changed size during upload (%lld bytes when it began, %lld now): %s", file,
+                     (long long)st.st_size, (long long)now.st_size, tessera_client_error(x->c));
+        } else if (!rc) {
+            fprintf(stderr,
+                    "tessera: put %s %u: note: %s changed size during upload (%lld bytes when "
+                    "it began, %lld now); the shard holds the first %llu bytes\n",
+                    x->argv[0], id, file, (long long)st.st_size, (long long)now.st_size,
+                    (unsigned long long)size);
         }
     }
-    rc = tessera_put_fd(x->c, x->argv[0], id, fd,
-                        S_ISREG(st.st_mode) ? (uint64_t)st.st_size : TS_SIZE_UNKNOWN);
-out_done:
     if (rc)
         goto out_close;
     secs = (double)(ts_now_mono_ns() - t0) / 1e9;
@@ -506,7 +520,7 @@ out_done:
                s.nchunks == 1 ? "" : "s", s.crc);
     }
 out_close:
-    if (fd > 0)
+    if (!from_stdin)
         close(fd);
     return rc;
 }
@@ -587,15 +601,44 @@ out_free:
     return rc;
 }
 
+/* The temporary file of a `get -o FILE` in progress, removed if a signal ends the CLI. */
+static char *volatile get_tmp;
+
+static void get_signal(int sig)
+{
+    char *tmp = get_tmp;
+
+    if (tmp)
+        unlink(tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* Blocks (or unblocks) the signals that get_signal handles. */
+static void get_signals_block(int block, sigset_t *old)
+{
+    sigset_t set;
+
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);
+    if (block)
+        sigprocmask(SIG_BLOCK, &set, old);
+    else
+        sigprocmask(SIG_SETMASK, old, NULL);
+}
+
 static int cmd_get(struct ctx *x)
 {
     int to_file = x->output && strcmp(x->output, "-") != 0;
     struct ts_shard_info s;
+    struct cli_out out = {.fd = STDOUT_FILENO};
     uint64_t end, written = 0, t0;
     size_t buflen;
     uint32_t id;
-    int out = STDOUT_FILENO, regular = 0, rc;
-    struct stat st;
+    sigset_t old;
+    int rc;
 
     rc = parse_shard(x, x->argv[1], &id);
     if (rc)
@@ -619,25 +662,28 @@ static int cmd_get(struct ctx *x)
     buflen *= ((1u << 20) + buflen - 1) / buflen;
     buflen = TS_MIN(buflen, (size_t)TESSERA_MAX_READ);
     if (to_file) {
-        out = open(x->output, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (out < 0) {
-            snprintf(x->local, sizeof(x->local), "cannot create %s: %s", x->output,
-                     strerror(errno));
-            return TS_EIO;
+        /* Into a temporary renamed over FILE at the end: a failed get leaves FILE as it was. */
+        rc = cli_out_open(&out, x->output, x->local, sizeof(x->local));
+        if (rc)
+            return rc;
+        if (out.tmp) {
+            get_tmp = out.tmp;
+            signal(SIGINT, get_signal);
+            signal(SIGTERM, get_signal);
+            signal(SIGHUP, get_signal);
         }
-        regular = fstat(out, &st) == 0 && S_ISREG(st.st_mode);
     }
     t0 = ts_now_mono_ns();
-    rc = get_stream(x, id, x->offset, end, buflen, out, &written);
+    rc = get_stream(x, id, x->offset, end, buflen, out.fd, &written);
     if (to_file) {
-        if (!rc && close(out) < 0) {
-            snprintf(x->local, sizeof(x->local), "cannot write %s: %s", x->output, strerror(errno));
-            rc = TS_EIO;
-        } else if (rc) {
-            close(out);
+        get_signals_block(1, &old);
+        get_tmp = NULL;
+        if (rc) {
+            cli_out_abort(&out);
+        } else {
+            rc = cli_out_commit(&out, x->local, sizeof(x->local));
         }
-        if (rc && regular)
-            unlink(x->output); /* no half-written file left behind (but never /dev/null) */
+        get_signals_block(0, &old);
     }
     if (rc || !to_file)
         return rc;
@@ -1120,7 +1166,7 @@ static int cmd_pg(struct ctx *x)
     rc = cli_table_init(&t, TS_ARRAY_SIZE(hdr), 0x1, hdr);
     for (size_t i = 0; i < n && !rc; i++) {
         const struct ts_map_node *nd = &m->nodes[order[i]];
-        char rank[16];
+        char rank[24];
         const char *role = i == 0                      ? "primary"
                            : !x->dataset               ? "-"
                            : i < core                  ? "core"
@@ -1292,45 +1338,57 @@ static const struct cmd cmds[] = {
     {"dataset", "create", 1, 1, 1, create_opts, cmd_dataset_create,
      "NAME [--core N] [--fringe N] [--min-core N] [--chunk-size B]",
      "Creates a dataset. --core: synchronous replicas (default 1), --fringe: asynchronous\n"
-     "replicas (default 0), --min-core: core replicas that must hold a write (default 1),\n"
-     "--chunk-size: bytes per chunk, with K/M/G suffixes (default 1M, at least 4K)."},
-    {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets."},
-    {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset."},
+     "replicas (default 0), --min-core: core replicas that must hold a write (default: a\n"
+     "majority of core, core/2+1; 0 means the same), --chunk-size: bytes per chunk, with\n"
+     "K/M/G suffixes (default 1M, at least 4K).",
+     0},
+    {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets.", 0},
+    {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset.", 0},
     {"dataset", "seal", 1, 1, 1, no_opts, cmd_dataset_seal, "NAME",
-     "Seals a dataset: no more shards can be added. Fails while an upload is incomplete."},
+     "Seals a dataset: no more shards can be added. Fails while an upload is incomplete.", 0},
     {"dataset", "rm", 1, 1, 1, no_opts, cmd_dataset_rm, "NAME",
-     "Deletes a dataset and all its shards (admin role)."},
+     "Deletes a dataset and all its shards (admin role).", 0},
+    {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset.", 0},
+    {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard.", 0},
     {NULL, "put", 3, 3, 2, no_opts, cmd_put, "NAME SHARD FILE",
-     "Uploads FILE ('-': standard input) as shard SHARD of dataset NAME and seals the shard.\n"
-     "Every chunk carries its CRC32C; the server acknowledges each once it is durable."},
+     "Uploads FILE ('-': standard input, read to its end) as shard SHARD of dataset NAME and\n"
+     "seals the shard. Every chunk carries its CRC32C; the server acknowledges each once it\n"
+     "is durable. A FILE that changes size during the upload fails it (nothing is sealed).",
+     0},
     {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
      "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
-     "or standard output, verifying every piece's CRC32C. A failed get leaves no FILE."},
+     "or standard output, verifying every piece's CRC32C. FILE is written as FILE.tmp.PID\n"
+     "and renamed over FILE once complete: a failed get leaves FILE as it was.",
+     0},
     {NULL, "scrub", 0, 1, 1, no_opts, cmd_scrub, "[NAME]",
      "Re-verifies every stored chunk of NAME (or of every dataset) on the server and lists\n"
-     "corrupt ones; exits 1 when any is found. Waits without a timeout unless --timeout."},
+     "corrupt ones; exits 1 when any is found. Waits without a timeout unless --timeout.",
+     0},
     {NULL, "status", 0, 0, 0, status_opts, cmd_status, "[--node ID]",
      "Shows the server's status: node, listeners, connections, counters, datasets.\n"
      "On a cluster: one section per node of the map (reachable, epoch, the PGs it leads,\n"
      "its replicas' applied position and lag in operations, bytes and seconds); exits 1\n"
-     "when a node that is up in the map does not answer. --node ID: that node's whole status."},
+     "when a node that is up in the map does not answer. --node ID: that node's whole status.",
+     0},
     {"map", "show", 0, 0, 0, no_opts, cmd_map_show, "",
      "Shows the cluster map the server has: epoch, PG count, and every node's id, addresses,\n"
-     "failure domain, weight, state and how many PGs it leads."},
+     "failure domain, weight, state and how many PGs it leads.",
+     1},
     {"map", "push", 1, 1, 1, no_opts, cmd_map_push, "FILE",
      "Pushes the map FILE to every node it lists (admin role): its epoch becomes one more\n"
      "than the highest epoch of the file and of every reachable node, and is written back\n"
      "into FILE first. Fails when a node that is up in the map does not take it. Without\n"
-     "-s it connects to the first node of FILE that is up."},
+     "-s it connects to the first node of FILE that is up.",
+     1},
     {NULL, "failover", 1, 1, 1, no_opts, cmd_failover, "PG",
      "Fails over placement group PG (admin role): its primary is marked down in a new map\n"
      "epoch, pushed to every other node that is up; the next core replica leads. Edit the\n"
-     "map file to match before the next 'map push'."},
+     "map file to match before the next 'map push'.",
+     1},
     {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
      "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
-     "roles of its core and fringe replicas; with --shard too, the PG of that shard."},
-    {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset."},
-    {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard."},
+     "roles of its core and fringe replicas; with --shard too, the PG of that shard.",
+     1},
 };
 
 static void usage_cmd(FILE *f, const struct cmd *k)
@@ -1348,7 +1406,7 @@ static void usage(FILE *f)
           "127.0.0.1:7070)\n"
           "      --tls-ca FILE        CA bundle (PEM): connect with TLS 1.3 and verify the "
           "server\n"
-          "      --tls-cert FILE      client certificate (PEM) for mutual TLS\n"
+          "      --tls-cert FILE      client certificate (PEM) for mutual TLS (with --tls-ca)\n"
           "      --tls-key FILE       its private key (PEM)\n"
           "      --tls-server-name N  name expected in the server certificate (default: "
           "HOST)\n"
@@ -1361,6 +1419,8 @@ static void usage(FILE *f)
           f);
     for (size_t i = 0; i < TS_ARRAY_SIZE(cmds); i++) {
         char line[128];
+        if (cmds[i].cluster && (i == 0 || !cmds[i - 1].cluster))
+            fputs("\nCluster commands:\n", f);
         snprintf(line, sizeof(line), "%s%s%s%s%s", cmds[i].group ? cmds[i].group : "",
                  cmds[i].group ? " " : "", cmds[i].name, cmds[i].args[0] ? " " : "", cmds[i].args);
         fprintf(f, "  %s\n", line);
@@ -1468,7 +1528,7 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
     struct cli_iter it;
     struct ts_addr addr;
     enum cli_token tok;
-    char msg[512];
+    char msg[512], why[160];
     int help = 0;
     uint64_t v;
 
@@ -1601,10 +1661,13 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         return usage_error("give a PG, or --dataset NAME --shard N", k);
     if (k->run == cmd_pg && x->shard_set && !x->dataset)
         return usage_error("--shard needs --dataset", k);
-    if (ts_addr_parse(x->server, &addr) != 0) {
-        snprintf(msg, sizeof(msg), "bad server address '%s' (want HOST:PORT)", x->server);
+    if (ts_addr_parse_why(x->server, &addr, why, sizeof(why)) != 0) {
+        snprintf(msg, sizeof(msg), "bad server address '%s': %s", x->server, why);
         return usage_error(msg, NULL);
     }
+    /* TLS is chosen by --tls-ca: a certificate without it would silently go over plain TCP. */
+    if ((opts->tls_cert || opts->tls_key) && !opts->tls_ca)
+        return usage_error(TS_CERT_NEEDS_CA, NULL);
     *kout = k;
     return CLI_RUN;
 }

@@ -1,10 +1,15 @@
 /* Helpers of the tessera CLI: numbers, sizes, options, tables (see cli_util.h). */
 #include "cli_util.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ts_common.h"
 
@@ -191,6 +196,105 @@ enum cli_token cli_next(struct cli_iter *it, const struct cli_opt *const *tables
     }
     *opt = o;
     return CLI_OPT;
+}
+
+/* ---- output files -------------------------------------------------------------------------- */
+
+static void out_reset(struct cli_out *o)
+{
+    free(o->path);
+    free(o->tmp);
+    o->fd = -1;
+    o->path = NULL;
+    o->tmp = NULL;
+}
+
+int cli_out_open(struct cli_out *o, const char *file, char *err, size_t cap)
+{
+    struct stat st, lst;
+    int exists, rc;
+    size_t len;
+
+    memset(o, 0, sizeof(*o));
+    o->fd = -1;
+    exists = stat(file, &st) == 0;
+    if (exists && !S_ISREG(st.st_mode)) {
+        /* A device, FIFO or terminal: nothing to keep safe, nothing to remove. */
+        o->fd = open(file, O_WRONLY | O_CLOEXEC);
+        if (o->fd < 0) {
+            snprintf(err, cap, "cannot open %s: %s", file, strerror(errno));
+            return TS_EIO;
+        }
+        return 0;
+    }
+    /* Through a symbolic link: replace the file it points to, keep the link. */
+    if (exists && lstat(file, &lst) == 0 && S_ISLNK(lst.st_mode))
+        o->path = realpath(file, NULL);
+    if (!o->path)
+        o->path = strdup(file);
+    len = o->path ? strlen(o->path) + 48 : 0;
+    o->tmp = len ? malloc(len) : NULL;
+    if (!o->tmp) {
+        snprintf(err, cap, "out of memory");
+        rc = TS_ENOMEM;
+        goto out_reset;
+    }
+    for (unsigned i = 0; i < 100; i++) {
+        if (i == 0)
+            snprintf(o->tmp, len, "%s.tmp.%ld", o->path, (long)getpid());
+        else
+            snprintf(o->tmp, len, "%s.tmp.%ld.%u", o->path, (long)getpid(), i);
+        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (o->fd >= 0 || errno != EEXIST)
+            break;
+    }
+    if (o->fd < 0) {
+        snprintf(err, cap, "cannot create %s (written first, then renamed to %s): %s", o->tmp, file,
+                 strerror(errno));
+        rc = TS_EIO;
+        goto out_reset;
+    }
+    if (exists) /* the replacement keeps the file's permissions */
+        (void)fchmod(o->fd, st.st_mode & 07777);
+    return 0;
+
+out_reset:
+    out_reset(o);
+    return rc;
+}
+
+int cli_out_commit(struct cli_out *o, char *err, size_t cap)
+{
+    int rc = 0;
+
+    if (o->tmp && fsync(o->fd) < 0 && errno != EINVAL && errno != EROFS) {
+        snprintf(err, cap, "cannot write %s: %s", o->tmp, strerror(errno));
+        rc = TS_EIO;
+    }
+    if (close(o->fd) < 0 && !rc) {
+        snprintf(err, cap, "cannot write %s: %s", o->tmp ? o->tmp : "the output", strerror(errno));
+        rc = TS_EIO;
+    }
+    o->fd = -1;
+    if (!rc && o->tmp && rename(o->tmp, o->path) < 0) {
+        snprintf(err, cap, "cannot rename %s to %s: %s", o->tmp, o->path, strerror(errno));
+        rc = TS_EIO;
+    }
+    if (rc)
+        cli_out_abort(o);
+    out_reset(o);
+    return rc;
+}
+
+void cli_out_abort(struct cli_out *o)
+{
+    if (!o)
+        return;
+    if (o->fd >= 0)
+        close(o->fd);
+    if (o->tmp)
+        unlink(o->tmp);
+    out_reset(o);
 }
 
 /* ---- tables -------------------------------------------------------------------------------- */

@@ -58,6 +58,29 @@ void cli_iter_init(struct cli_iter *it, int argc, char **argv);
 enum cli_token cli_next(struct cli_iter *it, const struct cli_opt *const *tables, size_t ntables,
                         const struct cli_opt **opt, const char **val);
 
+/* ---- output files -------------------------------------------------------------------------- */
+
+/*
+ * A file being written that replaces FILE only once it is complete. For a regular FILE (or
+ * one that does not exist yet) the bytes go to a temporary "FILE.tmp.PID" in the same
+ * directory (next to the target when FILE is a symbolic link), renamed over FILE by
+ * cli_out_commit; cli_out_abort removes the temporary and leaves FILE as it was. Anything
+ * else (/dev/null, a FIFO, a terminal) is written in place and never removed.
+ */
+struct cli_out {
+    int fd;
+    char *path; /* what is replaced: FILE, or the target of the link FILE */
+    char *tmp;  /* the temporary being written; NULL when writing in place */
+};
+
+/* 0, or TS_EIO / TS_ENOMEM with the reason in err[cap]. */
+int cli_out_open(struct cli_out *o, const char *file, char *err, size_t cap);
+/* Makes the bytes durable and renames the temporary over the file; 0 or TS_EIO (the
+ * temporary removed, the file untouched). o is finished either way. */
+int cli_out_commit(struct cli_out *o, char *err, size_t cap);
+/* Closes and removes the temporary; the file keeps what it held. NULL-safe, idempotent. */
+void cli_out_abort(struct cli_out *o);
+
 /* ---- tables -------------------------------------------------------------------------------- */
 
 #define CLI_TABLE_MAXCOLS 12

@@ -81,7 +81,8 @@ struct rx {
 struct tessera_client {
     struct ts_cluster *cl; /* cluster mode: a router with no connection of its own */
     struct ts_transport *t;
-    int broken; /* 0, or the code that ended the connection */
+    int broken;      /* 0, or the code that ended the connection */
+    uint64_t frames; /* reply frame headers received intact */
     uint64_t next_id;
     uint64_t done_seq;
     uint64_t epoch;
@@ -580,9 +581,12 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     case RX_HDR:
         rc = ts_frame_parse(x->hdr, x->have, UINT32_MAX, &x->h);
         if (rc < 0)
-            return proto_err(c, "bad frame header (is this a tessera server?)");
-        if (rc > 0)
+            return proto_err(c, c->frames ? "bad frame header"
+                                          : "not a tessera frame (is this a tessera server?)");
+        if (rc > 0) {
+            c->frames++;
             rc = rx_header(c);
+        }
         break;
     case RX_BODY:
         rc = x->have < x->body_len ? 0 : rx_body_done(c);
@@ -1019,6 +1023,8 @@ out_free_seed:
 static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts_transport *t,
                    const uint64_t *epoch_ref, int sub, char *err, size_t errlen)
 {
+    /* Plain TCP to a TLS port: the server drops the connection or answers with a TLS alert. */
+    int plain = t->ops == &ts_transport_tcp;
     struct tessera_client *c;
     struct ts_map *map = NULL;
     int rc;
@@ -1062,7 +1068,11 @@ static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts
     return rc;
 
 out_close:
-    if (err && errlen)
+    if (err && errlen && plain && c->frames == 0 && (rc == TS_ECONNRESET || rc == TS_EPROTO))
+        snprintf(err, errlen, "HELLO: %s (is this a TLS port? use --tls-ca)",
+                 rc == TS_EPROTO ? "the server's reply is not a tessera frame"
+                                 : "the server closed the connection without a reply");
+    else if (err && errlen)
         snprintf(err, errlen, "%s: %s", c->role || c->node[0] ? "MAP_GET" : "HELLO",
                  c->err[0] ? c->err : ts_strerror(rc));
     tessera_client_close(c);
@@ -1084,6 +1094,7 @@ static int open_addr(tessera_client **out, const struct tessera_opts *o, const u
     struct ts_conn_params p;
     struct ts_transport *t;
     struct ts_addr a;
+    char why[160];
     int rc;
 
     if (err && errlen)
@@ -1095,9 +1106,17 @@ static int open_addr(tessera_client **out, const struct tessera_opts *o, const u
         tessera_opts_init(&defaults);
         o = &defaults;
     }
-    if (ts_addr_parse(o->address, &a) != 0) {
+    if (ts_addr_parse_why(o->address, &a, why, sizeof(why)) != 0) {
         if (err && errlen)
-            snprintf(err, errlen, "bad address '%s' (want host:port)", o->address);
+            snprintf(err, errlen, "bad address '%s': %s", o->address, why);
+        TS_WARN(FAC, TS_EINVAL, "bad address '%s': %s", o->address, why);
+        return TS_EINVAL;
+    }
+    /* TLS is chosen by tls_ca alone: a certificate without it must not mean plain TCP. */
+    if ((o->tls_cert || o->tls_key) && !o->tls_ca) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s", TS_CERT_NEEDS_CA);
+        TS_WARN(FAC, TS_EINVAL, "%s", TS_CERT_NEEDS_CA);
         return TS_EINVAL;
     }
     ops = a.ops ? a.ops : o->tls_ca ? &ts_transport_tls : &ts_transport_tcp;

@@ -92,13 +92,20 @@ struct ts_addr {
 };
 
 /*
- * Parses "[scheme://]host[:port]": host a name, an IPv4 literal or a bracketed IPv6 literal;
- * scheme "tcp" or "rdma". 0 or TS_EINVAL.
+ * Parses "[scheme://]host[:port]": host a name, an IPv4 literal or a bracketed IPv6 literal
+ * ("[::1]:7070"; without brackets more than one ':' is refused, never guessed at); port 1 to
+ * 65535, default 7070; scheme "tcp" or "rdma". 0 or TS_EINVAL.
  */
 int ts_addr_parse(const char *s, struct ts_addr *a);
+/* The same, saying why an address is refused in why[cap] (may be NULL). */
+int ts_addr_parse_why(const char *s, struct ts_addr *a, char *why, size_t cap);
 
 /* ---- opening over a given transport (tests) ---------------------------------------------------
  */
+
+/* Why tessera_client_open refuses tls_cert/tls_key without tls_ca (TS_EINVAL). */
+#define TS_CERT_NEEDS_CA                                                                           \
+    "a client certificate needs --tls-ca (TLS is used only with a CA to verify the server)"
 
 /*
  * tessera_client_open that also says why it failed, in words, into err[errlen] (the handle

@@ -5,6 +5,8 @@
  */
 #include "client_internal.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 static int all_digits(const char *s, size_t n)
@@ -26,13 +28,31 @@ static int copy_part(char *out, size_t cap, const char *s, size_t n)
     return 0;
 }
 
-int ts_addr_parse(const char *s, struct ts_addr *a)
+/* Formats why an address is refused into why[cap] (when given); TS_EINVAL. */
+static int addr_bad(char *why, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int addr_bad(char *why, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (why && cap) {
+        va_start(ap, fmt);
+        vsnprintf(why, cap, fmt, ap);
+        va_end(ap);
+    }
+    return TS_EINVAL;
+}
+
+int ts_addr_parse_why(const char *s, struct ts_addr *a, char *why, size_t cap)
 {
     const char *host, *port = NULL, *sep, *end;
     size_t hlen;
     unsigned long pnum;
 
     memset(a, 0, sizeof(*a));
+    if (why && cap)
+        why[0] = '\0';
     if (!s || !*s)
         s = TS_DEFAULT_ADDRESS;
     sep = strstr(s, "://");
@@ -42,39 +62,45 @@ int ts_addr_parse(const char *s, struct ts_addr *a)
         else if ((size_t)(sep - s) == 4 && strncmp(s, "rdma", 4) == 0)
             a->ops = &ts_transport_rdma;
         else
-            return TS_EINVAL;
+            return addr_bad(why, cap, "unknown scheme '%.*s://' (tcp:// or rdma://)",
+                            (int)TS_MIN((size_t)(sep - s), (size_t)32), s);
         s = sep + 3;
     }
     if (*s == '[') { /* [v6]:port or [v6] */
         end = strchr(s, ']');
         if (!end)
-            return TS_EINVAL;
+            return addr_bad(why, cap, "no ']' after the IPv6 address");
         host = s + 1;
         hlen = (size_t)(end - host);
         if (end[1] == ':')
             port = end + 2;
         else if (end[1] != '\0')
-            return TS_EINVAL;
+            return addr_bad(why, cap, "want ':PORT' or nothing after ']'");
     } else {
         host = s;
-        sep = strrchr(s, ':');
-        if (sep && strchr(s, ':') == sep) { /* exactly one colon: host:port */
-            hlen = (size_t)(sep - s);
-            port = sep + 1;
-        } else { /* no colon, or a bare IPv6 literal */
-            hlen = strlen(s);
-        }
+        sep = strchr(s, ':');
+        if (sep && strchr(sep + 1, ':'))
+            return addr_bad(why, cap,
+                            "more than one ':' (want HOST:PORT, [IPv6]:PORT or HOST; an IPv6 "
+                            "address goes in brackets, e.g. [::1]:7070)");
+        hlen = sep ? (size_t)(sep - s) : strlen(s);
+        port = sep ? sep + 1 : NULL;
     }
+    if (hlen == 0)
+        return addr_bad(why, cap, "no host");
     if (copy_part(a->host, sizeof(a->host), host, hlen))
-        return TS_EINVAL;
+        return addr_bad(why, cap, "the host is longer than %zu bytes", sizeof(a->host) - 1);
     if (!port)
         port = TS_DEFAULT_PORT;
-    if (!all_digits(port, strlen(port)) || strlen(port) > 5)
-        return TS_EINVAL;
-    pnum = strtoul(port, NULL, 10);
+    pnum = all_digits(port, strlen(port)) && strlen(port) <= 5 ? strtoul(port, NULL, 10) : 0;
     if (pnum == 0 || pnum > 65535)
-        return TS_EINVAL;
+        return addr_bad(why, cap, "port '%s' is not a number from 1 to 65535", port);
     return copy_part(a->port, sizeof(a->port), port, strlen(port));
+}
+
+int ts_addr_parse(const char *s, struct ts_addr *a)
+{
+    return ts_addr_parse_why(s, a, NULL, 0);
 }
 
 int ts_reply_status(struct ts_rd *r, char *msg, size_t cap)

@@ -7,6 +7,7 @@
  */
 #include "ts_test.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli_util.h"
@@ -191,8 +193,9 @@ static void test_addr_parse(void **state)
     assert_int_equal(ts_addr_parse("[::1]:9", &a), 0);
     assert_string_equal(a.host, "::1");
     assert_string_equal(a.port, "9");
-    assert_int_equal(ts_addr_parse("::1", &a), 0);
+    assert_int_equal(ts_addr_parse("[::1]", &a), 0);
     assert_string_equal(a.host, "::1");
+    assert_string_equal(a.port, TS_DEFAULT_PORT);
     assert_int_equal(ts_addr_parse("tcp://h:1", &a), 0);
     assert_null(a.ops);
     assert_int_equal(ts_addr_parse("rdma://h:1", &a), 0);
@@ -208,6 +211,60 @@ static void test_addr_parse(void **state)
     assert_int_equal(ts_addr_parse("[::1", &a), TS_EINVAL);
     assert_int_equal(ts_addr_parse("[::1]x", &a), TS_EINVAL);
     assert_int_equal(ts_addr_parse("udp://h:1", &a), TS_EINVAL);
+    /* More than one ':' without brackets is refused, not taken for an IPv6 host. */
+    assert_int_equal(ts_addr_parse("::1", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("bad:host:1", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("fe80::1:7070", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("tcp://a:b:1", &a), TS_EINVAL);
+    assert_int_equal(ts_addr_parse("[]:1", &a), TS_EINVAL);
+}
+
+static void test_addr_parse_why(void **state)
+{
+    struct ts_addr a;
+    char why[160];
+
+    assert_int_equal(ts_addr_parse_why("bad:host:1", &a, why, sizeof(why)), TS_EINVAL);
+    assert_non_null(strstr(why, "more than one ':'"));
+    assert_non_null(strstr(why, "[::1]:7070"));
+    assert_int_equal(ts_addr_parse_why("h:70000", &a, why, sizeof(why)), TS_EINVAL);
+    assert_string_equal(why, "port '70000' is not a number from 1 to 65535");
+    assert_int_equal(ts_addr_parse_why("h:", &a, why, sizeof(why)), TS_EINVAL);
+    assert_non_null(strstr(why, "port ''"));
+    assert_int_equal(ts_addr_parse_why(":1", &a, why, sizeof(why)), TS_EINVAL);
+    assert_string_equal(why, "no host");
+    assert_int_equal(ts_addr_parse_why("[::1", &a, why, sizeof(why)), TS_EINVAL);
+    assert_non_null(strstr(why, "']'"));
+    assert_int_equal(ts_addr_parse_why("[::1]x", &a, why, sizeof(why)), TS_EINVAL);
+    assert_int_equal(ts_addr_parse_why("udp://h:1", &a, why, sizeof(why)), TS_EINVAL);
+    assert_non_null(strstr(why, "udp://"));
+    assert_int_equal(ts_addr_parse_why("h:1", &a, why, sizeof(why)), 0);
+    assert_string_equal(why, "");
+    assert_int_equal(ts_addr_parse_why("x:y:z", &a, NULL, 0), TS_EINVAL); /* no room: fine */
+}
+
+/* A client certificate without a CA would mean plain TCP: refused before connecting. */
+static void test_cert_needs_ca(void **state)
+{
+    struct tessera_opts o;
+    tessera_client *c = (tessera_client *)&o;
+    char err[200];
+
+    tessera_opts_init(&o);
+    o.address = "127.0.0.1:1"; /* never reached */
+    o.tls_cert = "client.pem";
+    o.tls_key = "client.key";
+    assert_int_equal(ts_client_open_ex(&c, &o, err, sizeof(err)), TS_EINVAL);
+    assert_null(c);
+    assert_string_equal(err, TS_CERT_NEEDS_CA);
+    assert_string_equal(err, "a client certificate needs --tls-ca (TLS is used only with a CA to "
+                             "verify the server)");
+    o.tls_cert = NULL; /* a key alone too */
+    assert_int_equal(tessera_client_open(&c, &o), TS_EINVAL);
+    assert_null(c);
+    o.tls_cert = "client.pem";
+    o.tls_key = NULL;
+    assert_int_equal(tessera_client_open(&c, &o), TS_EINVAL);
 }
 
 static void test_rdma_stub(void **state)
@@ -575,6 +632,74 @@ static tessera_client *open_pair(int *peer, int timeout_ms)
     return c;
 }
 
+/* What a TLS port does with a plain HELLO. */
+enum tls_port { TLS_CLOSES, TLS_ALERT, HELLO_THEN_CLOSES };
+
+static void *fake_tls_port(void *arg)
+{
+    /* A TLS 1.2+ record: alert, fatal, unexpected_message. */
+    static const uint8_t alert[] = {0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x0a};
+    int *v = arg, fd = v[0];
+    struct ts_frame_hdr h;
+    uint8_t hdr[TS_HDR_LEN], *p;
+
+    if (v[1] == HELLO_THEN_CLOSES) {
+        if (fake_recv(fd, &h, &p) == 0) {
+            free(p);
+            fake_hello(fd, 1);
+        }
+    } else {
+        (void)read_exact(fd, hdr, sizeof(hdr)); /* what a TLS server reads as a record header */
+        if (v[1] == TLS_ALERT)
+            (void)write_exact(fd, alert, sizeof(alert));
+    }
+    shutdown(fd, SHUT_RDWR);
+    return NULL;
+}
+
+/* Opening over a socketpair whose other end behaves as in *how; the code, the reason in err. */
+static int open_against(enum tls_port how, char *err, size_t cap)
+{
+    struct ts_transport *t;
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    pthread_t th;
+    int sv[2], arg[2], rc;
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    arg[0] = sv[1];
+    arg[1] = (int)how;
+    assert_int_equal(pthread_create(&th, NULL, fake_tls_port, arg), 0);
+    assert_int_equal(ts_tcp_from_fd(&t, sv[0]), 0);
+    tessera_opts_init(&o);
+    o.timeout_ms = 5000;
+    rc = ts_client_open_transport(&c, &o, t, err, cap);
+    assert_null(c);
+    pthread_join(th, NULL);
+    close(sv[1]);
+    return rc;
+}
+
+/* Plain TCP to a TLS port: the error says so, whichever way the server refuses. */
+static void test_tls_port_hint(void **state)
+{
+    char err[512];
+    int rc;
+
+    rc = open_against(TLS_CLOSES, err, sizeof(err));
+    assert_true(rc == TS_ECONNRESET || rc == TS_EPROTO);
+    assert_non_null(strstr(err, "HELLO: "));
+    assert_non_null(strstr(err, "(is this a TLS port? use --tls-ca)"));
+    rc = open_against(TLS_ALERT, err, sizeof(err));
+    assert_true(rc == TS_EPROTO || rc == TS_ECONNRESET);
+    assert_non_null(strstr(err, "(is this a TLS port? use --tls-ca)"));
+    /* A tessera server that answered HELLO and then went away is no TLS port. */
+    rc = open_against(HELLO_THEN_CLOSES, err, sizeof(err));
+    assert_int_equal(rc, TS_ECONNRESET);
+    assert_null(strstr(err, "TLS"));
+    assert_non_null(strstr(err, "MAP_GET"));
+}
+
 /* Reads one request frame the client sent and checks its opcode; returns its id. */
 static uint64_t expect_req(int fd, uint8_t op)
 {
@@ -903,6 +1028,9 @@ struct fake {
     uint64_t records[4];
     int sealed;
     int erange_at_end; /* READ at offset == size: TS_ERANGE rather than no bytes */
+    int shrink_fd;     /* >= 0: when chunk shrink_at arrives, cut this file to shrink_to */
+    uint32_t shrink_at;
+    off_t shrink_to;
 };
 
 static void fake_on_write(struct fake *f, const struct ts_frame_hdr *h, struct ts_rd *r)
@@ -924,6 +1052,8 @@ static void fake_on_write(struct fake *f, const struct ts_frame_hdr *h, struct t
     data = ts_rd_bytes(r, len);
     assert_int_equal(ts_rd_done(r), 0);
     f->writes++;
+    if (f->shrink_fd >= 0 && idx == f->shrink_at)
+        assert_int_equal(ftruncate(f->shrink_fd, f->shrink_to), 0);
     if (idx != f->next_idx)
         f->out_of_order++;
     f->next_idx = idx + 1;
@@ -1019,6 +1149,7 @@ static tessera_client *fake_start(struct fake *f, uint32_t chunk)
     memset(f, 0, sizeof(*f));
     f->chunk = chunk;
     f->fail_idx = UINT32_MAX;
+    f->shrink_fd = -1;
     c = open_pair(&f->fd, 10000);
     assert_int_equal(pthread_create(&f->th, NULL, fake_main, f), 0);
     return c;
@@ -1123,6 +1254,139 @@ static void test_put_fd(void **state)
     free(buf);
 }
 
+/*
+ * A file that shrinks while it is uploaded (what once killed `tessera put` with SIGBUS from a
+ * mapping): the read comes up short, the upload fails with TS_EIO and nothing is sealed.
+ */
+static void test_put_fd_shrinking(void **state)
+{
+    const size_t len = 64 * 4096;
+    uint8_t *buf = malloc(len);
+    char *dir = ts_test_tmpdir("client"), path[512];
+    struct ts_dataset_info d;
+    struct fake f;
+    int fd;
+    tessera_client *c = fake_start(&f, 4096);
+
+    ts_test_fill(buf, len, 8, 0);
+    snprintf(path, sizeof(path), "%s/shrinking", dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write_exact(fd, buf, len), 0);
+    lseek(fd, 0, SEEK_SET);
+    /* Cut to a chunk and a bit when chunk 2 arrives: the client has read 3 chunks by then. */
+    f.shrink_fd = fd;
+    f.shrink_at = 2;
+    f.shrink_to = 4096 + 100;
+    assert_int_equal(tessera_put_fd(c, "ds", 1, fd, len), TS_EIO);
+    assert_non_null(strstr(tessera_client_error(c), "the input ended after"));
+    assert_false(f.sealed);
+    assert_true(f.declared == len);
+    assert_true(f.got_len < len);
+    /* Every chunk in flight was collected: the connection is in step. */
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
+    close(fd);
+    fake_stop(&f, c);
+    ts_test_rmtree(dir);
+    free(buf);
+}
+
+/* ---- the CLI's output file ------------------------------------------------------------------- */
+
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, mode);
+
+    assert_true(fd >= 0);
+    assert_int_equal(write_exact(fd, text, strlen(text)), 0);
+    assert_int_equal(fchmod(fd, mode), 0);
+    close(fd);
+}
+
+static void assert_file(const char *path, const char *text)
+{
+    char buf[256] = {0};
+    int fd = open(path, O_RDONLY);
+    ssize_t n;
+
+    assert_true(fd >= 0);
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    assert_true(n >= 0);
+    assert_string_equal(buf, text);
+}
+
+/* Files in dir other than . and .. */
+static int count_files(const char *dir)
+{
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    int n = 0;
+
+    assert_non_null(d);
+    while ((e = readdir(d)))
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    closedir(d);
+    return n;
+}
+
+static void test_cli_out(void **state)
+{
+    char *dir = ts_test_tmpdir("cliout"), file[512], link[512], err[256];
+    struct cli_out o;
+    struct stat st;
+
+    snprintf(file, sizeof(file), "%s/shard.bin", dir);
+    /* A new file appears only on commit. */
+    assert_int_equal(cli_out_open(&o, file, err, sizeof(err)), 0);
+    assert_non_null(o.tmp);
+    assert_non_null(strstr(o.tmp, "shard.bin.tmp."));
+    assert_int_equal(write_exact(o.fd, "new", 3), 0);
+    assert_int_equal(access(file, F_OK), -1);
+    assert_int_equal(cli_out_commit(&o, err, sizeof(err)), 0);
+    assert_file(file, "new");
+    assert_int_equal(count_files(dir), 1);
+    /* A failure leaves an existing file as it was, and no temporary. */
+    write_file(file, "precious", 0640);
+    assert_int_equal(cli_out_open(&o, file, err, sizeof(err)), 0);
+    assert_int_equal(write_exact(o.fd, "half", 4), 0);
+    cli_out_abort(&o);
+    cli_out_abort(&o); /* idempotent */
+    assert_file(file, "precious");
+    assert_int_equal(count_files(dir), 1);
+    /* Success replaces it, keeping its permissions. */
+    assert_int_equal(cli_out_open(&o, file, err, sizeof(err)), 0);
+    assert_int_equal(write_exact(o.fd, "replaced", 8), 0);
+    assert_int_equal(cli_out_commit(&o, err, sizeof(err)), 0);
+    assert_file(file, "replaced");
+    assert_int_equal(stat(file, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+    assert_int_equal(count_files(dir), 1);
+    /* Through a symbolic link: the target is replaced, the link stays a link. */
+    snprintf(link, sizeof(link), "%s/link", dir);
+    assert_int_equal(symlink("shard.bin", link), 0);
+    assert_int_equal(cli_out_open(&o, link, err, sizeof(err)), 0);
+    assert_int_equal(write_exact(o.fd, "via link", 8), 0);
+    assert_int_equal(cli_out_commit(&o, err, sizeof(err)), 0);
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_file(file, "via link");
+    assert_int_equal(count_files(dir), 2);
+    /* Not a regular file: written in place, never removed. */
+    assert_int_equal(cli_out_open(&o, "/dev/null", err, sizeof(err)), 0);
+    assert_null(o.tmp);
+    assert_int_equal(write_exact(o.fd, "x", 1), 0);
+    cli_out_abort(&o);
+    assert_int_equal(stat("/dev/null", &st), 0);
+    assert_true(S_ISCHR(st.st_mode));
+    /* A directory that does not exist: the reason names the temporary. */
+    snprintf(file, sizeof(file), "%s/nodir/f", dir);
+    assert_int_equal(cli_out_open(&o, file, err, sizeof(err)), TS_EIO);
+    assert_non_null(strstr(err, "cannot create"));
+    assert_int_equal(o.fd, -1);
+    ts_test_rmtree(dir);
+}
+
 /* A range larger than one request: split, pipelined, reassembled in place. */
 static void test_read_split(void **state)
 {
@@ -1165,6 +1429,9 @@ int main(void)
         cmocka_unit_test(test_cli_next),
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_addr_parse),
+        cmocka_unit_test(test_addr_parse_why),
+        cmocka_unit_test(test_cert_needs_ca),
+        cmocka_unit_test(test_tls_port_hint),
         cmocka_unit_test(test_rdma_stub),
         cmocka_unit_test(test_reply_status),
         cmocka_unit_test(test_hello_decode),
@@ -1182,6 +1449,8 @@ int main(void)
         cmocka_unit_test(test_put_pipelined),
         cmocka_unit_test(test_put_refused_chunk),
         cmocka_unit_test(test_put_fd),
+        cmocka_unit_test(test_put_fd_shrinking),
+        cmocka_unit_test(test_cli_out),
         cmocka_unit_test(test_read_split),
     };
 
