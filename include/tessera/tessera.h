@@ -43,7 +43,8 @@ typedef struct tessera_client tessera_client;
 struct tessera_opts {
     const char *address;         /* "host:port"; default "127.0.0.1:7070" */
     const char *tls_ca;          /* CA bundle (PEM). Set: connect with TLS 1.3 and verify */
-    const char *tls_cert;        /* client certificate (PEM) for mutual TLS, optional */
+    const char *tls_cert;        /* client certificate (PEM) for mutual TLS, optional; needs
+                                    tls_ca (TS_EINVAL otherwise: no TLS without verifying) */
     const char *tls_key;         /* its private key (PEM) */
     const char *tls_server_name; /* name expected in the server certificate; default: host */
     const char *client_name;     /* sent in HELLO, shows up in server logs */
