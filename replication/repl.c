@@ -437,6 +437,24 @@ static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body);
 
 /* ---- chunk forwarding ------------------------------------------------------------------- */
 
+/* The fields of a REPL_WRITE frame, up to its data (sent by reference after it). */
+static void wr_repl_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
+                          uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len)
+{
+    ts_wr_init(w);
+    ts_wr_begin_frame(w);
+    ts_wr_str(w, dataset);
+    ts_wr_u8(w, p->core);
+    ts_wr_u8(w, p->fringe);
+    ts_wr_u8(w, p->min_core);
+    ts_wr_u32(w, p->chunk_size);
+    ts_wr_u32(w, shard);
+    ts_wr_u32(w, idx);
+    ts_wr_u64(w, size);
+    ts_wr_u32(w, crc);
+    ts_wr_u32(w, len);
+}
+
 static void fwd_unref(struct fwd *f)
 {
     if (--f->refs == 0) {
@@ -499,18 +517,8 @@ static void fwd_start(evutil_socket_t fd, short what, void *arg)
     }
     for (unsigned i = 0; i < c->to.n; i++) {
         struct ts_wr w;
-        ts_wr_init(&w);
-        ts_wr_begin_frame(&w);
-        ts_wr_str(&w, c->dataset);
-        ts_wr_u8(&w, c->policy.core);
-        ts_wr_u8(&w, c->policy.fringe);
-        ts_wr_u8(&w, c->policy.min_core);
-        ts_wr_u32(&w, c->policy.chunk_size);
-        ts_wr_u32(&w, c->shard);
-        ts_wr_u32(&w, c->idx);
-        ts_wr_u64(&w, c->size);
-        ts_wr_u32(&w, c->crc);
-        ts_wr_u32(&w, (uint32_t)c->len);
+        wr_repl_write(&w, c->dataset, &c->policy, c->shard, c->idx, c->size, c->crc,
+                      (uint32_t)c->len);
         peer_send(r, c->to.id[i], TS_OP_REPL_WRITE, &w, c->data, c->len, fwd_data_cleanup, f,
                   fwd_reply, f);
     }
@@ -713,18 +721,8 @@ static void stream_more(ts_repl *r, struct push *ps)
             ps->stream_failed = rc;
             break;
         }
-        ts_wr_init(&w);
-        ts_wr_begin_frame(&w);
-        ts_wr_str(&w, ps->rec.dataset);
-        ts_wr_u8(&w, ps->rec.policy.core);
-        ts_wr_u8(&w, ps->rec.policy.fringe);
-        ts_wr_u8(&w, ps->rec.policy.min_core);
-        ts_wr_u32(&w, ps->rec.policy.chunk_size);
-        ts_wr_u32(&w, ps->rec.shard);
-        ts_wr_u32(&w, idx);
-        ts_wr_u64(&w, si->size);
-        ts_wr_u32(&w, ref.crc);
-        ts_wr_u32(&w, (uint32_t)ref.len);
+        wr_repl_write(&w, ps->rec.dataset, &ps->rec.policy, ps->rec.shard, idx, si->size, ref.crc,
+                      (uint32_t)ref.len);
         ps->next_chunk++;
         ps->inflight++;
         peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,

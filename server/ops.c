@@ -325,6 +325,21 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
     return 0;
 }
 
+/* The chunk fields shared by SHARD_WRITE and REPL_WRITE; replies and returns non-zero if
+ * malformed. */
+static int rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+                    uint32_t *shard, uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len,
+                    const uint8_t **data)
+{
+    *shard = ts_rd_u32(r);
+    *idx = ts_rd_u32(r);
+    *size = ts_rd_u64(r);
+    *crc = ts_rd_u32(r);
+    *len = ts_rd_u32(r);
+    *data = ts_rd_bytes(r, *len);
+    return rd_done(c, h, r);
+}
+
 static void reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                            uint64_t bytes)
 {
@@ -442,13 +457,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
 
     if (rd_name_done(c, h, r, name, 0))
         return;
-    shard = ts_rd_u32(r);
-    idx = ts_rd_u32(r);
-    size = ts_rd_u64(r);
-    crc = ts_rd_u32(r);
-    len = ts_rd_u32(r);
-    data = ts_rd_bytes(r, len);
-    if (rd_done(c, h, r))
+    if (rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
         return;
     if (atomic_load(&s->epoch)) {
         int rc = ts_store_dataset_get(s->store, name, &d);
@@ -678,13 +687,7 @@ static void op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     if (rd_name_done(c, h, r, name, 0))
         return;
     rd_policy(r, &p);
-    shard = ts_rd_u32(r);
-    idx = ts_rd_u32(r);
-    size = ts_rd_u64(r);
-    crc = ts_rd_u32(r);
-    len = ts_rd_u32(r);
-    data = ts_rd_bytes(r, len);
-    if (rd_done(c, h, r))
+    if (rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
         return;
     rc = ts_store_dataset_ensure(s->store, name, &p);
     if (rc) {
