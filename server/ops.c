@@ -1103,9 +1103,10 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
         }
         ts_wr_fini(&w);
         c->rs = rs;
-        bufferevent_disable(c->bev, EV_READ);
-        if (tsd_stream_continue(c))
-            bufferevent_enable(c->bev, EV_READ);
+        /* Most replies fit the budget at once; only a stream that must wait for the peer
+         * pauses the connection's input (no event churn per small read). */
+        if (!tsd_stream_continue(c))
+            bufferevent_disable(c->bev, EV_READ);
         return;
     }
     ts_wr_fini(&w);

@@ -26,12 +26,13 @@
 /* Largest payload of any opcode: the bound on what a connection may make us buffer. */
 static uint32_t max_payload_any(void)
 {
-    uint32_t m = 0;
-    for (unsigned op = 0; op < TS_OP_MAX; op++) {
-        const struct ts_op_desc *d = ts_op_desc(op);
-        if (d && d->max_payload > m)
-            m = d->max_payload;
-    }
+    static uint32_t m; /* computed once: the opcode table is constant */
+    if (!m)
+        for (unsigned op = 0; op < TS_OP_MAX; op++) {
+            const struct ts_op_desc *d = ts_op_desc(op);
+            if (d && d->max_payload > m)
+                m = d->max_payload;
+        }
     return m;
 }
 
@@ -370,7 +371,6 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
 {
     struct tsd_server *s = w->srv;
     struct tsd_conn *c = calloc(1, sizeof(*c));
-    struct timeval idle = {s->cfg->idle_timeout_s, 0};
     int one = 1;
 
     if (!c) {
@@ -422,7 +422,6 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
      * Output: the write callback fires when the queue drains below half the budget. */
     bufferevent_setwatermark(c->bev, EV_READ, 0, TS_HDR_LEN + (size_t)max_payload_any());
     bufferevent_setwatermark(c->bev, EV_WRITE, s->out_budget / 2, 0);
-    bufferevent_set_timeouts(c->bev, &idle, &idle);
     /* libevent moves at most 16 KiB per syscall by default: far too little for 1 MiB chunks. */
     bufferevent_set_max_single_write(c->bev, s->out_budget);
     bufferevent_set_max_single_read(c->bev, 1u << 20);
@@ -490,6 +489,27 @@ static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
     }
     if (atomic_load(&w->srv->draining) && !w->draining)
         worker_drain(w);
+}
+
+/*
+ * Once a second: close connections that neither sent a request nor drained output for
+ * idle_timeout_s (one timer per worker instead of re-arming timers on every read and write).
+ */
+static void worker_idle_sweep(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_worker *w = arg;
+    uint64_t limit = (uint64_t)w->srv->cfg->idle_timeout_s * 1000000000ull;
+    uint64_t now = ts_now_mono_ns();
+    struct tsd_conn *c, *next;
+
+    for (c = w->conns; c; c = next) {
+        next = c->next;
+        if (!c->parked && now - c->last_active_ns > limit) {
+            TS_INFO(FAC, "connection %s idle for %d s: closing", c->peer,
+                    w->srv->cfg->idle_timeout_s);
+            conn_free(c);
+        }
+    }
 }
 
 static void *worker_main(void *arg)
@@ -764,7 +784,12 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
         w->base = event_base_new();
         w->notify =
             w->base ? event_new(w->base, -1, EV_PERSIST | EV_READ, worker_notify_cb, w) : NULL;
-        if (!w->notify) {
+        w->idle_sweep = w->notify ? event_new(w->base, -1, EV_PERSIST, worker_idle_sweep, w) : NULL;
+        if (w->idle_sweep) {
+            struct timeval sec = {1, 0};
+            evtimer_add(w->idle_sweep, &sec);
+        }
+        if (!w->notify || !w->idle_sweep) {
             rc = TS_ENOMEM;
             goto out_workers;
         }
@@ -779,6 +804,8 @@ out_workers:
     for (int i = 0; i < s->nworkers; i++) {
         if (s->workers[i].notify)
             event_free(s->workers[i].notify);
+        if (s->workers[i].idle_sweep)
+            event_free(s->workers[i].idle_sweep);
         if (s->workers[i].base)
             event_base_free(s->workers[i].base);
         pthread_mutex_destroy(&s->workers[i].lock);
@@ -850,6 +877,8 @@ void tsd_server_fini(struct tsd_server *s)
             free(p);
         }
         event_free(w->notify);
+        if (w->idle_sweep)
+            event_free(w->idle_sweep);
         event_base_free(w->base);
         pthread_mutex_destroy(&w->lock);
     }

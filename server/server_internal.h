@@ -52,6 +52,7 @@ struct tsd_worker {
     pthread_t thread;
     struct event_base *base;
     struct event *notify; /* activated by the acceptor (new fds) and on drain */
+    struct event *idle_sweep;
     pthread_mutex_t lock;
     struct tsd_pending *queue;
     struct tsd_conn *conns;
