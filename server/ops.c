@@ -948,7 +948,7 @@ static void add_zeros(struct evbuffer *out, size_t n)
 int tsd_stream_continue(struct tsd_conn *c)
 {
     struct tsd_read_stream *rs = c->rs;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = tsd_conn_out(c);
     size_t budget = c->w->srv->out_budget;
 
     while (rs->pos < rs->end && evbuffer_get_length(out) < budget) {
@@ -975,7 +975,7 @@ int tsd_stream_continue(struct tsd_conn *c)
             tsd_stream_free(rs);
             c->rs = NULL;
             c->closing = 1;
-            bufferevent_disable(c->bev, EV_READ);
+            tsd_conn_pause(c);
             return 1;
         }
         if (rc) {
@@ -1094,7 +1094,7 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
         struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode,
                                   TS_F_REPLY,       h->req_id,
                                   s->epoch,         (uint32_t)(w.len - TS_HDR_LEN + (end - off))};
-        struct evbuffer *out = bufferevent_get_output(c->bev);
+        struct evbuffer *out = tsd_conn_out(c);
         ts_frame_encode(w.buf, &rh);
         STAT_ADD(&c->w->stats, bytes_out, w.len);
         if (evbuffer_add(out, w.buf, w.len) != 0) {
@@ -1106,7 +1106,7 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
         /* Most replies fit the budget at once; only a stream that must wait for the peer
          * pauses the connection's input (no event churn per small read). */
         if (!tsd_stream_continue(c))
-            bufferevent_disable(c->bev, EV_READ);
+            tsd_conn_pause(c);
         return;
     }
     ts_wr_fini(&w);

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* Largest payload of any opcode: the bound on what a connection may make us buffer. */
@@ -35,6 +36,8 @@ static uint32_t max_payload_any(void)
         }
     return m;
 }
+
+static void conn_unpause(struct tsd_conn *c);
 
 /* ---- replies ---------------------------------------------------------------------------- */
 
@@ -67,13 +70,14 @@ static void reply_static_error(struct tsd_conn *c, const struct ts_frame_hdr *re
     ts_put_le32(buf + TS_HDR_LEN, (uint32_t)rc);
     ts_put_le16(buf + TS_HDR_LEN + 4, sizeof(msg) - 1);
     memcpy(buf + TS_HDR_LEN + 6, msg, sizeof(msg) - 1);
-    evbuffer_add(bufferevent_get_output(c->bev), buf, TS_HDR_LEN + h.length);
+    evbuffer_add(tsd_conn_out(c), buf, TS_HDR_LEN + h.length);
+    tsd_conn_flush(c);
 }
 
 /* Hands the frame's buffer to the connection's output without copying it. */
 void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w)
 {
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *out = tsd_conn_out(c);
     struct tsd_server *s = c->w->srv;
 
     if (!w->err)
@@ -89,6 +93,7 @@ void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct t
         free(w->buf);
     w->buf = NULL;
     ts_wr_fini(w);
+    tsd_conn_flush(c);
 }
 
 void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
@@ -139,8 +144,18 @@ static void conn_free(struct tsd_conn *c)
         w->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
-    bufferevent_free(c->bev); /* closes the socket (and frees the SSL) */
-    c->bev = NULL;
+    if (c->bev) {
+        bufferevent_free(c->bev); /* closes the socket (and frees the SSL) */
+        c->bev = NULL;
+    } else {
+        event_free(c->rev);
+        event_free(c->wev);
+        evbuffer_free(c->in);
+        evbuffer_free(c->out); /* releases the chunk references still queued */
+        evutil_closesocket(c->fd);
+        c->rev = c->wev = NULL;
+        c->in = c->out = NULL;
+    }
     c->dead = 1;
     atomic_fetch_sub(&w->nconns, 1);
     atomic_fetch_sub(&w->srv->nconns, 1);
@@ -153,8 +168,8 @@ static void conn_free(struct tsd_conn *c)
 static int conn_close_after_flush(struct tsd_conn *c)
 {
     c->closing = 1;
-    bufferevent_disable(c->bev, EV_READ);
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 && !c->rs && !c->parked) {
+    tsd_conn_pause(c);
+    if (evbuffer_get_length(tsd_conn_out(c)) == 0 && !c->rs && !c->parked) {
         conn_free(c);
         return 1;
     }
@@ -191,8 +206,8 @@ static int epoch_fenced(struct tsd_server *s, const struct ts_frame_hdr *h)
 static int conn_process(struct tsd_conn *c)
 {
     struct tsd_server *s = c->w->srv;
-    struct evbuffer *in = bufferevent_get_input(c->bev);
-    struct evbuffer *out = bufferevent_get_output(c->bev);
+    struct evbuffer *in = tsd_conn_in(c);
+    struct evbuffer *out = tsd_conn_out(c);
     const uint32_t max_any = max_payload_any();
 
     while (!c->closing && !c->rs) {
@@ -215,7 +230,7 @@ static int conn_process(struct tsd_conn *c)
         }
         if (evbuffer_get_length(out) >= s->out_budget) {
             /* Backpressure: the peer is not reading its replies; stop reading requests. */
-            bufferevent_disable(c->bev, EV_READ);
+            tsd_conn_pause(c);
             return 1;
         }
         evbuffer_copyout(in, hb, n);
@@ -299,8 +314,27 @@ void tsd_conn_resume(struct tsd_conn *c)
         tsd_conn_maybe_finish(c);
         return;
     }
-    if (!c->rs && evbuffer_get_length(bufferevent_get_output(c->bev)) < c->w->srv->out_budget)
-        bufferevent_enable(c->bev, EV_READ);
+    if (!c->rs && evbuffer_get_length(tsd_conn_out(c)) < c->w->srv->out_budget)
+        conn_unpause(c);
+}
+
+/* The output drained below the low watermark. Returns 0 if c was freed. */
+static int conn_drained(struct tsd_conn *c)
+{
+    struct evbuffer *out = tsd_conn_out(c);
+
+    if (c->rs && !tsd_stream_continue(c))
+        return 1; /* still streaming; called again when the output drains */
+    if (c->closing) {
+        if (evbuffer_get_length(out) == 0 && !c->rs && !c->parked) {
+            conn_free(c);
+            return 0;
+        }
+        return 1;
+    }
+    c->last_active_ns = ts_now_mono_ns();
+    tsd_conn_resume(c);
+    return !c->dead;
 }
 
 static void conn_readcb(struct bufferevent *bev, void *arg)
@@ -312,18 +346,189 @@ static void conn_readcb(struct bufferevent *bev, void *arg)
 
 static void conn_writecb(struct bufferevent *bev, void *arg)
 {
-    struct tsd_conn *c = arg;
-    struct evbuffer *out = bufferevent_get_output(bev);
+    conn_drained(arg);
+}
 
-    if (c->rs && !tsd_stream_continue(c))
-        return; /* still streaming; called again when the output drains */
-    if (c->closing) {
-        if (evbuffer_get_length(out) == 0 && !c->rs && !c->parked)
+/* ---- plain TCP connections -------------------------------------------------------------- */
+
+#define RAW_READ_MAX (256u << 10) /* bytes reserved per read */
+
+struct evbuffer *tsd_conn_in(struct tsd_conn *c)
+{
+    return c->bev ? bufferevent_get_input(c->bev) : c->in;
+}
+
+struct evbuffer *tsd_conn_out(struct tsd_conn *c)
+{
+    return c->bev ? bufferevent_get_output(c->bev) : c->out;
+}
+
+void tsd_conn_pause(struct tsd_conn *c)
+{
+    if (c->bev) {
+        bufferevent_disable(c->bev, EV_READ);
+    } else if (c->reading && c->rev) {
+        event_del(c->rev);
+        c->reading = 0;
+    }
+}
+
+static void conn_unpause(struct tsd_conn *c)
+{
+    if (c->bev) {
+        bufferevent_enable(c->bev, EV_READ);
+    } else if (!c->reading && c->rev && !c->eof && !c->closing) {
+        event_add(c->rev, NULL);
+        c->reading = 1;
+    }
+}
+
+/* Writes what the socket takes now. 0: fine (maybe more queued), -1: the connection broke. */
+static int raw_write(struct tsd_conn *c)
+{
+    while (evbuffer_get_length(c->out) > 0) {
+        int n = evbuffer_write_atmost(c->out, c->fd, -1);
+        if (n > 0)
+            continue;
+        if (n < 0 && (EVUTIL_SOCKET_ERROR() == EAGAIN || EVUTIL_SOCKET_ERROR() == EINTR))
+            break;
+        return -1;
+    }
+    if (evbuffer_get_length(c->out) > 0) {
+        if (!event_pending(c->wev, EV_WRITE, NULL))
+            event_add(c->wev, NULL);
+    } else if (event_pending(c->wev, EV_WRITE, NULL)) {
+        event_del(c->wev);
+    }
+    return 0;
+}
+
+/*
+ * Writes, and while the output drains keeps streams and queued requests going. Returns 0 if
+ * c was freed.
+ */
+static int raw_progress(struct tsd_conn *c)
+{
+    size_t low = c->w->srv->out_budget / 2;
+
+    for (int rounds = 0; rounds < 64; rounds++) {
+        size_t before;
+        if (raw_write(c) != 0) {
             conn_free(c);
+            return 0;
+        }
+        if (evbuffer_get_length(c->out) > low)
+            return 1; /* the socket is full: EV_WRITE brings us back */
+        before = evbuffer_get_length(c->out);
+        if (!c->rs && !c->closing && c->reading)
+            return 1; /* nothing waits on the output draining */
+        if (!conn_drained(c))
+            return 0;
+        if (evbuffer_get_length(c->out) == before)
+            return 1; /* no more was queued */
+    }
+    return 1;
+}
+
+void tsd_conn_flush(struct tsd_conn *c)
+{
+    if (c->bev || c->in_readcb || c->dead)
+        return;
+    if (raw_write(c) != 0) {
+        /* Freed from the write callback, at the top of the loop, never under a caller. */
+        c->io_error = 1;
+        event_active(c->wev, EV_WRITE, 0);
+    } else if (c->rs || c->closing || !c->reading) {
+        event_active(c->wev, EV_WRITE, 0); /* let raw_writecb continue the connection */
+    }
+}
+
+static void raw_writecb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_conn *c = arg;
+
+    if (c->io_error) {
+        conn_free(c);
         return;
     }
-    c->last_active_ns = ts_now_mono_ns();
-    tsd_conn_resume(c);
+    raw_progress(c);
+}
+
+static void raw_eof(struct tsd_conn *c)
+{
+    /* Half-close: answer every complete request already received, then close. */
+    c->eof = 1;
+    tsd_conn_pause(c);
+}
+
+static void raw_readcb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_conn *c = arg;
+    size_t limit = TS_HDR_LEN + (size_t)max_payload_any();
+    int broken = 0;
+
+    for (;;) {
+        struct evbuffer_iovec v[2];
+        size_t have = evbuffer_get_length(c->in), want;
+        ssize_t n;
+        int nv;
+
+        if (have >= limit) {
+            tsd_conn_pause(c); /* one whole frame of the largest kind is buffered */
+            break;
+        }
+        want = TS_MIN((size_t)RAW_READ_MAX, limit - have);
+        nv = evbuffer_reserve_space(c->in, (ev_ssize_t)want, v, 2);
+        if (nv <= 0) {
+            broken = 1;
+            break;
+        }
+        if (v[0].iov_len > want) {
+            v[0].iov_len = want;
+            nv = 1;
+        } else if (nv == 2 && v[0].iov_len + v[1].iov_len > want) {
+            v[1].iov_len = want - v[0].iov_len;
+        }
+        n = readv(fd, (struct iovec *)v, nv);
+        if (n < 0) {
+            evbuffer_commit_space(c->in, v, 0);
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN)
+                broken = 1;
+            break;
+        }
+        if (n == 0) {
+            evbuffer_commit_space(c->in, v, 0);
+            raw_eof(c);
+            break;
+        }
+        if ((size_t)n <= v[0].iov_len) {
+            v[0].iov_len = (size_t)n;
+            nv = 1;
+        } else {
+            v[1].iov_len = (size_t)n - v[0].iov_len;
+        }
+        evbuffer_commit_space(c->in, v, nv);
+        STAT_ADD(&c->w->stats, bytes_in, 0);
+        if ((size_t)n < want)
+            break; /* the socket is empty: no extra read just to hear EAGAIN */
+    }
+    if (broken) {
+        conn_free(c);
+        return;
+    }
+    c->in_readcb = 1;
+    if (!conn_process(c))
+        return;
+    c->in_readcb = 0;
+    if (c->eof && !c->rs && !c->parked && !c->closing)
+        c->closing = 1; /* everything received is answered: close once it is sent */
+    if (!raw_progress(c))
+        return;
+    if (!c->reading && !c->rs && !c->eof && !c->closing && evbuffer_get_length(c->in) < limit &&
+        evbuffer_get_length(c->out) < c->w->srv->out_budget)
+        conn_unpause(c);
 }
 
 static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
@@ -400,11 +605,33 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
         else if (ssl)
             SSL_free(ssl);
     } else {
-        c->bev = bufferevent_socket_new(w->base, p->fd, BEV_OPT_CLOSE_ON_FREE);
+        evutil_make_socket_nonblocking(p->fd);
+        c->fd = p->fd;
+        c->in = evbuffer_new();
+        c->out = evbuffer_new();
+        c->rev = event_new(w->base, p->fd, EV_READ | EV_PERSIST, raw_readcb, c);
+        c->wev = event_new(w->base, p->fd, EV_WRITE | EV_PERSIST, raw_writecb, c);
+        if (!c->in || !c->out || !c->rev || !c->wev) {
+            if (c->rev)
+                event_free(c->rev);
+            if (c->wev)
+                event_free(c->wev);
+            if (c->in)
+                evbuffer_free(c->in);
+            if (c->out)
+                evbuffer_free(c->out);
+            TS_ERROR(FAC, TS_ENOMEM, "cannot set up connection from %s", p->peer);
+            evutil_closesocket(p->fd);
+            atomic_fetch_sub(&s->nconns, 1);
+            free(c);
+            return;
+        }
+        /* Chunks in the cache arena go out by sendfile() from this buffer. */
+        evbuffer_set_flags(c->out, EVBUFFER_FLAG_DRAINS_TO_FD);
         c->role = s->anon_role;
         c->ready = 1;
     }
-    if (!c->bev) {
+    if (!c->bev && !c->rev) {
         TS_ERROR(FAC, TS_ENOMEM, "cannot set up connection from %s", p->peer);
         evutil_closesocket(p->fd);
         atomic_fetch_sub(&s->nconns, 1);
@@ -417,6 +644,12 @@ static void conn_start(struct tsd_worker *w, struct tsd_pending *p)
     w->conns = c;
     atomic_fetch_add(&w->nconns, 1);
     STAT_ADD(&w->stats, conns_accepted, 1);
+    if (!c->bev) {
+        event_add(c->rev, NULL);
+        c->reading = 1;
+        TS_DEBUG(FAC, "connection from %s (tcp) on worker %d", c->peer, w->id);
+        return;
+    }
     bufferevent_setcb(c->bev, conn_readcb, conn_writecb, conn_eventcb, c);
     /* Input: at most one whole frame of the largest kind (plus a header) is buffered.
      * Output: the write callback fires when the queue drains below half the budget. */
@@ -446,8 +679,8 @@ static void worker_drain_tick(evutil_socket_t fd, short what, void *arg)
 
     for (c = w->conns; c; c = next) {
         next = c->next;
-        if (!c->rs && !c->parked && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0 &&
-            evbuffer_get_length(bufferevent_get_input(c->bev)) == 0 &&
+        if (!c->rs && !c->parked && evbuffer_get_length(tsd_conn_out(c)) == 0 &&
+            evbuffer_get_length(tsd_conn_in(c)) == 0 &&
             now - c->last_active_ns >= (uint64_t)DRAIN_TICK_MS * 1000000u)
             conn_free(c);
     }

@@ -81,7 +81,15 @@ struct tsd_read_stream {
 
 struct tsd_conn {
     struct tsd_worker *w;
-    struct bufferevent *bev;
+    struct bufferevent *bev; /* TLS connections */
+    /* Plain TCP: straight on the socket (no bufferevent): reads into reserved input space,
+     * replies written at once, EV_WRITE registered only while the socket is full. */
+    evutil_socket_t fd;
+    struct evbuffer *in, *out;
+    struct event *rev, *wev;
+    int reading;   /* rev is added */
+    int in_readcb; /* replies are flushed at the end of the read callback */
+    int io_error;  /* a write failed: freed from the write callback */
     struct tsd_conn *prev, *next;
     int tls;
     int ready; /* plain: at once; TLS: after the handshake */
@@ -144,6 +152,13 @@ void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc,
 void tsd_reply_begin(struct ts_wr *w);
 void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w);
 void tsd_conn_resume(struct tsd_conn *c);
+/* The connection's input and output buffers, whatever the transport. */
+struct evbuffer *tsd_conn_in(struct tsd_conn *c);
+struct evbuffer *tsd_conn_out(struct tsd_conn *c);
+/* Stops reading requests (backpressure, streams); tsd_conn_resume() restarts. */
+void tsd_conn_pause(struct tsd_conn *c);
+/* Plain TCP: sends what is queued now (outside the read callback, e.g. a parked reply). */
+void tsd_conn_flush(struct tsd_conn *c);
 
 /* cluster.c: the map, fencing, placement. */
 int tsd_cluster_init(struct tsd_server *s);
