@@ -427,6 +427,9 @@ static int raw_progress(struct tsd_conn *c)
         if (evbuffer_get_length(c->out) == before)
             return 1; /* no more was queued */
     }
+    /* Enough for one callback: what was queued last goes out when the socket is writable. */
+    if (evbuffer_get_length(c->out) > 0 && !event_pending(c->wev, EV_WRITE, NULL))
+        event_add(c->wev, NULL);
     return 1;
 }
 
