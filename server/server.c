@@ -132,7 +132,9 @@ static void conn_free(struct tsd_conn *c)
 {
     struct tsd_worker *w = c->w;
 
-    TS_DEBUG(FAC, "closing connection %s", c->peer);
+    TS_DEBUG(FAC, "closing connection %s (reading %d, stream %d, in %zu, out %zu, eof %d)", c->peer,
+             c->reading, c->rs != NULL, evbuffer_get_length(tsd_conn_in(c)),
+             evbuffer_get_length(tsd_conn_out(c)), c->eof);
     if (c->rs) {
         tsd_stream_free(c->rs);
         c->rs = NULL;
@@ -390,7 +392,8 @@ static int raw_write(struct tsd_conn *c)
         int n = evbuffer_write_atmost(c->out, c->fd, -1);
         if (n > 0)
             continue;
-        if (n < 0 && (EVUTIL_SOCKET_ERROR() == EAGAIN || EVUTIL_SOCKET_ERROR() == EINTR))
+        /* 0: libevent's sendfile path reports EAGAIN/EINTR as 0 bytes written. */
+        if (n == 0 || EVUTIL_SOCKET_ERROR() == EAGAIN || EVUTIL_SOCKET_ERROR() == EINTR)
             break;
         return -1;
     }
@@ -1094,6 +1097,15 @@ int tsd_server_run(struct tsd_server *s)
 
 void tsd_server_fini(struct tsd_server *s)
 {
+    /* Shutting down already: a late SIGTERM must not kill the process half way. Freeing the
+     * signal events restores the default action, so ignore the signals right after. */
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    s->sig_term = s->sig_int = NULL;
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
     /* Replication and maintenance post completions to the workers' loops: stop them first. */
     ts_repl_stop(s->repl);
     s->repl = NULL;

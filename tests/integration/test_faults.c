@@ -150,6 +150,11 @@ static void test_sigterm_drains(void **state)
     assert_memory_equal(back, buf, len);
     tessera_client_close(c);
     st = tsd_stop(&d);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "tesserad exit status %d (signal %d)\n", st,
+                WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+        tsd_dump_log(&d);
+    }
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     tsd_cleanup(&d);
     free(buf);
