@@ -222,16 +222,12 @@ static void dataset_print(const struct ts_dataset_info *d)
 
 /* ---- dataset commands ------------------------------------------------------------------------ */
 
-static int cmd_dataset_create(struct ctx *x)
+/* Shows dataset NAME (also once it is created). */
+static int cmd_dataset_stat(struct ctx *x)
 {
     struct ts_dataset_info d;
     int rc;
 
-    if (!x->min_core_set)
-        x->policy.min_core = 0; /* the server's default: a majority of the core replicas */
-    rc = tessera_dataset_create(x->c, x->argv[0], &x->policy);
-    if (rc)
-        return rc;
     rc = tessera_dataset_stat(x->c, x->argv[0], &d);
     if (rc)
         return rc;
@@ -240,6 +236,18 @@ static int cmd_dataset_create(struct ctx *x)
     else
         dataset_print(&d);
     return 0;
+}
+
+static int cmd_dataset_create(struct ctx *x)
+{
+    int rc;
+
+    if (!x->min_core_set)
+        x->policy.min_core = 0; /* the server's default: a majority of the core replicas */
+    rc = tessera_dataset_create(x->c, x->argv[0], &x->policy);
+    if (rc)
+        return rc;
+    return cmd_dataset_stat(x);
 }
 
 static int by_name(const void *a, const void *b)
@@ -285,27 +293,10 @@ static int cmd_dataset_ls(struct ctx *x)
         snprintf(minc, sizeof(minc), "%u", v[i].policy.min_core);
         rc = cli_table_add(&t, row);
     }
-    if (!rc)
-        cli_table_print(&t, stdout);
-    cli_table_fini(&t);
+    rc = cli_table_done(&t, rc, stdout);
 out_free:
     free(v);
     return rc;
-}
-
-static int cmd_dataset_stat(struct ctx *x)
-{
-    struct ts_dataset_info d;
-    int rc;
-
-    rc = tessera_dataset_stat(x->c, x->argv[0], &d);
-    if (rc)
-        return rc;
-    if (x->json)
-        json_print(dataset_json(&d));
-    else
-        dataset_print(&d);
-    return 0;
 }
 
 static int cmd_dataset_seal(struct ctx *x)
@@ -361,6 +352,17 @@ static int parse_shard(struct ctx *x, const char *s, uint32_t *out)
     return 0;
 }
 
+/* The shard the arguments NAME SHARD name: its number and its info. */
+static int stat_shard_arg(struct ctx *x, uint32_t *id, struct ts_shard_info *s)
+{
+    int rc;
+
+    rc = parse_shard(x, x->argv[1], id);
+    if (rc)
+        return rc;
+    return tessera_shard_stat(x->c, x->argv[0], *id, s);
+}
+
 static int cmd_shard_ls(struct ctx *x)
 {
     static const char *const hdr[] = {"SHARD",  "STATE",  "SIZE",   "DECLARED",
@@ -396,9 +398,7 @@ static int cmd_shard_ls(struct ctx *x)
         snprintf(recs, sizeof(recs), "%u", v[i].nrecords);
         rc = cli_table_add(&t, row);
     }
-    if (!rc)
-        cli_table_print(&t, stdout);
-    cli_table_fini(&t);
+    rc = cli_table_done(&t, rc, stdout);
 out_free:
     free(v);
     return rc;
@@ -411,10 +411,7 @@ static int cmd_shard_stat(struct ctx *x)
     uint32_t id;
     int rc;
 
-    rc = parse_shard(x, x->argv[1], &id);
-    if (rc)
-        return rc;
-    rc = tessera_shard_stat(x->c, x->argv[0], id, &s);
+    rc = stat_shard_arg(x, &id, &s);
     if (rc)
         return rc;
     if (x->json) {
@@ -640,10 +637,7 @@ static int cmd_get(struct ctx *x)
     sigset_t old;
     int rc;
 
-    rc = parse_shard(x, x->argv[1], &id);
-    if (rc)
-        return rc;
-    rc = tessera_shard_stat(x->c, x->argv[0], id, &s);
+    rc = stat_shard_arg(x, &id, &s);
     if (rc)
         return rc;
     if (s.state != TS_SHARD_COMPLETE) {
@@ -866,8 +860,7 @@ static void status_tables(struct json_object *o)
             cli_table_add(&t, row);
         }
         printf("\n%s:\n", k);
-        cli_table_print(&t, stdout);
-        cli_table_fini(&t);
+        cli_table_done(&t, 0, stdout);
     }
 }
 
@@ -1018,9 +1011,7 @@ static int cmd_map_show(struct ctx *x)
         snprintf(lead, sizeof(lead), "%u", leads[i]);
         rc = cli_table_add(&t, row);
     }
-    if (!rc)
-        cli_table_print(&t, stdout);
-    cli_table_fini(&t);
+    rc = cli_table_done(&t, rc, stdout);
     free(leads);
     return rc;
 }
@@ -1176,9 +1167,7 @@ static int cmd_pg(struct ctx *x)
         snprintf(rank, sizeof(rank), "%zu", i);
         rc = cli_table_add(&t, row);
     }
-    if (!rc)
-        cli_table_print(&t, stdout);
-    cli_table_fini(&t);
+    rc = cli_table_done(&t, rc, stdout);
     if (!x->dataset)
         printf("(--dataset NAME shows which ranks are its core and fringe replicas)\n");
     return rc;
@@ -1195,6 +1184,17 @@ static const char *jstr(struct json_object *o, const char *key, char *buf, size_
         snprintf(buf, cap, "%.3f", json_object_get_double(v));
     else
         snprintf(buf, cap, "%s", json_object_get_string(v));
+    return buf;
+}
+
+/* A JSON member holding bytes, as a human-readable size ("-" when absent). */
+static const char *jsize(struct json_object *o, const char *key, char *buf, size_t cap)
+{
+    struct json_object *v;
+
+    if (json_object_object_get_ex(o, key, &v))
+        return cli_human_size(json_object_get_uint64(v), buf, cap);
+    snprintf(buf, cap, "-");
     return buf;
 }
 
@@ -1216,45 +1216,34 @@ static void status_replication(struct json_object *rep)
         cli_table_init(&t, TS_ARRAY_SIZE(rhdr), 0x3e, rhdr) == 0) {
         json_object_object_foreach(per, node, o)
         {
-            struct json_object *v;
             const char *row[] = {node,
                                  jstr(o, "pgs", b[1], 64),
                                  jstr(o, "core_pgs", b[2], 64),
                                  jstr(o, "lag_ops", b[3], 64),
-                                 b[4],
+                                 jsize(o, "lag_bytes", b[4], 64),
                                  jstr(o, "max_lag_s", b[5], 64)};
-            if (json_object_object_get_ex(o, "lag_bytes", &v))
-                cli_human_size(json_object_get_uint64(v), b[4], 64);
-            else
-                snprintf(b[4], 64, "-");
             cli_table_add(&t, row);
         }
         printf("replicas of the PGs it leads:\n");
-        cli_table_print(&t, stdout);
-        cli_table_fini(&t);
+        cli_table_done(&t, 0, stdout);
     }
     if (json_object_object_get_ex(rep, "lag", &lag) && json_object_is_type(lag, json_type_array) &&
         json_object_array_length(lag) > 0 &&
         cli_table_init(&t, TS_ARRAY_SIZE(lhdr), 0xf9, lhdr) == 0) {
         for (size_t i = 0; i < json_object_array_length(lag); i++) {
-            struct json_object *o = json_object_array_get_idx(lag, i), *v;
+            struct json_object *o = json_object_array_get_idx(lag, i);
             const char *row[] = {jstr(o, "pg", b[0], 64),
                                  jstr(o, "node", b[1], 64),
                                  jstr(o, "role", b[2], 64),
                                  jstr(o, "applied", b[3], 64),
                                  jstr(o, "primary_applied", b[4], 64),
                                  jstr(o, "lag_ops", b[5], 64),
-                                 b[6],
+                                 jsize(o, "lag_bytes", b[6], 64),
                                  jstr(o, "lag_s", b[7], 64)};
-            if (json_object_object_get_ex(o, "lag_bytes", &v))
-                cli_human_size(json_object_get_uint64(v), b[6], 64);
-            else
-                snprintf(b[6], 64, "-");
             cli_table_add(&t, row);
         }
         printf("lagging (PG, replica) pairs:\n");
-        cli_table_print(&t, stdout);
-        cli_table_fini(&t);
+        cli_table_done(&t, 0, stdout);
     } else {
         printf("no replica lags\n");
     }

@@ -15,12 +15,13 @@
 
 /* ---- numbers ------------------------------------------------------------------------------- */
 
+/* The decimal digits at the start of s (at least one): *end after them. */
 static int parse_digits(const char *s, const char **end, uint64_t *out)
 {
     uint64_t v = 0;
     const char *p = s;
 
-    if (*p < '0' || *p > '9')
+    if (!p || *p < '0' || *p > '9')
         return TS_EINVAL;
     for (; *p >= '0' && *p <= '9'; p++) {
         unsigned d = (unsigned)(*p - '0');
@@ -39,8 +40,6 @@ int cli_parse_uint(const char *s, uint64_t max, uint64_t *out)
     uint64_t v;
     int rc;
 
-    if (!s)
-        return TS_EINVAL;
     rc = parse_digits(s, &end, &v);
     if (rc)
         return rc;
@@ -60,8 +59,6 @@ int cli_parse_size(const char *s, uint64_t *out)
     unsigned shift;
     int rc;
 
-    if (!s)
-        return TS_EINVAL;
     rc = parse_digits(s, &end, &v);
     if (rc)
         return rc;
@@ -360,4 +357,12 @@ void cli_table_fini(struct cli_table *t)
         free(t->cells[i]);
     free(t->cells);
     memset(t, 0, sizeof(*t));
+}
+
+int cli_table_done(struct cli_table *t, int rc, FILE *f)
+{
+    if (!rc)
+        cli_table_print(t, f);
+    cli_table_fini(t);
+    return rc;
 }

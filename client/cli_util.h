@@ -98,5 +98,7 @@ int cli_table_init(struct cli_table *t, size_t ncols, unsigned right, const char
 int cli_table_add(struct cli_table *t, const char *const *row);
 void cli_table_print(const struct cli_table *t, FILE *f);
 void cli_table_fini(struct cli_table *t);
+/* Prints t to f unless rc is set (a row could not be added), then finishes t; returns rc. */
+int cli_table_done(struct cli_table *t, int rc, FILE *f);
 
 #endif

@@ -171,6 +171,37 @@ static int name_check(tessera_client *c, const char *name)
     return 0;
 }
 
+/* enter() for a call on a dataset: a valid name too. */
+static int enter_name(tessera_client *c, const char *name)
+{
+    int rc = enter(c);
+
+    return rc ? rc : name_check(c, name);
+}
+
+/* enter() for the calls that only a connection takes, never a router. */
+static int enter_conn(tessera_client *c)
+{
+    int rc = enter(c);
+
+    if (rc)
+        return rc;
+    return c->cl ? TS_EINVAL : 0;
+}
+
+void *ts_grow(void *v, size_t n, size_t *cap, size_t size, size_t first)
+{
+    size_t ncap;
+
+    if (n < *cap)
+        return v;
+    ncap = *cap ? *cap * 2 : first;
+    v = realloc(v, ncap * size);
+    if (v)
+        *cap = ncap;
+    return v;
+}
+
 /* ---- request bookkeeping -------------------------------------------------------------------- */
 
 static struct ts_req *req_new(struct tessera_client *c, uint8_t op)
@@ -192,6 +223,16 @@ static struct ts_req *req_new(struct tessera_client *c, uint8_t op)
     r->w.err = 0;
     r->op = op;
     ts_wr_begin_frame(&r->w);
+    return r;
+}
+
+/* A new request whose body starts with the dataset name. */
+static struct ts_req *req_name(struct tessera_client *c, uint8_t op, const char *name)
+{
+    struct ts_req *r = req_new(c, op);
+
+    if (r)
+        ts_wr_str(&r->w, name);
     return r;
 }
 
@@ -796,6 +837,7 @@ static int req_send(struct tessera_client *c, struct ts_req *r, const void *data
 {
     const struct ts_op_desc *d = ts_op_desc(r->op);
     struct ts_frame_hdr h = {TS_PROTO_VERSION, r->op, 0, 0, 0, 0};
+    struct ts_req **live;
     uint64_t payload;
     int rc;
 
@@ -807,14 +849,10 @@ static int req_send(struct tessera_client *c, struct ts_req *r, const void *data
                 (unsigned long long)payload, TS_MIN(d->max_payload, c->max_frame));
         return TS_ETOOBIG;
     }
-    if (c->nlive == c->caplive) {
-        size_t cap = c->caplive ? c->caplive * 2 : 64;
-        struct ts_req **p = realloc(c->live, cap * sizeof(*p));
-        if (!p)
-            return TS_ENOMEM;
-        c->live = p;
-        c->caplive = cap;
-    }
+    live = ts_grow(c->live, c->nlive, &c->caplive, sizeof(*live), 64);
+    if (!live)
+        return TS_ENOMEM;
+    c->live = live;
     rc = pump(c, cond_room, NULL);
     if (rc)
         return rc;
@@ -870,6 +908,19 @@ out_free:
     return rc;
 }
 
+/* A round trip whose reply carries nothing after the status; r is freed either way. */
+static int call_status(struct tessera_client *c, struct ts_req *r)
+{
+    struct ts_rd body;
+    int rc;
+
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    req_free(c, r);
+    return 0;
+}
+
 /* A request with just a dataset name as its body; the reply body is in *body. */
 static int call_name(struct tessera_client *c, uint8_t op, const char *name, struct ts_req **out,
                      struct ts_rd *body)
@@ -881,10 +932,9 @@ static int call_name(struct tessera_client *c, uint8_t op, const char *name, str
     rc = name_check(c, name);
     if (rc)
         return rc;
-    r = req_new(c, op);
+    r = req_name(c, op, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, name);
     rc = call(c, r, body);
     if (rc)
         return rc;
@@ -1238,11 +1288,9 @@ int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch)
 
     *out = NULL;
     *epoch = 0;
-    rc = enter(c);
+    rc = enter_conn(c);
     if (rc)
         return rc;
-    if (c->cl)
-        return TS_EINVAL;
     r = req_new(c, TS_OP_MAP_GET);
     if (!r)
         return TS_ENOMEM;
@@ -1273,11 +1321,9 @@ int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
     int rc;
 
     *epoch = 0;
-    rc = enter(c);
+    rc = enter_conn(c);
     if (rc)
         return rc;
-    if (c->cl)
-        return TS_EINVAL;
     r = req_new(c, TS_OP_MAP_PUSH);
     if (!r)
         return TS_ENOMEM;
@@ -1325,40 +1371,108 @@ int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_
 {
     static const struct ts_dataset_policy def = {1, 0, 1, 0};
     struct ts_req *r;
-    struct ts_rd body;
     int rc;
 
-    rc = enter(c);
-    if (rc)
-        return rc;
-    rc = name_check(c, name);
+    rc = enter_name(c, name);
     if (rc)
         return rc;
     if (!p)
         p = &def;
     if (c->cl)
         return ts_cl_dataset_create(c, c->cl, name, p);
-    r = req_new(c, TS_OP_DATASET_CREATE);
+    r = req_name(c, TS_OP_DATASET_CREATE, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, name);
     ts_wr_u8(&r->w, p->core);
     ts_wr_u8(&r->w, p->fringe);
     ts_wr_u8(&r->w, p->min_core);
     ts_wr_u32(&r->w, p->chunk_size);
-    rc = call(c, r, &body);
+    return call_status(c, r);
+}
+
+/* A list request, and the entries of its reply: how one is decoded, and what a malformed list
+ * is called. */
+struct list_kind {
+    uint8_t op;
+    size_t size; /* of a decoded entry */
+    size_t min;  /* bytes of an entry on the wire, at least (bounds the count) */
+    int (*decode)(struct ts_rd *r, void *entry);
+    const char *bad_count, *bad_entry;
+};
+
+static int dataset_entry(struct ts_rd *r, void *entry)
+{
+    return ts_rd_dataset_info(r, entry);
+}
+
+static int shard_entry(struct ts_rd *r, void *entry)
+{
+    return ts_rd_shard_info(r, entry);
+}
+
+static const struct list_kind dataset_list = {TS_OP_DATASET_LIST,   sizeof(struct ts_dataset_info),
+                                              TS_DATASET_INFO_MIN,  dataset_entry,
+                                              "DATASET_LIST count", "DATASET_LIST entry"};
+static const struct list_kind shard_list = {TS_OP_SHARD_LIST,   sizeof(struct ts_shard_info),
+                                            TS_SHARD_INFO_LEN,  shard_entry,
+                                            "SHARD_LIST count", "SHARD_LIST entry"};
+
+/*
+ * A list request (with name: its body is the dataset name) and its reply (a u32 count, then
+ * the entries) decoded into *out, a calloc'ed array of *n entries (NULL when there are none).
+ */
+static int list_call(tessera_client *c, const struct list_kind *kind, const char *name, void **out,
+                     size_t *n)
+{
+    struct ts_rd body;
+    struct ts_req *r;
+    uint8_t *v = NULL;
+    uint32_t k;
+    int rc;
+
+    if (name) {
+        rc = call_name(c, kind->op, name, &r, &body);
+    } else {
+        r = req_new(c, kind->op);
+        if (!r)
+            return TS_ENOMEM;
+        rc = call(c, r, &body);
+    }
     if (rc)
         return rc;
+    k = ts_rd_u32(&body);
+    if (body.err || k > (body.len - body.off) / kind->min) {
+        rc = proto_err(c, kind->bad_count);
+        goto out_free;
+    }
+    if (k) {
+        v = calloc(k, kind->size);
+        if (!v) {
+            rc = TS_ENOMEM;
+            goto out_free;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        if (kind->decode(&body, v + i * kind->size)) {
+            rc = proto_err(c, kind->bad_entry);
+            goto out_free_list;
+        }
+    }
     req_free(c, r);
+    *out = v;
+    *n = k;
     return 0;
+
+out_free_list:
+    free(v);
+out_free:
+    req_free(c, r);
+    return rc;
 }
 
 int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
 {
-    struct ts_dataset_info *v = NULL;
-    struct ts_req *r;
-    struct ts_rd body;
-    uint32_t k;
+    void *v;
     int rc;
 
     if (out)
@@ -1372,39 +1486,9 @@ int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t
         return TS_EINVAL;
     if (c->cl)
         return ts_cl_dataset_list(c, c->cl, out, n);
-    r = req_new(c, TS_OP_DATASET_LIST);
-    if (!r)
-        return TS_ENOMEM;
-    rc = call(c, r, &body);
-    if (rc)
-        return rc;
-    k = ts_rd_u32(&body);
-    if (body.err || k > (body.len - body.off) / TS_DATASET_INFO_MIN) {
-        rc = proto_err(c, "DATASET_LIST count");
-        goto out_free;
-    }
-    if (k) {
-        v = calloc(k, sizeof(*v));
-        if (!v) {
-            rc = TS_ENOMEM;
-            goto out_free;
-        }
-    }
-    for (uint32_t i = 0; i < k; i++) {
-        if (ts_rd_dataset_info(&body, &v[i])) {
-            rc = proto_err(c, "DATASET_LIST entry");
-            goto out_free_list;
-        }
-    }
-    req_free(c, r);
-    *out = v;
-    *n = k;
-    return 0;
-
-out_free_list:
-    free(v);
-out_free:
-    req_free(c, r);
+    rc = list_call(c, &dataset_list, NULL, &v, n);
+    if (!rc)
+        *out = v;
     return rc;
 }
 
@@ -1433,17 +1517,15 @@ int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
 static int simple_name_op(tessera_client *c, uint8_t op, const char *name)
 {
     struct ts_req *r;
-    struct ts_rd body;
     int rc;
 
-    rc = enter(c);
+    rc = enter_name(c, name);
     if (rc)
         return rc;
-    rc = call_name(c, op, name, &r, &body);
-    if (rc)
-        return rc;
-    req_free(c, r);
-    return 0;
+    r = req_name(c, op, name);
+    if (!r)
+        return TS_ENOMEM;
+    return call_status(c, r);
 }
 
 int tessera_dataset_seal(tessera_client *c, const char *name)
@@ -1467,27 +1549,18 @@ int tessera_dataset_delete(tessera_client *c, const char *name)
 int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
 {
     struct ts_req *r;
-    struct ts_rd body;
     int rc;
 
-    rc = enter(c);
-    if (rc)
-        return rc;
-    rc = name_check(c, name);
+    rc = enter_name(c, name);
     if (rc)
         return rc;
     if (c->cl)
         return TS_EINVAL;
-    r = req_new(c, TS_OP_DATASET_SEAL);
+    r = req_name(c, TS_OP_DATASET_SEAL, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, name);
     ts_wr_u8(&r->w, flags);
-    rc = call(c, r, &body);
-    if (rc)
-        return rc;
-    req_free(c, r);
-    return 0;
+    return call_status(c, r);
 }
 
 /* ---- shards --------------------------------------------------------------------------------- */
@@ -1509,10 +1582,9 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
         return rc;
     if (c->cl)
         return ts_cl_shard_stat(c, c->cl, name, shard, out);
-    r = req_new(c, TS_OP_SHARD_STAT);
+    r = req_name(c, TS_OP_SHARD_STAT, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, name);
     ts_wr_u32(&r->w, shard);
     rc = call(c, r, &body);
     if (rc)
@@ -1525,10 +1597,7 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
 
 int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
 {
-    struct ts_shard_info *v = NULL;
-    struct ts_req *r;
-    struct ts_rd body;
-    uint32_t k;
+    void *v;
     int rc;
 
     if (out)
@@ -1542,36 +1611,9 @@ int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info
         return TS_EINVAL;
     if (c->cl)
         return name_check(c, name) ? TS_ENAME : ts_cl_shard_list(c, c->cl, name, out, n);
-    rc = call_name(c, TS_OP_SHARD_LIST, name, &r, &body);
-    if (rc)
-        return rc;
-    k = ts_rd_u32(&body);
-    if (body.err || k > (body.len - body.off) / TS_SHARD_INFO_LEN) {
-        rc = proto_err(c, "SHARD_LIST count");
-        goto out_free;
-    }
-    if (k) {
-        v = calloc(k, sizeof(*v));
-        if (!v) {
-            rc = TS_ENOMEM;
-            goto out_free;
-        }
-    }
-    for (uint32_t i = 0; i < k; i++) {
-        if (ts_rd_shard_info(&body, &v[i])) {
-            rc = proto_err(c, "SHARD_LIST entry");
-            goto out_free_list;
-        }
-    }
-    req_free(c, r);
-    *out = v;
-    *n = k;
-    return 0;
-
-out_free_list:
-    free(v);
-out_free:
-    req_free(c, r);
+    rc = list_call(c, &shard_list, name, &v, n);
+    if (!rc)
+        *out = v;
     return rc;
 }
 
@@ -1597,10 +1639,9 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     int rc;
 
     *out = NULL;
-    r = req_new(c, TS_OP_READ);
+    r = req_name(c, TS_OP_READ, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, name);
     ts_wr_u32(&r->w, shard);
     ts_wr_u64(&r->w, off);
     ts_wr_u32(&r->w, (uint32_t)len);
@@ -1865,10 +1906,9 @@ static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_
     struct ts_req *r;
     int rc;
 
-    r = req_new(c, TS_OP_SHARD_WRITE);
+    r = req_name(c, TS_OP_SHARD_WRITE, p->name);
     if (!r)
         return p->rc = TS_ENOMEM;
-    ts_wr_str(&r->w, p->name);
     ts_wr_u32(&r->w, p->shard);
     ts_wr_u32(&r->w, p->index);
     ts_wr_u64(&r->w, p->declared);
@@ -1901,10 +1941,9 @@ static int put_end(tessera_client *c, struct put *p, const uint64_t *records, ui
     p->win = NULL;
     if (p->rc)
         return p->rc;
-    r = req_new(c, TS_OP_SHARD_SEAL);
+    r = req_name(c, TS_OP_SHARD_SEAL, p->name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_str(&r->w, p->name);
     ts_wr_u32(&r->w, p->shard);
     ts_wr_u8(&r->w, 1);
     ts_wr_u32(&r->w, p->crc);
@@ -1931,10 +1970,7 @@ int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void 
     size_t off = 0;
     int rc;
 
-    rc = enter(c);
-    if (rc)
-        return rc;
-    rc = name_check(c, name);
+    rc = enter_name(c, name);
     if (rc)
         return rc;
     if ((!buf && len) || (!records && nrecords))
@@ -1994,10 +2030,7 @@ int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
     long n;
     int rc;
 
-    rc = enter(c);
-    if (rc)
-        return rc;
-    rc = name_check(c, name);
+    rc = enter_name(c, name);
     if (rc)
         return rc;
     if (fd < 0)

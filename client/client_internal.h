@@ -80,6 +80,15 @@ short ts_poll_events(int events);
 void ts_conn_err(const struct ts_conn_params *p, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* ---- small helpers -------------------------------------------------------------------------- */
+
+/*
+ * Room for one more element in array v of *cap elements of size bytes, n of them used: v, or
+ * v grown (to first elements, then doubling; *cap updated). NULL when out of memory (v is
+ * unchanged and still the caller's).
+ */
+void *ts_grow(void *v, size_t n, size_t *cap, size_t size, size_t first);
+
 /* ---- addresses ------------------------------------------------------------------------------ */
 
 #define TS_DEFAULT_ADDRESS "127.0.0.1:7070"

@@ -194,14 +194,10 @@ static int peer_find(struct ts_cluster *cl, const char *id, const char *addr, si
             return 0;
         }
     }
-    if (cl->npeers == cl->cappeers) {
-        size_t cap = cl->cappeers ? cl->cappeers * 2 : 8;
-        struct peer *p = realloc(cl->peers, cap * sizeof(*p));
-        if (!p)
-            return TS_ENOMEM;
-        cl->peers = p;
-        cl->cappeers = cap;
-    }
+    pe = ts_grow(cl->peers, cl->npeers, &cl->cappeers, sizeof(*pe), 8);
+    if (!pe)
+        return TS_ENOMEM;
+    cl->peers = pe;
     pe = &cl->peers[cl->npeers];
     memset(pe, 0, sizeof(*pe));
     snprintf(pe->id, sizeof(pe->id), "%s", id);
@@ -318,6 +314,22 @@ static int cl_check(struct ts_cluster *cl, size_t p)
 }
 
 /*
+ * After a call on peer p's connection sub that returned rc: its message goes to msg[cap], or
+ * with msg NULL a failure's message becomes the router's; then the node's map is looked at
+ * (cl_check). rc.
+ */
+static int peer_done(struct ts_cluster *cl, size_t p, tessera_client *sub, int rc, char *msg,
+                     size_t cap)
+{
+    if (msg)
+        snprintf(msg, cap, "%s", tessera_client_error(sub));
+    else if (rc)
+        cl_err(cl, "%s", tessera_client_error(sub));
+    cl_check(cl, p);
+    return rc;
+}
+
+/*
  * Asks every node but peer `skip` for its map (up nodes, then down ones with a short connect
  * timeout; not those that failed a moment ago) and adopts the newest. 1 when one was newer.
  */
@@ -358,30 +370,60 @@ out_free:
 }
 
 /*
- * The nodes a fan-out goes to, from the map as it is now: every node that is up, and with
- * with_down those that are down too (never those that are out). Peer indexes into *peers,
- * their map states into *states (both malloc'ed); the count, or TS_ENOMEM.
+ * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with
+ * with_down those that are down too; never those that are out), and what failed on them.
  */
-static long fan_nodes(struct ts_cluster *cl, int with_down, size_t **peers, int **states)
-{
-    size_t n = cl->map->n, k = 0;
+struct fan {
+    size_t *peers; /* peer indexes */
+    int *states;   /* their map states */
+    size_t n;
+    int absent_last;   /* a failure saying the data is absent gives way to another failure */
+    int first;         /* the failure to report */
+    char why[WHY_LEN]; /* every failure */
+};
 
-    *peers = calloc(n, sizeof(**peers));
-    *states = calloc(n, sizeof(**states));
-    if (!*peers || !*states) {
-        free(*peers);
-        free(*states);
+static void fan_end(struct fan *f)
+{
+    free(f->peers);
+    free(f->states);
+}
+
+static int fan_begin(struct ts_cluster *cl, struct fan *f, int with_down, int absent_last)
+{
+    size_t n = cl->map->n;
+
+    memset(f, 0, sizeof(*f));
+    f->absent_last = absent_last;
+    f->peers = calloc(n, sizeof(*f->peers));
+    f->states = calloc(n, sizeof(*f->states));
+    if (!f->peers || !f->states) {
+        fan_end(f);
         return TS_ENOMEM;
     }
     for (size_t i = 0; i < n; i++) {
         int st = cl->map->nodes[i].state;
         if (st == TS_NODE_OUT || (st == TS_NODE_DOWN && !with_down))
             continue;
-        if (node_peer(cl, cl->map, i, &(*peers)[k]) != 0)
+        if (node_peer(cl, cl->map, i, &f->peers[f->n]) != 0)
             continue;
-        (*states)[k++] = st;
+        f->states[f->n++] = st;
     }
-    return (long)k;
+    return 0;
+}
+
+/* Peer p failed with rc, the router's message saying why. */
+static void fan_fail(struct ts_cluster *cl, struct fan *f, size_t p, int rc)
+{
+    if (!f->first || (f->absent_last && absent(f->first) && !absent(rc)))
+        f->first = rc;
+    why_add(f->why, "%s: %s", cl->peers[p].id, tessera_client_error(cl->c));
+}
+
+/* No node answered: every failure goes into the router's message; the code to return. */
+static int fan_none(struct ts_cluster *cl, const struct fan *f)
+{
+    cl_err(cl, "%s", f->why[0] ? f->why : "no node is up");
+    return f->first ? f->first : TS_EUNAVAIL;
 }
 
 /* ---- create / free -------------------------------------------------------------------------- */
@@ -473,15 +515,13 @@ static void policy_forget(struct ts_cluster *cl, const char *name)
 
 static int policy_keep(struct ts_cluster *cl, const char *name, const struct ts_dataset_policy *p)
 {
+    struct policy *v;
+
     policy_forget(cl, name);
-    if (cl->npols == cl->cappols) {
-        size_t cap = cl->cappols ? cl->cappols * 2 : 8;
-        struct policy *v = realloc(cl->pols, cap * sizeof(*v));
-        if (!v)
-            return TS_ENOMEM;
-        cl->pols = v;
-        cl->cappols = cap;
-    }
+    v = ts_grow(cl->pols, cl->npols, &cl->cappols, sizeof(*v), 8);
+    if (!v)
+        return TS_ENOMEM;
+    cl->pols = v;
     snprintf(cl->pols[cl->npols].name, sizeof(cl->pols[0].name), "%s", name);
     cl->pols[cl->npols].core = p->core;
     cl->pols[cl->npols].fringe = p->fringe;
@@ -496,9 +536,9 @@ static int policy_keep(struct ts_cluster *cl, const char *name, const struct ts_
 static int policy_get(struct ts_cluster *cl, const char *name, const int *order, size_t n,
                       unsigned *replicas)
 {
+    struct fan f = {.absent_last = 1}; /* the failures only */
     struct ts_dataset_info d;
-    char why[WHY_LEN] = "";
-    int rc, first = 0;
+    int rc;
 
     for (size_t i = 0; i < cl->npols; i++) {
         if (strcmp(cl->pols[i].name, name) == 0) {
@@ -513,22 +553,16 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
         if (rc)
             return rc;
         rc = peer_conn(cl, p, 0, &sub);
-        if (!rc) {
-            rc = tessera_dataset_stat(sub, name, &d);
-            if (rc)
-                cl_err(cl, "%s", tessera_client_error(sub));
-            cl_check(cl, p);
-        }
+        if (!rc)
+            rc = peer_done(cl, p, sub, tessera_dataset_stat(sub, name, &d), NULL, 0);
         if (!rc) {
             *replicas = (unsigned)d.policy.core + d.policy.fringe;
             return policy_keep(cl, name, &d.policy);
         }
-        if (!first || (absent(first) && !absent(rc)))
-            first = rc;
-        why_add(why, "%s: %s", cl->peers[p].id, tessera_client_error(cl->c));
+        fan_fail(cl, &f, p, rc);
     }
-    cl_err(cl, "dataset %s: %s", name, why[0] ? why : "no node is up");
-    return first ? first : TS_EUNAVAIL;
+    cl_err(cl, "dataset %s: %s", name, f.why[0] ? f.why : "no node is up");
+    return f.first ? f.first : TS_EUNAVAIL;
 }
 
 /*
@@ -657,12 +691,27 @@ again:
     return s->rc;
 }
 
+/*
+ * Replica p (connection sub) failed a call with rc: 1 when another replica should be tried
+ * (sel_fail), else 0 with the replica's message in the router's.
+ */
+static int sel_retry(struct ts_cluster *cl, struct sel *s, size_t p, tessera_client *sub, int rc,
+                     const char *name, uint32_t shard, uint64_t off)
+{
+    char msg[512];
+
+    snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+    if (sel_fail(cl, s, p, rc, msg, name, shard, off))
+        return 1;
+    cl_err(cl, "%s: %s", cl->peers[p].id, msg);
+    return 0;
+}
+
 /* ---- reads ---------------------------------------------------------------------------------- */
 
 int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                uint64_t off, size_t len, void *buf, size_t *out_len)
 {
-    char msg[512];
     struct sel s;
     tessera_client *sub;
     size_t p;
@@ -678,11 +727,8 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
             cl_check(cl, p);
             return 0;
         }
-        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
-        if (!sel_fail(cl, &s, p, rc, msg, name, shard, off)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
+        if (!sel_retry(cl, &s, p, sub, rc, name, shard, off))
             return rc;
-        }
     }
 }
 
@@ -717,7 +763,6 @@ static void cop_remove(struct ts_cluster *cl, size_t at)
 /* Sends read k to the next replica that takes it; else k's final error. */
 static int cop_submit(struct ts_cluster *cl, struct cop *k)
 {
-    char msg[512];
     tessera_client *sub;
     size_t p;
     int rc;
@@ -734,11 +779,8 @@ static int cop_submit(struct ts_cluster *cl, struct cop *k)
             cl->peers[p].reads++;
             return 0;
         }
-        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
-        if (!sel_fail(cl, &k->sel, p, rc, msg, k->name, k->shard, k->off)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
+        if (!sel_retry(cl, &k->sel, p, sub, rc, k->name, k->shard, k->off))
             return rc;
-        }
     }
 }
 
@@ -803,17 +845,13 @@ static int cop_result(struct ts_cluster *cl, size_t at, uint64_t *op, size_t *ou
 int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                       uint64_t off, size_t len, void *buf, uint64_t *op)
 {
-    struct cop *k;
+    struct cop **v, *k;
     int rc;
 
-    if (cl->ncops == cl->capcops) {
-        size_t cap = cl->capcops ? cl->capcops * 2 : 64;
-        struct cop **v = realloc(cl->cops, cap * sizeof(*v));
-        if (!v)
-            return TS_ENOMEM;
-        cl->cops = v;
-        cl->capcops = cap;
-    }
+    v = ts_grow(cl->cops, cl->ncops, &cl->capcops, sizeof(*v), 64);
+    if (!v)
+        return TS_ENOMEM;
+    cl->cops = v;
     k = calloc(1, sizeof(*k));
     if (!k)
         return TS_ENOMEM;
@@ -967,52 +1005,49 @@ int ts_cl_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32
 static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_dataset_policy *pol,
                      int same)
 {
-    char why[WHY_LEN] = "", ignored[WHY_LEN] = "";
-    size_t *peers, ok = 0, nsame = 0;
-    int *states, rc, first = 0;
-    long n;
+    char ignored[WHY_LEN] = "";
+    size_t ok = 0, nsame = 0;
+    struct fan f;
+    int rc;
 
     policy_forget(cl, name);
-    n = fan_nodes(cl, 1, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
-        size_t p = peers[i];
+    rc = fan_begin(cl, &f, 1, 0);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
+        size_t p = f.peers[i];
         tessera_client *sub;
-        char msgbuf[512];
-        const char *msg;
-        rc = peer_conn(cl, p, states[i] != TS_NODE_UP, &sub);
-        if (!rc) {
-            rc = pol ? tessera_dataset_create(sub, name, pol) : tessera_dataset_delete(sub, name);
-            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(sub));
-            cl_check(cl, p);
-        } else {
-            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(cl->c));
-        }
-        msg = msgbuf;
+        char msg[512];
+        rc = peer_conn(cl, p, f.states[i] != TS_NODE_UP, &sub);
+        if (!rc)
+            rc = peer_done(cl, p, sub,
+                           pol ? tessera_dataset_create(sub, name, pol)
+                               : tessera_dataset_delete(sub, name),
+                           msg, sizeof(msg));
+        else
+            snprintf(msg, sizeof(msg), "%s", tessera_client_error(cl->c));
         if (!rc) {
             ok++;
-        } else if (states[i] != TS_NODE_UP) {
+        } else if (f.states[i] != TS_NODE_UP) {
             TS_INFO(FAC, "%s %s on %s (down in the map): %s, ignored", pol ? "create" : "delete",
                     name, cl->peers[p].id, ts_errname(rc));
             why_add(ignored, "%s (down): %s", cl->peers[p].id, ts_errname(rc));
         } else if (rc == same) {
             nsame++;
-            why_add(why, "%s: %s", cl->peers[p].id, msg[0] ? msg : ts_strerror(rc));
+            why_add(f.why, "%s: %s", cl->peers[p].id, msg[0] ? msg : ts_strerror(rc));
         } else {
-            if (!first)
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[p].id, msg[0] ? msg : ts_strerror(rc));
+            if (!f.first)
+                f.first = rc;
+            why_add(f.why, "%s: %s", cl->peers[p].id, msg[0] ? msg : ts_strerror(rc));
         }
     }
-    free(peers);
-    free(states);
-    if (first) {
-        cl_err(cl, "%s", why);
-        return first;
+    fan_end(&f);
+    if (f.first) {
+        cl_err(cl, "%s", f.why);
+        return f.first;
     }
     if (!ok && nsame) {
-        cl_err(cl, "%s", why);
+        cl_err(cl, "%s", f.why);
         return same;
     }
     if (!ok) {
@@ -1021,7 +1056,7 @@ static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_da
     }
     if (nsame)
         TS_WARN(FAC, same, "%s %s: done on %zu nodes; %s", pol ? "create" : "delete", name, ok,
-                why);
+                f.why);
     return 0;
 }
 
@@ -1034,6 +1069,73 @@ int ts_cl_dataset_create(tessera_client *c, struct ts_cluster *cl, const char *n
 int ts_cl_dataset_delete(tessera_client *c, struct ts_cluster *cl, const char *name)
 {
     return broadcast(cl, name, NULL, TS_ENOENT);
+}
+
+/*
+ * The lists of every node that is up, one after another in *all (*nall entries, malloc'ed):
+ * with name, SHARD_LIST of that dataset (struct ts_shard_info; a node that does not have the
+ * dataset is weaker news than one that fails), else DATASET_LIST (struct ts_dataset_info).
+ * *answered: how many nodes answered. With no answer: the failure, every node's in the
+ * router's message.
+ */
+static int gather_lists(struct ts_cluster *cl, const char *name, void **all, size_t *nall,
+                        size_t *answered)
+{
+    size_t size = name ? sizeof(struct ts_shard_info) : sizeof(struct ts_dataset_info);
+    uint8_t *v = NULL;
+    struct fan f;
+    int rc;
+
+    *all = NULL;
+    *nall = 0;
+    *answered = 0;
+    rc = fan_begin(cl, &f, 0, name != NULL);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
+        struct ts_dataset_info *dv = NULL;
+        struct ts_shard_info *sv = NULL;
+        tessera_client *sub;
+        void *got;
+        size_t m;
+        rc = peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = peer_done(cl, f.peers[i], sub,
+                           name ? tessera_shard_list(sub, name, &sv, &m)
+                                : tessera_dataset_list(sub, &dv, &m),
+                           NULL, 0);
+        if (rc) {
+            fan_fail(cl, &f, f.peers[i], rc);
+            continue;
+        }
+        (*answered)++;
+        got = name ? (void *)sv : (void *)dv;
+        if (m) {
+            uint8_t *grown = realloc(v, (*nall + m) * size);
+            if (!grown) {
+                free(got);
+                rc = TS_ENOMEM;
+                goto out_free;
+            }
+            v = grown;
+            memcpy(v + *nall * size, got, m * size);
+            *nall += m;
+        }
+        free(got);
+    }
+    if (!*answered) {
+        rc = fan_none(cl, &f);
+        goto out_free;
+    }
+    *all = v;
+    v = NULL;
+    rc = 0;
+out_free:
+    free(v);
+    fan_end(&f);
+    if (rc)
+        *nall = 0;
+    return rc;
 }
 
 static int by_shard(const void *a, const void *b)
@@ -1055,53 +1157,17 @@ static int by_shard(const void *a, const void *b)
 static int shard_union(struct ts_cluster *cl, const char *name, struct ts_shard_info **out,
                        size_t *nout, size_t *answered)
 {
-    struct ts_shard_info *all = NULL, *v;
-    size_t *peers, nall = 0, k = 0;
-    int *states, rc, first = 0;
-    char why[WHY_LEN] = "";
-    long n;
+    struct ts_shard_info *all;
+    size_t nall, k = 0;
+    void *v;
+    int rc;
 
     *out = NULL;
     *nout = 0;
-    *answered = 0;
-    n = fan_nodes(cl, 0, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
-        tessera_client *sub;
-        size_t m;
-        rc = peer_conn(cl, peers[i], 0, &sub);
-        if (!rc) {
-            rc = tessera_shard_list(sub, name, &v, &m);
-            if (rc)
-                cl_err(cl, "%s", tessera_client_error(sub));
-            cl_check(cl, peers[i]);
-        }
-        if (rc) {
-            if (!first || (absent(first) && !absent(rc)))
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[peers[i]].id, tessera_client_error(cl->c));
-            continue;
-        }
-        (*answered)++;
-        if (m) {
-            struct ts_shard_info *grown = realloc(all, (nall + m) * sizeof(*all));
-            if (!grown) {
-                free(v);
-                rc = TS_ENOMEM;
-                goto out_free;
-            }
-            all = grown;
-            memcpy(all + nall, v, m * sizeof(*v));
-            nall += m;
-        }
-        free(v);
-    }
-    if (!*answered) {
-        rc = first ? first : TS_EUNAVAIL;
-        cl_err(cl, "%s", why[0] ? why : "no node is up");
-        goto out_free;
-    }
+    rc = gather_lists(cl, name, &v, &nall, answered);
+    if (rc)
+        return rc;
+    all = v;
     if (nall)
         qsort(all, nall, sizeof(*all), by_shard);
     for (size_t i = 0; i < nall; i++)
@@ -1109,29 +1175,7 @@ static int shard_union(struct ts_cluster *cl, const char *name, struct ts_shard_
             all[k++] = all[i];
     *out = all;
     *nout = k;
-    all = NULL;
-    rc = 0;
-out_free:
-    free(all);
-    free(peers);
-    free(states);
-    return rc;
-}
-
-/* Shard counts and bytes of a dataset info from the union of the nodes' shards. */
-static void count_union(struct ts_dataset_info *d, const struct ts_shard_info *v, size_t n)
-{
-    d->shards = 0;
-    d->shards_writing = 0;
-    d->bytes = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (v[i].state == TS_SHARD_COMPLETE) {
-            d->shards++;
-            d->bytes += v[i].size;
-        } else {
-            d->shards_writing++;
-        }
-    }
+    return 0;
 }
 
 /* Folds another node's view of a dataset into d: sealed anywhere is sealed. */
@@ -1143,32 +1187,48 @@ static void merge_info(struct ts_dataset_info *d, const struct ts_dataset_info *
         d->created_ns = o->created_ns;
 }
 
+/*
+ * Shard counts and bytes of dataset name's info d from the union of the nodes' shards (left
+ * as they are when no node answers).
+ */
+static void count_dataset(struct ts_cluster *cl, const char *name, struct ts_dataset_info *d)
+{
+    struct ts_shard_info *v;
+    size_t m, answered;
+
+    if (shard_union(cl, name, &v, &m, &answered) != 0)
+        return;
+    d->shards = 0;
+    d->shards_writing = 0;
+    d->bytes = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (v[i].state == TS_SHARD_COMPLETE) {
+            d->shards++;
+            d->bytes += v[i].size;
+        } else {
+            d->shards_writing++;
+        }
+    }
+    free(v);
+}
+
 int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *name,
                        struct ts_dataset_info *out)
 {
-    struct ts_shard_info *v;
     struct ts_dataset_info d;
-    char why[WHY_LEN] = "";
-    size_t *peers, m, answered;
-    int *states, rc, first = 0, have = 0;
-    long n;
+    int rc, have = 0;
+    struct fan f;
 
-    n = fan_nodes(cl, 0, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
+    rc = fan_begin(cl, &f, 0, 1);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
         tessera_client *sub;
-        rc = peer_conn(cl, peers[i], 0, &sub);
-        if (!rc) {
-            rc = tessera_dataset_stat(sub, name, &d);
-            if (rc)
-                cl_err(cl, "%s", tessera_client_error(sub));
-            cl_check(cl, peers[i]);
-        }
+        rc = peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = peer_done(cl, f.peers[i], sub, tessera_dataset_stat(sub, name, &d), NULL, 0);
         if (rc) {
-            if (!first || (absent(first) && !absent(rc)))
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[peers[i]].id, tessera_client_error(cl->c));
+            fan_fail(cl, &f, f.peers[i], rc);
         } else if (!have) {
             *out = d;
             have = 1;
@@ -1176,17 +1236,11 @@ int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *nam
             merge_info(out, &d);
         }
     }
-    free(peers);
-    free(states);
-    if (!have) {
-        cl_err(cl, "%s", why[0] ? why : "no node is up");
-        return first ? first : TS_EUNAVAIL;
-    }
+    fan_end(&f);
+    if (!have)
+        return fan_none(cl, &f);
     policy_keep(cl, name, &out->policy);
-    if (shard_union(cl, name, &v, &m, &answered) == 0) {
-        count_union(out, v, m);
-        free(v);
-    }
+    count_dataset(cl, name, out);
     ts_client_set_error(c, "%s", "");
     return 0;
 }
@@ -1200,50 +1254,15 @@ static int by_name(const void *a, const void *b)
 int ts_cl_dataset_list(tessera_client *c, struct ts_cluster *cl, struct ts_dataset_info **out,
                        size_t *nout)
 {
-    struct ts_dataset_info *all = NULL, *v;
-    char why[WHY_LEN] = "";
-    size_t *peers, nall = 0, k = 0, answered = 0;
-    int *states, rc, first = 0;
-    long n;
+    struct ts_dataset_info *all;
+    size_t nall, k = 0, answered;
+    void *v;
+    int rc;
 
-    n = fan_nodes(cl, 0, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
-        tessera_client *sub;
-        size_t m;
-        rc = peer_conn(cl, peers[i], 0, &sub);
-        if (!rc) {
-            rc = tessera_dataset_list(sub, &v, &m);
-            if (rc)
-                cl_err(cl, "%s", tessera_client_error(sub));
-            cl_check(cl, peers[i]);
-        }
-        if (rc) {
-            if (!first)
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[peers[i]].id, tessera_client_error(cl->c));
-            continue;
-        }
-        answered++;
-        if (m) {
-            struct ts_dataset_info *grown = realloc(all, (nall + m) * sizeof(*all));
-            if (!grown) {
-                free(v);
-                rc = TS_ENOMEM;
-                goto out_free;
-            }
-            all = grown;
-            memcpy(all + nall, v, m * sizeof(*v));
-            nall += m;
-        }
-        free(v);
-    }
-    if (!answered) {
-        rc = first ? first : TS_EUNAVAIL;
-        cl_err(cl, "%s", why[0] ? why : "no node is up");
-        goto out_free;
-    }
+    rc = gather_lists(cl, NULL, &v, &nall, &answered);
+    if (rc)
+        return rc;
+    all = v;
     if (nall)
         qsort(all, nall, sizeof(*all), by_name);
     for (size_t i = 0; i < nall; i++) {
@@ -1252,34 +1271,22 @@ int ts_cl_dataset_list(tessera_client *c, struct ts_cluster *cl, struct ts_datas
         else
             all[k++] = all[i];
     }
-    for (size_t i = 0; i < k; i++) {
-        struct ts_shard_info *sv;
-        size_t m, ans;
-        if (shard_union(cl, all[i].name, &sv, &m, &ans) == 0) {
-            count_union(&all[i], sv, m);
-            free(sv);
-        }
-    }
+    for (size_t i = 0; i < k; i++)
+        count_dataset(cl, all[i].name, &all[i]);
     ts_client_set_error(c, "%s", "");
     *out = all;
     *nout = k;
-    all = NULL;
-    rc = 0;
-out_free:
-    free(all);
-    free(peers);
-    free(states);
-    return rc;
+    return 0;
 }
 
 int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *name)
 {
     struct ts_shard_info *v;
     char why[WHY_LEN] = "";
-    size_t *peers, m, answered, ok = 0, sealed = 0;
-    int *states, rc, first = 0;
+    size_t m, answered, ok = 0, sealed = 0;
     uint32_t next = 0;
-    long n;
+    struct fan f;
+    int rc;
 
     /* Complete across the cluster: shards 0..N-1 each complete on some node. */
     rc = shard_union(cl, name, &v, &m, &answered);
@@ -1299,37 +1306,32 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
         cl_err(cl, "cannot seal %s: %s", name, why);
         return TS_EINCOMPLETE;
     }
-    n = fan_nodes(cl, 0, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
+    rc = fan_begin(cl, &f, 0, 0);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
         tessera_client *sub;
-        char msgbuf[512];
-        const char *msg;
-        rc = peer_conn(cl, peers[i], 0, &sub);
-        if (!rc) {
-            rc = ts_conn_dataset_seal(sub, name, TS_SEAL_LOCAL_ONLY);
-            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(sub));
-            cl_check(cl, peers[i]);
-        } else {
-            snprintf(msgbuf, sizeof(msgbuf), "%s", tessera_client_error(cl->c));
-        }
-        msg = msgbuf;
+        char msg[512];
+        rc = peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = peer_done(cl, f.peers[i], sub, ts_conn_dataset_seal(sub, name, TS_SEAL_LOCAL_ONLY),
+                           msg, sizeof(msg));
+        else
+            snprintf(msg, sizeof(msg), "%s", tessera_client_error(cl->c));
         if (!rc) {
             ok++;
         } else if (rc == TS_ESEALED) {
             sealed++;
         } else {
-            if (!first)
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[peers[i]].id, msg[0] ? msg : ts_strerror(rc));
+            if (!f.first)
+                f.first = rc;
+            why_add(f.why, "%s: %s", cl->peers[f.peers[i]].id, msg[0] ? msg : ts_strerror(rc));
         }
     }
-    free(peers);
-    free(states);
-    if (first) {
-        cl_err(cl, "sealed on %zu of %ld nodes; %s", ok + sealed, n, why);
-        return first;
+    fan_end(&f);
+    if (f.first) {
+        cl_err(cl, "sealed on %zu of %zu nodes; %s", ok + sealed, f.n, f.why);
+        return f.first;
     }
     if (!ok && sealed) {
         cl_err(cl, "dataset %s is sealed already", name);
@@ -1343,7 +1345,6 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
 int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                      struct ts_shard_info *out)
 {
-    char msg[512];
     struct sel s;
     tessera_client *sub;
     size_t p;
@@ -1359,11 +1360,8 @@ int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name,
             cl_check(cl, p);
             return 0;
         }
-        snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
-        if (!sel_fail(cl, &s, p, rc, msg, name, shard, 0)) {
-            cl_err(cl, "%s: %s", cl->peers[p].id, msg);
+        if (!sel_retry(cl, &s, p, sub, rc, name, shard, 0))
             return rc;
-        }
     }
 }
 
@@ -1386,43 +1384,34 @@ int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
                 void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk, int rc),
                 void *arg)
 {
-    char why[WHY_LEN] = "";
-    size_t *peers;
-    int *states, rc, first = 0;
-    long n;
+    struct fan f;
+    int rc;
 
-    n = fan_nodes(cl, 0, &peers, &states);
-    if (n < 0)
-        return (int)n;
-    for (long i = 0; i < n; i++) {
+    rc = fan_begin(cl, &f, 0, 0);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
         struct ts_scrub_report r;
         tessera_client *sub;
-        rc = peer_conn(cl, peers[i], 0, &sub);
-        if (!rc) {
-            rc = tessera_scrub(sub, name, &r, cb, arg);
-            if (rc)
-                cl_err(cl, "%s", tessera_client_error(sub));
-            cl_check(cl, peers[i]);
-        }
+        rc = peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = peer_done(cl, f.peers[i], sub, tessera_scrub(sub, name, &r, cb, arg), NULL, 0);
         if (rc) {
-            if (!first)
-                first = rc;
-            why_add(why, "%s: %s", cl->peers[peers[i]].id, tessera_client_error(cl->c));
+            fan_fail(cl, &f, f.peers[i], rc);
             continue;
         }
         if (r.corrupt)
             TS_ERROR(FAC, TS_ECORRUPT, "scrub: node %s holds %llu corrupt chunks",
-                     cl->peers[peers[i]].id, (unsigned long long)r.corrupt);
+                     cl->peers[f.peers[i]].id, (unsigned long long)r.corrupt);
         rep->shards += r.shards;
         rep->chunks += r.chunks;
         rep->bytes += r.bytes;
         rep->corrupt += r.corrupt;
     }
-    free(peers);
-    free(states);
-    if (first)
-        cl_err(cl, "%s", why);
-    return first;
+    fan_end(&f);
+    if (f.first)
+        cl_err(cl, "%s", f.why);
+    return f.first;
 }
 
 int ts_cl_status(tessera_client *c, struct ts_cluster *cl, char **json)
@@ -1470,11 +1459,7 @@ int ts_client_node_status(tessera_client *c, size_t node, char **json)
     rc = peer_conn(cl, p, cl->map->nodes[node].state != TS_NODE_UP, &sub);
     if (rc)
         return rc;
-    rc = tessera_status(sub, json);
-    if (rc)
-        cl_err(cl, "%s", tessera_client_error(sub));
-    cl_check(cl, p);
-    return rc;
+    return peer_done(cl, p, sub, tessera_status(sub, json), NULL, 0);
 }
 
 /* ---- administration -------------------------------------------------------------------------- */

@@ -27,44 +27,44 @@
 
 static void test_parse_size(void **state)
 {
-    uint64_t v;
+    static const struct {
+        const char *s;
+        int rc;
+        uint64_t v;
+    } cases[] = {
+        {"0", 0, 0},
+        {"4096", 0, 4096},
+        {"64K", 0, 64u << 10},
+        {"64k", 0, 64u << 10},
+        {"1M", 0, 1u << 20},
+        {"1MiB", 0, 1u << 20},
+        {"1mb", 0, 1u << 20},
+        {"3G", 0, 3ull << 30},
+        {"2T", 0, 2ull << 40},
+        {"512B", 0, 512},
+        {"18446744073709551615", 0, UINT64_MAX},
+        {"16777215T", 0, 16777215ull << 40},
+        {"", TS_EINVAL, 0},
+        {"M", TS_EINVAL, 0},
+        {"-1", TS_EINVAL, 0},
+        {"1.5M", TS_EINVAL, 0},
+        {"12Q", TS_EINVAL, 0},
+        {"1 M", TS_EINVAL, 0},
+        {"1MM", TS_EINVAL, 0},
+        {"1BB", TS_EINVAL, 0},
+        {"1Bi", TS_EINVAL, 0},
+        {NULL, TS_EINVAL, 0},
+        {"18446744073709551616", TS_ERANGE, 0},
+        {"16777216T", TS_ERANGE, 0},
+    };
 
-    assert_int_equal(cli_parse_size("0", &v), 0);
-    assert_int_equal(v, 0);
-    assert_int_equal(cli_parse_size("4096", &v), 0);
-    assert_int_equal(v, 4096);
-    assert_int_equal(cli_parse_size("64K", &v), 0);
-    assert_int_equal(v, 64u << 10);
-    assert_int_equal(cli_parse_size("64k", &v), 0);
-    assert_int_equal(v, 64u << 10);
-    assert_int_equal(cli_parse_size("1M", &v), 0);
-    assert_int_equal(v, 1u << 20);
-    assert_int_equal(cli_parse_size("1MiB", &v), 0);
-    assert_int_equal(v, 1u << 20);
-    assert_int_equal(cli_parse_size("1mb", &v), 0);
-    assert_int_equal(v, 1u << 20);
-    assert_int_equal(cli_parse_size("3G", &v), 0);
-    assert_int_equal(v, 3ull << 30);
-    assert_int_equal(cli_parse_size("2T", &v), 0);
-    assert_int_equal(v, 2ull << 40);
-    assert_int_equal(cli_parse_size("512B", &v), 0);
-    assert_int_equal(v, 512);
-    assert_int_equal(cli_parse_size("18446744073709551615", &v), 0);
-    assert_true(v == UINT64_MAX);
-
-    assert_int_equal(cli_parse_size("", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("M", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("-1", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("1.5M", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("12Q", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("1 M", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("1MM", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("1BB", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("1Bi", &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size(NULL, &v), TS_EINVAL);
-    assert_int_equal(cli_parse_size("18446744073709551616", &v), TS_ERANGE);
-    assert_int_equal(cli_parse_size("16777216T", &v), TS_ERANGE);
-    assert_int_equal(cli_parse_size("16777215T", &v), 0);
+    for (size_t i = 0; i < TS_ARRAY_SIZE(cases); i++) {
+        uint64_t v = 0;
+        int rc = cli_parse_size(cases[i].s, &v);
+        if (rc != cases[i].rc || (rc == 0 && v != cases[i].v))
+            fail_msg("cli_parse_size(\"%s\"): %d, %llu", cases[i].s ? cases[i].s : "(null)", rc,
+                     (unsigned long long)v);
+    }
 }
 
 static void test_parse_uint(void **state)
@@ -181,6 +181,10 @@ static void test_table(void **state)
 
 static void test_addr_parse(void **state)
 {
+    static const char *const bad[] = {
+        ":7070", "h:", "h:0", "h:65536", "h:7x", "[::1", "[::1]x", "udp://h:1",
+        /* More than one ':' without brackets is refused, not taken for an IPv6 host. */
+        "::1", "bad:host:1", "fe80::1:7070", "tcp://a:b:1", "[]:1"};
     struct ts_addr a;
 
     assert_int_equal(ts_addr_parse("10.0.0.1:7070", &a), 0);
@@ -203,20 +207,9 @@ static void test_addr_parse(void **state)
     assert_int_equal(ts_addr_parse(NULL, &a), 0);
     assert_string_equal(a.host, "127.0.0.1");
 
-    assert_int_equal(ts_addr_parse(":7070", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("h:", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("h:0", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("h:65536", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("h:7x", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("[::1", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("[::1]x", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("udp://h:1", &a), TS_EINVAL);
-    /* More than one ':' without brackets is refused, not taken for an IPv6 host. */
-    assert_int_equal(ts_addr_parse("::1", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("bad:host:1", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("fe80::1:7070", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("tcp://a:b:1", &a), TS_EINVAL);
-    assert_int_equal(ts_addr_parse("[]:1", &a), TS_EINVAL);
+    for (size_t i = 0; i < TS_ARRAY_SIZE(bad); i++)
+        if (ts_addr_parse(bad[i], &a) != TS_EINVAL)
+            fail_msg("'%s' was not refused", bad[i]);
 }
 
 static void test_addr_parse_why(void **state)
@@ -1206,21 +1199,31 @@ static void test_put_refused_chunk(void **state)
     free(buf);
 }
 
+/* A new file dir/name holding buf[0..len), open for reading and writing at its start. */
+static int file_with(const char *dir, const char *name, const void *buf, size_t len)
+{
+    char path[512];
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write_exact(fd, buf, len), 0);
+    lseek(fd, 0, SEEK_SET);
+    return fd;
+}
+
 static void test_put_fd(void **state)
 {
     const size_t len = 10 * 4096 + 1;
     uint8_t *buf = malloc(len);
-    char *dir = ts_test_tmpdir("client"), path[512];
+    char *dir = ts_test_tmpdir("client");
     struct fake f;
     int fd, pfd[2];
     tessera_client *c = fake_start(&f, 4096);
 
     ts_test_fill(buf, len, 6, 0);
-    snprintf(path, sizeof(path), "%s/shard", dir);
-    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    assert_true(fd >= 0);
-    assert_int_equal(write_exact(fd, buf, len), 0);
-    lseek(fd, 0, SEEK_SET);
+    fd = file_with(dir, "shard", buf, len);
     /* A known size. */
     assert_int_equal(tessera_put_fd(c, "ds", 1, fd, len), 0);
     assert_true(f.declared == len);
@@ -1262,18 +1265,14 @@ static void test_put_fd_shrinking(void **state)
 {
     const size_t len = 64 * 4096;
     uint8_t *buf = malloc(len);
-    char *dir = ts_test_tmpdir("client"), path[512];
+    char *dir = ts_test_tmpdir("client");
     struct ts_dataset_info d;
     struct fake f;
     int fd;
     tessera_client *c = fake_start(&f, 4096);
 
     ts_test_fill(buf, len, 8, 0);
-    snprintf(path, sizeof(path), "%s/shrinking", dir);
-    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
-    assert_true(fd >= 0);
-    assert_int_equal(write_exact(fd, buf, len), 0);
-    lseek(fd, 0, SEEK_SET);
+    fd = file_with(dir, "shrinking", buf, len);
     /* Cut to a chunk and a bit when chunk 2 arrives: the client has read 3 chunks by then. */
     f.shrink_fd = fd;
     f.shrink_at = 2;

@@ -491,6 +491,26 @@ static tessera_client *open_on(struct fnode *n)
     return c;
 }
 
+/* Starts nodes v[0..n) and gives each a map of them all, up, at epoch: the map. */
+static struct ts_map *cluster_start(struct fnode *v, int n, uint64_t epoch)
+{
+    struct ts_map *m;
+
+    for (int i = 0; i < n; i++)
+        node_start(&v[i], i, 0);
+    m = make_map(v, n, epoch, NULL);
+    give_map(v, n, m);
+    return m;
+}
+
+/* Closes c, then stops nodes v[0..n). */
+static void cluster_stop(tessera_client *c, struct fnode *v, int n)
+{
+    tessera_client_close(c);
+    for (int i = 0; i < n; i++)
+        node_stop(&v[i]);
+}
+
 /* The index in v of map node i (by id). */
 static int fidx(struct fnode *v, int n, const struct ts_map *m, int i)
 {
@@ -550,9 +570,7 @@ static void test_open_modes(void **state)
         assert_int_equal(v[i].last_epoch, 5);
     }
     assert_int_equal(count(&v[1], &v[1].n_hello), 1); /* the seed connection is reused */
-    tessera_client_close(c);
-    for (int i = 0; i < 3; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 3);
     ts_map_free(m);
 }
 
@@ -565,10 +583,7 @@ static void test_write_to_primary(void **state)
     int order[4], prim;
     uint32_t pg;
 
-    for (int i = 0; i < 4; i++)
-        node_start(&v[i], i, 0);
-    m = make_map(v, 4, 5, NULL);
-    give_map(v, 4, m);
+    m = cluster_start(v, 4, 5);
     c = open_on(&v[0]);
     ts_test_fill(buf, sizeof(buf), 3, 0);
     for (uint32_t shard = 0; shard < 8; shard++) {
@@ -583,9 +598,7 @@ static void test_write_to_primary(void **state)
             assert_int_equal(count(&v[i], &v[i].n_write) - before[i], i == prim ? 4 : 0);
         assert_int_equal(v[prim].write_epoch, 5);
     }
-    tessera_client_close(c);
-    for (int i = 0; i < 4; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 4);
     ts_map_free(m);
 }
 
@@ -602,10 +615,7 @@ static void test_stale_adoption(void **state)
     int order[3], old, now;
     uint32_t pg;
 
-    for (int i = 0; i < 3; i++)
-        node_start(&v[i], i, 0);
-    m5 = make_map(v, 3, 5, NULL);
-    give_map(v, 3, m5);
+    m5 = cluster_start(v, 3, 5);
     pg = ts_map_pg_of(m5, "ds", 1);
     ts_map_pg_order(m5, pg, order, 3);
     old = fidx(v, 3, m5, order[0]);
@@ -631,9 +641,7 @@ static void test_stale_adoption(void **state)
     give_map(v, 3, m7);
     assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0);
     assert_int_equal(tessera_client_epoch(c), 7);
-    tessera_client_close(c);
-    for (int i = 0; i < 3; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 3);
     ts_map_free(m5);
     ts_map_free(m6);
     ts_map_free(m7);
@@ -651,12 +659,9 @@ static void read_failover(enum read_mode bad1, enum read_mode bad2, int submit)
     int reads_bad = 0, seen[16] = {0};
     size_t n;
 
-    for (int i = 0; i < 3; i++)
-        node_start(&v[i], i, 0);
+    m = cluster_start(v, 3, 5);
     v[0].rd = bad1;
     v[1].rd = bad2;
-    m = make_map(v, 3, 5, NULL);
-    give_map(v, 3, m);
     c = open_on(&v[2]);
     /* 16 shards: their reads start at different replicas. */
     for (uint32_t s = 0; s < 16; s++) {
@@ -695,9 +700,7 @@ static void read_failover(enum read_mode bad1, enum read_mode bad2, int submit)
     reads_bad = count(&v[0], &v[0].n_read) + count(&v[1], &v[1].n_read);
     assert_true(reads_bad > 0); /* some reads went to a bad replica first */
     assert_true(count(&v[2], &v[2].n_read) == 16);
-    tessera_client_close(c);
-    for (int i = 0; i < 3; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 3);
     ts_map_free(m);
 }
 
@@ -725,21 +728,17 @@ static void test_read_all_bad(void **state)
     tessera_client *c;
     size_t n;
 
+    m = cluster_start(v, 2, 5);
     for (int i = 0; i < 2; i++) {
-        node_start(&v[i], i, 0);
         v[i].rd = RD_CORRUPT_STATUS;
         v[i].pol.core = 2;
     }
-    m = make_map(v, 2, 5, NULL);
-    give_map(v, 2, m);
     c = open_on(&v[0]);
     assert_int_equal(tessera_read(c, "ds", 0, 0, sizeof(buf), buf, &n), TS_ECORRUPT);
     assert_int_equal(n, 0);
     assert_non_null(strstr(tessera_client_error(c), "n1"));
     assert_non_null(strstr(tessera_client_error(c), "n2"));
-    tessera_client_close(c);
-    for (int i = 0; i < 2; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 2);
     ts_map_free(m);
 }
 
@@ -768,9 +767,7 @@ static void test_dataset_broadcast(void **state)
     assert_non_null(strstr(tessera_client_error(c), "n2"));
     for (int i = 0; i < 3; i++) /* still sent to every node */
         assert_int_equal(count(&v[i], &v[i].n_create), 2);
-    tessera_client_close(c);
-    for (int i = 0; i < 5; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 5);
     ts_map_free(m);
 }
 
@@ -785,8 +782,7 @@ static void test_seal_union(void **state)
     tessera_client *c;
     size_t n;
 
-    for (int i = 0; i < 3; i++)
-        node_start(&v[i], i, 0);
+    m = cluster_start(v, 3, 5);
     v[0].nshards = 2; /* 0, 2 on n1; 1 and 2 on n2; nothing on n3 */
     v[0].shards[0] = 0;
     v[0].shards[1] = 2;
@@ -796,8 +792,6 @@ static void test_seal_union(void **state)
     v[1].shards[1] = 2;
     v[1].shard_state[0] = TS_SHARD_WRITING;
     v[1].shard_state[1] = TS_SHARD_COMPLETE;
-    m = make_map(v, 3, 5, NULL);
-    give_map(v, 3, m);
     c = open_on(&v[0]);
     /* Shard 1 is being written and complete nowhere. */
     assert_int_equal(tessera_dataset_seal(c, "ds"), TS_EINCOMPLETE);
@@ -823,9 +817,7 @@ static void test_seal_union(void **state)
     v[1].shards[0] = 3;
     assert_int_equal(tessera_dataset_seal(c, "ds"), TS_EINCOMPLETE);
     assert_non_null(strstr(tessera_client_error(c), "shard 1 is missing"));
-    tessera_client_close(c);
-    for (int i = 0; i < 3; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 3);
     ts_map_free(m);
 }
 
@@ -864,9 +856,7 @@ static void test_map_push_file(void **state)
     assert_int_equal(tessera_map_push_file(c, path, &e), TS_ECONNREFUSED);
     assert_int_equal(e, 6);
     assert_non_null(strstr(tessera_client_error(c), "n4"));
-    tessera_client_close(c);
-    for (int i = 0; i < 4; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 4);
     ts_map_free(m);
     ts_map_free(m4);
     ts_map_free(back);
@@ -881,10 +871,7 @@ static void test_failover(void **state)
     int order[4], old, now;
     uint64_t e;
 
-    for (int i = 0; i < 4; i++)
-        node_start(&v[i], i, 0);
-    m = make_map(v, 4, 5, NULL);
-    give_map(v, 4, m);
+    m = cluster_start(v, 4, 5);
     ts_map_pg_order(m, 3, order, 4);
     old = fidx(v, 4, m, order[0]);
     now = fidx(v, 4, m, order[1]);
@@ -903,9 +890,7 @@ static void test_failover(void **state)
     }
     ts_map_pg_order(ts_client_map(c), 3, order, 1);
     assert_string_equal(ts_client_map(c)->nodes[order[0]].id, v[now].id);
-    tessera_client_close(c);
-    for (int i = 0; i < 4; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 4);
     ts_map_free(m);
 }
 
@@ -921,10 +906,7 @@ static void test_primary_unreachable(void **state)
     int order[3], old, now, seed;
     uint32_t pg;
 
-    for (int i = 0; i < 3; i++)
-        node_start(&v[i], i, 0);
-    m5 = make_map(v, 3, 5, NULL);
-    give_map(v, 3, m5);
+    m5 = cluster_start(v, 3, 5);
     pg = ts_map_pg_of(m5, "ds", 2);
     ts_map_pg_order(m5, pg, order, 3);
     old = fidx(v, 3, m5, order[0]);
@@ -947,9 +929,7 @@ static void test_primary_unreachable(void **state)
     assert_int_equal(tessera_put(c, "ds", 2, buf, sizeof(buf), NULL, 0), 0);
     assert_int_equal(tessera_client_epoch(c), 6);
     assert_int_equal(count(&v[now], &v[now].n_seal), 1);
-    tessera_client_close(c);
-    for (int i = 0; i < 3; i++)
-        node_stop(&v[i]);
+    cluster_stop(c, v, 3);
     ts_map_free(m5);
     ts_map_free(m6);
 }
