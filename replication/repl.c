@@ -484,7 +484,7 @@ static void fwd_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct 
             ts_rd_str(body, msg, sizeof(msg));
         if (!f->rc || status == TS_ESTALE) { /* a stale map trumps other failures */
             f->rc = status;
-            snprintf(f->msg, sizeof(f->msg), "replica %s: %s%s%s", p ? p->id : "?",
+            snprintf(f->msg, sizeof(f->msg), "replica %.63s: %.60s%s%.120s", p ? p->id : "?",
                      ts_strerror(status), msg[0] ? ": " : "", msg);
         }
     }
