@@ -121,7 +121,7 @@ struct ts_repl {
     struct ts_repl_lag *lag;
     size_t nlag;
     unsigned primary_pgs;
-    uint64_t repairs;
+    uint64_t repairs, backfills;
     uint64_t last_lag_ns, last_trim_ns;
 };
 
@@ -806,6 +806,9 @@ static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied)
 
     TS_INFO(FAC, "PG %u: %s is at %llu, before the oldest log record: backfilling", ps->pg,
             ps->node, (unsigned long long)ps->applied);
+    pthread_mutex_lock(&r->lock);
+    r->backfills++;
+    pthread_mutex_unlock(&r->lock);
     free(ps->items);
     ps->items = NULL;
     ps->nitems = ps->at = 0;
@@ -1319,7 +1322,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
-                uint64_t *repairs)
+                uint64_t *repairs, uint64_t *backfills)
 {
     pthread_mutex_lock(&r->lock);
     *out = NULL;
@@ -1333,6 +1336,7 @@ int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *prima
     }
     *primary_pgs = r->primary_pgs;
     *repairs = r->repairs;
+    *backfills = r->backfills;
     pthread_mutex_unlock(&r->lock);
     return 0;
 }

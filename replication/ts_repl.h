@@ -81,6 +81,6 @@ struct ts_repl_lag {
 };
 /* A snapshot of every replica's position for the PGs this node is primary of (malloc'ed). */
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
-                uint64_t *repairs);
+                uint64_t *repairs, uint64_t *backfills);
 
 #endif

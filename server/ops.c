@@ -1385,7 +1385,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         struct ts_repl_lag *l = NULL;
         size_t nl = 0;
         unsigned ppgs = 0;
-        uint64_t repairs = 0;
+        uint64_t repairs = 0, backfills = 0;
 
         json_object_object_add(cl, "epoch", json_object_new_int64((int64_t)atomic_load(&s->epoch)));
         json_object_object_add(cl, "node", json_object_new_string(s->cfg->node_id));
@@ -1396,7 +1396,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         }
         pthread_rwlock_unlock(&s->map_lock);
         json_object_object_add(root, "cluster", cl);
-        ts_repl_lag(s->repl, &l, &nl, &ppgs, &repairs);
+        ts_repl_lag(s->repl, &l, &nl, &ppgs, &repairs, &backfills);
         /* Per replica node: totals over the PGs this node leads; then the lagging
          * (PG, replica) pairs, at most STATUS_MAX_LAG of them (the reply is bounded). */
         lag = json_object_new_array();
@@ -1447,6 +1447,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         free(l);
         json_object_object_add(rep, "primary_pgs", json_object_new_int64(ppgs));
         json_object_object_add(rep, "repairs", json_object_new_int64((int64_t)repairs));
+        json_object_object_add(rep, "backfills", json_object_new_int64((int64_t)backfills));
         json_object_object_add(rep, "lag", lag);
         json_object_object_add(root, "replication", rep);
     }

@@ -239,7 +239,10 @@ static long total_lag(double *max_s, const char *only_node)
 
 static int group_setup(void **state)
 {
-    if (tsd_cluster_start(&CL, 5, domains, PGS, NULL) != 0) {
+    /* A short PG log, so that a node down for a while is backfilled rather than replayed. */
+    const char *const extra[] = {"--pg-log-keep", "4", NULL};
+
+    if (tsd_cluster_start(&CL, 5, domains, PGS, extra) != 0) {
         tsd_cluster_dump_logs(&CL);
         return -1;
     }
@@ -617,12 +620,70 @@ static void test_primary_killed_failover(void **state)
     ts_map_free(m);
 }
 
+/* A node down while its PGs' logs move past what is kept is backfilled from the PG. */
+static void test_backfill_after_log_trim(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    int victim = tsd_cluster_find(&CL, "n4");
+    uint8_t *buf = malloc(SLEN), *want = malloc(SLEN);
+    uint32_t shards[100], n = 0;
+    long ops;
+
+    /* Shards that n4 holds a copy of but does not lead (its own PGs would need a failover). */
+    for (uint32_t s = 0; n < 100; s++) {
+        int rep[5], k = replicas_of(m, "bf", s, rep, 5), mine = 0;
+        for (int j = 1; j < k; j++)
+            mine |= rep[j] == victim;
+        if (mine && rep[0] != victim)
+            shards[n++] = s;
+    }
+    mkds(c, "bf", 3, 2, 2);
+    tsd_kill9(&CL.node[victim]);
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(put_shard(c, "bf", shards[i], shards[i] + 7000), 0);
+    msleep(1500); /* primaries trim their logs once a second (pg_log_keep 4) */
+    assert_int_equal(tsd_start(&CL.node[victim], NULL), 0);
+    /* Reads keep being served while n4 catches up. */
+    for (uint32_t i = 0; i < n; i++) {
+        size_t got;
+        fill(want, SLEN, shards[i] + 7000);
+        assert_int_equal(tessera_read(c, "bf", shards[i], 0, SLEN, buf, &got), 0);
+        assert_memory_equal(buf, want, SLEN);
+    }
+    for (int t = 0; t < 200 && (ops = total_lag(NULL, NULL)) != 0; t++)
+        msleep(100);
+    assert_int_equal(ops, 0);
+    /* The primaries had trimmed past n4's position: they backfilled it. */
+    {
+        long backfills = 0;
+        for (int i = 0; i < CL.n; i++) {
+            json_object *j = node_status(i), *rep, *x;
+            if (j && json_object_object_get_ex(j, "replication", &rep) &&
+                json_object_object_get_ex(rep, "backfills", &x))
+                backfills += (long)json_object_get_int64(x);
+            json_object_put(j);
+        }
+        fprintf(stderr, "  %ld PG backfills\n", backfills);
+        assert_true(backfills > 0);
+    }
+    /* n4 holds every one of them, byte for byte. */
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(raw_read_verify(CL.node[victim].addr, "bf", shards[i], shards[i] + 7000),
+                         0);
+    free(buf);
+    free(want);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replicas_everywhere),
         cmocka_unit_test(test_corrupt_chunk_repaired),
         cmocka_unit_test(test_fringe_lag_and_catch_up),
+        cmocka_unit_test(test_backfill_after_log_trim),
         cmocka_unit_test(test_min_core_refuses),
         cmocka_unit_test(test_stale_epoch_fenced),
         cmocka_unit_test(test_primary_killed_failover),
