@@ -901,6 +901,11 @@ void tsd_stream_free(struct tsd_read_stream *rs)
 
 #define SENDFILE_MIN (128u << 10)
 
+static void hdr_free_cb(const void *data, size_t len, void *buf)
+{
+    free(buf);
+}
+
 static void seg_cleanup(struct evbuffer_file_segment const *seg, int flags, void *pin)
 {
     ts_chunk_pin_release(pin);
@@ -1097,10 +1102,13 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
         struct evbuffer *out = tsd_conn_out(c);
         ts_frame_encode(w.buf, &rh);
         STAT_ADD(&c->w->stats, bytes_out, w.len);
-        if (evbuffer_add(out, w.buf, w.len) != 0) {
+        /* By reference: libevent 2.1 refuses evbuffer_add() right after a file segment (a
+         * previous reply's sendfile piece), while a reference is always a chain of its own. */
+        if (evbuffer_add_reference(out, w.buf, w.len, hdr_free_cb, w.buf) != 0) {
             ts_wr_fini(&w);
             goto out_free;
         }
+        w.buf = NULL;
         ts_wr_fini(&w);
         c->rs = rs;
         /* Most replies fit the budget at once; only a stream that must wait for the peer

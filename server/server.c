@@ -70,7 +70,16 @@ static void reply_static_error(struct tsd_conn *c, const struct ts_frame_hdr *re
     ts_put_le32(buf + TS_HDR_LEN, (uint32_t)rc);
     ts_put_le16(buf + TS_HDR_LEN + 4, sizeof(msg) - 1);
     memcpy(buf + TS_HDR_LEN + 6, msg, sizeof(msg) - 1);
-    evbuffer_add(tsd_conn_out(c), buf, TS_HDR_LEN + h.length);
+    {
+        /* A chain of its own (evbuffer_add() can fail right after a sendfile segment). */
+        uint8_t *copy = malloc(TS_HDR_LEN + h.length);
+        if (copy) {
+            memcpy(copy, buf, TS_HDR_LEN + h.length);
+            if (evbuffer_add_reference(tsd_conn_out(c), copy, TS_HDR_LEN + h.length, wr_free_cb,
+                                       copy) != 0)
+                free(copy);
+        }
+    }
     tsd_conn_flush(c);
 }
 
