@@ -58,12 +58,26 @@ struct ts_req {
     char *msg; /* the server's message for a refused READ */
 };
 
-enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RTABLE, RX_RDATA, RX_DRAIN };
+enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
 
+/* A frame header and the fixed head of a READ reply that may follow it: what one receive asks
+ * for when a new frame begins. */
+#define RX_STAGE (TS_HDR_LEN + TS_READ_HEAD_LEN)
+#define RX_TABLE_KEEP 4096 /* piece table bytes kept for the next reply (512 pieces) */
+
+/*
+ * The receive side. A new frame is received into stage, together with the head of a READ
+ * reply that may follow the header, but never further: the piece table and the data of a
+ * READ reply are received straight into their places (the data into the caller's buffer), in
+ * one receive for both. When a frame is shorter than that head, stage holds the start of the
+ * next frame, which is taken from there first (it is never READ data: that begins after a
+ * whole head).
+ */
 struct rx {
     enum rx_state state;
-    uint8_t hdr[TS_HDR_LEN];
-    size_t have; /* bytes of the current target received */
+    uint8_t stage[RX_STAGE];
+    size_t soff, slen; /* stage[soff, slen) was received but not consumed yet */
+    size_t have;       /* bytes of the current target received (READ: of the data) */
     struct ts_frame_hdr h;
     struct ts_req *req; /* NULL: a connection-level error reply (request id 0) */
     uint8_t *body;
@@ -71,9 +85,11 @@ struct rx {
     uint8_t rhead[TS_READ_HEAD_LEN];
     size_t rhead_len;
     struct ts_read_head rd;
-    uint8_t *table;
-    uint32_t pdone; /* pieces verified */
-    size_t pdoff;   /* their bytes */
+    uint8_t *table; /* the piece table; kept across replies (table_cap bytes) */
+    size_t table_cap;
+    size_t tlen, thave; /* its bytes, received */
+    uint32_t pdone;     /* pieces verified */
+    size_t pdoff;       /* their bytes */
     size_t drain_left;
     int drain_rc;
 };
@@ -96,6 +112,9 @@ struct tessera_client {
     struct ts_req *free_reqs;
     struct ts_req *tx_head, *tx_tail;
     struct rx rx;
+    unsigned awaiting; /* requests queued whose reply has not arrived */
+    int rx_more;       /* a receive may find bytes: no receive came back short since the last
+                          wait that said the transport is readable */
     uint8_t *scratch;
     const uint64_t *epoch_ref; /* a sub-connection: requests carry the router's map epoch */
     uint64_t seen_epoch;       /* the highest epoch a reply carried */
@@ -289,12 +308,28 @@ static void req_finish(struct tessera_client *c, struct ts_req *r)
     c->inflight--;
 }
 
+/* Ready for the next frame; what stage holds of it (and the table buffer) is kept. */
 static void rx_reset(struct tessera_client *c)
 {
-    free(c->rx.body);
-    free(c->rx.table);
-    memset(&c->rx, 0, sizeof(c->rx));
-    c->rx.state = RX_HDR;
+    struct rx *x = &c->rx;
+    uint8_t *table = x->table;
+    size_t table_cap = x->table_cap, soff = x->soff, slen = x->slen;
+    uint8_t stage[RX_STAGE];
+
+    memcpy(stage, x->stage, slen);
+    free(x->body);
+    if (table_cap > RX_TABLE_KEEP) {
+        free(table);
+        table = NULL;
+        table_cap = 0;
+    }
+    memset(x, 0, sizeof(*x));
+    memcpy(x->stage, stage, slen);
+    x->soff = soff;
+    x->slen = slen;
+    x->table = table;
+    x->table_cap = table_cap;
+    x->state = RX_HDR;
 }
 
 /*
@@ -323,6 +358,8 @@ static void fail_conn(struct tessera_client *c, int rc)
         req_finish(c, r);
     }
     c->tx_head = c->tx_tail = NULL;
+    c->awaiting = 0;
+    c->rx.soff = c->rx.slen = 0;
     rx_reset(c);
     if (c->t) {
         c->t->ops->close(c->t);
@@ -395,6 +432,9 @@ static void rx_complete(struct tessera_client *c, int rc)
     r->replied = 1;
     req_finish(c, r);
     rx_reset(c);
+    /* Nothing more is expected: the next receive waits until the transport is readable. */
+    if (c->awaiting && --c->awaiting == 0)
+        c->rx_more = 0;
 }
 
 /* Skips the rest of a frame whose request fails with rc (framing is intact). */
@@ -435,6 +475,7 @@ static int rx_body_done(struct tessera_client *c)
     return 0;
 }
 
+/* A frame header is in x->h. */
 static int rx_header(struct tessera_client *c)
 {
     struct rx *x = &c->rx;
@@ -481,7 +522,7 @@ body:
     return 0;
 }
 
-/* The fixed head of a READ reply is in. */
+/* The fixed head of a READ reply is in x->rhead. */
 static int rx_read_head(struct tessera_client *c)
 {
     struct rx *x = &c->rx;
@@ -510,12 +551,19 @@ static int rx_read_head(struct tessera_client *c)
         rx_drain(c, payload - x->rhead_len, TS_EPROTO);
         return 0;
     }
+    /* From here the data (at most r->cap bytes, checked above) may land in r->dst. */
     x->have = 0;
     if (x->rd.npieces) {
-        x->table = malloc((size_t)x->rd.npieces * 8);
-        if (!x->table)
-            return TS_ENOMEM;
-        x->state = RX_RTABLE;
+        x->tlen = (size_t)x->rd.npieces * 8;
+        x->thave = 0;
+        if (x->tlen > x->table_cap) {
+            uint8_t *t = realloc(x->table, x->tlen);
+            if (!t)
+                return TS_ENOMEM;
+            x->table = t;
+            x->table_cap = x->tlen;
+        }
+        x->state = RX_RDATA;
         return 0;
     }
     if (x->rd.data_len) {
@@ -527,28 +575,36 @@ static int rx_read_head(struct tessera_client *c)
     return 0;
 }
 
-static int rx_read_table(struct tessera_client *c)
+/* A corrupt READ reply: the request fails with rc, the rest of the frame is skipped. */
+static void rx_read_fail(struct tessera_client *c, int rc)
 {
     struct rx *x = &c->rx;
 
-    if (ts_read_pieces_check(x->table, x->rd.npieces, x->rd.data_len) != 0) {
-        proto_err(c, "READ piece lengths do not add up to the data sent");
-        rx_drain(c, x->rd.data_len, TS_EPROTO);
-        return 0;
-    }
-    x->have = 0;
-    x->state = RX_RDATA;
-    if (x->rd.data_len == 0)
-        rx_complete(c, 0);
-    return 0;
+    rx_drain(c, x->tlen - x->thave + x->rd.data_len - x->have, rc);
 }
 
-static int rx_read_data(struct tessera_client *c)
+/* n more bytes of a READ reply's piece table and data arrived (table first). */
+static int rx_read_data(struct tessera_client *c, size_t n)
 {
     struct rx *x = &c->rx;
     struct ts_req *r = x->req;
+    size_t k = TS_MIN(n, x->tlen - x->thave);
     int rc;
 
+    if (k) {
+        x->thave += k;
+        n -= k;
+        x->have += n; /* data that came with the end of the table */
+        if (x->thave < x->tlen)
+            return 0;
+        if (ts_read_pieces_check(x->table, x->rd.npieces, x->rd.data_len) != 0) {
+            proto_err(c, "READ piece lengths do not add up to the data sent");
+            rx_read_fail(c, TS_EPROTO);
+            return 0;
+        }
+    } else {
+        x->have += n;
+    }
     rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
     if (rc) {
         set_err(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
@@ -556,7 +612,7 @@ static int rx_read_data(struct tessera_client *c)
         r->msg = strdup(c->err); /* for tessera_wait*, which report the read's own message */
         TS_ERROR(FAC, rc, "shard data corrupt in transit: piece %u of request %llu", x->pdone,
                  (unsigned long long)r->id);
-        rx_drain(c, x->rd.data_len - x->have, rc);
+        rx_read_fail(c, rc);
         return 0;
     }
     if (x->have == x->rd.data_len)
@@ -564,17 +620,82 @@ static int rx_read_data(struct tessera_client *c)
     return 0;
 }
 
+/* n more bytes of the current target (not stage) are in place. */
+static int rx_arrived(struct tessera_client *c, size_t n)
+{
+    struct rx *x = &c->rx;
+
+    switch (x->state) {
+    case RX_BODY:
+        x->have += n;
+        return x->have < x->body_len ? 0 : rx_body_done(c);
+    case RX_RDATA:
+        return rx_read_data(c, n);
+    default:
+        x->drain_left -= n;
+        if (x->drain_left == 0)
+            rx_complete(c, x->drain_rc);
+        return 0;
+    }
+}
+
 /*
- * One receive into the current target. 1 when bytes arrived, 0 when nothing is there,
- * TS_E* when the connection is unusable.
+ * Takes what stage holds for the current state: a frame header, a READ head, or bytes of the
+ * current target (copied; they are never READ data). 1 when the state moved on, 0 when stage
+ * holds too little, TS_E* when the connection is unusable.
+ */
+static int rx_staged(struct tessera_client *c, const struct iovec *iov)
+{
+    struct rx *x = &c->rx;
+    size_t avail = x->slen - x->soff, k;
+    int rc;
+
+    switch (x->state) {
+    case RX_HDR:
+        rc = ts_frame_parse(x->stage + x->soff, TS_MIN(avail, (size_t)TS_HDR_LEN), UINT32_MAX,
+                            &x->h);
+        if (rc < 0)
+            return proto_err(c, c->frames ? "bad frame header"
+                                          : "not a tessera frame (is this a tessera server?)");
+        if (rc == 0)
+            return 0;
+        x->soff += TS_HDR_LEN;
+        c->frames++;
+        rc = rx_header(c);
+        break;
+    case RX_RHEAD:
+        if (avail < x->rhead_len)
+            return 0;
+        memcpy(x->rhead, x->stage + x->soff, x->rhead_len);
+        x->soff += x->rhead_len;
+        rc = rx_read_head(c);
+        break;
+    default:
+        if (avail == 0)
+            return 0;
+        k = TS_MIN(avail, iov[0].iov_len);
+        memcpy(iov[0].iov_base, x->stage + x->soff, k);
+        x->soff += k;
+        rc = rx_arrived(c, k);
+        break;
+    }
+    if (x->soff == x->slen)
+        x->soff = x->slen = 0;
+    return rc < 0 ? rc : 1;
+}
+
+/*
+ * One step of receiving: what stage holds, else one receive. 1 when bytes were taken, 0 when
+ * nothing is there (or nothing is expected: c->rx_more is 0), TS_E* when the connection is
+ * unusable.
  */
 static int rx_step(struct tessera_client *c, size_t *bytes)
 {
     struct rx *x = &c->rx;
-    uint8_t *dst;
+    struct iovec iov[2];
     size_t want;
+    int cnt = 1, rc;
     long n;
-    int rc;
 
     if (!c->scratch && x->state == RX_DRAIN) {
         c->scratch = malloc(64u << 10);
@@ -583,64 +704,63 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     }
     switch (x->state) {
     case RX_HDR:
-        dst = x->hdr + x->have;
-        want = TS_HDR_LEN - x->have;
+    case RX_RHEAD:
+        iov[0].iov_len = 0;
         break;
     case RX_BODY:
-        dst = x->body + x->have;
-        want = x->body_len - x->have;
-        break;
-    case RX_RHEAD:
-        dst = x->rhead + x->have;
-        want = x->rhead_len - x->have;
-        break;
-    case RX_RTABLE:
-        dst = x->table + x->have;
-        want = (size_t)x->rd.npieces * 8 - x->have;
+        iov[0].iov_base = x->body + x->have;
+        iov[0].iov_len = x->body_len - x->have;
         break;
     case RX_RDATA:
-        dst = x->req->dst + x->have; /* straight into the caller's buffer */
-        want = x->rd.data_len - x->have;
-        break;
-    default:
-        dst = c->scratch;
-        want = TS_MIN(x->drain_left, (size_t)64u << 10);
-        break;
-    }
-    n = c->t->ops->recv(c->t, dst, want);
-    if (n <= 0)
-        return (int)n;
-    *bytes += (size_t)n;
-    if (x->state == RX_DRAIN) {
-        x->drain_left -= (size_t)n;
-        if (x->drain_left == 0)
-            rx_complete(c, x->drain_rc);
-        return 1;
-    }
-    x->have += (size_t)n;
-    switch (x->state) {
-    case RX_HDR:
-        rc = ts_frame_parse(x->hdr, x->have, UINT32_MAX, &x->h);
-        if (rc < 0)
-            return proto_err(c, c->frames ? "bad frame header"
-                                          : "not a tessera frame (is this a tessera server?)");
-        if (rc > 0) {
-            c->frames++;
-            rc = rx_header(c);
+        /* The rest of the piece table and the data together, the data straight into the
+         * caller's buffer. */
+        if (x->thave < x->tlen) {
+            iov[0].iov_base = x->table + x->thave;
+            iov[0].iov_len = x->tlen - x->thave;
+            iov[cnt].iov_base = x->req->dst + x->have;
+            iov[cnt].iov_len = x->rd.data_len - x->have;
+            cnt += iov[cnt].iov_len > 0;
+        } else {
+            iov[0].iov_base = x->req->dst + x->have;
+            iov[0].iov_len = x->rd.data_len - x->have;
         }
         break;
-    case RX_BODY:
-        rc = x->have < x->body_len ? 0 : rx_body_done(c);
-        break;
-    case RX_RHEAD:
-        rc = x->have < x->rhead_len ? 0 : rx_read_head(c);
-        break;
-    case RX_RTABLE:
-        rc = x->have < (size_t)x->rd.npieces * 8 ? 0 : rx_read_table(c);
-        break;
     default:
-        rc = rx_read_data(c);
+        iov[0].iov_base = c->scratch;
+        iov[0].iov_len = TS_MIN(x->drain_left, (size_t)64u << 10);
         break;
+    }
+    rc = rx_staged(c, iov);
+    if (rc != 0)
+        return rc;
+    if (!c->rx_more)
+        return 0;
+    if (x->state == RX_HDR || x->state == RX_RHEAD) {
+        /* Into stage: a header with the READ head that may follow it, or the rest of a head. */
+        if (x->soff) {
+            memmove(x->stage, x->stage + x->soff, x->slen - x->soff);
+            x->slen -= x->soff;
+            x->soff = 0;
+        }
+        want = x->state == RX_HDR ? RX_STAGE : x->rhead_len;
+        iov[0].iov_base = x->stage + x->slen;
+        iov[0].iov_len = want - x->slen;
+    }
+    want = iov[0].iov_len + (cnt > 1 ? iov[1].iov_len : 0);
+    n = c->t->ops->recv(c->t, iov, cnt);
+    if (n <= 0) {
+        if (n == 0)
+            c->rx_more = 0;
+        return (int)n;
+    }
+    if ((size_t)n < want)
+        c->rx_more = 0; /* the transport has nothing more now: wait before the next receive */
+    *bytes += (size_t)n;
+    if (x->state == RX_HDR || x->state == RX_RHEAD) {
+        x->slen += (size_t)n;
+        rc = rx_staged(c, NULL);
+    } else {
+        rc = rx_arrived(c, (size_t)n);
     }
     return rc < 0 ? rc : 1;
 }
@@ -690,7 +810,9 @@ static void conn_step(struct tessera_client *c, int *progress)
     rc = tx_step(c, progress);
     if (rc < 0) {
         /* The server may have said why before it closed: read that first. */
-        int rrc = rx_some(c, progress);
+        int rrc;
+        c->rx_more = 1;
+        rrc = rx_some(c, progress);
         fail_conn(c, rrc < 0 && rrc != TS_ECONNRESET ? rrc : rc);
         return;
     }
@@ -736,6 +858,8 @@ static int pump(struct tessera_client *c, pump_cond cond, const void *arg)
         rc = c->t->ops->wait(c->t, events, left);
         if (rc < 0)
             fail_conn(c, rc);
+        else if (rc & TS_IO_READ)
+            c->rx_more = 1;
     }
 }
 
@@ -811,8 +935,10 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
                 fail_conn(c, rc);
                 break;
             }
-            if (rc > 0)
+            if (rc > 0) {
+                c->rx_more = 1;
                 break; /* bytes are waiting inside the transport: step again */
+            }
             on[k++] = c;
         }
         if (k == 0 || rc != 0)
@@ -825,6 +951,9 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
             for (size_t i = 0; i < k; i++)
                 fail_conn(on[i], rc);
         }
+        for (size_t i = 0; i < k; i++)
+            if (pfd[i].revents)
+                on[i]->rx_more = 1;
         rc = 0;
     }
 }
@@ -868,6 +997,7 @@ static int req_send(struct tessera_client *c, struct ts_req *r, const void *data
     r->queued = 1;
     c->live[c->nlive++] = r;
     c->inflight++;
+    c->awaiting++;
     if (c->tx_tail)
         c->tx_tail->next_tx = r;
     else

@@ -42,8 +42,10 @@ struct ts_transport {
  * converted from the dependency's convention inside the transport's own file.
  *   connect: a connected, handshaken transport in *out.
  *   send:    writes from iov without blocking; bytes written (0: would block) or TS_E*.
- *   recv:    reads up to len bytes into buf without blocking; bytes read (0: would block) or
- *            TS_E* (the peer closing is TS_ECONNRESET).
+ *   recv:    reads into the iovcnt buffers of iov, in order, without blocking; bytes read (0:
+ *            would block) or TS_E* (the peer closing is TS_ECONNRESET). Fewer bytes than the
+ *            buffers hold means the transport had no more at that moment: the caller waits
+ *            before it receives again.
  *   wait:    blocks until the transport can make progress on events (TS_IO_*) or timeout_ms
  *            passes (< 0: forever); the events that are ready, 0 on timeout, or TS_E*.
  *   error:   why the last send or recv failed, in words; NULL when there is nothing to add
@@ -57,7 +59,7 @@ struct ts_transport_ops {
     const char *name;
     int (*connect)(struct ts_transport **out, const struct ts_conn_params *p);
     long (*send)(struct ts_transport *t, const struct iovec *iov, int iovcnt);
-    long (*recv)(struct ts_transport *t, void *buf, size_t len);
+    long (*recv)(struct ts_transport *t, const struct iovec *iov, int iovcnt);
     int (*wait)(struct ts_transport *t, int events, int timeout_ms);
     const char *(*error)(struct ts_transport *t);
     int (*pollfd)(struct ts_transport *t, int events, int *fd, short *pevents);

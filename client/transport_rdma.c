@@ -16,7 +16,7 @@ static long rdma_send(struct ts_transport *t, const struct iovec *iov, int iovcn
     return TS_ENOTSUP;
 }
 
-static long rdma_recv(struct ts_transport *t, void *buf, size_t len)
+static long rdma_recv(struct ts_transport *t, const struct iovec *iov, int iovcnt)
 {
     return TS_ENOTSUP;
 }

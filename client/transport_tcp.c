@@ -219,13 +219,17 @@ static long tcp_send(struct ts_transport *tt, const struct iovec *iov, int iovcn
     return ts_from_errno(errno);
 }
 
-static long tcp_recv(struct ts_transport *tt, void *buf, size_t len)
+static long tcp_recv(struct ts_transport *tt, const struct iovec *iov, int iovcnt)
 {
     struct tcp_transport *t = (struct tcp_transport *)tt;
+    struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)iovcnt};
+    size_t len = 0;
     ssize_t n;
 
+    for (int i = 0; i < iovcnt; i++)
+        len += iov[i].iov_len;
     do {
-        n = recv(t->fd, buf, len, 0);
+        n = recvmsg(t->fd, &msg, 0);
     } while (n < 0 && errno == EINTR);
     if (n > 0)
         return (long)n;

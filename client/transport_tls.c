@@ -26,6 +26,7 @@ struct tls_transport {
     int rd_want;    /* what SSL_read needs to go on (TS_IO_*) when it would block */
     int wr_want;    /* what SSL_write needs */
     int last_errno; /* of the socket call that failed under OpenSSL */
+    int rd_err;     /* a read failure after bytes were returned: the next recv reports it */
     SSL_CTX *ctx;
     SSL *ssl;
     BIO_METHOD *meth;
@@ -344,22 +345,39 @@ static long tls_send(struct ts_transport *tt, const struct iovec *iov, int iovcn
     return total;
 }
 
-static long tls_recv(struct ts_transport *tt, void *buf, size_t len)
+static long tls_recv(struct ts_transport *tt, const struct iovec *iov, int iovcnt)
 {
     struct tls_transport *t = (struct tls_transport *)tt;
+    long total = 0;
     size_t n;
-    int ret;
+    int ret, rc;
 
-    if (len == 0)
-        return 0;
-    ERR_clear_error();
-    t->last_errno = 0;
-    ret = SSL_read_ex(t->ssl, buf, len, &n);
-    if (ret > 0) {
-        t->rd_want = TS_IO_READ;
-        return (long)n;
+    if (t->rd_err)
+        return t->rd_err;
+    /*
+     * TLS has no readv, and SSL_read returns one record at most: read until the buffers are
+     * full or OpenSSL would block, so that a short count means there is nothing more now.
+     */
+    for (int i = 0; i < iovcnt; i++) {
+        uint8_t *p = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        while (left) {
+            ERR_clear_error();
+            t->last_errno = 0;
+            ret = SSL_read_ex(t->ssl, p, left, &n);
+            if (ret <= 0) {
+                rc = ssl_fail(t, ret, &t->rd_want);
+                if (rc && total)
+                    t->rd_err = rc; /* the bytes first; tls_wait reports readiness for it */
+                return total ? total : rc;
+            }
+            t->rd_want = TS_IO_READ;
+            total += (long)n;
+            p += n;
+            left -= n;
+        }
     }
-    return ssl_fail(t, ret, &t->rd_want);
+    return total;
 }
 
 static int tls_wait(struct ts_transport *tt, int events, int timeout_ms)
@@ -367,8 +385,9 @@ static int tls_wait(struct ts_transport *tt, int events, int timeout_ms)
     struct tls_transport *t = (struct tls_transport *)tt;
     int ev = 0, rc;
 
-    /* Bytes already decrypted inside OpenSSL do not show up on the socket. */
-    if ((events & TS_IO_READ) && SSL_pending(t->ssl) > 0)
+    /* Bytes already decrypted inside OpenSSL (or a failure to report) do not show up on the
+     * socket. */
+    if ((events & TS_IO_READ) && (SSL_pending(t->ssl) > 0 || t->rd_err))
         return TS_IO_READ;
     if (events & TS_IO_READ)
         ev |= t->rd_want;
@@ -383,7 +402,7 @@ static int tls_pollfd(struct ts_transport *tt, int events, int *fd, short *peven
     struct tls_transport *t = (struct tls_transport *)tt;
     int ev = 0;
 
-    if ((events & TS_IO_READ) && SSL_pending(t->ssl) > 0)
+    if ((events & TS_IO_READ) && (SSL_pending(t->ssl) > 0 || t->rd_err))
         return 1;
     if (events & TS_IO_READ)
         ev |= t->rd_want;

@@ -597,9 +597,10 @@ static void *fake_handshake(void *arg)
 
 /*
  * A client over one end of a socketpair; the other end is *peer. HELLO and MAP_GET (no map:
- * a single node) are answered first.
+ * a single node) are answered first. ops, when not NULL, replaces the TCP transport's table
+ * (a wrapper around it).
  */
-static tessera_client *open_pair(int *peer, int timeout_ms)
+static tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops)
 {
     struct ts_transport *t;
     struct tessera_opts o;
@@ -612,6 +613,8 @@ static tessera_client *open_pair(int *peer, int timeout_ms)
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     assert_int_equal(pthread_create(&th, NULL, fake_handshake, &sv[1]), 0);
     assert_int_equal(ts_tcp_from_fd(&t, sv[0]), 0);
+    if (ops)
+        t->ops = ops;
     tessera_opts_init(&o);
     o.timeout_ms = timeout_ms;
     o.max_inflight = 8;
@@ -623,6 +626,11 @@ static tessera_client *open_pair(int *peer, int timeout_ms)
     assert_int_equal(tessera_client_role(c), TS_ROLE_ADMIN);
     *peer = sv[1];
     return c;
+}
+
+static tessera_client *open_pair(int *peer, int timeout_ms)
+{
+    return open_pair_ops(peer, timeout_ms, NULL);
 }
 
 /* What a TLS port does with a plain HELLO. */
@@ -825,6 +833,144 @@ static void test_submit_out_of_order(void **state)
     assert_int_equal(tessera_wait_any(c, &op, &n), TS_ENOENT);
     tessera_client_close(c);
     close(fd);
+}
+
+/* The TCP transport, counting receives and those that found nothing. */
+static unsigned counted_recvs, counted_empty;
+
+static long counting_recv(struct ts_transport *t, const struct iovec *iov, int iovcnt)
+{
+    long n = ts_transport_tcp.recv(t, iov, iovcnt);
+
+    counted_recvs++;
+    counted_empty += n == 0;
+    return n;
+}
+
+static struct ts_transport_ops counting_ops;
+
+/*
+ * A READ reply that is all there takes two receives: the header with the READ head, then the
+ * piece table with the data (straight into the caller's buffer); none that finds nothing,
+ * as the reply was the only one expected.
+ */
+static void test_read_two_receives(void **state)
+{
+    static uint8_t shard[3u << 20], buf[(1u << 20) + 8];
+    size_t n = 0;
+    int fd;
+    tessera_client *c;
+
+    counting_ops = ts_transport_tcp;
+    counting_ops.recv = counting_recv;
+    c = open_pair_ops(&fd, 5000, &counting_ops);
+    ts_test_fill(shard, sizeof(shard), 4, 0);
+    counted_recvs = counted_empty = 0;
+    fake_read_reply(fd, ID0, shard, sizeof(shard), 1u << 20, 4096, 16384, HONEST);
+    assert_int_equal(tessera_read(c, "ds", 0, 4096, 16384, buf, &n), 0);
+    assert_int_equal(n, 16384);
+    assert_memory_equal(buf, shard + 4096, 16384);
+    assert_int_equal(counted_recvs, 2);
+    assert_int_equal(counted_empty, 0);
+    /* Two pieces (across a chunk boundary). */
+    counted_recvs = counted_empty = 0;
+    fake_read_reply(fd, ID0 + 1, shard, sizeof(shard), 1u << 20, (1u << 20) - 100, 1000, HONEST);
+    assert_int_equal(tessera_read(c, "ds", 0, (1u << 20) - 100, 1000, buf, &n), 0);
+    assert_int_equal(n, 1000);
+    assert_memory_equal(buf, shard + (1u << 20) - 100, 1000);
+    assert_int_equal(counted_recvs, 2);
+    assert_int_equal(counted_empty, 0);
+    tessera_client_close(c);
+    close(fd);
+}
+
+/* Writes buf to fd a byte at a time, pausing between them: every partial state is seen. */
+struct dribble {
+    int fd;
+    const uint8_t *buf;
+    size_t len;
+};
+
+static void *dribble_main(void *arg)
+{
+    struct dribble *d = arg;
+
+    for (size_t i = 0; i < d->len; i++) {
+        if (write_exact(d->fd, d->buf + i, 1) != 0)
+            return (void *)1;
+        usleep(20);
+    }
+    return NULL;
+}
+
+/*
+ * Frames shorter than a header with a READ head leave the start of the next frame in the
+ * client's stage: replies of every shape, back to back, out of order, whole or a byte at a
+ * time, are matched and checked correctly.
+ */
+static void test_read_mixed_frames(void **state)
+{
+    uint8_t shard[8192], b[4][600];
+    struct ts_wr w;
+    uint64_t ops[4];
+    size_t n;
+    int sv[2];
+
+    ts_test_fill(shard, sizeof(shard), 5, 0);
+    for (int dribble = 0; dribble < 2; dribble++) {
+        struct dribble d;
+        uint8_t *all;
+        pthread_t th;
+        void *bad;
+        int fd;
+        tessera_client *c = open_pair(&fd, 5000);
+
+        memset(b, 0x33, sizeof(b));
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(
+                tessera_read_submit(c, "ds", 0, (uint64_t)i * 1000, 500, b[i], &ops[i]), 0);
+        for (int i = 0; i < 4; i++)
+            expect_req(fd, TS_OP_READ);
+        /* The replies go through a socketpair first, to be sent whole or dribbled. */
+        assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        fake_error(sv[0], TS_OP_READ, ID0 + 2, TS_ENOENT, ""); /* shorter than a READ head */
+        ts_wr_init(&w);
+        ts_wr_u32(&w, 0); /* status 0 with no head: malformed */
+        fake_send(sv[0], TS_OP_READ, ID0 + 3, &w, NULL, 0);
+        ts_wr_fini(&w);
+        fake_read_reply(sv[0], ID0 + 1, shard, sizeof(shard), 256, 1000, 500, HONEST);
+        fake_read_reply(sv[0], ID0, shard, sizeof(shard), 4096, 0, 500, LIE_CRC);
+        close(sv[0]);
+        all = malloc(1 << 16);
+        d.len = 0;
+        for (ssize_t k; (k = read(sv[1], all + d.len, (1 << 16) - d.len)) > 0;)
+            d.len += (size_t)k;
+        close(sv[1]);
+        d.fd = fd;
+        d.buf = all;
+        if (dribble) {
+            assert_int_equal(pthread_create(&th, NULL, dribble_main, &d), 0);
+        } else {
+            assert_int_equal(write_exact(fd, all, d.len), 0);
+        }
+        assert_int_equal(tessera_wait(c, ops[2], &n), TS_ENOENT);
+        assert_int_equal(tessera_wait(c, ops[3], &n), TS_EPROTO);
+        assert_int_equal(tessera_wait(c, ops[1], &n), 0);
+        assert_int_equal(n, 500);
+        assert_memory_equal(b[1], shard + 1000, 500);
+        assert_int_equal(b[1][500], 0x33);
+        assert_int_equal(tessera_wait(c, ops[0], &n), TS_ECORRUPT);
+        if (dribble) {
+            pthread_join(th, &bad);
+            assert_null(bad);
+        }
+        free(all);
+        /* Still in step. */
+        fake_dataset_info(fd, ID0 + 4, "ds", 1024);
+        assert_int_equal(tessera_dataset_stat(c, "ds", &(struct ts_dataset_info){0}), 0);
+        tessera_client_close(c);
+        close(fd);
+    }
 }
 
 static void test_timeout_breaks_connection(void **state)
@@ -1440,6 +1586,8 @@ int main(void)
         cmocka_unit_test(test_read_verified),
         cmocka_unit_test(test_read_lying_server),
         cmocka_unit_test(test_submit_out_of_order),
+        cmocka_unit_test(test_read_two_receives),
+        cmocka_unit_test(test_read_mixed_frames),
         cmocka_unit_test(test_timeout_breaks_connection),
         cmocka_unit_test(test_server_closes),
         cmocka_unit_test(test_connection_error_reply),
