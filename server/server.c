@@ -432,7 +432,7 @@ static int raw_progress(struct tsd_conn *c)
         if (evbuffer_get_length(c->out) > low)
             return 1; /* the socket is full: EV_WRITE brings us back */
         before = evbuffer_get_length(c->out);
-        if (!c->rs && !c->closing && c->reading)
+        if (!c->rs && !c->closing && c->reading && evbuffer_get_length(c->in) == 0)
             return 1; /* nothing waits on the output draining */
         if (!conn_drained(c))
             return 0;
