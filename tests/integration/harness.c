@@ -441,3 +441,12 @@ void tsd_cluster_dump_logs(const struct tsd_cluster *cl)
     for (int i = 0; i < cl->n; i++)
         tsd_dump_log(&cl->node[i]);
 }
+
+const char *test_cert(const char *name, const char *ext)
+{
+    static char buf[8][600];
+    static int i;
+    char *b = buf[i++ % 8];
+    snprintf(b, 600, "%s/%s.%s", test_certs(), name, ext);
+    return b;
+}

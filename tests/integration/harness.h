@@ -74,6 +74,9 @@ int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
 int tsd_cluster_stop(struct tsd_cluster *cl);
 void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
+/* Path of certificate file NAME.EXT in test_certs() (a small ring of static buffers). */
+const char *test_cert(const char *name, const char *ext);
+
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);
 

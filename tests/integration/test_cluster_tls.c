@@ -26,15 +26,6 @@ static struct tsd_proc node[N];
 static char map_path[600], certs[512];
 static char ca[600], ncert[600], nkey[600], plain[N][64], tlsa[N][64], ids[N][8];
 
-static const char *cert(const char *name, const char *ext)
-{
-    static char buf[8][600];
-    static int i;
-    char *b = buf[i++ % 8];
-    snprintf(b, 600, "%s/%s.%s", certs, name, ext);
-    return b;
-}
-
 static int open_as(int i, const char *role, tessera_client **c)
 {
     struct tessera_opts o;
@@ -44,8 +35,8 @@ static int open_as(int i, const char *role, tessera_client **c)
     o.tls_ca = ca;
     o.timeout_ms = 10000;
     if (role) {
-        o.tls_cert = cert(role, "pem");
-        o.tls_key = cert(role, "key");
+        o.tls_cert = test_cert(role, "pem");
+        o.tls_key = test_cert(role, "key");
     }
     *c = NULL;
     return tessera_client_open(c, &o);
@@ -130,8 +121,8 @@ static long local_shards(int i, const char *ds)
     tessera_opts_init(&o);
     o.address = node[i].tls_addr;
     o.tls_ca = ca;
-    o.tls_cert = cert("admin", "pem");
-    o.tls_key = cert("admin", "key");
+    o.tls_cert = test_cert("admin", "pem");
+    o.tls_key = test_cert("admin", "key");
     if (tessera_client_open(&c, &o) != 0)
         return -1;
     if (tessera_status(c, &json) == 0) {

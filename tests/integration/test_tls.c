@@ -25,15 +25,6 @@ static struct tsd_proc O; /* TLS with optional client certs; anonymous = reader 
 static char certs[512];
 static char p_ca[600], p_srv[600], p_srvkey[600];
 
-static const char *cert(const char *name, const char *ext)
-{
-    static char buf[8][600];
-    static int i;
-    char *b = buf[i++ % 8];
-    snprintf(b, 600, "%s/%s.%s", certs, name, ext);
-    return b;
-}
-
 /* role: "admin", "writer", "reader", "rogue" or NULL for no client certificate. */
 static int open_as(struct tsd_proc *d, const char *role, const char *ca, tessera_client **c)
 {
@@ -45,8 +36,8 @@ static int open_as(struct tsd_proc *d, const char *role, const char *ca, tessera
     o.tls_server_name = "localhost";
     o.timeout_ms = 10000;
     if (role) {
-        o.tls_cert = cert(role, "pem");
-        o.tls_key = cert(role, "key");
+        o.tls_cert = test_cert(role, "pem");
+        o.tls_key = test_cert(role, "key");
     }
     *c = NULL;
     return tessera_client_open(c, &o);
