@@ -1600,6 +1600,19 @@ out_free:
     return rc;
 }
 
+/* The start of a list call (the caller has emptied *out): a usable handle, outputs given. */
+static int list_begin(tessera_client *c, int have_out, size_t *n)
+{
+    int rc;
+
+    if (n)
+        *n = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    return have_out && n ? 0 : TS_EINVAL;
+}
+
 int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
 {
     void *v;
@@ -1607,13 +1620,10 @@ int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t
 
     if (out)
         *out = NULL;
-    if (n)
-        *n = 0;
-    rc = enter(c);
+    rc = list_begin(c, out != NULL, n);
+
     if (rc)
         return rc;
-    if (!out || !n)
-        return TS_EINVAL;
     if (c->cl)
         return ts_cl_dataset_list(c, c->cl, out, n);
     rc = list_call(c, &dataset_list, NULL, &v, n);
@@ -1732,13 +1742,10 @@ int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info
 
     if (out)
         *out = NULL;
-    if (n)
-        *n = 0;
-    rc = enter(c);
+    rc = list_begin(c, out != NULL, n);
+
     if (rc)
         return rc;
-    if (!out || !n)
-        return TS_EINVAL;
     if (c->cl)
         return name_check(c, name) ? TS_ENAME : ts_cl_shard_list(c, c->cl, name, out, n);
     rc = list_call(c, &shard_list, name, &v, n);

@@ -2,6 +2,7 @@
 
 #include "ts_common.h"
 #include "ts_proto.h"
+#include "tessera/tessera.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -449,4 +450,24 @@ const char *test_cert(const char *name, const char *ext)
     char *b = buf[i++ % 8];
     snprintf(b, 600, "%s/%s.%s", test_certs(), name, ext);
     return b;
+}
+
+int test_tls_open(struct tessera_client **c, const char *addr, const char *role, const char *ca,
+                  const char *server_name)
+{
+    struct tessera_opts o;
+    char dflt[600];
+
+    snprintf(dflt, sizeof(dflt), "%s/ca.pem", test_certs());
+    tessera_opts_init(&o);
+    o.address = addr;
+    o.tls_ca = ca ? ca : dflt;
+    o.tls_server_name = server_name;
+    o.timeout_ms = 10000;
+    if (role) {
+        o.tls_cert = test_cert(role, "pem");
+        o.tls_key = test_cert(role, "key");
+    }
+    *c = NULL;
+    return tessera_client_open(c, &o);
 }

@@ -77,6 +77,12 @@ void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 /* Path of certificate file NAME.EXT in test_certs() (a small ring of static buffers). */
 const char *test_cert(const char *name, const char *ext);
 
+/* Opens a libtessera handle on TLS address addr, verifying against ca (NULL: the test CA)
+ * and server_name (NULL: the host), presenting role's certificate (NULL: none). */
+struct tessera_client;
+int test_tls_open(struct tessera_client **c, const char *addr, const char *role, const char *ca,
+                  const char *server_name);
+
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);
 

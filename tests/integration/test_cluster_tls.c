@@ -28,18 +28,7 @@ static char ca[600], ncert[600], nkey[600], plain[N][64], tlsa[N][64], ids[N][8]
 
 static int open_as(int i, const char *role, tessera_client **c)
 {
-    struct tessera_opts o;
-
-    tessera_opts_init(&o);
-    o.address = node[i].tls_addr;
-    o.tls_ca = ca;
-    o.timeout_ms = 10000;
-    if (role) {
-        o.tls_cert = test_cert(role, "pem");
-        o.tls_key = test_cert(role, "key");
-    }
-    *c = NULL;
-    return tessera_client_open(c, &o);
+    return test_tls_open(c, node[i].tls_addr, role, NULL, NULL);
 }
 
 static int group_setup(void **state)
@@ -115,15 +104,9 @@ static long local_shards(int i, const char *ds)
     tessera_client *c;
     char *json = NULL;
     long n = -1;
-    struct tessera_opts o;
 
     /* A handle whose seed is node i answers STATUS from node i. */
-    tessera_opts_init(&o);
-    o.address = node[i].tls_addr;
-    o.tls_ca = ca;
-    o.tls_cert = test_cert("admin", "pem");
-    o.tls_key = test_cert("admin", "key");
-    if (tessera_client_open(&c, &o) != 0)
+    if (open_as(i, "admin", &c) != 0)
         return -1;
     if (tessera_status(c, &json) == 0) {
         json_object *j = json_tokener_parse(json), *arr, *name;

@@ -28,19 +28,7 @@ static char p_ca[600], p_srv[600], p_srvkey[600];
 /* role: "admin", "writer", "reader", "rogue" or NULL for no client certificate. */
 static int open_as(struct tsd_proc *d, const char *role, const char *ca, tessera_client **c)
 {
-    struct tessera_opts o;
-
-    tessera_opts_init(&o);
-    o.address = d->tls_addr;
-    o.tls_ca = ca ? ca : p_ca;
-    o.tls_server_name = "localhost";
-    o.timeout_ms = 10000;
-    if (role) {
-        o.tls_cert = test_cert(role, "pem");
-        o.tls_key = test_cert(role, "key");
-    }
-    *c = NULL;
-    return tessera_client_open(c, &o);
+    return test_tls_open(c, d->tls_addr, role, ca, "localhost");
 }
 
 static int group_setup(void **state)
