@@ -1500,7 +1500,6 @@ const char *tessera_client_node(const tessera_client *c)
 int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
 {
     static const struct ts_dataset_policy def = {1, 0, 1, 0};
-    struct ts_req *r;
     int rc;
 
     rc = enter_name(c, name);
@@ -1510,13 +1509,22 @@ int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_
         p = &def;
     if (c->cl)
         return ts_cl_dataset_create(c, c->cl, name, p);
-    r = req_name(c, TS_OP_DATASET_CREATE, name);
+    return ts_client_dataset_create_inc(c, name, p, 0);
+}
+
+int ts_client_dataset_create_inc(tessera_client *c, const char *name,
+                                 const struct ts_dataset_policy *p, uint64_t incarnation)
+{
+    struct ts_req *r = req_name(c, TS_OP_DATASET_CREATE, name);
+
     if (!r)
         return TS_ENOMEM;
     ts_wr_u8(&r->w, p->core);
     ts_wr_u8(&r->w, p->fringe);
     ts_wr_u8(&r->w, p->min_core);
     ts_wr_u32(&r->w, p->chunk_size);
+    if (incarnation)
+        ts_wr_u64(&r->w, incarnation);
     return call_status(c, r);
 }
 

@@ -281,4 +281,9 @@ int ts_read_pieces_verify(const uint8_t *table, uint32_t n, const uint8_t *data,
 #define TS_DATASET_INFO_MIN 42
 #define TS_SHARD_INFO_LEN 37
 
+/* DATASET_CREATE on this handle's node with the incarnation every node of a cluster records
+ * for this creation (0: the node picks one; single node). */
+int ts_client_dataset_create_inc(tessera_client *c, const char *name,
+                                 const struct ts_dataset_policy *p, uint64_t incarnation);
+
 #endif

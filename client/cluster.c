@@ -27,6 +27,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ts_map.h"
@@ -928,6 +929,7 @@ int ts_cl_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32
 {
     off_t start = fd >= 0 ? lseek(fd, 0, SEEK_CUR) : 0;
     int order[1], rc, adopted, unreachable, refreshed = 0, stale = 0;
+    uint64_t busy_ns = 0;
     char msg[512];
     tessera_client *sub;
     uint32_t pg;
@@ -964,6 +966,15 @@ int ts_cl_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32
         if (rc == TS_ESTALE && adopted && ++stale < MAX_TRIES) {
             TS_INFO(FAC, "write of %s/%u: retrying under map epoch %llu", name, shard,
                     (unsigned long long)cl->epoch);
+        } else if (rc == TS_EBUSY && busy_ns < (uint64_t)cl->timeout_ms * 1000000u) {
+            /* The primary is peering (catching up before it takes writes): wait and retry. */
+            struct timespec ts = {0, 100 * 1000000};
+            if (busy_ns == 0)
+                TS_INFO(FAC, "write of %s/%u: %s; retrying", name, shard, msg);
+            nanosleep(&ts, NULL);
+            busy_ns += 100ull * 1000000;
+            if (busy_ns % (1000ull * 1000000) == 0)
+                cl_refresh(cl, NO_PEER); /* a newer map may name another primary */
         } else if (unreachable && !refreshed) {
             refreshed = 1;
             TS_WARN(FAC, rc,
@@ -1007,6 +1018,8 @@ static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_da
 {
     char ignored[WHY_LEN] = "";
     size_t ok = 0, nsame = 0;
+    /* One incarnation for every node: a deleted and re-created name is told apart by it. */
+    uint64_t inc = ts_now_wall_ns();
     struct fan f;
     int rc;
 
@@ -1021,7 +1034,7 @@ static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_da
         rc = peer_conn(cl, p, f.states[i] != TS_NODE_UP, &sub);
         if (!rc)
             rc = peer_done(cl, p, sub,
-                           pol ? tessera_dataset_create(sub, name, pol)
+                           pol ? ts_client_dataset_create_inc(sub, name, pol, inc)
                                : tessera_dataset_delete(sub, name),
                            msg, sizeof(msg));
         else

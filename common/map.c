@@ -653,17 +653,22 @@ out_free_map:
 
 /* ---- placement ---------------------------------------------------------------------------- */
 
-uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard)
+uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count)
 {
     uint8_t b[4];
     uint32_t h;
 
-    if (!m || !m->pg_count || !dataset)
+    if (!pg_count || !dataset)
         return 0;
     ts_put_be32(b, shard);
     h = ts_crc32c(0, dataset, strlen(dataset));
     h = ts_crc32c(h, b, 4);
-    return h % m->pg_count;
+    return h % pg_count;
+}
+
+uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard)
+{
+    return m ? ts_pg_of(dataset, shard, m->pg_count) : 0;
 }
 
 /* The SplitMix64 finalizer: a bijection with full avalanche. Note mix64(0) == 0. */

@@ -88,8 +88,11 @@ void ts_map_free(struct ts_map *m); /* NULL ok */
 /* Index of the node with this id, or -1. */
 int ts_map_find(const struct ts_map *m, const char *id);
 
-/* The PG of a shard: CRC32C(dataset || be32 shard) % pg_count (the same as storage's
- * ts_shard_pg(); this mapping must never change). 0 when pg_count is 0. */
+/* The PG of a shard: CRC32C(dataset || be32 shard) % pg_count. The one definition of the
+ * mapping (storage, servers and clients all use it); it must never change. 0 when pg_count
+ * is 0. */
+uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count);
+/* ts_pg_of() with the map's PG count (0 for a NULL map). */
 uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard);
 
 /*

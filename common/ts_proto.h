@@ -33,7 +33,10 @@ enum ts_repl_kind {
     TS_REPL_SEAL = 1,        /* seal the shard uploaded on this connection; log it as seq */
     TS_REPL_NOOP = 2,        /* log seq with nothing to apply */
     TS_REPL_BACKFILL = 3,    /* seal without a log record (backfill of a trimmed log) */
-    TS_REPL_SET_APPLIED = 4, /* backfill done: the PG is applied up to seq */
+    TS_REPL_SET_APPLIED = 4, /* backfill done: the PG's head is (epoch, seq) */
+    TS_REPL_TRUNCATE = 5,    /* roll the PG's log back to entry seq (of epoch): peering */
+    TS_REPL_DELETE = 6,      /* log entry seq: dataset incarnation inc was deleted */
+    TS_REPL_CLEAN = 7,       /* the replica holds the primary's log up to seq: it may serve */
 };
 
 /* DATASET_SEAL flags (optional trailing u8). */
@@ -72,7 +75,10 @@ int ts_role_parse(const char *name); /* TS_EINVAL if unknown */
     X(MAP_PUSH, 15, "map-push", TS_ROLE_ADMIN, 1u << 20)                                           \
     X(REPL_WRITE, 16, "repl-write", TS_ROLE_ADMIN, TS_MAX_CHUNK + 4096)                            \
     X(REPL_SEAL, 17, "repl-seal", TS_ROLE_ADMIN, 16u << 20)                                        \
-    X(PG_INFO, 18, "pg-info", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+    X(PG_INFO, 18, "pg-info", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                    \
+    X(PG_QUERY, 19, "pg-query", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                   \
+    X(PG_ACTIVATE, 20, "pg-activate", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                             \
+    X(PG_PULL, 21, "pg-pull", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

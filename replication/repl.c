@@ -9,14 +9,9 @@
  * chunks of an upload reach a replica before its seal, and a PG's log records reach each
  * replica in sequence order (one pusher per (PG, replica), one request at a time).
  */
-#include "ts_repl.h"
-
-#include "ts_common.h"
-#include "ts_proto.h"
+#include "repl_internal.h"
 
 #include <errno.h>
-#include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
 #include <netdb.h>
 #include <openssl/err.h>
@@ -26,104 +21,8 @@
 #include <string.h>
 #include <sys/socket.h>
 
-#define FAC "repl"
 #define TICK_MS 100
-#define RETRY_NS (500ull * 1000000)
-#define STREAM_WINDOW 4
 #define LAG_SCAN_MAX 10000
-
-struct peer;
-typedef void (*pend_cb)(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body);
-
-struct pend {
-    uint64_t id;
-    pend_cb cb;
-    void *ctx;
-    struct pend *next;
-};
-
-struct peer {
-    ts_repl *r;
-    char id[64], addr[128];
-    int use_tls;
-    struct bufferevent *bev;
-    int connected;
-    uint64_t next_id;
-    struct pend *pend;
-    unsigned npend;
-    uint64_t last_progress_ns;
-    uint64_t down_until_ns;
-    int down; /* under r->lock */
-    struct peer *next;
-};
-
-struct push {
-    uint32_t pg;
-    char node[64];
-    int known;
-    uint64_t applied;
-    int busy;
-    uint64_t retry_at;
-    /* streaming one shard's chunks before its seal */
-    ts_read_ctx *rctx;
-    uint32_t next_chunk, inflight;
-    int stream_failed;
-    struct ts_log_rec rec; /* what is being pushed */
-    int kind;              /* TS_REPL_SEAL or TS_REPL_BACKFILL */
-    /* backfill: the PG's shards, then SET_APPLIED */
-    int backfill;
-    struct ts_log_rec *items;
-    size_t nitems, at;
-    uint64_t bf_target;
-    struct push *next;
-};
-
-struct waiter {
-    uint32_t pg;
-    uint64_t seq;
-    struct ts_repl_targets to;
-    struct event_base *base;
-    ts_repl_done done;
-    void *arg;
-    uint64_t deadline;
-    struct waiter *next;
-};
-
-struct fwd {
-    struct ts_repl_chunk *c;
-    unsigned outstanding, acked;
-    int rc;
-    char msg[256];
-    int refs; /* this struct + data references queued in evbuffers */
-    struct event_base *base;
-    ts_repl_done done;
-    void *arg;
-};
-
-struct repair {
-    char dataset[TS_NAME_MAX + 1];
-    uint32_t shard, idx, pg;
-    int next_rank; /* which replica to ask next */
-};
-
-struct ts_repl {
-    struct ts_repl_opts o;
-    char node_id[64];
-    pthread_t thread;
-    struct event_base *base;
-    struct event *tick;
-    struct ts_map *map;
-    int self;
-    struct peer *peers;
-    struct push *pushes;
-    struct waiter *waiters;
-    pthread_mutex_t lock; /* peers' down flags and the lag snapshot */
-    struct ts_repl_lag *lag;
-    size_t nlag;
-    unsigned primary_pgs;
-    uint64_t repairs, backfills;
-    uint64_t last_lag_ns, last_trim_ns;
-};
 
 /* ---- completions on the caller's loop -------------------------------------------------- */
 
@@ -161,7 +60,7 @@ static void complete(struct event_base *base, ts_repl_done done, void *arg, int 
 
 /* ---- map helpers ------------------------------------------------------------------------ */
 
-static int node_rank(ts_repl *r, uint32_t pg, const char *id)
+int repl_node_rank(ts_repl *r, uint32_t pg, const char *id)
 {
     int order[TS_REPL_MAX_REPLICAS];
     size_t n;
@@ -178,8 +77,7 @@ static int node_rank(ts_repl *r, uint32_t pg, const char *id)
 /* ---- peers ------------------------------------------------------------------------------ */
 
 static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why);
-static void push_step(ts_repl *r, struct push *ps);
-static void waiters_check(ts_repl *r);
+static void map_push_to(ts_repl *r, const char *id);
 
 static struct peer *peer_get(ts_repl *r, const char *id)
 {
@@ -257,6 +155,8 @@ static void peer_readcb(struct bufferevent *bev, void *arg)
             return;
         evbuffer_drain(in, TS_HDR_LEN);
         p->last_progress_ns = ts_now_mono_ns();
+        if (h.epoch && r->map && h.epoch < r->map->epoch)
+            map_push_to(r, p->id); /* the peer is behind: give it our map */
         peer_dispatch(r, p, &h, h.length ? evbuffer_pullup(in, h.length) : NULL);
         if (!p->bev)
             return; /* a callback failed the peer; the input went with it */
@@ -314,7 +214,7 @@ static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why)
         free(pe);
         pe = next;
     }
-    waiters_check(r);
+    repl_waiters_check(r);
 }
 
 static int peer_connect(ts_repl *r, struct peer *p)
@@ -373,9 +273,15 @@ static void wr_free_cb(const void *data, size_t len, void *extra)
  * plus an optional data tail by reference (released through tail_cleanup). cb runs with the
  * reply, or with an error status if the peer cannot be reached or fails.
  */
-static void peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, const void *tail,
-                      size_t tail_len, evbuffer_ref_cleanup_cb tail_cleanup, void *tail_arg,
-                      pend_cb cb, void *ctx)
+static void hello_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    if (status && p && p->bev)
+        TS_WARN(FAC, status, "peer %s refused our hello", p->id);
+}
+
+void repl_peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, const void *tail,
+                    size_t tail_len, evbuffer_ref_cleanup_cb tail_cleanup, void *tail_arg,
+                    pend_cb cb, void *ctx, uint64_t epoch)
 {
     struct peer *p = peer_get(r, id);
     struct pend *pe;
@@ -392,12 +298,24 @@ static void peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, c
     if (!p->bev) {
         /* Always try: a writer is waiting on this. Background retries are paced by the
          * pushers themselves (push_retry_later). */
+        struct ts_wr hw;
         rc = peer_connect(r, p);
         if (rc) {
             p->down_until_ns = ts_now_mono_ns() + RETRY_NS;
             peer_set_down(r, p, 1);
             goto out_fail;
         }
+        /* Say who we are first: a node that refuses our epoch as stale pushes us its map
+         * (maps are only ever installed from MAP_PUSH, never from a reply). */
+        ts_wr_init(&hw);
+        ts_wr_begin_frame(&hw);
+        ts_wr_u16(&hw, TS_PROTO_VERSION);
+        {
+            char name[80];
+            snprintf(name, sizeof(name), "node:%s", r->node_id);
+            ts_wr_str(&hw, name);
+        }
+        repl_peer_send(r, id, TS_OP_HELLO, &hw, NULL, 0, NULL, NULL, hello_reply, NULL, 0);
     }
     pe = calloc(1, sizeof(*pe));
     if (!pe) {
@@ -405,7 +323,7 @@ static void peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, c
         goto out_fail;
     }
     h.req_id = pe->id = p->next_id++;
-    h.epoch = r->map ? r->map->epoch : 0;
+    h.epoch = epoch ? epoch : r->map ? r->map->epoch : 0;
     h.length = (uint32_t)(w->len - TS_HDR_LEN + tail_len);
     ts_frame_encode(w->buf, &h);
     pe->cb = cb;
@@ -432,14 +350,13 @@ out_fail:
     cb(r, p, ctx, rc, &none);
 }
 
-/* A TS_ESTALE reply: adopt the peer's map if newer, or push ours if the peer's is older. */
-static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body);
 
 /* ---- chunk forwarding ------------------------------------------------------------------- */
 
 /* The fields of a REPL_WRITE frame, up to its data (sent by reference after it). */
-static void wr_repl_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
-                          uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len)
+void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
+                   uint64_t inc, uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc,
+                   uint32_t len)
 {
     ts_wr_init(w);
     ts_wr_begin_frame(w);
@@ -448,6 +365,7 @@ static void wr_repl_write(struct ts_wr *w, const char *dataset, const struct ts_
     ts_wr_u8(w, p->fringe);
     ts_wr_u8(w, p->min_core);
     ts_wr_u32(w, p->chunk_size);
+    ts_wr_u64(w, inc);
     ts_wr_u32(w, shard);
     ts_wr_u32(w, idx);
     ts_wr_u64(w, size);
@@ -479,7 +397,7 @@ static void fwd_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct 
         f->acked++;
     } else {
         if (status == TS_ESTALE)
-            on_stale(r, p, body);
+            repl_on_stale(r, p, body);
         else if (body->len >= 6)
             ts_rd_str(body, msg, sizeof(msg));
         if (!f->rc || status == TS_ESTALE) { /* a stale map trumps other failures */
@@ -517,10 +435,10 @@ static void fwd_start(evutil_socket_t fd, short what, void *arg)
     }
     for (unsigned i = 0; i < c->to.n; i++) {
         struct ts_wr w;
-        wr_repl_write(&w, c->dataset, &c->policy, c->shard, c->idx, c->size, c->crc,
+        repl_wr_write(&w, c->dataset, &c->policy, c->inc, c->shard, c->idx, c->size, c->crc,
                       (uint32_t)c->len);
-        peer_send(r, c->to.id[i], TS_OP_REPL_WRITE, &w, c->data, c->len, fwd_data_cleanup, f,
-                  fwd_reply, f);
+        repl_peer_send(r, c->to.id[i], TS_OP_REPL_WRITE, &w, c->data, c->len, fwd_data_cleanup, f,
+                       fwd_reply, f, 0);
     }
 }
 
@@ -547,391 +465,6 @@ void ts_repl_forward_chunk(ts_repl *r, struct ts_repl_chunk *c, struct event_bas
     event_base_once(r->base, -1, EV_TIMEOUT, fwd_start, m, NULL);
 }
 
-/* ---- log pushing ------------------------------------------------------------------------ */
-
-static struct push *push_find(ts_repl *r, uint32_t pg, const char *node)
-{
-    for (struct push *ps = r->pushes; ps; ps = ps->next)
-        if (ps->pg == pg && !strcmp(ps->node, node))
-            return ps;
-    return NULL;
-}
-
-static void push_free(struct push *ps)
-{
-    ts_read_ctx_close(ps->rctx);
-    free(ps->items);
-    free(ps);
-}
-
-static void push_retry_later(struct push *ps)
-{
-    ps->busy = 0;
-    ps->retry_at = ts_now_mono_ns() + RETRY_NS;
-}
-
-static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq,
-                         const struct ts_log_rec *rec, const uint64_t *recs, uint32_t nrec)
-{
-    ts_wr_init(w);
-    ts_wr_begin_frame(w);
-    ts_wr_u8(w, (uint8_t)kind);
-    ts_wr_u32(w, pg);
-    ts_wr_u64(w, seq);
-    ts_wr_str(w, rec ? rec->dataset : "");
-    ts_wr_u8(w, rec ? rec->policy.core : 0);
-    ts_wr_u8(w, rec ? rec->policy.fringe : 0);
-    ts_wr_u8(w, rec ? rec->policy.min_core : 0);
-    ts_wr_u32(w, rec ? rec->policy.chunk_size : 0);
-    ts_wr_u32(w, rec ? rec->shard : 0);
-    ts_wr_u8(w, rec ? 1 : 0);
-    ts_wr_u32(w, rec ? rec->crc : 0);
-    ts_wr_u32(w, nrec);
-    for (uint32_t i = 0; i < nrec; i++)
-        ts_wr_u64(w, recs[i]);
-}
-
-static void push_send_seal(ts_repl *r, struct push *ps);
-static void push_stream(ts_repl *r, struct push *ps);
-
-/* The replica holds log position `seq` now (or more). */
-static void push_advanced(ts_repl *r, struct push *ps, uint64_t applied)
-{
-    if (applied > ps->applied)
-        ps->applied = applied;
-    ps->busy = 0;
-    ps->retry_at = 0;
-    waiters_check(r);
-    push_step(r, ps);
-}
-
-static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
-{
-    struct push *ps = ctx;
-
-    if (status == 0) {
-        uint64_t applied = ts_rd_u64(body);
-        if (!body->err) {
-            ps->known = 1;
-            ps->applied = applied;
-            ps->busy = 0;
-            waiters_check(r);
-            push_step(r, ps);
-            return;
-        }
-    }
-    push_retry_later(ps);
-}
-
-static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
-{
-    struct push *ps = ctx;
-    uint64_t seq = ps->backfill ? 0 : ps->rec.seq;
-
-    if (status == 0 || status == TS_EEXIST) {
-        ts_read_ctx_close(ps->rctx);
-        ps->rctx = NULL;
-        if (ps->backfill) {
-            ps->at++;
-            ps->busy = 0;
-            push_step(r, ps);
-        } else {
-            push_advanced(r, ps, seq);
-        }
-        return;
-    }
-    if ((status == TS_EINCOMPLETE || status == TS_EINVAL) && !ps->rctx && !ps->stream_failed) {
-        /* The replica lacks the chunks: stream the shard, then seal again. */
-        push_stream(r, ps);
-        return;
-    }
-    if (status == TS_ERANGE) {
-        ps->known = 0; /* the replica is elsewhere in the log: ask it */
-        ps->busy = 0;
-        push_step(r, ps);
-        return;
-    }
-    if (status == TS_ESTALE)
-        on_stale(r, p, body);
-    if (status != TS_ECONNREFUSED && status != TS_ECONNRESET)
-        TS_WARN(FAC, status, "push of PG %u seq %llu (%s/%u) to %s failed", ps->pg,
-                (unsigned long long)seq, ps->rec.dataset, ps->rec.shard, ps->node);
-    ts_read_ctx_close(ps->rctx);
-    ps->rctx = NULL;
-    ps->stream_failed = 0;
-    push_retry_later(ps);
-}
-
-static void push_send_seal(ts_repl *r, struct push *ps)
-{
-    struct ts_wr w;
-    uint64_t *recs = NULL;
-    uint32_t nrec = 0;
-
-    ts_store_shard_records(r->o.store, ps->rec.dataset, ps->rec.shard, &recs, &nrec);
-    wr_repl_seal(&w, ps->backfill ? TS_REPL_BACKFILL : TS_REPL_SEAL, ps->pg,
-                 ps->backfill ? 0 : ps->rec.seq, &ps->rec, recs, nrec);
-    free(recs);
-    ps->busy = 1;
-    peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
-}
-
-static void chunk_pin_cleanup(const void *data, size_t len, void *pin)
-{
-    ts_chunk_pin_release(pin);
-}
-
-static void stream_more(ts_repl *r, struct push *ps);
-
-static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
-{
-    struct push *ps = ctx;
-
-    ps->inflight--;
-    if (status)
-        ps->stream_failed = status;
-    if (ps->inflight == 0 && ps->stream_failed) {
-        TS_WARN(FAC, ps->stream_failed, "streaming %s/%u to %s failed", ps->rec.dataset,
-                ps->rec.shard, ps->node);
-        if (ps->stream_failed == TS_ESTALE)
-            on_stale(r, p, body);
-        ts_read_ctx_close(ps->rctx);
-        ps->rctx = NULL;
-        ps->stream_failed = 0;
-        push_retry_later(ps);
-        return;
-    }
-    stream_more(r, ps);
-}
-
-static void stream_more(ts_repl *r, struct push *ps)
-{
-    const struct ts_shard_info *si = ts_read_ctx_info(ps->rctx);
-    uint32_t total = si->nchunks ? si->nchunks : 1; /* an empty shard: one empty chunk 0 */
-
-    while (!ps->stream_failed && ps->next_chunk < total && ps->inflight < STREAM_WINDOW) {
-        struct ts_chunk_ref ref = {0};
-        struct ts_wr w;
-        uint32_t idx = ps->next_chunk;
-        int rc = si->nchunks ? ts_read_ctx_chunk(ps->rctx, idx, &ref) : 0;
-
-        if (rc) {
-            /* Our own copy is bad: repair it first (from another replica), retry later. */
-            ts_repl_repair(r, ps->rec.dataset, ps->rec.shard, idx, ps->pg);
-            ps->stream_failed = rc;
-            break;
-        }
-        wr_repl_write(&w, ps->rec.dataset, &ps->rec.policy, ps->rec.shard, idx, si->size, ref.crc,
-                      (uint32_t)ref.len);
-        ps->next_chunk++;
-        ps->inflight++;
-        peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
-                  ref.pin ? chunk_pin_cleanup : NULL, ref.pin, stream_reply, ps);
-    }
-    if (ps->inflight == 0 && ps->stream_failed) {
-        ts_read_ctx_close(ps->rctx);
-        ps->rctx = NULL;
-        ps->stream_failed = 0;
-        push_retry_later(ps);
-        return;
-    }
-    if (ps->inflight == 0 && ps->next_chunk >= total)
-        push_send_seal(r, ps); /* all chunks acknowledged: seal (rctx marks "streamed") */
-}
-
-static void push_stream(ts_repl *r, struct push *ps)
-{
-    int rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
-
-    if (rc) {
-        /* The shard is gone here (dataset deleted): the position carries nothing. */
-        struct ts_wr w;
-        if (ps->backfill) {
-            ps->at++;
-            ps->busy = 0;
-            push_step(r, ps);
-            return;
-        }
-        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, NULL, NULL, 0);
-        ps->busy = 1;
-        peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
-        return;
-    }
-    ps->busy = 1;
-    ps->next_chunk = 0;
-    ps->inflight = 0;
-    ps->stream_failed = 0;
-    stream_more(r, ps);
-}
-
-struct bf_collect {
-    ts_repl *r;
-    struct push *ps;
-    int rank;
-};
-
-static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_info *si)
-{
-    struct bf_collect *b = arg;
-    struct push *ps = b->ps;
-    struct ts_dataset_info d;
-    struct ts_log_rec *it;
-
-    if (ts_store_dataset_stat(b->r->o.store, dataset, &d) != 0)
-        return 0;
-    if (b->rank >= d.policy.core + d.policy.fringe)
-        return 0; /* not a replica of this dataset */
-    if (ps->nitems % 64 == 0) {
-        struct ts_log_rec *n = realloc(ps->items, (ps->nitems + 64) * sizeof(*n));
-        if (!n)
-            return TS_ENOMEM;
-        ps->items = n;
-    }
-    it = &ps->items[ps->nitems++];
-    memset(it, 0, sizeof(*it));
-    it->pg = ps->pg;
-    it->type = TS_LOG_SEAL;
-    snprintf(it->dataset, sizeof(it->dataset), "%s", dataset);
-    it->policy = d.policy;
-    it->shard = si->shard;
-    it->size = si->size;
-    it->crc = si->crc;
-    it->nchunks = si->nchunks;
-    return 0;
-}
-
-static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied)
-{
-    struct bf_collect b = {r, ps, node_rank(r, ps->pg, ps->node)};
-
-    TS_INFO(FAC, "PG %u: %s is at %llu, before the oldest log record: backfilling", ps->pg,
-            ps->node, (unsigned long long)ps->applied);
-    pthread_mutex_lock(&r->lock);
-    r->backfills++;
-    pthread_mutex_unlock(&r->lock);
-    free(ps->items);
-    ps->items = NULL;
-    ps->nitems = ps->at = 0;
-    ps->backfill = 1;
-    ps->bf_target = my_applied;
-    if (ts_store_pg_iter(r->o.store, ps->pg, r->map->pg_count, bf_collect_cb, &b) != 0) {
-        ps->backfill = 0;
-        push_retry_later(ps);
-    }
-}
-
-static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
-{
-    struct push *ps = ctx;
-
-    if (status == 0) {
-        TS_INFO(FAC, "PG %u: backfill of %s done (%zu shards)", ps->pg, ps->node, ps->nitems);
-        ps->backfill = 0;
-        push_advanced(r, ps, ps->bf_target);
-        return;
-    }
-    push_retry_later(ps);
-}
-
-static void push_step(ts_repl *r, struct push *ps)
-{
-    uint64_t my_applied = 0, oldest = 0;
-    struct ts_wr w;
-    int rank, rc;
-
-    if (ps->busy || (ps->retry_at && ts_now_mono_ns() < ps->retry_at))
-        return;
-    ps->retry_at = 0;
-    if (!ps->known) {
-        ts_wr_init(&w);
-        ts_wr_begin_frame(&w);
-        ts_wr_u32(&w, ps->pg);
-        ps->busy = 1;
-        peer_send(r, ps->node, TS_OP_PG_INFO, &w, NULL, 0, NULL, NULL, pginfo_reply, ps);
-        return;
-    }
-    if (ps->backfill) {
-        if (ps->at < ps->nitems) {
-            ps->rec = ps->items[ps->at];
-            push_send_seal(r, ps);
-        } else {
-            wr_repl_seal(&w, TS_REPL_SET_APPLIED, ps->pg, ps->bf_target, NULL, NULL, 0);
-            ps->busy = 1;
-            peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, setapplied_reply, ps);
-        }
-        return;
-    }
-    if (ts_store_pg_applied(r->o.store, ps->pg, &my_applied, &oldest) != 0)
-        return;
-    if (ps->applied >= my_applied)
-        return; /* caught up */
-    memset(&ps->rec, 0, sizeof(ps->rec));
-    rc = ts_store_log_read(r->o.store, ps->pg, ps->applied + 1, &ps->rec);
-    if (rc == TS_ENOENT) {
-        backfill_start(r, ps, my_applied);
-        push_step(r, ps);
-        return;
-    }
-    if (rc) {
-        push_retry_later(ps);
-        return;
-    }
-    rank = node_rank(r, ps->pg, ps->node);
-    if (ps->rec.type != TS_LOG_SEAL || rank < 0 ||
-        rank >= ps->rec.policy.core + ps->rec.policy.fringe) {
-        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, NULL, NULL, 0);
-        ps->busy = 1;
-        peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps);
-        return;
-    }
-    ps->stream_failed = 0;
-    push_send_seal(r, ps);
-}
-
-/* Rebuilds the set of pushes: one per (PG this node is primary of, other replica). */
-static void pushes_rebuild(ts_repl *r)
-{
-    struct push **pp = &r->pushes, *ps;
-    unsigned primary_pgs = 0;
-
-    /* Drop pushes of PGs we no longer lead, unless a request is outstanding (then later). */
-    while ((ps = *pp)) {
-        int order[TS_REPL_MAX_REPLICAS];
-        size_t n = r->map ? ts_map_pg_order(r->map, ps->pg, order, TS_REPL_MAX_REPLICAS) : 0;
-        int keep = n > 0 && order[0] == r->self && node_rank(r, ps->pg, ps->node) > 0;
-        if (!keep && !ps->busy) {
-            *pp = ps->next;
-            push_free(ps);
-            continue;
-        }
-        pp = &ps->next;
-    }
-    if (!r->map || r->self < 0)
-        return;
-    for (uint32_t pg = 0; pg < r->map->pg_count; pg++) {
-        int order[TS_REPL_MAX_REPLICAS];
-        size_t n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
-        if (n == 0 || order[0] != r->self)
-            continue;
-        primary_pgs++;
-        for (size_t i = 1; i < n; i++) {
-            const char *id = r->map->nodes[order[i]].id;
-            if (push_find(r, pg, id))
-                continue;
-            ps = calloc(1, sizeof(*ps));
-            if (!ps)
-                return;
-            ps->pg = pg;
-            snprintf(ps->node, sizeof(ps->node), "%s", id);
-            ps->next = r->pushes;
-            r->pushes = ps;
-        }
-    }
-    pthread_mutex_lock(&r->lock);
-    r->primary_pgs = primary_pgs;
-    pthread_mutex_unlock(&r->lock);
-}
-
 /* ---- waiting for core replicas ------------------------------------------------------- */
 
 static int target_unreachable(ts_repl *r, const char *id)
@@ -943,7 +476,7 @@ static int target_unreachable(ts_repl *r, const char *id)
     return 0;
 }
 
-static void waiters_check(ts_repl *r)
+void repl_waiters_check(ts_repl *r)
 {
     struct waiter **wp = &r->waiters, *w;
     uint64_t now = ts_now_mono_ns();
@@ -953,7 +486,7 @@ static void waiters_check(ts_repl *r)
         char msg[256] = "";
 
         for (unsigned i = 0; i < w->to.n; i++) {
-            struct push *ps = push_find(r, w->pg, w->to.id[i]);
+            struct push *ps = repl_push_find(r, w->pg, w->to.id[i]);
             if (ps && ps->known && ps->applied >= w->seq)
                 acked++;
             else if (!target_unreachable(r, w->to.id[i]) && now < w->deadline && ps)
@@ -987,15 +520,15 @@ static void wait_start(evutil_socket_t fd, short what, void *arg)
     w->next = r->waiters;
     r->waiters = w;
     for (unsigned i = 0; i < w->to.n; i++) {
-        struct push *ps = push_find(r, w->pg, w->to.id[i]);
+        struct push *ps = repl_push_find(r, w->pg, w->to.id[i]);
         if (ps)
-            push_step(r, ps);
+            repl_push_step(r, ps);
     }
     /* Fringe replicas of this PG get the new record too. */
     for (struct push *ps = r->pushes; ps; ps = ps->next)
         if (ps->pg == w->pg)
-            push_step(r, ps);
-    waiters_check(r);
+            repl_push_step(r, ps);
+    repl_waiters_check(r);
 }
 
 void ts_repl_wait_applied(ts_repl *r, uint32_t pg, uint64_t seq, const struct ts_repl_targets *to,
@@ -1031,7 +564,7 @@ static void kick_cb(evutil_socket_t fd, short what, void *arg)
     struct kick_msg *m = arg;
     for (struct push *ps = m->r->pushes; ps; ps = ps->next)
         if (ps->pg == m->pg)
-            push_step(m->r, ps);
+            repl_push_step(m->r, ps);
     free(m);
 }
 
@@ -1071,37 +604,65 @@ static void map_push_reply(ts_repl *r, struct peer *p, void *ctx, int status, st
                 (unsigned long long)(r->map ? r->map->epoch : 0), p ? p->id : "?");
 }
 
-static void on_stale(ts_repl *r, struct peer *p, struct ts_rd *body)
+static void map_push_to(ts_repl *r, const char *id)
 {
-    char msg[256];
-    struct ts_map *m = NULL;
+    struct peer *p = peer_get(r, id);
+    uint64_t now = ts_now_mono_ns();
     struct ts_wr w;
 
-    if (!p)
+    if (!p || !r->map || r->self < 0)
         return;
-    ts_rd_str(body, msg, sizeof(msg));
-    if (!body->err && body->off < body->len && ts_map_decode(body, &m) == 0 && m) {
-        if (!r->map || m->epoch > r->map->epoch) {
-            TS_INFO(FAC, "peer %s has map epoch %llu (ours %llu): adopting it", p->id,
-                    (unsigned long long)m->epoch, (unsigned long long)(r->map ? r->map->epoch : 0));
-            if (r->o.adopt_map)
-                r->o.adopt_map(r->o.arg, m);
-            ts_map_free(m);
-            return;
-        }
-        if (m->epoch == r->map->epoch) {
-            ts_map_free(m);
-            return;
-        }
-        ts_map_free(m);
-    }
-    if (!r->map)
-        return;
-    /* The peer is behind: give it our map. */
+    if (p->map_pushed_epoch == r->map->epoch && now - p->map_pushed_ns < 200ull * 1000000)
+        return; /* pushed this epoch a moment ago */
+    p->map_pushed_epoch = r->map->epoch;
+    p->map_pushed_ns = now;
     ts_wr_init(&w);
     ts_wr_begin_frame(&w);
     ts_map_encode(&w, r->map);
-    peer_send(r, p->id, TS_OP_MAP_PUSH, &w, NULL, 0, NULL, NULL, map_push_reply, NULL);
+    repl_peer_send(r, id, TS_OP_MAP_PUSH, &w, NULL, 0, NULL, NULL, map_push_reply, NULL, 0);
+}
+
+struct pushmap_msg {
+    ts_repl *r;
+    char id[64];
+};
+
+static void pushmap_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct pushmap_msg *m = arg;
+    map_push_to(m->r, m->id);
+    free(m);
+}
+
+void ts_repl_push_map(ts_repl *r, const char *node_id)
+{
+    struct pushmap_msg *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return;
+    m->r = r;
+    snprintf(m->id, sizeof(m->id), "%s", node_id);
+    event_base_once(r->base, -1, EV_TIMEOUT, pushmap_cb, m, NULL);
+}
+
+void repl_on_stale(ts_repl *r, struct peer *p, struct ts_rd *body)
+{
+    char msg[256];
+    struct ts_map *m = NULL;
+    uint64_t theirs = 0;
+
+    if (!p || !r->map)
+        return;
+    ts_rd_str(body, msg, sizeof(msg));
+    if (!body->err && body->off < body->len && ts_map_decode(body, &m) == 0 && m) {
+        theirs = m->epoch;
+        ts_map_free(m);
+    }
+    /* A newer map is never taken from a reply: the peer pushes it to us (MAP_PUSH, checked
+     * like any other), having seen our older epoch on our request. */
+    if (theirs && theirs >= r->map->epoch)
+        return;
+    map_push_to(r, p->id);
 }
 
 struct map_msg {
@@ -1135,10 +696,11 @@ static void set_map_cb(evutil_socket_t fd, short what, void *arg)
     for (struct push *ps = r->pushes; ps; ps = ps->next)
         if (!ps->busy)
             ps->known = 0;
-    pushes_rebuild(r);
+    repl_pushes_rebuild(r);
+    repl_pgpeer_map_changed(r);
     for (struct push *ps = r->pushes; ps; ps = ps->next)
-        push_step(r, ps);
-    waiters_check(r);
+        repl_push_step(r, ps);
+    repl_waiters_check(r);
 }
 
 void ts_repl_set_map(ts_repl *r, const struct ts_map *m)
@@ -1213,7 +775,7 @@ static void repair_next(ts_repl *r, struct repair *rp)
         ts_wr_u32(&w, rp->shard);
         ts_wr_u64(&w, off);
         ts_wr_u32(&w, len);
-        peer_send(r, r->map->nodes[i].id, TS_OP_READ, &w, NULL, 0, NULL, NULL, repair_reply, rp);
+        repl_peer_send(r, r->map->nodes[i].id, TS_OP_READ, &w, NULL, 0, NULL, NULL, repair_reply, rp, 0);
         return;
     }
     TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of %s/%u: no replica could repair it", rp->idx,
@@ -1253,7 +815,7 @@ static void lag_snapshot(ts_repl *r)
     for (struct push *ps = r->pushes; ps; ps = ps->next) {
         uint64_t my_applied = 0, oldest = 0;
         struct ts_repl_lag *l;
-        int rank = node_rank(r, ps->pg, ps->node);
+        int rank = repl_node_rank(r, ps->pg, ps->node);
         uint8_t max_core = 1;
 
         if (ts_store_pg_applied(r->o.store, ps->pg, &my_applied, &oldest) != 0)
@@ -1307,9 +869,10 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     for (struct peer *p = r->peers; p; p = p->next)
         if (p->bev && p->npend && now - p->last_progress_ns > timeout)
             peer_fail(r, p, TS_ETIMEDOUT, "no answer within peer_timeout_ms");
+    repl_pgpeer_tick(r);
     for (struct push *ps = r->pushes; ps; ps = ps->next)
-        push_step(r, ps);
-    waiters_check(r);
+        repl_push_step(r, ps);
+    repl_waiters_check(r);
     if (now - r->last_lag_ns > 200ull * 1000000) {
         r->last_lag_ns = now;
         lag_snapshot(r);
@@ -1343,6 +906,11 @@ int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *prima
 
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
+static void first_peering_cb(evutil_socket_t fd, short what, void *arg)
+{
+    repl_pgpeer_map_changed(arg);
+}
+
 static void *repl_main(void *arg)
 {
     ts_repl *r = arg;
@@ -1367,11 +935,12 @@ int ts_repl_start(ts_repl **out, const struct ts_repl_opts *o, const struct ts_m
     if (m) {
         r->map = ts_map_dup(m);
         r->self = r->map ? ts_map_find(r->map, r->node_id) : -1;
-        pushes_rebuild(r);
+        repl_pushes_rebuild(r);
     }
     r->tick = event_new(r->base, -1, EV_PERSIST, tick_cb, r);
     if (!r->tick || event_add(r->tick, &tv) != 0)
         goto out_free;
+    event_base_once(r->base, -1, EV_TIMEOUT, first_peering_cb, r, NULL);
     if (pthread_create(&r->thread, NULL, repl_main, r) != 0)
         goto out_free;
     *out = r;
@@ -1408,13 +977,14 @@ void ts_repl_stop(ts_repl *r)
     while (r->pushes) {
         struct push *ps = r->pushes;
         r->pushes = ps->next;
-        push_free(ps);
+        repl_push_free(ps);
     }
     while (r->waiters) {
         struct waiter *w = r->waiters;
         r->waiters = w->next;
         free(w);
     }
+    repl_pgpeer_free_all(r);
     event_free(r->tick);
     event_base_free(r->base);
     ts_map_free(r->map);

@@ -45,6 +45,7 @@ struct ts_repl_targets {
 struct ts_repl_chunk {
     char dataset[TS_NAME_MAX + 1];
     struct ts_dataset_policy policy;
+    uint64_t inc; /* the dataset's incarnation */
     uint32_t shard, idx;
     uint64_t size;
     uint32_t crc;
@@ -82,5 +83,41 @@ struct ts_repl_lag {
 /* A snapshot of every replica's position for the PGs this node is primary of (malloc'ed). */
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
                 uint64_t *repairs, uint64_t *backfills);
+
+/* ---- peering (pgpeer.c; docs/architecture.md "Peering") ------------------------------------ */
+
+/* 0 when this node leads pg in an activated interval (*epoch: the interval, *wq: its write
+ * quorum); else TS_EBUSY with the reason in why (peering, pulling, blocked...). Thread-safe. */
+int ts_repl_pg_ready(ts_repl *r, uint32_t pg, uint64_t *epoch, uint8_t *wq, char *why, size_t cap);
+
+struct ts_repl_pgstat {
+    uint32_t pg;
+    const char *state; /* "peering", "pulling", "activating", "active", "blocked" */
+    int active;
+    uint64_t epoch, since_ns;
+    char why[320];
+};
+/* Every PG this node leads or is peering to lead (malloc'ed array). Thread-safe. */
+int ts_repl_pg_states(ts_repl *r, struct ts_repl_pgstat **out, size_t *n);
+const char *ts_repl_pg_state_name(int state);
+
+/* A peering primary (node) asked for our log of pg: push it there under that epoch.
+ * recheck: a replica asks its primary to compare its log again (ignored unless we lead pg). */
+void ts_repl_pull(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int recheck);
+/* This replica may not serve pg yet (restarted): ask the PG's primary to compare our log and
+ * tell us when we hold it (REPL_SEAL kind CLEAN). Thread-safe. */
+void ts_repl_ask_primary(ts_repl *r, uint32_t pg);
+/* Sends our map to node (it showed an older epoch). Thread-safe. */
+void ts_repl_push_map(ts_repl *r, const char *node_id);
+
+/* Dataset incarnation `incarnation` was deleted here: log it in every PG this node leads, so
+ * replicas that were away apply it before they serve again. Thread-safe. */
+void ts_repl_log_delete(ts_repl *r, const char *dataset, uint64_t incarnation);
+
+/* The PG facts as PG_QUERY replies carry them (docs/protocol.md). */
+struct ts_wr;
+struct ts_rd;
+void ts_repl_wr_pg_state(struct ts_wr *w, const struct ts_pg_state *st);
+int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st);
 
 #endif

@@ -39,6 +39,13 @@ int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
         ts_map_free(copy);
         return rc;
     }
+    if (!s->pg_clean) {
+        /* The PG count is fixed for a cluster's life. Nothing is served from a PG until its
+         * primary says this node holds its log (or this node leads it). */
+        s->pg_clean = calloc(copy->pg_count, sizeof(*s->pg_clean));
+        s->pg_asked = calloc(copy->pg_count, sizeof(*s->pg_asked));
+        s->npg = s->pg_clean && s->pg_asked ? copy->pg_count : 0;
+    }
     ts_map_free(s->map);
     s->map = copy;
     s->self = self;
@@ -152,6 +159,8 @@ void tsd_cluster_fini(struct tsd_server *s)
     s->repl = NULL;
     ts_map_free(s->map);
     s->map = NULL;
+    free((void *)s->pg_clean);
+    free((void *)s->pg_asked);
     SSL_CTX_free(s->peer_ssl);
     pthread_rwlock_destroy(&s->map_lock);
 }
@@ -192,14 +201,20 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
 
 int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
                       uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
-                      struct ts_repl_targets *to)
+                      struct ts_repl_targets *to, uint64_t *epoch, unsigned *need)
 {
     struct tsd_server *s = c->w->srv;
     int order[TS_REPL_MAX_REPLICAS];
+    struct ts_pg_state st;
+    char why[400];
+    uint8_t wq = 0;
     size_t n;
+    int rc;
 
     memset(to, 0, sizeof(*to));
     *pg = 0;
+    *epoch = 0;
+    *need = p && p->min_core ? p->min_core : 1;
     pthread_rwlock_rdlock(&s->map_lock);
     if (!s->map) {
         pthread_rwlock_unlock(&s->map_lock);
@@ -219,5 +234,55 @@ int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const ch
     for (size_t i = 1; i < n && i < (p ? p->core : 1); i++)
         snprintf(to->id[to->n++], sizeof(to->id[0]), "%s", s->map->nodes[order[i]].id);
     pthread_rwlock_unlock(&s->map_lock);
+    /* Placement names the primary; peering decides when it may take writes: once it holds
+     * every acknowledged entry of the PG and has started its interval. */
+    if (ts_repl_pg_ready(s->repl, *pg, epoch, &wq, why, sizeof(why)) != 0) {
+        tsd_reply_error(c, h, TS_EBUSY, "%s/%u: PG %u is not ready for writes on %s (%s); retry",
+                        dataset, shard, *pg, s->cfg->node_id, why);
+        return 0;
+    }
+    /* A newer primary's peering reached this node: it must not acknowledge anything more. */
+    rc = ts_store_pg_state(s->store, *pg, &st);
+    if (rc == 0 && st.promised > *epoch) {
+        tsd_reply_stale(c, h,
+                        "%s/%u: PG %u has a newer primary (epoch %llu was promised here; this "
+                        "node leads epoch %llu)",
+                        dataset, shard, *pg, (unsigned long long)st.promised,
+                        (unsigned long long)*epoch);
+        return 0;
+    }
+    /* Writes need the interval's write quorum too (peering relies on it), except where the
+     * dataset has fewer core replicas than that (core 1: no failover guarantee to keep). */
+    if (p && wq > p->core)
+        wq = p->core;
+    if (wq > *need)
+        *need = wq;
     return 1;
+}
+
+/* ---- which PGs this node may serve reads of ------------------------------------------------ */
+
+int tsd_pg_mark_clean(struct tsd_server *s, uint32_t pg, int clean)
+{
+    if (s->pg_clean && pg < s->npg)
+        atomic_store(&s->pg_clean[pg], (uint8_t)(clean ? 1 : 0));
+    return 0;
+}
+
+int tsd_pg_serves(struct tsd_server *s, const char *dataset, uint32_t shard)
+{
+    uint32_t pg = tsd_pg_of(s, dataset, shard);
+    uint64_t now, last;
+
+    if (!s->pg_clean || pg >= s->npg || atomic_load(&s->pg_clean[pg]))
+        return 1;
+    if (ts_repl_pg_ready(s->repl, pg, NULL, NULL, NULL, 0) == 0)
+        return 1; /* its activated primary */
+    /* Ask the PG's primary to compare our log (at most every 500 ms per PG). */
+    now = ts_now_mono_ns();
+    last = atomic_load(&s->pg_asked[pg]);
+    if (now - last > 500ull * 1000000 &&
+        atomic_compare_exchange_strong(&s->pg_asked[pg], &last, now))
+        ts_repl_ask_primary(s->repl, pg);
+    return 0;
 }

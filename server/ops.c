@@ -1,5 +1,5 @@
 /* tesserad request handlers: one per opcode, each sending exactly one reply. */
-#include "server_internal.h"
+#include "ops_internal.h"
 
 #include <json-c/json.h>
 #include <stdio.h>
@@ -11,7 +11,7 @@
 #define MAX_UPLOADS_PER_CONN 64
 
 /* Reads a name and checks the payload is fully consumed; replies on failure. */
-static int rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
                         char *name, int done)
 {
     int rc = ts_rd_name(r, name);
@@ -28,7 +28,7 @@ static int rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
     return 0;
 }
 
-static int rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+int ops_rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     int rc = ts_rd_done(r);
     if (rc)
@@ -36,14 +36,14 @@ static int rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_r
     return rc;
 }
 
-static void reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h)
+void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h)
 {
     struct ts_wr w;
     tsd_reply_begin(&w);
     tsd_reply_send(c, h, &w);
 }
 
-static void reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
+void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
                               const char *name, long shard)
 {
     const char *what = ts_op_desc(h->opcode)->name;
@@ -77,7 +77,7 @@ static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
 
     ts_rd_str(r, name, sizeof(name));
     snprintf(c->client_name, sizeof(c->client_name), "%.63s", name); /* kept short */
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     if (ver != TS_PROTO_VERSION) {
         tsd_reply_error(c, h, TS_ENOTSUP, "protocol version %u not supported (server speaks %d)",
@@ -99,21 +99,24 @@ static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h, 
 {
     char name[TS_NAME_MAX + 1];
     struct ts_dataset_policy p;
+    uint64_t inc = 0;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
     p.core = ts_rd_u8(r);
     p.fringe = ts_rd_u8(r);
     p.min_core = ts_rd_u8(r);
     p.chunk_size = ts_rd_u32(r);
-    if (rd_done(c, h, r))
+    if (r->len - r->off == 8)
+        inc = ts_rd_u64(r); /* the cluster client's incarnation (the same on every node) */
+    if (ops_rd_done(c, h, r))
         return;
     if (p.core == 0)
         p.core = 1;
     if (p.min_core == 0)
         p.min_core = (uint8_t)(p.core / 2 + 1); /* default: a majority of the core replicas */
-    rc = ts_store_dataset_create(c->w->srv->store, name, &p);
+    rc = ts_store_dataset_create_inc(c->w->srv->store, name, &p, inc);
     if (rc == TS_EINVAL)
         tsd_reply_error(c, h, rc,
                         "dataset-create %s: invalid policy (chunk size %u must be %u..%u; "
@@ -122,9 +125,9 @@ static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h, 
                         TS_MIN_CHUNK_SIZE, (unsigned)c->w->srv->cfg->max_chunk_mb << 20, p.min_core,
                         p.core);
     else if (rc)
-        reply_store_error(c, h, rc, name, -1);
+        ops_reply_store_error(c, h, rc, name, -1);
     else
-        reply_ok(c, h);
+        ops_reply_ok(c, h);
 }
 
 static int list_cb(void *arg, const struct ts_dataset_info *d)
@@ -147,7 +150,7 @@ static void op_dataset_list(struct tsd_conn *c, const struct ts_frame_hdr *h, st
     size_t at;
     int rc;
 
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     tsd_reply_begin(&w);
     at = w.len;
@@ -172,11 +175,11 @@ static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, st
     struct ts_wr w;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 1))
+    if (ops_rd_name_done(c, h, r, name, 1))
         return;
     rc = ts_store_dataset_stat(c->w->srv->store, name, &d);
     if (rc) {
-        reply_store_error(c, h, rc, name, -1);
+        ops_reply_store_error(c, h, rc, name, -1);
         return;
     }
     tsd_reply_begin(&w);
@@ -190,41 +193,47 @@ static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, st
     uint8_t flags = 0;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
     if (r->off < r->len)
         flags = ts_rd_u8(r); /* optional trailing flags */
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     rc = ts_store_dataset_seal_ex(c->w->srv->store, name, flags & TS_SEAL_LOCAL_ONLY);
     if (rc == TS_EINCOMPLETE)
         tsd_reply_error(
             c, h, rc, "dataset-seal %s: shards must be 0..N-1, all complete, none uploading", name);
     else if (rc)
-        reply_store_error(c, h, rc, name, -1);
+        ops_reply_store_error(c, h, rc, name, -1);
     else
-        reply_ok(c, h);
+        ops_reply_ok(c, h);
 }
 
 static void op_dataset_delete(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     char name[TS_NAME_MAX + 1];
-    int rc;
+    struct ts_dataset_info d;
+    int rc, have;
 
-    if (rd_name_done(c, h, r, name, 1))
+    if (ops_rd_name_done(c, h, r, name, 1))
         return;
+    have = ts_store_dataset_get(c->w->srv->store, name, &d) == 0;
     rc = ts_store_dataset_delete(c->w->srv->store, name);
+    /* In a cluster the delete also goes into the log of every PG this node leads, so a
+     * replica that was away applies it before it serves that PG again. */
+    if (rc == 0 && have && c->w->srv->repl)
+        ts_repl_log_delete(c->w->srv->repl, name, d.created_ns);
     if (rc == TS_EBUSY)
         tsd_reply_error(c, h, rc, "dataset-delete %s: an upload to it is in progress", name);
     else if (rc)
-        reply_store_error(c, h, rc, name, -1);
+        ops_reply_store_error(c, h, rc, name, -1);
     else
-        reply_ok(c, h);
+        ops_reply_ok(c, h);
 }
 
 /* ---- uploads ---------------------------------------------------------------------------- */
 
-static struct tsd_upload *upload_find(struct tsd_conn *c, const char *name, uint32_t shard)
+struct tsd_upload *ops_upload_find(struct tsd_conn *c, const char *name, uint32_t shard)
 {
     for (size_t i = 0; i < c->nuploads; i++)
         if (c->uploads[i].shard == shard && !strcmp(c->uploads[i].name, name))
@@ -232,7 +241,7 @@ static struct tsd_upload *upload_find(struct tsd_conn *c, const char *name, uint
     return NULL;
 }
 
-static void upload_remove(struct tsd_conn *c, struct tsd_upload *u)
+void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u)
 {
     *u = c->uploads[--c->nuploads];
 }
@@ -251,19 +260,19 @@ void tsd_uploads_abort(struct tsd_conn *c)
  * Stores one chunk of an upload on this connection (chunk 0 starts it). Returns 0, or the
  * error after replying it. *u_out is the upload.
  */
-static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
                        uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len,
                        const uint8_t *data, struct tsd_upload **u_out)
 {
     struct tsd_server *s = c->w->srv;
-    struct tsd_upload *u = upload_find(c, name, shard);
+    struct tsd_upload *u = ops_upload_find(c, name, shard);
     int rc;
 
     if (idx == 0) {
         ts_shard_writer *wr;
         if (u) { /* the sender restarts this upload */
             ts_shard_writer_abort(u->w);
-            upload_remove(c, u);
+            ops_upload_remove(c, u);
         }
         if (c->nuploads >= MAX_UPLOADS_PER_CONN) {
             tsd_reply_error(c, h, TS_EBUSY,
@@ -289,7 +298,7 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
                 tsd_reply_error(c, h, rc, "shard-write %s/%u: another upload of it is in progress",
                                 name, shard);
             else
-                reply_store_error(c, h, rc, name, shard);
+                ops_reply_store_error(c, h, rc, name, shard);
             return rc;
         }
         u = &c->uploads[c->nuploads++];
@@ -309,7 +318,7 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
         /* A failed chunk ends the upload: the shard stays incomplete and unlocked, and the
          * sender (or anyone) starts over with chunk 0. */
         ts_shard_writer_abort(u->w);
-        upload_remove(c, u);
+        ops_upload_remove(c, u);
         if (rc == TS_ECORRUPT)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
         tsd_reply_error(c, h, rc, "shard-write %s/%u chunk %u (%u bytes): %s%s", name, shard, idx,
@@ -327,7 +336,7 @@ static int local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const c
 
 /* The chunk fields shared by SHARD_WRITE and REPL_WRITE; replies and returns non-zero if
  * malformed. */
-static int rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
                     uint32_t *shard, uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len,
                     const uint8_t **data)
 {
@@ -337,10 +346,10 @@ static int rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
     *crc = ts_rd_u32(r);
     *len = ts_rd_u32(r);
     *data = ts_rd_bytes(r, *len);
-    return rd_done(c, h, r);
+    return ops_rd_done(c, h, r);
 }
 
-static void reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
+void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                            uint64_t bytes)
 {
     struct ts_wr w;
@@ -360,10 +369,13 @@ struct parked {
     uint64_t bytes;
     char name[TS_NAME_MAX + 1];
     uint32_t shard;
+    uint32_t pg;
+    uint64_t epoch; /* the PG's interval when the write was accepted (cluster mode) */
 };
 
-static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h,
-                           const struct ts_dataset_policy *p, unsigned targets)
+/* need: replicas, this one included, that must hold the write. */
+static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h, unsigned need,
+                           unsigned targets)
 {
     struct parked *pk = calloc(1, sizeof(*pk));
 
@@ -372,7 +384,7 @@ static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h,
     pk->c = c;
     pk->h = *h;
     pk->targets = targets;
-    pk->min_acks = p->min_core > 1 ? (unsigned)p->min_core - 1 : 0;
+    pk->min_acks = need > 1 ? need - 1 : 0;
     c->refs++;
     c->parked++;
     return pk;
@@ -401,12 +413,27 @@ static void unpark_done(struct parked *pk)
     tsd_conn_maybe_finish(c);
 }
 
+/*
+ * Whether this node still leads pk's PG in the interval the write was accepted in: a newer
+ * primary's peering may have reached it meanwhile (it then promised a newer epoch). Checked
+ * again before acknowledging: what a newer primary read here before this point included the
+ * write; anything acknowledged after would be unknown to it.
+ */
+static int still_leading(struct parked *pk)
+{
+    struct ts_pg_state st;
+
+    if (!pk->epoch)
+        return 1;
+    return ts_store_pg_state(pk->c->w->srv->store, pk->pg, &st) == 0 && st.promised <= pk->epoch;
+}
+
 static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
 {
     struct parked *pk = arg;
 
     if (unpark(pk)) {
-        if (rc == TS_ESTALE) {
+        if (rc == TS_ESTALE || !still_leading(pk)) {
             /* A replica knows a newer map: this node may no longer lead the PG. */
             tsd_reply_stale(pk->c, &pk->h, "shard-write %s/%u chunk %u refused: %s", pk->name,
                             pk->shard, pk->idx, msg);
@@ -414,7 +441,7 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
             if (acked < pk->targets)
                 TS_WARN(FAC, rc, "%s/%u chunk %u: %u of %u other core replicas hold it (%s)",
                         pk->name, pk->shard, pk->idx, acked, pk->targets, msg);
-            reply_write_ok(pk->c, &pk->h, pk->idx, pk->bytes);
+            ops_reply_write_ok(pk->c, &pk->h, pk->idx, pk->bytes);
         } else {
             tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
                             "shard-write %s/%u chunk %u: only %u of %u other core replicas "
@@ -429,16 +456,15 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
 
 /* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
 static int enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                           uint32_t shard, const struct ts_dataset_policy *p,
-                           const struct ts_repl_targets *to)
+                           uint32_t shard, unsigned need, const struct ts_repl_targets *to)
 {
     unsigned reach = to->n ? ts_repl_reachable(c->w->srv->repl, to) : 0;
 
-    if (reach + 1 >= p->min_core)
+    if (reach + 1 >= need)
         return 1;
     tsd_reply_error(c, h, TS_EUNAVAIL,
-                    "%s/%u: %u of %u core replicas reachable, the dataset's min_core is %u", name,
-                    shard, reach + 1, to->n + 1, p->min_core);
+                    "%s/%u: %u of %u core replicas reachable, %u must hold each write (min_core)",
+                    name, shard, reach + 1, to->n + 1, need);
     return 0;
 }
 
@@ -452,35 +478,36 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
     struct ts_repl_chunk *ch;
     struct parked *pk;
     uint32_t shard, idx, crc, len, pg;
-    uint64_t size;
+    uint64_t size, act_epoch = 0;
+    unsigned need = 1;
     const uint8_t *data;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
-    if (rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
+    if (ops_rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
         return;
     if (atomic_load(&s->epoch)) {
         int rc = ts_store_dataset_get(s->store, name, &d);
         if (rc) {
-            reply_store_error(c, h, rc, name, shard);
+            ops_reply_store_error(c, h, rc, name, shard);
             return;
         }
         /* No reachability pre-check here: forwarding the chunk is the check (a replica that
          * cannot take it makes the write fail with TS_EUNAVAIL below min_core). */
-        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to))
+        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
             return;
     } else {
         memset(&to, 0, sizeof(to));
     }
-    if (local_write(c, h, name, shard, idx, size, crc, len, data, &u))
+    if (ops_local_write(c, h, name, shard, idx, size, crc, len, data, &u))
         return;
     if (to.n == 0) {
-        reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
+        ops_reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
         return;
     }
     /* Synchronous replication: the other core replicas store the chunk before the ack. */
     ch = calloc(1, sizeof(*ch));
-    pk = ch ? park(c, h, &d.policy, to.n) : NULL;
+    pk = ch ? park(c, h, need, to.n) : NULL;
     if (!pk || (len && !(ch->data = malloc(len)))) {
         if (pk) {
             unpark(pk);
@@ -492,6 +519,8 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
         return;
     }
     pk->idx = idx;
+    pk->pg = pg;
+    pk->epoch = act_epoch;
     pk->bytes = ts_shard_writer_bytes(u->w);
     snprintf(pk->name, sizeof(pk->name), "%s", name);
     pk->shard = shard;
@@ -501,6 +530,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
     ch->idx = idx;
     ch->size = size;
     ch->crc = crc;
+    ch->inc = d.created_ns;
     if (len)
         memcpy(ch->data, data, len);
     ch->len = len;
@@ -508,7 +538,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
     ts_repl_forward_chunk(s->repl, ch, c->w->base, write_replicated, pk);
 }
 
-static int parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
+int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
                          uint64_t **recs, uint32_t *nrec)
 {
     *recs = NULL;
@@ -526,7 +556,7 @@ static int parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struc
         for (uint32_t i = 0; i < *nrec; i++)
             (*recs)[i] = ts_rd_u64(r);
     }
-    if (rd_done(c, h, r)) {
+    if (ops_rd_done(c, h, r)) {
         free(*recs);
         *recs = NULL;
         return TS_EPROTO;
@@ -542,7 +572,7 @@ static void reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, c
     int rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
 
     if (rc) {
-        reply_store_error(c, h, rc, name, shard);
+        ops_reply_store_error(c, h, rc, name, shard);
         return;
     }
     tsd_reply_begin(&w);
@@ -555,7 +585,12 @@ static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
     struct parked *pk = arg;
 
     if (unpark(pk)) {
-        if (acked >= pk->min_acks) {
+        if (!still_leading(pk)) {
+            tsd_reply_stale(pk->c, &pk->h,
+                            "shard-seal %s/%u: not acknowledged: PG %u has a newer primary than "
+                            "this node's epoch %llu",
+                            pk->name, pk->shard, pk->pg, (unsigned long long)pk->epoch);
+        } else if (acked >= pk->min_acks) {
             if (acked < pk->targets)
                 TS_WARN(FAC, rc,
                         "%s/%u sealed on %u of %u other core replicas (%s): the rest "
@@ -583,38 +618,39 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     struct ts_dataset_info d;
     struct ts_repl_targets to;
     struct ts_log_rec log;
-    uint64_t *recs = NULL;
+    uint64_t *recs = NULL, act_epoch = 0;
     uint32_t shard, crc, nrec, pg = 0;
+    unsigned need = 1;
     uint8_t have_crc;
     int cluster = atomic_load(&s->epoch) != 0;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
     shard = ts_rd_u32(r);
     have_crc = ts_rd_u8(r);
     crc = ts_rd_u32(r);
-    if (parse_records(c, h, r, &recs, &nrec))
+    if (ops_parse_records(c, h, r, &recs, &nrec))
         return;
     memset(&to, 0, sizeof(to));
     if (cluster) {
         rc = ts_store_dataset_get(s->store, name, &d);
         if (rc) {
-            reply_store_error(c, h, rc, name, shard);
+            ops_reply_store_error(c, h, rc, name, shard);
             goto out_free;
         }
-        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to))
+        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
             goto out_free;
-        if (!enough_replicas(c, h, name, shard, &d.policy, &to))
+        if (!enough_replicas(c, h, name, shard, need, &to))
             goto out_free;
     }
-    u = upload_find(c, name, shard);
+    u = ops_upload_find(c, name, shard);
     if (!u) {
         rc = ts_store_shard_stat(s->store, name, shard, &si);
         if (rc == 0 && si.state == TS_SHARD_COMPLETE)
             tsd_reply_error(c, h, TS_EEXIST, "shard-seal %s/%u: already sealed", name, shard);
         else if (rc && rc != TS_ENOENT)
-            reply_store_error(c, h, rc, name, shard);
+            ops_reply_store_error(c, h, rc, name, shard);
         else
             tsd_reply_error(c, h, TS_EINVAL,
                             "shard-seal %s/%u: no upload of this shard in progress on this "
@@ -625,8 +661,10 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     if (cluster) {
         memset(&log, 0, sizeof(log));
         log.pg = pg;
+        log.epoch = act_epoch;
         snprintf(log.dataset, sizeof(log.dataset), "%s", name);
         log.policy = d.policy;
+        log.inc = d.created_ns;
         log.shard = shard;
         rc = ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, &log);
     } else {
@@ -640,234 +678,29 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
             tsd_reply_error(c, h, rc, "shard-seal %s/%u: whole-shard CRC32C does not match", name,
                             shard);
         else
-            reply_store_error(c, h, rc, name, shard);
+            ops_reply_store_error(c, h, rc, name, shard);
         goto out_free;
     }
-    upload_remove(c, u);
+    ops_upload_remove(c, u);
     if (!cluster) {
         reply_shard_info(c, h, name, shard);
         goto out_free;
     }
     /* Wait for the other core replicas to apply the seal (fringe ones get it later). */
     {
-        struct parked *pk = park(c, h, &d.policy, to.n);
+        struct parked *pk = park(c, h, need, to.n);
         if (!pk) {
             tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
             goto out_free;
         }
         snprintf(pk->name, sizeof(pk->name), "%s", name);
         pk->shard = shard;
+        pk->pg = pg;
+        pk->epoch = act_epoch;
         ts_repl_wait_applied(s->repl, pg, log.seq, &to, c->w->base, seal_replicated, pk);
     }
 out_free:
     free(recs);
-}
-
-/* ---- replication (from a PG primary) --------------------------------------------------- */
-
-static void rd_policy(struct ts_rd *r, struct ts_dataset_policy *p)
-{
-    p->core = ts_rd_u8(r);
-    p->fringe = ts_rd_u8(r);
-    p->min_core = ts_rd_u8(r);
-    p->chunk_size = ts_rd_u32(r);
-}
-
-static void op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
-    struct ts_dataset_policy p;
-    struct tsd_upload *u;
-    uint32_t shard, idx, crc, len;
-    uint64_t size;
-    const uint8_t *data;
-    int rc;
-
-    if (rd_name_done(c, h, r, name, 0))
-        return;
-    rd_policy(r, &p);
-    if (rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
-        return;
-    rc = ts_store_dataset_ensure(s->store, name, &p);
-    if (rc) {
-        reply_store_error(c, h, rc, name, shard);
-        return;
-    }
-    if (local_write(c, h, name, shard, idx, size, crc, len, data, &u))
-        return;
-    reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
-}
-
-static void reply_applied(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
-{
-    uint64_t applied = 0;
-    struct ts_wr w;
-
-    ts_store_pg_applied(c->w->srv->store, pg, &applied, NULL);
-    tsd_reply_begin(&w);
-    ts_wr_u64(&w, applied);
-    tsd_reply_send(c, h, &w);
-}
-
-static void op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
-    struct ts_dataset_policy p;
-    struct ts_log_rec log;
-    struct ts_shard_info si;
-    struct tsd_upload *u;
-    uint64_t seq, *recs = NULL;
-    uint32_t pg, shard, crc, nrec;
-    uint8_t kind, have_crc;
-    int rc;
-
-    kind = ts_rd_u8(r);
-    pg = ts_rd_u32(r);
-    seq = ts_rd_u64(r);
-    if (kind == TS_REPL_NOOP || kind == TS_REPL_SET_APPLIED) {
-        ts_rd_u16(r); /* empty name */
-        name[0] = '\0';
-    } else if (rd_name_done(c, h, r, name, 0)) {
-        return;
-    }
-    rd_policy(r, &p);
-    shard = ts_rd_u32(r);
-    have_crc = ts_rd_u8(r);
-    crc = ts_rd_u32(r);
-    if (parse_records(c, h, r, &recs, &nrec))
-        return;
-    memset(&log, 0, sizeof(log));
-    log.pg = pg;
-    log.seq = seq;
-    snprintf(log.dataset, sizeof(log.dataset), "%s", name);
-    log.policy = p;
-    log.shard = shard;
-    switch (kind) {
-    case TS_REPL_NOOP:
-        log.type = TS_LOG_NOOP;
-        rc = ts_store_log_append(s->store, &log);
-        break;
-    case TS_REPL_SET_APPLIED:
-        rc = ts_store_pg_set_applied(s->store, pg, seq);
-        break;
-    case TS_REPL_SEAL:
-    case TS_REPL_BACKFILL:
-        rc = ts_store_dataset_ensure(s->store, name, &p);
-        if (rc)
-            break;
-        u = upload_find(c, name, shard);
-        if (u) {
-            rc = kind == TS_REPL_SEAL
-                     ? ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, &log)
-                     : ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
-            if (rc == 0 || rc == TS_EEXIST) {
-                if (rc == TS_EEXIST)
-                    ts_shard_writer_abort(u->w);
-                upload_remove(c, u);
-            }
-            break;
-        }
-        /* No upload: fine if the shard is already here, complete and identical. */
-        rc = ts_store_shard_stat(s->store, name, shard, &si);
-        if (rc == TS_ENOENT || (rc == 0 && si.state != TS_SHARD_COMPLETE)) {
-            rc = TS_EINCOMPLETE;
-        } else if (rc == 0 && have_crc && si.crc != crc) {
-            TS_ERROR(FAC, TS_ECORRUPT, "%s/%u here has CRC %08x, the primary's %08x", name, shard,
-                     si.crc, crc);
-            rc = TS_ECORRUPT;
-        } else if (rc == 0 && kind == TS_REPL_SEAL) {
-            log.type = TS_LOG_SEAL;
-            log.size = si.size;
-            log.crc = si.crc;
-            log.nchunks = si.nchunks;
-            rc = ts_store_log_append(s->store, &log);
-        } else if (rc == 0) {
-            rc = TS_EEXIST;
-        }
-        break;
-    default:
-        rc = TS_EPROTO;
-    }
-    free(recs);
-    if (rc == 0) {
-        reply_applied(c, h, pg);
-        return;
-    }
-    if (rc == TS_EINCOMPLETE)
-        tsd_reply_error(c, h, rc, "repl-seal %s/%u: this replica lacks its chunks", name, shard);
-    else if (rc == TS_ERANGE || rc == TS_EEXIST)
-        tsd_reply_error(c, h, rc, "repl-seal PG %u seq %llu: out of order here", pg,
-                        (unsigned long long)seq);
-    else
-        reply_store_error(c, h, rc, name[0] ? name : "(log)", shard);
-}
-
-static void op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    uint64_t applied = 0, oldest = 0;
-    uint32_t pg = ts_rd_u32(r);
-    struct ts_wr w;
-    int rc;
-
-    if (rd_done(c, h, r))
-        return;
-    rc = ts_store_pg_applied(c->w->srv->store, pg, &applied, &oldest);
-    if (rc) {
-        tsd_reply_error(c, h, rc, "pg-info %u: %s", pg, ts_strerror(rc));
-        return;
-    }
-    tsd_reply_begin(&w);
-    ts_wr_u64(&w, applied);
-    ts_wr_u64(&w, oldest);
-    tsd_reply_send(c, h, &w);
-}
-
-static void op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    struct tsd_server *s = c->w->srv;
-    struct ts_wr w;
-
-    if (rd_done(c, h, r))
-        return;
-    tsd_reply_begin(&w);
-    pthread_rwlock_rdlock(&s->map_lock);
-    if (s->map) {
-        ts_map_encode(&w, s->map);
-    } else {
-        ts_wr_u64(&w, 0);
-        ts_wr_u32(&w, 0);
-        ts_wr_u32(&w, 0);
-    }
-    pthread_rwlock_unlock(&s->map_lock);
-    tsd_reply_send(c, h, &w);
-}
-
-static void op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    struct tsd_server *s = c->w->srv;
-    struct ts_map *m = NULL;
-    struct ts_wr w;
-    int rc = ts_map_decode(r, &m);
-
-    if (rc || ts_rd_done(r)) {
-        ts_map_free(m);
-        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed map");
-        return;
-    }
-    rc = tsd_map_install(s, m);
-    if (rc == TS_ESTALE) {
-        tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
-                        (unsigned long long)m->epoch, (unsigned long long)atomic_load(&s->epoch));
-    } else if (rc) {
-        tsd_reply_error(c, h, rc, "map-push: %s", ts_strerror(rc));
-    } else {
-        tsd_reply_begin(&w);
-        ts_wr_u64(&w, atomic_load(&s->epoch));
-        tsd_reply_send(c, h, &w);
-    }
-    ts_map_free(m);
 }
 
 /* ---- reads ------------------------------------------------------------------------------ */
@@ -1016,16 +849,23 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
     struct ts_wr w;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
     shard = ts_rd_u32(r);
     off = ts_rd_u64(r);
     len = ts_rd_u32(r);
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     if (len > TS_MAX_READ) {
         tsd_reply_error(c, h, TS_ETOOBIG, "read %s/%u: %u bytes asked, at most %u per request",
                         name, shard, len, TS_MAX_READ);
+        return;
+    }
+    if (atomic_load(&s->epoch) && !tsd_pg_serves(s, name, shard)) {
+        tsd_reply_error(c, h, TS_EBUSY,
+                        "read %s/%u: this node is recovering PG %u (it may lack writes or deletes "
+                        "made while it was away); another replica serves it",
+                        name, shard, tsd_pg_of(s, name, shard));
         return;
     }
     rs = calloc(1, sizeof(*rs));
@@ -1040,7 +880,7 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
             tsd_reply_error(c, h, rc, "read %s/%u: shard is still being written (not sealed)", name,
                             shard);
         else
-            reply_store_error(c, h, rc, name, shard);
+            ops_reply_store_error(c, h, rc, name, shard);
         goto out_free;
     }
     si = ts_read_ctx_info(rs->ctx);
@@ -1133,14 +973,14 @@ static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     uint32_t shard;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 0))
+    if (ops_rd_name_done(c, h, r, name, 0))
         return;
     shard = ts_rd_u32(r);
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
     if (rc) {
-        reply_store_error(c, h, rc, name, shard);
+        ops_reply_store_error(c, h, rc, name, shard);
         return;
     }
     tsd_reply_begin(&w);
@@ -1169,7 +1009,7 @@ static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     size_t at;
     int rc;
 
-    if (rd_name_done(c, h, r, name, 1))
+    if (ops_rd_name_done(c, h, r, name, 1))
         return;
     tsd_reply_begin(&w);
     at = w.len;
@@ -1177,7 +1017,7 @@ static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     rc = ts_store_shard_list(c->w->srv->store, name, shard_list_cb, &a);
     if (rc) {
         ts_wr_fini(&w);
-        reply_store_error(c, h, rc, name, -1);
+        ops_reply_store_error(c, h, rc, name, -1);
         return;
     }
     if (!w.err)
@@ -1226,7 +1066,7 @@ static void scrub_done(evutil_socket_t fd, short what, void *arg)
 
     if (unpark(pk)) {
         if (j->rc) {
-            reply_store_error(pk->c, &pk->h, j->rc, j->name[0] ? j->name : "(all)", -1);
+            ops_reply_store_error(pk->c, &pk->h, j->rc, j->name[0] ? j->name : "(all)", -1);
         } else {
             tsd_reply_begin(&w);
             ts_wr_u64(&w, j->rep.shards);
@@ -1259,7 +1099,6 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
 static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     struct tsd_server *s = c->w->srv;
-    struct ts_dataset_policy none = {1, 0, 1, 0};
     struct scrub_job *j;
     char name[TS_NAME_MAX + 1];
     uint16_t n = 0;
@@ -1270,13 +1109,13 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     if (n == 0) {
         ts_rd_u16(r);
         name[0] = '\0';
-        if (rd_done(c, h, r))
+        if (ops_rd_done(c, h, r))
             return;
-    } else if (rd_name_done(c, h, r, name, 1)) {
+    } else if (ops_rd_name_done(c, h, r, name, 1)) {
         return;
     }
     j = calloc(1, sizeof(*j));
-    if (!j || !(j->pk = park(c, h, &none, 0))) {
+    if (!j || !(j->pk = park(c, h, 1, 0))) {
         free(j);
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
         return;
@@ -1335,7 +1174,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     json_object *root, *stats, *ops, *ds, *lis;
     struct ts_wr w;
 
-    if (rd_done(c, h, r))
+    if (ops_rd_done(c, h, r))
         return;
     tsd_stats_sum(s, &st);
     root = json_object_new_object();
@@ -1500,11 +1339,14 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_SHARD_LIST] = op_shard_list,
     [TS_OP_SCRUB] = op_scrub,
     [TS_OP_STATUS] = op_status,
-    [TS_OP_MAP_GET] = op_map_get,
-    [TS_OP_MAP_PUSH] = op_map_push,
-    [TS_OP_REPL_WRITE] = op_repl_write,
-    [TS_OP_REPL_SEAL] = op_repl_seal,
-    [TS_OP_PG_INFO] = op_pg_info,
+    [TS_OP_MAP_GET] = tsd_op_map_get,
+    [TS_OP_MAP_PUSH] = tsd_op_map_push,
+    [TS_OP_REPL_WRITE] = tsd_op_repl_write,
+    [TS_OP_REPL_SEAL] = tsd_op_repl_seal,
+    [TS_OP_PG_INFO] = tsd_op_pg_info,
+    [TS_OP_PG_QUERY] = tsd_op_pg_query,
+    [TS_OP_PG_ACTIVATE] = tsd_op_pg_activate,
+    [TS_OP_PG_PULL] = tsd_op_pg_pull,
 };
 
 tsd_handler tsd_handler_for(unsigned opcode)

@@ -138,6 +138,9 @@ struct tsd_server {
     int self;           /* this node's index in map */
     ts_repl *repl;
     SSL_CTX *peer_ssl; /* client context towards peers' TLS listeners */
+    _Atomic uint8_t *pg_clean;  /* per PG: its primary said this node holds its log */
+    _Atomic uint64_t *pg_asked; /* per PG: when we last asked the primary to check us */
+    uint32_t npg;
 };
 
 /* server.c */
@@ -168,11 +171,20 @@ int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
 /* Sends TS_ESTALE with the node's map after the message. */
 void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Cluster mode: 1 and fills pg/targets (other core replicas) if this node is the primary of
- * (dataset, shard); 0 after replying TS_ESTALE; single node: 1 with no targets. */
+/* Cluster mode: 1 and fills pg, targets (other core replicas), the PG's active interval
+ * (*epoch, for its log entries) and *need (replicas, this one included, that must hold a write:
+ * the dataset's min_core or the interval's write quorum, the larger) if this node is the
+ * activated primary of (dataset, shard); 0 after replying TS_ESTALE (not the primary, or a newer
+ * one took over) or TS_EBUSY (peering); single node: 1 with no targets. */
 int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
                       uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
-                      struct ts_repl_targets *to);
+                      struct ts_repl_targets *to, uint64_t *epoch, unsigned *need);
+/* A replica may serve reads of pg once its primary said it holds the PG's log (REPL_SEAL kind
+ * CLEAN; cleared again by a rollback). */
+int tsd_pg_mark_clean(struct tsd_server *s, uint32_t pg, int clean);
+/* Whether reads of (dataset, shard) may be served here: its PG is clean here or led here by an
+ * activated primary; otherwise the primary is asked to check this node. */
+int tsd_pg_serves(struct tsd_server *s, const char *dataset, uint32_t shard);
 /* PG of a shard in the current map (0 on a single node). */
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 void tsd_conn_unref(struct tsd_conn *c);

@@ -19,6 +19,8 @@
 #include "ts_store.h"
 
 #include "cache.h"
+#include "store_internal.h"
+#include "ts_map.h"
 #include "ts_proto.h"
 
 #include <errno.h>
@@ -35,64 +37,16 @@
 
 #define FAC "storage"
 
-enum { CF_DEFAULT, CF_META, CF_CHUNKS, CF_OPLOG, CF_COUNT };
-static const char *const cf_names[CF_COUNT] = {"default", "meta", "chunks", "oplog"};
+const char *const ts_store_cf_names[CF_COUNT] = {"default", "meta", "chunks", "oplog"};
 
 #define DS_REC_LEN 40
 #define SHARD_REC_LEN 40
 #define CHUNK_REC_LEN 8
 #define REC_VERSION 1
 
-struct writer_slot {
-    uint64_t dsid;
-    uint32_t shard;
-};
 
-/*
- * The cache arena: one sparse memfd, mapped once. Slots come in power-of-two size classes
- * (4 KiB .. 64 MiB), each class with its own 1 TiB of offsets, a free list and a bump
- * pointer. A slot given back is hole-punched first, so its pages go back to the system and a
- * later writer gets fresh pages: bytes the kernel still holds for an earlier sendfile() are
- * never overwritten.
- */
-#define ARENA_MIN_SHIFT 12
-#define ARENA_MAX_SHIFT 26
-#define ARENA_CLASS_SPAN (1ull << 40)
-#define ARENA_CLASSES (ARENA_MAX_SHIFT - ARENA_MIN_SHIFT + 1)
 
-struct arena {
-    int fd;
-    uint8_t *base;
-    uint64_t size;
-    pthread_mutex_t lock;
-    uint64_t bump[ARENA_CLASSES];
-    uint64_t *free[ARENA_CLASSES];
-    size_t nfree[ARENA_CLASSES], capfree[ARENA_CLASSES];
-};
 
-struct ts_store {
-    rocksdb_t *db;
-    rocksdb_options_t *opts;
-    rocksdb_options_t *cf_opts[CF_COUNT];
-    rocksdb_cache_t *cache;
-    rocksdb_block_based_table_options_t *bbto;
-    rocksdb_column_family_handle_t *cf[CF_COUNT];
-    rocksdb_writeoptions_t *wo;
-    rocksdb_readoptions_t *ro_meta;
-    rocksdb_readoptions_t *ro_chunk;
-    struct ts_store_opts o;
-    char *path;
-    pthread_mutex_t lock;    /* serialises metadata read-modify-write and the writer table */
-    pthread_mutex_t loglock; /* PG log sequence assignment and order */
-    ts_cache *ccache;        /* verified chunks and complete-shard records */
-    struct arena arena;      /* where cached chunk bytes live (fd -1: in engine buffers) */
-    pthread_mutex_t dslock;  /* the dataset-record cache below */
-    struct ds_ent **dstab;
-    size_t ndsents;
-    uint64_t ds_gen; /* bumped on every invalidation: a racing fill is dropped */
-    struct writer_slot *writers;
-    size_t nwriters, capwriters;
-};
 
 #define DS_BUCKETS 1024
 #define DS_MAX_ENTS 4096
@@ -148,7 +102,7 @@ struct ts_read_ctx {
 
 /* ---- error conversion (the RocksDB edge) ------------------------------------------------- */
 
-static int from_rocksdb(char *err, const char *what)
+int from_rocksdb(char *err, const char *what)
 {
     int rc = TS_EDB;
 
@@ -275,7 +229,7 @@ static int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_sha
 /* ---- small engine helpers ---------------------------------------------------------------- */
 
 /* Gets a meta value into a malloc'ed buffer; TS_ENOENT if absent. */
-static int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size_t *vlen)
+int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size_t *vlen)
 {
     char *err = NULL;
     *val = rocksdb_get_cf(s->db, s->ro_meta, s->cf[CF_META], (const char *)k, klen, vlen, &err);
@@ -284,7 +238,7 @@ static int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size
     return *val ? 0 : TS_ENOENT;
 }
 
-static int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what)
+int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what)
 {
     char *err = NULL;
     rocksdb_write(s->db, s->wo, b, &err);
@@ -409,8 +363,6 @@ static int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
     return 0;
 }
 
-static int log_write_locked_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b);
-static void log_write_end(ts_store *s, struct ts_log_rec *log, int rc);
 
 /* ---- cache arena ------------------------------------------------------------------------- */
 
@@ -590,7 +542,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
         s->cf_opts[i] = co;
     }
 
-    s->db = rocksdb_open_column_families(s->opts, s->path, CF_COUNT, cf_names,
+    s->db = rocksdb_open_column_families(s->opts, s->path, CF_COUNT, ts_store_cf_names,
                                          (const rocksdb_options_t *const *)s->cf_opts, s->cf, &err);
     if (err) {
         rc = from_rocksdb(err, "open");
@@ -658,6 +610,12 @@ void ts_store_close(ts_store *s)
 
 int ts_store_dataset_create(ts_store *s, const char *name, const struct ts_dataset_policy *p)
 {
+    return ts_store_dataset_create_inc(s, name, p, 0);
+}
+
+int ts_store_dataset_create_inc(ts_store *s, const char *name, const struct ts_dataset_policy *p,
+                                uint64_t incarnation)
+{
     struct ts_dataset_info d, old;
     struct ts_dataset_policy def;
     uint8_t k[1 + TS_NAME_MAX], kid[9], rec[DS_REC_LEN], nbuf[8];
@@ -700,7 +658,7 @@ int ts_store_dataset_create(ts_store *s, const char *name, const struct ts_datas
     }
     d.id = next;
     d.state = TS_DS_OPEN;
-    d.created_ns = ts_now_wall_ns();
+    d.created_ns = incarnation ? incarnation : ts_now_wall_ns();
     ds_encode(rec, &d);
     ts_put_le64(nbuf, next + 1);
 
@@ -721,7 +679,7 @@ out_unlock:
 }
 
 /* Iterates meta keys starting with prefix; cb gets key and value. */
-static int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
+int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
                      int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v,
                                size_t vlen),
                      void *arg)
@@ -962,6 +920,40 @@ static void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t ds
     rocksdb_writebatch_delete_range_cf(b, s->cf[CF_CHUNKS], (const char *)clo, 16,
                                        (const char *)chi, 16);
     rocksdb_writebatch_delete_cf(b, s->cf[CF_CHUNKS], (const char *)chi, 16);
+}
+
+int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard)
+{
+    struct ts_dataset_info d;
+    uint8_t k[13];
+    rocksdb_writebatch_t *b;
+    int rc;
+
+    if (!s || !dataset)
+        return TS_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    rc = dataset_get(s, dataset, &d);
+    if (rc)
+        goto out_unlock;
+    if (writer_active(s, d.id, 0, shard)) {
+        rc = TS_EBUSY;
+        goto out_unlock;
+    }
+    b = rocksdb_writebatch_create();
+    shard_range_delete(s, b, d.id, shard);
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
+                                 key_shard(k, 'R', d.id, shard));
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
+                                 key_shard(k, 'S', d.id, shard));
+    rc = batch_write(s, b, "shard delete");
+    rocksdb_writebatch_destroy(b);
+    /* Cached chunks and shard records of the dataset go too (coarse, and rare: rollback). */
+    ts_cache_drop_dataset(s->ccache, d.id);
+    if (rc == 0)
+        TS_INFO(FAC, "removed shard %s/%u", dataset, shard);
+out_unlock:
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 static void writer_unregister(ts_store *s, uint64_t dsid, uint32_t shard)
@@ -1207,7 +1199,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         log->size = si.size;
         log->crc = si.crc;
         log->nchunks = si.nchunks;
-        rc = log_write_locked_begin(s, log, b);
+        rc = ts_pglog_begin(s, log, b);
         if (rc) {
             rocksdb_writebatch_destroy(b);
             goto out_free;
@@ -1215,7 +1207,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     }
     rc = batch_write(s, b, "shard seal");
     if (log)
-        log_write_end(s, log, rc);
+        ts_pglog_end(s);
     rocksdb_writebatch_destroy(b);
     if (rc)
         goto out_free;
@@ -1237,212 +1229,6 @@ void ts_shard_writer_abort(ts_shard_writer *w)
     free(w);
 }
 
-/* ---- PG operation log ----------------------------------------------------------------------- */
-
-static size_t key_log(uint8_t *k, uint32_t pg, uint64_t seq)
-{
-    ts_put_be32(k, pg);
-    ts_put_be64(k + 4, seq);
-    return 12;
-}
-
-static size_t key_pg(uint8_t *k, uint32_t pg)
-{
-    k[0] = 'P';
-    ts_put_be32(k + 1, pg);
-    return 5;
-}
-
-static int pg_applied_get(ts_store *s, uint32_t pg, uint64_t *applied)
-{
-    uint8_t k[5];
-    char *v;
-    size_t vlen;
-    int rc = meta_get(s, k, key_pg(k, pg), &v, &vlen);
-
-    *applied = 0;
-    if (rc == TS_ENOENT)
-        return 0;
-    if (rc)
-        return rc;
-    if (vlen == 8)
-        *applied = ts_get_le64((const uint8_t *)v);
-    rocksdb_free(v);
-    return vlen == 8 ? 0 : TS_ECORRUPT;
-}
-
-static void log_encode(struct ts_wr *w, const struct ts_log_rec *l)
-{
-    ts_wr_u8(w, (uint8_t)l->type);
-    ts_wr_u64(w, l->time_ns);
-    ts_wr_str(w, l->dataset);
-    ts_wr_u8(w, l->policy.core);
-    ts_wr_u8(w, l->policy.fringe);
-    ts_wr_u8(w, l->policy.min_core);
-    ts_wr_u32(w, l->policy.chunk_size);
-    ts_wr_u32(w, l->shard);
-    ts_wr_u64(w, l->size);
-    ts_wr_u32(w, l->crc);
-    ts_wr_u32(w, l->nchunks);
-}
-
-static int log_decode(const char *v, size_t vlen, uint32_t pg, uint64_t seq, struct ts_log_rec *l)
-{
-    struct ts_rd r;
-
-    memset(l, 0, sizeof(*l));
-    ts_rd_init(&r, v, vlen);
-    l->pg = pg;
-    l->seq = seq;
-    l->type = ts_rd_u8(&r);
-    l->time_ns = ts_rd_u64(&r);
-    ts_rd_str(&r, l->dataset, sizeof(l->dataset));
-    l->policy.core = ts_rd_u8(&r);
-    l->policy.fringe = ts_rd_u8(&r);
-    l->policy.min_core = ts_rd_u8(&r);
-    l->policy.chunk_size = ts_rd_u32(&r);
-    l->shard = ts_rd_u32(&r);
-    l->size = ts_rd_u64(&r);
-    l->crc = ts_rd_u32(&r);
-    l->nchunks = ts_rd_u32(&r);
-    return ts_rd_done(&r) ? TS_ECORRUPT : 0;
-}
-
-/*
- * Takes the log lock and adds the record and the PG's new applied sequence to batch b.
- * log_write_end() releases the lock once the batch has been written. On failure the lock is
- * not held.
- */
-static int log_write_locked_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b)
-{
-    uint8_t k[12], kp[5], sq[8];
-    uint64_t applied;
-    struct ts_wr w;
-    int rc;
-
-    pthread_mutex_lock(&s->loglock);
-    rc = pg_applied_get(s, log->pg, &applied);
-    if (rc)
-        goto out_unlock;
-    if (log->seq == 0) {
-        log->seq = applied + 1;
-    } else if (log->seq <= applied) {
-        rc = TS_EEXIST;
-        goto out_unlock;
-    } else if (log->seq > applied + 1) {
-        rc = TS_ERANGE;
-        goto out_unlock;
-    }
-    if (!log->time_ns)
-        log->time_ns = ts_now_wall_ns();
-    ts_wr_init(&w);
-    log_encode(&w, log);
-    if (w.err) {
-        rc = w.err;
-        ts_wr_fini(&w);
-        goto out_unlock;
-    }
-    ts_put_le64(sq, log->seq);
-    rocksdb_writebatch_put_cf(b, s->cf[CF_OPLOG], (const char *)k, key_log(k, log->pg, log->seq),
-                              (const char *)w.buf, w.len);
-    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)kp, key_pg(kp, log->pg),
-                              (const char *)sq, 8);
-    ts_wr_fini(&w);
-    return 0;
-out_unlock:
-    pthread_mutex_unlock(&s->loglock);
-    return rc;
-}
-
-static void log_write_end(ts_store *s, struct ts_log_rec *log, int rc)
-{
-    pthread_mutex_unlock(&s->loglock);
-}
-
-int ts_store_log_append(ts_store *s, struct ts_log_rec *log)
-{
-    rocksdb_writebatch_t *b;
-    int rc;
-
-    if (!s || !log)
-        return TS_EINVAL;
-    b = rocksdb_writebatch_create();
-    rc = log_write_locked_begin(s, log, b);
-    if (rc == 0) {
-        rc = batch_write(s, b, "log append");
-        log_write_end(s, log, rc);
-    }
-    rocksdb_writebatch_destroy(b);
-    return rc;
-}
-
-int ts_store_pg_applied(ts_store *s, uint32_t pg, uint64_t *applied, uint64_t *oldest)
-{
-    uint8_t k[12];
-    rocksdb_iterator_t *it;
-    int rc;
-
-    rc = pg_applied_get(s, pg, applied);
-    if (rc || !oldest)
-        return rc;
-    *oldest = 0;
-    it = rocksdb_create_iterator_cf(s->db, s->ro_meta, s->cf[CF_OPLOG]);
-    rocksdb_iter_seek(it, (const char *)k, key_log(k, pg, 0));
-    if (rocksdb_iter_valid(it)) {
-        size_t klen;
-        const uint8_t *key = (const uint8_t *)rocksdb_iter_key(it, &klen);
-        if (klen == 12 && ts_get_be32(key) == pg)
-            *oldest = ts_get_be64(key + 4);
-    }
-    rocksdb_iter_destroy(it);
-    return 0;
-}
-
-int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec *out)
-{
-    uint8_t k[12];
-    char *err = NULL, *v;
-    size_t vlen;
-    int rc;
-
-    v = rocksdb_get_cf(s->db, s->ro_meta, s->cf[CF_OPLOG], (const char *)k, key_log(k, pg, seq),
-                       &vlen, &err);
-    if (err)
-        return from_rocksdb(err, "log read");
-    if (!v)
-        return TS_ENOENT;
-    rc = log_decode(v, vlen, pg, seq, out);
-    rocksdb_free(v);
-    return rc;
-}
-
-int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep)
-{
-    uint64_t applied;
-    uint8_t lo[12], hi[12];
-    char *err = NULL;
-    int rc = pg_applied_get(s, pg, &applied);
-
-    if (rc || applied <= keep)
-        return rc;
-    rocksdb_delete_range_cf(s->db, s->wo, s->cf[CF_OPLOG], (const char *)lo, key_log(lo, pg, 0),
-                            (const char *)hi, key_log(hi, pg, applied - keep + 1), &err);
-    return from_rocksdb(err, "log trim");
-}
-
-int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq)
-{
-    uint8_t kp[5], sq[8];
-    char *err = NULL;
-
-    ts_put_le64(sq, seq);
-    pthread_mutex_lock(&s->loglock);
-    rocksdb_put_cf(s->db, s->wo, s->cf[CF_META], (const char *)kp, key_pg(kp, pg), (const char *)sq,
-                   8, &err);
-    pthread_mutex_unlock(&s->loglock);
-    return from_rocksdb(err, "set applied");
-}
-
 int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *out)
 {
     if (!s || !out)
@@ -1452,14 +1238,27 @@ int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *
 
 /* ---- replication helpers ------------------------------------------------------------------ */
 
-int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p)
+int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p,
+                            uint64_t incarnation)
 {
     struct ts_dataset_info d;
     int rc = dataset_get(s, name, &d);
 
+    if (rc == 0 && incarnation && d.created_ns != incarnation) {
+        if (d.created_ns > incarnation)
+            return TS_ESTALE; /* the sender has an older incarnation than ours */
+        /* Ours was deleted and the name re-created while this node was away. */
+        TS_WARN(FAC, 0, "dataset %s here is an older incarnation (%llu) than the primary's "
+                "(%llu): replacing it",
+                name, (unsigned long long)d.created_ns, (unsigned long long)incarnation);
+        rc = ts_store_dataset_delete(s, name);
+        if (rc)
+            return rc;
+        rc = TS_ENOENT;
+    }
     if (rc != TS_ENOENT)
         return rc;
-    rc = ts_store_dataset_create(s, name, p);
+    rc = ts_store_dataset_create_inc(s, name, p, incarnation);
     return rc == TS_EEXIST ? 0 : rc;
 }
 
@@ -1965,17 +1764,6 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
     return rc;
 }
 
-uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count)
-{
-    uint8_t b[4];
-    uint32_t h;
-
-    ts_put_be32(b, shard);
-    h = ts_crc32c(0, dataset, strlen(dataset));
-    h = ts_crc32c(h, b, 4);
-    return pg_count ? h % pg_count : 0;
-}
-
 struct pg_arg {
     ts_store *s;
     uint32_t pg, pg_count;
@@ -1998,7 +1786,7 @@ static int pg_iter_cb(void *arg, const uint8_t *k, size_t klen, const char *v, s
     rc = id_name(a->s, ts_get_be64(k + 1), name);
     if (rc)
         return rc;
-    if (ts_shard_pg(name, si.shard, a->pg_count) != a->pg)
+    if (ts_pg_of(name, si.shard, a->pg_count) != a->pg)
         return 0;
     return a->cb(a->arg, name, &si);
 }

@@ -135,13 +135,16 @@ int ts_store_scrub(ts_store *s, const char *dataset,
 /* ---- per-PG operation log (replication) --------------------------------------------------- */
 
 enum ts_log_type {
-    TS_LOG_SEAL = 1, /* a shard became complete */
-    TS_LOG_NOOP = 2, /* a sequence number with nothing to apply (keeps replica logs contiguous) */
+    TS_LOG_SEAL = 1,   /* a shard became complete */
+    TS_LOG_NOOP = 2,   /* a sequence number with nothing to apply (keeps replica logs contiguous) */
+    TS_LOG_DELETE = 3, /* dataset incarnation `inc` was deleted */
 };
 
 struct ts_log_rec {
     uint32_t pg;
     uint64_t seq;     /* 0 on append: assign the next one */
+    uint64_t epoch;   /* map epoch of the primary that appended it; (epoch, seq) names an entry */
+    uint64_t inc;     /* the dataset's incarnation (its created_ns, the same on every node) */
     int type;         /* enum ts_log_type */
     uint64_t time_ns; /* wall clock when the primary appended it */
     char dataset[TS_NAME_MAX + 1];
@@ -154,10 +157,11 @@ struct ts_log_rec {
 
 /*
  * Seals like ts_shard_writer_seal and, in the same atomic write, appends log record *log to
- * its PG's log and advances the PG's applied sequence. log->seq == 0 assigns the next
+ * its PG's log and advances the PG's head to (log->epoch, seq). log->seq == 0 assigns the next
  * sequence (primary) and stores it in log->seq; a given seq (replica) must be applied+1:
- * TS_EEXIST if already applied, TS_ERANGE if it leaves a gap (*log->seq is then unchanged and
- * ts_store_pg_applied tells where the PG is).
+ * TS_EEXIST if the same entry (epoch, dataset, shard, CRC) is already there, TS_ERANGE if it
+ * leaves a gap, is older than the head, or a different entry holds that sequence (divergent
+ * logs: the sender compares and truncates; ts_store_pg_state tells where the PG is).
  */
 int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
                              const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log);
@@ -170,13 +174,58 @@ int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec 
 /* Keeps the newest keep records of a PG's log. */
 int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
 
-/* Forces the PG's applied sequence (backfill finished). */
-int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq);
+/* Forces the PG's head to (epoch, seq) (backfill finished). */
+int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch);
+
+/* 1 when two entries are the same operation (epoch, type, dataset, shard, size, CRC). */
+int ts_log_rec_same(const struct ts_log_rec *a, const struct ts_log_rec *b);
+
+/*
+ * Durable peering facts of a PG on this node (docs/architecture.md "Peering"): its log head,
+ * the highest epoch it promised to a peering primary (it refuses older primaries), and the
+ * interval it last joined (last epoch started, that interval's acting set and write quorum).
+ */
+#define TS_PG_MAX_ACTING 8
+struct ts_pg_state {
+    uint64_t applied;    /* sequence of the last entry held (0: none) */
+    uint64_t head_epoch; /* epoch of that entry */
+    uint64_t promised;   /* no replication or activation from epochs below this */
+    uint64_t les;        /* last epoch started: the interval this node last joined */
+    uint8_t wq;          /* that interval's write quorum */
+    uint8_t nacting;
+    char acting[TS_PG_MAX_ACTING][64]; /* that interval's acting set, primary first */
+};
+struct ts_log_pos {
+    uint64_t seq, epoch;
+};
+int ts_store_pg_state(ts_store *s, uint32_t pg, struct ts_pg_state *out);
+/* Raises promised to epoch (durably); TS_ESTALE if a newer epoch was promised. *out (optional)
+ * gets the state as it is now. */
+int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_state *out);
+/* Joins interval epoch (promised = les = epoch, acting set, write quorum); TS_ESTALE if a newer
+ * epoch was promised. */
+int ts_store_pg_activate(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
+                         const char (*acting)[64], uint8_t nacting);
+/* The newest entries' (seq, epoch), newest first, up to max. */
+int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_t max, size_t *n);
+/* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and
+ * the shards they sealed deleted (they were never acknowledged). *removed counts shards. */
+int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
+                         unsigned *removed);
+/* Deletes one shard (complete or not) and its records; TS_EBUSY while it is being uploaded. */
+int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard);
 /* The dataset's record only (cached; no shard scan). */
 int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *out);
 
-/* Creates the dataset if it does not exist (replicas learn datasets from their primaries). */
-int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p);
+/* Creates a dataset whose incarnation (created_ns) is given: the same on every node of a
+ * cluster (0: now). A deleted and re-created name is a new incarnation. */
+int ts_store_dataset_create_inc(ts_store *s, const char *name, const struct ts_dataset_policy *p,
+                                uint64_t incarnation);
+/* Creates the dataset if it does not exist (replicas learn datasets from their primaries).
+ * With an incarnation (non-zero): an older local incarnation is deleted and replaced;
+ * TS_ESTALE if the local one is newer. */
+int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p,
+                            uint64_t incarnation);
 /* Seal; local_only: this node holds only some shards, so skip the 0..N-1 check. */
 int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only);
 /* Replaces the bytes of chunk idx of a complete shard with data, which must match the stored
@@ -189,9 +238,6 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                       void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
-
-/* Placement group of a shard: stable across versions and machines. */
-uint32_t ts_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count);
 
 /* Calls cb for every complete shard that maps to pg (of pg_count), for backfill. */
 int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,

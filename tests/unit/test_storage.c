@@ -5,6 +5,7 @@
 #include "ts_test.h"
 
 #include "ts_store.h"
+#include "ts_map.h"
 
 #include <rocksdb/c.h>
 #include <signal.h>
@@ -324,13 +325,13 @@ static void test_pg_iter(void **state)
         int n = 0, expect = 0;
         assert_int_equal(ts_store_pg_iter(f->s, pg, pgs, pg_collect, &n), 0);
         for (uint32_t i = 0; i < 40; i++)
-            expect += ts_shard_pg("pg", i, pgs) == pg;
+            expect += ts_pg_of("pg", i, pgs) == pg;
         assert_int_equal(n, expect);
         total += n;
     }
     assert_int_equal(total, 40);
     /* Stable hash: the same answer on every machine and version. */
-    assert_int_equal(ts_shard_pg("pg", 0, 1000), ts_shard_pg("pg", 0, 1000));
+    assert_int_equal(ts_pg_of("pg", 0, 1000), ts_pg_of("pg", 0, 1000));
     assert_int_equal(ts_store_pg_iter(f->s, pgs, pgs, pg_collect, &total), TS_EINVAL);
 }
 

@@ -1,0 +1,740 @@
+/*
+ * Peering of the PGs this node leads (docs/architecture.md "Peering"): the I/O around the pure
+ * decisions of peering.c. For each PG whose primary this node is in its map, and whose acting
+ * set changed (or that was never activated here):
+ *
+ *   QUERY     PG_QUERY(pg, epoch) to every node of the map; each repliers promises the epoch
+ *             durably (refusing older primaries from then on) and answers its PG facts.
+ *   PULL      when another replier holds a newer head: PG_PULL asks it to push its log here
+ *             (rolling back what diverges); when our head has reached it, QUERY again.
+ *   ACTIVATE  PG_ACTIVATE(pg, epoch, wq, acting) to the new acting set and the last
+ *             interval's; the PG is active once q(L) members of the last interval recorded it.
+ *   ACTIVE    writes are accepted (ts_repl_pg_ready) and the log pushers run.
+ *   BLOCKED   a replier promised a newer epoch: our map is old; wait for the next map.
+ */
+#include "repl_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REQUERY_NS (1000ull * 1000000)
+#define PULL_NUDGE_NS (2000ull * 1000000)
+
+static const char *const state_names[] = {"peering", "pulling", "activating", "active",
+                                          "blocked"};
+
+const char *ts_repl_pg_state_name(int state)
+{
+    return state >= 0 && state <= PGP_BLOCKED ? state_names[state] : "?";
+}
+
+struct pgpeer *repl_pgpeer_find(ts_repl *r, uint32_t pg)
+{
+    for (struct pgpeer *pp = r->pgs; pp; pp = pp->next)
+        if (pp->pg == pg)
+            return pp;
+    return NULL;
+}
+
+int repl_pg_active(ts_repl *r, uint32_t pg)
+{
+    struct pgpeer *pp = repl_pgpeer_find(r, pg);
+    return pp && pp->state == PGP_ACTIVE;
+}
+
+/* Publishes pp's state for the workers (ts_repl_pg_ready) and STATUS. */
+static void publish(ts_repl *r, struct pgpeer *pp, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void publish(ts_repl *r, struct pgpeer *pp, const char *fmt, ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(pp->why, sizeof(pp->why), fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&r->lock);
+    if (r->pub && pp->pg < r->npub) {
+        struct repl_pg_pub *p = &r->pub[pp->pg];
+        p->state = pp->state;
+        p->epoch = pp->epoch;
+        p->wq = pp->wq;
+        p->since_ns = pp->since_ns;
+        snprintf(p->why, sizeof(p->why), "%s", pp->why);
+    }
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void unpublish(ts_repl *r, uint32_t pg)
+{
+    pthread_mutex_lock(&r->lock);
+    if (r->pub && pg < r->npub)
+        memset(&r->pub[pg], 0, sizeof(r->pub[pg]));
+    pthread_mutex_unlock(&r->lock);
+}
+
+static void set_state(ts_repl *r, struct pgpeer *pp, int state)
+{
+    if (pp->state != state)
+        pp->since_ns = ts_now_wall_ns();
+    pp->state = state;
+}
+
+/* Replies carry (pg, round); the pgpeer may be gone or have started over since. */
+struct pctx {
+    uint32_t pg;
+    unsigned round;
+    char node[64];
+};
+
+static struct pgpeer *ctx_pp(ts_repl *r, struct pctx *c)
+{
+    struct pgpeer *pp = repl_pgpeer_find(r, c->pg);
+    return pp && pp->round == c->round ? pp : NULL;
+}
+
+static struct pctx *ctx_new(struct pgpeer *pp, const char *node)
+{
+    struct pctx *c = calloc(1, sizeof(*c));
+    if (c) {
+        c->pg = pp->pg;
+        c->round = pp->round;
+        snprintf(c->node, sizeof(c->node), "%.63s", node);
+    }
+    return c;
+}
+
+static int in_list(const char (*ids)[64], unsigned n, const char *id)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (!strcmp(ids[i], id))
+            return 1;
+    return 0;
+}
+
+static void add_reply(struct pgpeer *pp, const char *id, const struct ts_pg_state *st)
+{
+    for (size_t i = 0; i < pp->nreplies; i++)
+        if (!strcmp(pp->replies[i].id, id)) {
+            pp->replies[i].st = *st;
+            return;
+        }
+    if (pp->nreplies == pp->capreplies) {
+        size_t cap = pp->capreplies ? 2 * pp->capreplies : 8;
+        struct ts_peer_reply *n = realloc(pp->replies, cap * sizeof(*n));
+        if (!n)
+            return;
+        pp->replies = n;
+        pp->capreplies = cap;
+    }
+    snprintf(pp->replies[pp->nreplies].id, sizeof(pp->replies[0].id), "%s", id);
+    pp->replies[pp->nreplies++].st = *st;
+}
+
+static void start_round(ts_repl *r, struct pgpeer *pp);
+static void evaluate(ts_repl *r, struct pgpeer *pp);
+
+static void block(ts_repl *r, struct pgpeer *pp, const char *node, uint64_t promised)
+{
+    set_state(r, pp, PGP_BLOCKED);
+    pp->round++;
+    pp->outstanding = 0;
+    publish(r, pp, "%s promised epoch %llu or newer: waiting for a newer map than %llu", node,
+            (unsigned long long)promised, (unsigned long long)pp->epoch);
+    TS_WARN(FAC, TS_ESTALE, "PG %u: %s", pp->pg, pp->why);
+}
+
+/* ---- QUERY ---------------------------------------------------------------------------------- */
+
+void ts_repl_wr_pg_state(struct ts_wr *w, const struct ts_pg_state *st)
+{
+    ts_wr_u64(w, st->applied);
+    ts_wr_u64(w, st->head_epoch);
+    ts_wr_u64(w, st->promised);
+    ts_wr_u64(w, st->les);
+    ts_wr_u8(w, st->wq);
+    ts_wr_u8(w, st->nacting);
+    for (unsigned i = 0; i < st->nacting && i < TS_PG_MAX_ACTING; i++)
+        ts_wr_str(w, st->acting[i]);
+}
+
+int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->applied = ts_rd_u64(rd);
+    st->head_epoch = ts_rd_u64(rd);
+    st->promised = ts_rd_u64(rd);
+    st->les = ts_rd_u64(rd);
+    st->wq = ts_rd_u8(rd);
+    st->nacting = ts_rd_u8(rd);
+    if (st->nacting > TS_PG_MAX_ACTING)
+        return TS_EPROTO;
+    for (unsigned i = 0; i < st->nacting; i++)
+        ts_rd_str(rd, st->acting[i], sizeof(st->acting[i]));
+    return rd->err ? TS_EPROTO : 0;
+}
+
+static void query_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct pctx *c = ctx;
+    struct pgpeer *pp = ctx_pp(r, c);
+    struct ts_pg_state st;
+
+    if (!pp || pp->state != PGP_QUERY) {
+        free(c);
+        return;
+    }
+    pp->outstanding--;
+    if (status == 0 && ts_repl_rd_pg_state(body, &st) == 0) {
+        add_reply(pp, c->node, &st);
+    } else if (status != TS_ESTALE) {
+        TS_DEBUG(FAC, "PG %u: no peering reply from %s: %s", pp->pg, c->node, ts_errname(status));
+    } else {
+        block(r, pp, c->node, pp->epoch + 1);
+        repl_on_stale(r, p, body);
+        free(c);
+        return;
+    }
+    free(c);
+    evaluate(r, pp);
+}
+
+static void start_round(ts_repl *r, struct pgpeer *pp)
+{
+    struct ts_pg_state me;
+    int rc;
+
+    pp->round++;
+    pp->nreplies = 0;
+    pp->outstanding = 0;
+    pp->retry_at = 0;
+    set_state(r, pp, PGP_QUERY);
+    rc = ts_store_pg_promise(r->o.store, pp->pg, pp->epoch, &me);
+    if (rc == TS_ESTALE) {
+        block(r, pp, r->node_id, me.promised);
+        return;
+    }
+    if (rc) {
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+        publish(r, pp, "cannot record the promise here: %s", ts_strerror(rc));
+        return;
+    }
+    add_reply(pp, r->node_id, &me);
+    for (size_t i = 0; i < r->map->n; i++) {
+        const char *id = r->map->nodes[i].id;
+        struct pctx *c;
+        struct ts_wr w;
+        if ((int)i == r->self || !(c = ctx_new(pp, id)))
+            continue;
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u32(&w, pp->pg);
+        ts_wr_u64(&w, pp->epoch);
+        ts_wr_str(&w, r->node_id);
+        pp->outstanding++;
+        repl_peer_send(r, id, TS_OP_PG_QUERY, &w, NULL, 0, NULL, NULL, query_reply, c,
+                       pp->epoch);
+    }
+    if (pp->state == PGP_QUERY)
+        evaluate(r, pp);
+}
+
+/* ---- PULL ----------------------------------------------------------------------------------- */
+
+static void pull_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct pctx *c = ctx;
+    struct pgpeer *pp = ctx_pp(r, c);
+
+    if (pp && pp->state == PGP_PULL && status) {
+        publish(r, pp, "%s refused to push its log (%s): asking again", c->node,
+                ts_errname(status));
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+    }
+    free(c);
+}
+
+static void send_pull(ts_repl *r, struct pgpeer *pp)
+{
+    struct pctx *c = ctx_new(pp, pp->pull_from);
+    struct ts_wr w;
+
+    if (!c)
+        return;
+    ts_wr_init(&w);
+    ts_wr_begin_frame(&w);
+    ts_wr_u32(&w, pp->pg);
+    ts_wr_u64(&w, pp->epoch);
+    ts_wr_str(&w, r->node_id);
+    ts_wr_u8(&w, 0); /* a peering primary's pull */
+    pp->retry_at = ts_now_mono_ns() + PULL_NUDGE_NS;
+    repl_peer_send(r, pp->pull_from, TS_OP_PG_PULL, &w, NULL, 0, NULL, NULL, pull_reply, c,
+                   pp->epoch);
+}
+
+/* ---- ACTIVATE ------------------------------------------------------------------------------- */
+
+static void activated(ts_repl *r, struct pgpeer *pp)
+{
+    set_state(r, pp, PGP_ACTIVE);
+    publish(r, pp, "active since epoch %llu (acting set of %u, write quorum %u)",
+            (unsigned long long)pp->epoch, pp->nacting, pp->wq);
+    TS_INFO(FAC, "PG %u active at epoch %llu: %u of %u of the last interval recorded it",
+            pp->pg, (unsigned long long)pp->epoch, pp->acks_prev, pp->nprev);
+    /* Replicas: compare their logs with ours now that ours is the acknowledged one. */
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (ps->pg == pp->pg && !ps->pull) {
+            if (!ps->busy)
+                ps->known = 0;
+            repl_push_step(r, ps);
+        }
+    repl_waiters_check(r);
+}
+
+static void activate_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct pctx *c = ctx;
+    struct pgpeer *pp = ctx_pp(r, c);
+
+    if (!pp || pp->state != PGP_ACTIVATE) {
+        free(c);
+        return;
+    }
+    pp->outstanding--;
+    if (status == 0 && in_list(pp->prev, pp->nprev, c->node))
+        pp->acks_prev++;
+    else if (status == TS_ESTALE) {
+        block(r, pp, c->node, pp->epoch + 1);
+        free(c);
+        return;
+    }
+    free(c);
+    if (pp->acks_prev >= pp->prev_need) {
+        activated(r, pp);
+        return;
+    }
+    if (pp->outstanding == 0) {
+        publish(r, pp, "only %u of the %u needed nodes of the last interval recorded epoch %llu",
+                pp->acks_prev, pp->prev_need, (unsigned long long)pp->epoch);
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+    }
+}
+
+static void start_activate(ts_repl *r, struct pgpeer *pp)
+{
+    char to[2 * TS_PG_MAX_ACTING][64];
+    unsigned nto = 0;
+    int rc;
+
+    set_state(r, pp, PGP_ACTIVATE);
+    rc = ts_store_pg_activate(r->o.store, pp->pg, pp->epoch, pp->wq,
+                              (const char(*)[64])pp->acting, (uint8_t)pp->nacting);
+    if (rc == TS_ESTALE) {
+        block(r, pp, r->node_id, pp->epoch + 1);
+        return;
+    }
+    if (rc) {
+        publish(r, pp, "cannot record the interval here: %s", ts_strerror(rc));
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+        return;
+    }
+    pp->acks_prev = in_list(pp->prev, pp->nprev, r->node_id) ? 1 : 0;
+    for (unsigned i = 0; i < pp->nacting; i++)
+        if (strcmp(pp->acting[i], r->node_id) && !in_list(to, nto, pp->acting[i]))
+            snprintf(to[nto++], sizeof(to[0]), "%s", pp->acting[i]);
+    for (unsigned i = 0; i < pp->nprev; i++)
+        if (strcmp(pp->prev[i], r->node_id) && !in_list(to, nto, pp->prev[i]))
+            snprintf(to[nto++], sizeof(to[0]), "%s", pp->prev[i]);
+    publish(r, pp, "activating epoch %llu: %u of %u nodes of the last interval must record it",
+            (unsigned long long)pp->epoch, pp->prev_need, pp->nprev);
+    pp->outstanding = 0;
+    for (unsigned i = 0; i < nto; i++) {
+        struct pctx *c = ctx_new(pp, to[i]);
+        struct ts_wr w;
+        if (!c)
+            continue;
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u32(&w, pp->pg);
+        ts_wr_u64(&w, pp->epoch);
+        ts_wr_u8(&w, pp->wq);
+        ts_wr_u8(&w, (uint8_t)pp->nacting);
+        for (unsigned k = 0; k < pp->nacting; k++)
+            ts_wr_str(&w, pp->acting[k]);
+        pp->outstanding++;
+        repl_peer_send(r, to[i], TS_OP_PG_ACTIVATE, &w, NULL, 0, NULL, NULL, activate_reply, c,
+                       pp->epoch);
+    }
+    if (pp->state == PGP_ACTIVATE && pp->acks_prev >= pp->prev_need)
+        activated(r, pp);
+}
+
+/* ---- decisions ------------------------------------------------------------------------------ */
+
+static void evaluate(ts_repl *r, struct pgpeer *pp)
+{
+    struct ts_peering_in in;
+    struct ts_peering_out out;
+    char(*nodes)[64] = calloc(r->map->n ? r->map->n : 1, 64);
+
+    if (!nodes)
+        return;
+    for (size_t i = 0; i < r->map->n; i++)
+        snprintf(nodes[i], 64, "%s", r->map->nodes[i].id);
+    memset(&in, 0, sizeof(in));
+    in.epoch = pp->epoch;
+    in.self = r->node_id;
+    in.map_nodes = (const char(*)[64])nodes;
+    in.nmap = r->map->n;
+    in.replies = pp->replies;
+    in.nreplies = pp->nreplies;
+    if (ts_peering_decide(&in, &out) != 0) {
+        free(nodes);
+        return;
+    }
+    free(nodes);
+    switch (out.verdict) {
+    case TS_PEERING_WAIT:
+        publish(r, pp, "%s", out.why);
+        if (pp->outstanding == 0) {
+            TS_WARN(FAC, TS_EUNAVAIL, "PG %u (epoch %llu) cannot start yet: %s", pp->pg,
+                    (unsigned long long)pp->epoch, out.why);
+            pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+        }
+        return;
+    case TS_PEERING_PULL:
+        set_state(r, pp, PGP_PULL);
+        pp->round++; /* late query replies are not needed any more */
+        pp->outstanding = 0;
+        pp->pull_seq = out.head_seq;
+        pp->pull_epoch = out.head_epoch;
+        snprintf(pp->pull_from, sizeof(pp->pull_from), "%s", out.pull_from);
+        publish(r, pp, "%s", out.why);
+        TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
+        send_pull(r, pp);
+        return;
+    default:
+        pp->round++;
+        pp->outstanding = 0;
+        memcpy(pp->prev, out.prev, sizeof(pp->prev));
+        pp->nprev = out.nprev;
+        pp->prev_need = out.prev_need;
+        TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
+        start_activate(r, pp);
+    }
+}
+
+/* ---- map changes and timers ----------------------------------------------------------------- */
+
+/* The largest core count and the smallest min_core of the datasets known here. */
+struct widths {
+    unsigned core, wq;
+};
+
+static int widths_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct widths *w = arg;
+    if (d->policy.core > w->core)
+        w->core = d->policy.core;
+    if (!w->wq || d->policy.min_core < w->wq)
+        w->wq = d->policy.min_core ? d->policy.min_core : 1;
+    return 0;
+}
+
+static void pgpeer_free(struct pgpeer *pp)
+{
+    free(pp->replies);
+    free(pp);
+}
+
+void repl_pgpeer_map_changed(ts_repl *r)
+{
+    struct widths wd = {0, 0};
+    struct pgpeer **pp, *p;
+
+    if (!r->map || r->self < 0)
+        return;
+    pthread_mutex_lock(&r->lock);
+    if (r->npub != r->map->pg_count) {
+        free(r->pub);
+        r->pub = calloc(r->map->pg_count, sizeof(*r->pub));
+        r->npub = r->pub ? r->map->pg_count : 0;
+    }
+    pthread_mutex_unlock(&r->lock);
+    ts_store_dataset_list(r->o.store, widths_cb, &wd);
+    if (wd.core < 3)
+        wd.core = 3; /* the default policy's; wider datasets widen the acting set */
+    if (wd.core > TS_PG_MAX_ACTING)
+        wd.core = TS_PG_MAX_ACTING;
+    if (!wd.wq)
+        wd.wq = 2; /* no dataset yet: the cluster default (core 3, min_core a majority) */
+    for (pp = &r->pgs; (p = *pp);) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = p->pg < r->map->pg_count
+                       ? ts_map_pg_order(r->map, p->pg, order, TS_REPL_MAX_REPLICAS)
+                       : 0;
+        if (n == 0 || order[0] != r->self) {
+            TS_INFO(FAC, "PG %u: no longer its primary (map epoch %llu)", p->pg,
+                    (unsigned long long)r->map->epoch);
+            *pp = p->next;
+            unpublish(r, p->pg);
+            pgpeer_free(p);
+            continue;
+        }
+        pp = &p->next;
+    }
+    for (uint32_t pg = 0; pg < r->map->pg_count; pg++) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
+        char acting[TS_PG_MAX_ACTING][64];
+        unsigned na = 0, same;
+
+        if (n == 0 || order[0] != r->self)
+            continue;
+        for (size_t i = 0; i < n && na < wd.core; i++)
+            snprintf(acting[na++], sizeof(acting[0]), "%s", r->map->nodes[order[i]].id);
+        p = repl_pgpeer_find(r, pg);
+        if (!p) {
+            p = calloc(1, sizeof(*p));
+            if (!p)
+                continue;
+            p->pg = pg;
+            p->state = PGP_QUERY;
+            p->next = r->pgs;
+            r->pgs = p;
+        }
+        same = p->nacting == na;
+        for (unsigned i = 0; same && i < na; i++)
+            same = !strcmp(p->acting[i], acting[i]);
+        if (same && p->state == PGP_ACTIVE)
+            continue; /* the interval goes on under the new epoch */
+        memcpy(p->acting, acting, sizeof(acting));
+        p->nacting = na;
+        p->wq = (uint8_t)wd.wq;
+        p->epoch = r->map->epoch;
+        TS_INFO(FAC, "PG %u: peering at epoch %llu (acting set of %u)", pg,
+                (unsigned long long)p->epoch, na);
+        start_round(r, p);
+    }
+}
+
+void repl_pgpeer_tick(ts_repl *r)
+{
+    uint64_t now = ts_now_mono_ns();
+    struct push **pp, *ps;
+
+    for (struct pgpeer *p = r->pgs; p; p = p->next) {
+        if (p->state == PGP_PULL) {
+            struct ts_pg_state me;
+            if (ts_store_pg_state(r->o.store, p->pg, &me) == 0 &&
+                ts_peering_head_cmp(me.head_epoch, me.applied, p->pull_epoch, p->pull_seq) >= 0) {
+                TS_INFO(FAC, "PG %u: caught up to (%llu, %llu) from %s", p->pg,
+                        (unsigned long long)p->pull_epoch, (unsigned long long)p->pull_seq,
+                        p->pull_from);
+                start_round(r, p);
+            } else if (p->retry_at && now >= p->retry_at) {
+                send_pull(r, p);
+            }
+            continue;
+        }
+        if ((p->state == PGP_QUERY || p->state == PGP_ACTIVATE) && p->outstanding == 0 &&
+            p->retry_at && now >= p->retry_at)
+            start_round(r, p);
+    }
+    /* Pulls that are done (and idle) go. */
+    for (pp = &r->pushes; (ps = *pp);) {
+        if (ps->pull && ps->pull_done && !ps->busy) {
+            *pp = ps->next;
+            repl_push_free(ps);
+            continue;
+        }
+        pp = &ps->next;
+    }
+}
+
+void repl_pgpeer_free_all(ts_repl *r)
+{
+    while (r->pgs) {
+        struct pgpeer *p = r->pgs;
+        r->pgs = p->next;
+        pgpeer_free(p);
+    }
+    free(r->pub);
+    r->pub = NULL;
+    r->npub = 0;
+}
+
+/* ---- thread-safe entry points --------------------------------------------------------------- */
+
+int ts_repl_pg_ready(ts_repl *r, uint32_t pg, uint64_t *epoch, uint8_t *wq, char *why, size_t cap)
+{
+    int rc = TS_EBUSY;
+
+    pthread_mutex_lock(&r->lock);
+    if (r->pub && pg < r->npub) {
+        const struct repl_pg_pub *p = &r->pub[pg];
+        if (p->state == PGP_ACTIVE && p->epoch) {
+            rc = 0;
+            if (epoch)
+                *epoch = p->epoch;
+            if (wq)
+                *wq = p->wq;
+        } else if (why) {
+            snprintf(why, cap, "%s: %s", ts_repl_pg_state_name(p->epoch ? p->state : PGP_QUERY),
+                     p->why[0] ? p->why : "peering has not started");
+        }
+    } else if (why) {
+        snprintf(why, cap, "peering has not started");
+    }
+    pthread_mutex_unlock(&r->lock);
+    return rc;
+}
+
+int ts_repl_pg_states(ts_repl *r, struct ts_repl_pgstat **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    pthread_mutex_lock(&r->lock);
+    for (uint32_t pg = 0; r->pub && pg < r->npub; pg++)
+        if (r->pub[pg].epoch)
+            (*n)++;
+    if (*n && !(*out = calloc(*n, sizeof(**out))))
+        *n = 0;
+    for (uint32_t pg = 0, k = 0; *out && pg < r->npub; pg++) {
+        const struct repl_pg_pub *p = &r->pub[pg];
+        if (!p->epoch)
+            continue;
+        (*out)[k].pg = pg;
+        (*out)[k].state = ts_repl_pg_state_name(p->state);
+        (*out)[k].active = p->state == PGP_ACTIVE;
+        (*out)[k].epoch = p->epoch;
+        (*out)[k].since_ns = p->since_ns;
+        snprintf((*out)[k].why, sizeof((*out)[k].why), "%s", p->why);
+        k++;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return 0;
+}
+
+struct pull_msg {
+    ts_repl *r;
+    uint32_t pg;
+    uint64_t epoch;
+    int recheck;
+    char node[64];
+};
+
+static void pull_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct pull_msg *m = arg;
+    repl_pull_start(m->r, m->pg, m->node, m->epoch, m->recheck);
+    free(m);
+}
+
+void ts_repl_pull(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int recheck)
+{
+    struct pull_msg *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return;
+    m->r = r;
+    m->pg = pg;
+    m->epoch = epoch;
+    m->recheck = recheck;
+    snprintf(m->node, sizeof(m->node), "%s", node);
+    event_base_once(r->base, -1, EV_TIMEOUT, pull_cb, m, NULL);
+}
+
+/* ---- a replica asking its primary to compare its log again (after a restart) ------------- */
+
+struct recheck_msg {
+    ts_repl *r;
+    uint32_t pg;
+};
+
+static void recheck_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    if (status == TS_ESTALE)
+        repl_on_stale(r, p, body);
+}
+
+static void recheck_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct recheck_msg *m = arg;
+    ts_repl *r = m->r;
+    int order[1];
+    struct ts_wr w;
+
+    if (r->map && m->pg < r->map->pg_count &&
+        ts_map_pg_order(r->map, m->pg, order, 1) == 1 && order[0] != r->self) {
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u32(&w, m->pg);
+        ts_wr_u64(&w, r->map->epoch);
+        ts_wr_str(&w, r->node_id);
+        ts_wr_u8(&w, 1);
+        repl_peer_send(r, r->map->nodes[order[0]].id, TS_OP_PG_PULL, &w, NULL, 0, NULL, NULL,
+                       recheck_reply, NULL, 0);
+    }
+    free(m);
+}
+
+void ts_repl_ask_primary(ts_repl *r, uint32_t pg)
+{
+    struct recheck_msg *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return;
+    m->r = r;
+    m->pg = pg;
+    event_base_once(r->base, -1, EV_TIMEOUT, recheck_cb, m, NULL);
+}
+
+/* ---- deletes through the PG logs ------------------------------------------------------------ */
+
+struct del_msg {
+    ts_repl *r;
+    char name[TS_NAME_MAX + 1];
+    uint64_t inc;
+};
+
+static void del_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct del_msg *m = arg;
+    ts_repl *r = m->r;
+
+    for (struct pgpeer *pp = r->pgs; pp; pp = pp->next) {
+        struct ts_log_rec rec;
+        int rc;
+        if (pp->state != PGP_ACTIVE)
+            continue;
+        memset(&rec, 0, sizeof(rec));
+        rec.pg = pp->pg;
+        rec.epoch = pp->epoch;
+        rec.type = TS_LOG_DELETE;
+        rec.inc = m->inc;
+        snprintf(rec.dataset, sizeof(rec.dataset), "%s", m->name);
+        rc = ts_store_log_append(r->o.store, &rec);
+        if (rc) {
+            TS_ERROR(FAC, rc, "PG %u: cannot log the delete of %s", pp->pg, m->name);
+            continue;
+        }
+        for (struct push *ps = r->pushes; ps; ps = ps->next)
+            if (ps->pg == pp->pg)
+                repl_push_step(r, ps);
+    }
+    free(m);
+}
+
+void ts_repl_log_delete(ts_repl *r, const char *dataset, uint64_t incarnation)
+{
+    struct del_msg *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return;
+    m->r = r;
+    snprintf(m->name, sizeof(m->name), "%s", dataset);
+    m->inc = incarnation;
+    event_base_once(r->base, -1, EV_TIMEOUT, del_cb, m, NULL);
+}

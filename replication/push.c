@@ -1,0 +1,595 @@
+/*
+ * Log pushers (replication/repl_internal.h): one per (PG this node leads and has activated,
+ * other replica), plus pulls (a peering primary asked this node for its newer log). A pusher
+ * first compares the replica's log with ours (PG_INFO: head and newest entries as
+ * (seq, epoch)): a prefix of ours is extended; entries past the last common one are divergent
+ * (never acknowledged) and the replica is told to roll them back (REPL_SEAL kind TRUNCATE)
+ * before anything is counted as applied. Then it sends our entries in order, streaming a
+ * shard's chunks first when the replica lacks them; a position trimmed from our log is
+ * backfilled from the PG's shards.
+ */
+#include "repl_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STREAM_WINDOW 4
+#define TAIL_MAX 32
+
+struct push *repl_push_find(ts_repl *r, uint32_t pg, const char *node)
+{
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (ps->pg == pg && !strcmp(ps->node, node))
+            return ps;
+    return NULL;
+}
+
+void repl_push_free(struct push *ps)
+{
+    ts_read_ctx_close(ps->rctx);
+    free(ps->items);
+    free(ps);
+}
+
+static void push_retry_later(struct push *ps)
+{
+    ps->busy = 0;
+    ps->retry_at = ts_now_mono_ns() + RETRY_NS;
+}
+
+static uint64_t push_epoch(const struct push *ps)
+{
+    return ps->pull ? ps->pull_epoch : 0;
+}
+
+static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq, uint64_t epoch,
+                         const struct ts_log_rec *rec, const uint64_t *recs, uint32_t nrec)
+{
+    ts_wr_init(w);
+    ts_wr_begin_frame(w);
+    ts_wr_u8(w, (uint8_t)kind);
+    ts_wr_u32(w, pg);
+    ts_wr_u64(w, seq);
+    ts_wr_u64(w, epoch);
+    ts_wr_str(w, rec ? rec->dataset : "");
+    ts_wr_u8(w, rec ? rec->policy.core : 0);
+    ts_wr_u8(w, rec ? rec->policy.fringe : 0);
+    ts_wr_u8(w, rec ? rec->policy.min_core : 0);
+    ts_wr_u32(w, rec ? rec->policy.chunk_size : 0);
+    ts_wr_u64(w, rec ? rec->inc : 0);
+    ts_wr_u32(w, rec ? rec->shard : 0);
+    ts_wr_u8(w, rec ? 1 : 0);
+    ts_wr_u32(w, rec ? rec->crc : 0);
+    ts_wr_u32(w, nrec);
+    for (uint32_t i = 0; i < nrec; i++)
+        ts_wr_u64(w, recs[i]);
+}
+
+static void push_send_seal(ts_repl *r, struct push *ps);
+static void push_stream(ts_repl *r, struct push *ps);
+
+/* The replica holds log position `seq` now (or more). */
+static void push_advanced(ts_repl *r, struct push *ps, uint64_t applied)
+{
+    if (applied > ps->applied)
+        ps->applied = applied;
+    ps->busy = 0;
+    ps->retry_at = 0;
+    repl_waiters_check(r);
+    repl_push_step(r, ps);
+}
+
+static void truncate_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    ps->busy = 0;
+    if (status == 0) {
+        uint64_t applied = ts_rd_u64(body);
+        if (!body->err) {
+            /* Ask again: the replica's log now ends at the common entry (or still further
+             * back, when the comparison goes on). */
+            TS_INFO(FAC, "PG %u: %s rolled back to %llu", ps->pg, ps->node,
+                    (unsigned long long)applied);
+            ps->known = 0;
+            repl_push_step(r, ps);
+            return;
+        }
+    }
+    if (status == TS_ESTALE)
+        repl_on_stale(r, p, body);
+    TS_WARN(FAC, status, "PG %u: rolling back %s's divergent entries failed", ps->pg, ps->node);
+    push_retry_later(ps);
+}
+
+/*
+ * Compares the replica's newest entries with our log. Returns 1 and sets *common when one
+ * of them is ours (same seq and epoch; a seq trimmed here counts as ours: it is older than
+ * anything a peering could have replaced); 0 when none is (*lowest: the oldest compared).
+ */
+static int find_common(ts_repl *r, uint32_t pg, uint64_t my_applied, const struct ts_log_pos *tail,
+                       size_t n, uint64_t *common, uint64_t *common_epoch, uint64_t *lowest)
+{
+    struct ts_log_rec rec;
+
+    *lowest = 0;
+    for (size_t i = 0; i < n; i++) {
+        int rc;
+        *lowest = tail[i].seq;
+        if (tail[i].seq > my_applied)
+            continue; /* beyond our head: not ours */
+        rc = ts_store_log_read(r->o.store, pg, tail[i].seq, &rec);
+        if (rc == TS_ENOENT || (rc == 0 && rec.epoch == tail[i].epoch)) {
+            *common = tail[i].seq;
+            *common_epoch = tail[i].epoch;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+    struct ts_log_pos tail[TAIL_MAX];
+    struct ts_pg_state me;
+    uint64_t applied, head_epoch, common = 0, common_epoch = 0, lowest = 0;
+    uint32_t ntail;
+    struct ts_wr w;
+
+    ps->busy = 0;
+    ps->told_clean = 0;
+    if (status) {
+        if (status == TS_ESTALE)
+            repl_on_stale(r, p, body);
+        push_retry_later(ps);
+        return;
+    }
+    applied = ts_rd_u64(body);
+    ts_rd_u64(body); /* oldest */
+    head_epoch = ts_rd_u64(body);
+    ts_rd_u64(body); /* promised */
+    ts_rd_u64(body); /* les */
+    ntail = ts_rd_u32(body);
+    if (body->err || ntail > TAIL_MAX || ts_store_pg_state(r->o.store, ps->pg, &me) != 0) {
+        push_retry_later(ps);
+        return;
+    }
+    for (uint32_t i = 0; i < ntail; i++) {
+        tail[i].seq = ts_rd_u64(body);
+        tail[i].epoch = ts_rd_u64(body);
+    }
+    if (body->err) {
+        push_retry_later(ps);
+        return;
+    }
+    if (applied && (ntail == 0 || tail[0].seq != applied)) {
+        /* Its head has no entry (it was backfilled there): compare the head first. */
+        memmove(tail + 1, tail, sizeof(tail[0]) * (ntail < TAIL_MAX ? ntail : TAIL_MAX - 1));
+        tail[0].seq = applied;
+        tail[0].epoch = head_epoch;
+        ntail = ntail < TAIL_MAX ? ntail + 1 : TAIL_MAX;
+    }
+    if (applied == 0 ||
+        (find_common(r, ps->pg, me.applied, tail, ntail, &common, &common_epoch, &lowest) &&
+         common == applied)) {
+        ps->known = 1; /* a prefix of our log */
+        ps->applied = applied;
+        repl_waiters_check(r);
+        repl_push_step(r, ps);
+        return;
+    }
+    if (common == 0 && lowest) {
+        /* Nothing in common among what it sent: roll back past all of it and compare again. */
+        struct ts_log_rec rec;
+        common = lowest - 1;
+        common_epoch = 0;
+        if (common && ts_store_log_read(r->o.store, ps->pg, common, &rec) == 0)
+            common_epoch = rec.epoch;
+    }
+    TS_WARN(FAC, 0,
+            "PG %u: %s holds entries up to (%llu, %llu) that are not in our log (head %llu, %llu): "
+            "rolling it back to %llu",
+            ps->pg, ps->node, (unsigned long long)head_epoch, (unsigned long long)applied,
+            (unsigned long long)me.head_epoch, (unsigned long long)me.applied,
+            (unsigned long long)common);
+    wr_repl_seal(&w, TS_REPL_TRUNCATE, ps->pg, common, common_epoch, NULL, NULL, 0);
+    ps->busy = 1;
+    repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, truncate_reply, ps,
+                   push_epoch(ps));
+}
+
+static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+    uint64_t seq = ps->backfill ? 0 : ps->rec.seq;
+
+    if (status == 0 || status == TS_EEXIST) {
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        if (ps->backfill) {
+            ps->at++;
+            ps->busy = 0;
+            repl_push_step(r, ps);
+        } else {
+            push_advanced(r, ps, seq);
+        }
+        return;
+    }
+    if ((status == TS_EINCOMPLETE || status == TS_EINVAL) && !ps->rctx && !ps->stream_failed) {
+        /* The replica lacks the chunks: stream the shard, then seal again. */
+        push_stream(r, ps);
+        return;
+    }
+    if (status == TS_ERANGE) {
+        ps->known = 0; /* the replica is elsewhere in the log: ask it */
+        ps->busy = 0;
+        repl_push_step(r, ps);
+        return;
+    }
+    if (status == TS_ESTALE)
+        repl_on_stale(r, p, body);
+    if (status != TS_ECONNREFUSED && status != TS_ECONNRESET)
+        TS_WARN(FAC, status, "push of PG %u seq %llu (%s/%u) to %s failed", ps->pg,
+                (unsigned long long)seq, ps->rec.dataset, ps->rec.shard, ps->node);
+    ts_read_ctx_close(ps->rctx);
+    ps->rctx = NULL;
+    ps->stream_failed = 0;
+    push_retry_later(ps);
+}
+
+static void push_send_seal(ts_repl *r, struct push *ps)
+{
+    struct ts_wr w;
+    uint64_t *recs = NULL;
+    uint32_t nrec = 0;
+
+    ts_store_shard_records(r->o.store, ps->rec.dataset, ps->rec.shard, &recs, &nrec);
+    wr_repl_seal(&w, ps->backfill ? TS_REPL_BACKFILL : TS_REPL_SEAL, ps->pg,
+                 ps->backfill ? 0 : ps->rec.seq, ps->backfill ? 0 : ps->rec.epoch, &ps->rec, recs,
+                 nrec);
+    free(recs);
+    ps->busy = 1;
+    repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps,
+                   push_epoch(ps));
+}
+
+static void chunk_pin_cleanup(const void *data, size_t len, void *pin)
+{
+    ts_chunk_pin_release(pin);
+}
+
+static void stream_more(ts_repl *r, struct push *ps);
+
+static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    ps->inflight--;
+    if (status)
+        ps->stream_failed = status;
+    if (ps->inflight == 0 && ps->stream_failed) {
+        TS_WARN(FAC, ps->stream_failed, "streaming %s/%u to %s failed", ps->rec.dataset,
+                ps->rec.shard, ps->node);
+        if (ps->stream_failed == TS_ESTALE)
+            repl_on_stale(r, p, body);
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        ps->stream_failed = 0;
+        push_retry_later(ps);
+        return;
+    }
+    stream_more(r, ps);
+}
+
+static void stream_more(ts_repl *r, struct push *ps)
+{
+    const struct ts_shard_info *si = ts_read_ctx_info(ps->rctx);
+    uint32_t total = si->nchunks ? si->nchunks : 1; /* an empty shard: one empty chunk 0 */
+
+    while (!ps->stream_failed && ps->next_chunk < total && ps->inflight < STREAM_WINDOW) {
+        struct ts_chunk_ref ref = {0};
+        struct ts_wr w;
+        uint32_t idx = ps->next_chunk;
+        int rc = si->nchunks ? ts_read_ctx_chunk(ps->rctx, idx, &ref) : 0;
+
+        if (rc) {
+            /* Our own copy is bad: repair it first (from another replica), retry later. */
+            ts_repl_repair(r, ps->rec.dataset, ps->rec.shard, idx, ps->pg);
+            ps->stream_failed = rc;
+            break;
+        }
+        repl_wr_write(&w, ps->rec.dataset, &ps->rec.policy, ps->rec.inc, ps->rec.shard, idx, si->size, ref.crc,
+                      (uint32_t)ref.len);
+        ps->next_chunk++;
+        ps->inflight++;
+        repl_peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
+                       ref.pin ? chunk_pin_cleanup : NULL, ref.pin, stream_reply, ps,
+                       push_epoch(ps));
+    }
+    if (ps->inflight == 0 && ps->stream_failed) {
+        ts_read_ctx_close(ps->rctx);
+        ps->rctx = NULL;
+        ps->stream_failed = 0;
+        push_retry_later(ps);
+        return;
+    }
+    if (ps->inflight == 0 && ps->next_chunk >= total)
+        push_send_seal(r, ps); /* all chunks acknowledged: seal (rctx marks "streamed") */
+}
+
+static void push_stream(ts_repl *r, struct push *ps)
+{
+    int rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
+
+    if (rc) {
+        /* The shard is gone here (dataset deleted): the position carries nothing. */
+        struct ts_wr w;
+        if (ps->backfill) {
+            ps->at++;
+            ps->busy = 0;
+            repl_push_step(r, ps);
+            return;
+        }
+        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, ps->rec.epoch, NULL, NULL, 0);
+        ps->busy = 1;
+        repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps,
+                       push_epoch(ps));
+        return;
+    }
+    ps->busy = 1;
+    ps->next_chunk = 0;
+    ps->inflight = 0;
+    ps->stream_failed = 0;
+    stream_more(r, ps);
+}
+
+struct bf_collect {
+    ts_repl *r;
+    struct push *ps;
+    int rank;
+};
+
+static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_info *si)
+{
+    struct bf_collect *b = arg;
+    struct push *ps = b->ps;
+    struct ts_dataset_info d;
+    struct ts_log_rec *it;
+
+    if (ts_store_dataset_stat(b->r->o.store, dataset, &d) != 0)
+        return 0;
+    if (b->rank >= d.policy.core + d.policy.fringe)
+        return 0; /* not a replica of this dataset */
+    if (ps->nitems % 64 == 0) {
+        struct ts_log_rec *n = realloc(ps->items, (ps->nitems + 64) * sizeof(*n));
+        if (!n)
+            return TS_ENOMEM;
+        ps->items = n;
+    }
+    it = &ps->items[ps->nitems++];
+    memset(it, 0, sizeof(*it));
+    it->pg = ps->pg;
+    it->type = TS_LOG_SEAL;
+    snprintf(it->dataset, sizeof(it->dataset), "%s", dataset);
+    it->policy = d.policy;
+    it->inc = d.created_ns;
+    it->shard = si->shard;
+    it->size = si->size;
+    it->crc = si->crc;
+    it->nchunks = si->nchunks;
+    return 0;
+}
+
+static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied, uint64_t my_epoch)
+{
+    struct bf_collect b = {r, ps, repl_node_rank(r, ps->pg, ps->node)};
+
+    TS_INFO(FAC, "PG %u: %s is at %llu, before the oldest log record: backfilling", ps->pg,
+            ps->node, (unsigned long long)ps->applied);
+    pthread_mutex_lock(&r->lock);
+    r->backfills++;
+    pthread_mutex_unlock(&r->lock);
+    free(ps->items);
+    ps->items = NULL;
+    ps->nitems = ps->at = 0;
+    ps->backfill = 1;
+    ps->bf_target = my_applied;
+    ps->bf_epoch = my_epoch;
+    if (ts_store_pg_iter(r->o.store, ps->pg, r->map->pg_count, bf_collect_cb, &b) != 0) {
+        ps->backfill = 0;
+        push_retry_later(ps);
+    }
+}
+
+static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    if (status == 0) {
+        TS_INFO(FAC, "PG %u: backfill of %s done (%zu shards)", ps->pg, ps->node, ps->nitems);
+        ps->backfill = 0;
+        push_advanced(r, ps, ps->bf_target);
+        return;
+    }
+    push_retry_later(ps);
+}
+
+static void clean_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    ps->busy = 0;
+    if (status == 0) {
+        ps->told_clean = 1;
+        return;
+    }
+    if (status == TS_ESTALE)
+        repl_on_stale(r, p, body);
+    push_retry_later(ps);
+}
+
+void repl_push_step(ts_repl *r, struct push *ps)
+{
+    struct ts_pg_state me;
+    struct ts_wr w;
+    int rank, rc;
+
+    if (ps->busy || ps->pull_done || (ps->retry_at && ts_now_mono_ns() < ps->retry_at))
+        return;
+    /* Only the primary of an activated interval pushes (before that its own log may be short
+     * of the acknowledged one, and comparing against it would roll good entries back); a pull
+     * pushes because a peering primary found our log the newest. */
+    if (!ps->pull && !repl_pg_active(r, ps->pg))
+        return;
+    ps->retry_at = 0;
+    if (!ps->known) {
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u32(&w, ps->pg);
+        ps->busy = 1;
+        repl_peer_send(r, ps->node, TS_OP_PG_INFO, &w, NULL, 0, NULL, NULL, pginfo_reply, ps,
+                       push_epoch(ps));
+        return;
+    }
+    if (ps->backfill) {
+        if (ps->at < ps->nitems) {
+            ps->rec = ps->items[ps->at];
+            push_send_seal(r, ps);
+        } else {
+            wr_repl_seal(&w, TS_REPL_SET_APPLIED, ps->pg, ps->bf_target, ps->bf_epoch, NULL, NULL,
+                         0);
+            ps->busy = 1;
+            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL,
+                           setapplied_reply, ps, push_epoch(ps));
+        }
+        return;
+    }
+    if (ts_store_pg_state(r->o.store, ps->pg, &me) != 0)
+        return;
+    if (ps->applied >= me.applied) {
+        if (ps->pull) {
+            TS_INFO(FAC, "PG %u: %s pulled our log up to %llu", ps->pg, ps->node,
+                    (unsigned long long)me.applied);
+            ps->pull_done = 1;
+        } else if (!ps->told_clean) {
+            /* Caught up: it may serve reads of this PG again (a restarted replica does not
+             * until told, so it never serves what it missed, deletes included). */
+            wr_repl_seal(&w, TS_REPL_CLEAN, ps->pg, me.applied, me.head_epoch, NULL, NULL, 0);
+            ps->busy = 1;
+            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, clean_reply,
+                           ps, 0);
+        }
+        return; /* caught up */
+    }
+    memset(&ps->rec, 0, sizeof(ps->rec));
+    rc = ts_store_log_read(r->o.store, ps->pg, ps->applied + 1, &ps->rec);
+    if (rc == TS_ENOENT) {
+        backfill_start(r, ps, me.applied, me.head_epoch);
+        repl_push_step(r, ps);
+        return;
+    }
+    if (rc) {
+        push_retry_later(ps);
+        return;
+    }
+    rank = repl_node_rank(r, ps->pg, ps->node);
+    if (ps->rec.type == TS_LOG_DELETE) { /* every replica applies deletes */
+        wr_repl_seal(&w, TS_REPL_DELETE, ps->pg, ps->rec.seq, ps->rec.epoch, &ps->rec, NULL, 0);
+        ps->busy = 1;
+        repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps,
+                       push_epoch(ps));
+        return;
+    }
+    if (ps->rec.type != TS_LOG_SEAL ||
+        (!ps->pull && (rank < 0 || rank >= ps->rec.policy.core + ps->rec.policy.fringe))) {
+        wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, ps->rec.epoch, NULL, NULL, 0);
+        ps->busy = 1;
+        repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps,
+                       push_epoch(ps));
+        return;
+    }
+    ps->stream_failed = 0;
+    push_send_seal(r, ps);
+}
+
+/* Rebuilds the set of pushes: one per (PG this node is primary of, other replica). */
+void repl_pushes_rebuild(ts_repl *r)
+{
+    struct push **pp = &r->pushes, *ps;
+    unsigned primary_pgs = 0;
+
+    /* Drop pushes of PGs we no longer lead, unless a request is outstanding (then later). */
+    while ((ps = *pp)) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = r->map ? ts_map_pg_order(r->map, ps->pg, order, TS_REPL_MAX_REPLICAS) : 0;
+        int keep = n > 0 && order[0] == r->self && repl_node_rank(r, ps->pg, ps->node) > 0;
+        if (ps->pull)
+            keep = !ps->pull_done;
+        if (!keep && !ps->busy) {
+            *pp = ps->next;
+            repl_push_free(ps);
+            continue;
+        }
+        pp = &ps->next;
+    }
+    if (!r->map || r->self < 0)
+        return;
+    for (uint32_t pg = 0; pg < r->map->pg_count; pg++) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
+        if (n == 0 || order[0] != r->self)
+            continue;
+        primary_pgs++;
+        for (size_t i = 1; i < n; i++) {
+            const char *id = r->map->nodes[order[i]].id;
+            if (repl_push_find(r, pg, id))
+                continue;
+            ps = calloc(1, sizeof(*ps));
+            if (!ps)
+                return;
+            ps->pg = pg;
+            snprintf(ps->node, sizeof(ps->node), "%s", id);
+            ps->next = r->pushes;
+            r->pushes = ps;
+        }
+    }
+    pthread_mutex_lock(&r->lock);
+    r->primary_pgs = primary_pgs;
+    pthread_mutex_unlock(&r->lock);
+}
+
+
+void repl_pull_start(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int recheck)
+{
+    struct push *ps = repl_push_find(r, pg, node);
+
+    if (ps && !ps->pull) {
+        /* We lead this PG already: compare its log again (a restarted replica asks). */
+        if (!ps->busy)
+            ps->known = 0;
+        ps->retry_at = 0;
+        repl_push_step(r, ps);
+        return;
+    }
+    if (recheck)
+        return; /* only the PG's active primary answers a replica's request */
+    if (!ps) {
+        ps = calloc(1, sizeof(*ps));
+        if (!ps)
+            return;
+        ps->pg = pg;
+        snprintf(ps->node, sizeof(ps->node), "%s", node);
+        ps->next = r->pushes;
+        r->pushes = ps;
+    }
+    TS_INFO(FAC, "PG %u: %s pulls our log (epoch %llu)", pg, node, (unsigned long long)epoch);
+    ps->pull = 1;
+    ps->pull_done = 0;
+    ps->pull_epoch = epoch;
+    if (!ps->busy)
+        ps->known = 0;
+    ps->retry_at = 0;
+    repl_push_step(r, ps);
+}

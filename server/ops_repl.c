@@ -1,0 +1,413 @@
+/*
+ * Node-to-node handlers: replication from a PG's primary (REPL_WRITE, REPL_SEAL), log
+ * comparison (PG_INFO), peering (PG_QUERY, PG_ACTIVATE, PG_PULL) and maps (MAP_GET,
+ * MAP_PUSH). docs/protocol.md specifies the payloads; docs/architecture.md "Peering" why.
+ *
+ * Fencing: a PG's replication and peering frames from an epoch older than the one this node
+ * promised for that PG (to a newer primary's peering) are refused with TS_ESTALE, so a deposed
+ * primary cannot get a write acknowledged, whatever map the nodes hold.
+ */
+#include "ops_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TAIL_MAX 32
+
+/* A node (it said "node:ID" in its HELLO) that sent an older epoch than ours gets our map. */
+static void sender_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h)
+{
+    struct tsd_server *s = c->w->srv;
+
+    if (s->repl && h->epoch && h->epoch < atomic_load(&s->epoch) &&
+        !strncmp(c->client_name, "node:", 5) && c->client_name[5])
+        ts_repl_push_map(s->repl, c->client_name + 5);
+}
+
+/* Replies TS_ESTALE and returns 1 when the frame's epoch is below the PG's promise here. */
+static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg, const char *what)
+{
+    struct ts_pg_state st;
+    int rc = ts_store_pg_state(c->w->srv->store, pg, &st);
+
+    sender_map_check(c, h);
+    if (rc) {
+        tsd_reply_error(c, h, rc, "%s PG %u: cannot read the PG's state: %s", what, pg,
+                        ts_strerror(rc));
+        return 1;
+    }
+    if (h->epoch < st.promised) {
+        tsd_reply_stale(c, h,
+                        "%s PG %u at epoch %llu refused: this node promised epoch %llu to a "
+                        "newer primary of the PG",
+                        what, pg, (unsigned long long)h->epoch, (unsigned long long)st.promised);
+        return 1;
+    }
+    return 0;
+}
+
+/* The dataset fields of REPL_WRITE and REPL_SEAL: policy and incarnation. */
+static void rd_policy(struct ts_rd *r, struct ts_dataset_policy *p, uint64_t *inc)
+{
+    p->core = ts_rd_u8(r);
+    p->fringe = ts_rd_u8(r);
+    p->min_core = ts_rd_u8(r);
+    p->chunk_size = ts_rd_u32(r);
+    *inc = ts_rd_u64(r);
+}
+
+/* ---- replication from a PG primary ------------------------------------------------------ */
+
+void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_policy p;
+    struct tsd_upload *u;
+    uint32_t shard, idx, crc, len;
+    uint64_t size, inc;
+    const uint8_t *data;
+    int rc;
+
+    if (ops_rd_name_done(c, h, r, name, 0))
+        return;
+    rd_policy(r, &p, &inc);
+    if (ops_rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
+        return;
+    if (fenced(c, h, tsd_pg_of(s, name, shard), "repl-write"))
+        return;
+    rc = ts_store_dataset_ensure(s->store, name, &p, inc);
+    if (rc == TS_ESTALE) {
+        tsd_reply_error(c, h, rc, "repl-write %s/%u: this node holds a newer incarnation of %s",
+                        name, shard, name);
+        return;
+    }
+    if (rc) {
+        ops_reply_store_error(c, h, rc, name, shard);
+        return;
+    }
+    if (ops_local_write(c, h, name, shard, idx, size, crc, len, data, &u))
+        return;
+    ops_reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
+}
+
+static void reply_applied(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
+{
+    uint64_t applied = 0;
+    struct ts_wr w;
+
+    ts_store_pg_applied(c->w->srv->store, pg, &applied, NULL);
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, applied);
+    tsd_reply_send(c, h, &w);
+}
+
+/* SEAL / BACKFILL: seal the shard uploaded on this connection, or log one that is here. */
+static int apply_seal(struct tsd_conn *c, int kind, const char *name, uint32_t shard,
+                      const struct ts_dataset_policy *p, int have_crc, uint32_t crc,
+                      const uint64_t *recs, uint32_t nrec, struct ts_log_rec *log)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_shard_info si;
+    struct tsd_upload *u;
+    int rc = ts_store_dataset_ensure(s->store, name, p, log->inc);
+
+    if (rc)
+        return rc;
+    u = ops_upload_find(c, name, shard);
+    if (u) {
+        rc = kind == TS_REPL_SEAL ? ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, log)
+                                  : ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
+        if (rc == 0 || rc == TS_EEXIST || rc == TS_ERANGE) {
+            if (rc)
+                ts_shard_writer_abort(u->w);
+            ops_upload_remove(c, u);
+        }
+        return rc;
+    }
+    /* No upload: fine if the shard is already here, complete and identical. */
+    rc = ts_store_shard_stat(s->store, name, shard, &si);
+    if (rc == TS_ENOENT || (rc == 0 && si.state != TS_SHARD_COMPLETE))
+        return TS_EINCOMPLETE;
+    if (rc)
+        return rc;
+    if (have_crc && si.crc != crc) {
+        TS_ERROR(FAC, TS_ECORRUPT, "%s/%u here has CRC %08x, the primary's %08x", name, shard,
+                 si.crc, crc);
+        return TS_ECORRUPT;
+    }
+    if (kind != TS_REPL_SEAL)
+        return TS_EEXIST;
+    log->type = TS_LOG_SEAL;
+    log->size = si.size;
+    log->crc = si.crc;
+    log->nchunks = si.nchunks;
+    return ts_store_log_append(s->store, log);
+}
+
+/* DELETE: the dataset incarnation log->inc was deleted; ours goes too if it is that one or
+ * older; then the entry is logged like any other. */
+static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
+{
+    struct ts_dataset_info d;
+    int rc = ts_store_dataset_get(s->store, log->dataset, &d);
+
+    if (rc == 0 && d.created_ns <= log->inc) {
+        rc = ts_store_dataset_delete(s->store, log->dataset);
+        if (rc == 0)
+            TS_INFO(FAC, "dataset %s (incarnation %llu) deleted through PG %u's log",
+                    log->dataset, (unsigned long long)d.created_ns, log->pg);
+    } else if (rc == TS_ENOENT) {
+        rc = 0;
+    }
+    if (rc)
+        return rc;
+    log->type = TS_LOG_DELETE;
+    return ts_store_log_append(s->store, log);
+}
+
+void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct ts_dataset_policy p;
+    struct ts_log_rec log;
+    uint64_t seq, epoch, inc, *recs = NULL;
+    uint32_t pg, shard, crc, nrec;
+    uint8_t kind, have_crc;
+    unsigned removed = 0;
+    int rc;
+
+    kind = ts_rd_u8(r);
+    pg = ts_rd_u32(r);
+    seq = ts_rd_u64(r);
+    epoch = ts_rd_u64(r);
+    if (kind != TS_REPL_SEAL && kind != TS_REPL_BACKFILL && kind != TS_REPL_DELETE) {
+        ts_rd_u16(r); /* empty name */
+        name[0] = '\0';
+    } else if (ops_rd_name_done(c, h, r, name, 0)) {
+        return;
+    }
+    rd_policy(r, &p, &inc);
+    shard = ts_rd_u32(r);
+    have_crc = ts_rd_u8(r);
+    crc = ts_rd_u32(r);
+    if (ops_parse_records(c, h, r, &recs, &nrec))
+        return;
+    if (fenced(c, h, pg, "repl-seal"))
+        goto out_free;
+    memset(&log, 0, sizeof(log));
+    log.pg = pg;
+    log.seq = seq;
+    log.epoch = epoch;
+    snprintf(log.dataset, sizeof(log.dataset), "%s", name);
+    log.policy = p;
+    log.inc = inc;
+    log.shard = shard;
+    switch (kind) {
+    case TS_REPL_NOOP:
+        log.type = TS_LOG_NOOP;
+        rc = ts_store_log_append(s->store, &log);
+        break;
+    case TS_REPL_SET_APPLIED:
+        rc = ts_store_pg_set_applied(s->store, pg, seq, epoch);
+        break;
+    case TS_REPL_TRUNCATE:
+        tsd_pg_mark_clean(s, pg, 0);
+        rc = ts_store_pg_truncate(s->store, pg, seq, epoch, &removed);
+        if (rc == 0)
+            TS_WARN(FAC, 0, "PG %u: log rolled back to %llu by its primary (%u shards removed)",
+                    pg, (unsigned long long)seq, removed);
+        break;
+    case TS_REPL_DELETE:
+        rc = apply_delete(s, &log);
+        break;
+    case TS_REPL_CLEAN:
+        rc = tsd_pg_mark_clean(s, pg, 1);
+        break;
+    case TS_REPL_SEAL:
+    case TS_REPL_BACKFILL:
+        rc = apply_seal(c, kind, name, shard, &p, have_crc, crc, recs, nrec, &log);
+        break;
+    default:
+        rc = TS_EPROTO;
+    }
+    if (rc == 0 || rc == TS_EEXIST) /* EEXIST: this very entry is here already */
+        reply_applied(c, h, pg);
+    else if (rc == TS_EINCOMPLETE)
+        tsd_reply_error(c, h, rc, "repl-seal %s/%u: this replica lacks its chunks", name, shard);
+    else if (rc == TS_ERANGE)
+        tsd_reply_error(c, h, rc,
+                        "repl-seal PG %u entry (%llu, %llu): not the next entry of this log (a gap, "
+                        "or a different entry holds it)",
+                        pg, (unsigned long long)epoch, (unsigned long long)seq);
+    else
+        ops_reply_store_error(c, h, rc, name[0] ? name : "(log)", shard);
+out_free:
+    free(recs);
+}
+
+/* ---- log comparison and peering ---------------------------------------------------------- */
+
+void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct ts_log_pos tail[TAIL_MAX];
+    struct ts_pg_state st;
+    uint64_t applied = 0, oldest = 0;
+    uint32_t pg = ts_rd_u32(r);
+    size_t ntail = 0;
+    struct ts_wr w;
+    int rc;
+
+    if (ops_rd_done(c, h, r))
+        return;
+    sender_map_check(c, h);
+    rc = ts_store_pg_applied(c->w->srv->store, pg, &applied, &oldest);
+    if (!rc)
+        rc = ts_store_pg_state(c->w->srv->store, pg, &st);
+    if (!rc)
+        rc = ts_store_pg_log_tail(c->w->srv->store, pg, tail, TAIL_MAX, &ntail);
+    if (rc) {
+        tsd_reply_error(c, h, rc, "pg-info %u: %s", pg, ts_strerror(rc));
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, applied);
+    ts_wr_u64(&w, oldest);
+    ts_wr_u64(&w, st.head_epoch);
+    ts_wr_u64(&w, st.promised);
+    ts_wr_u64(&w, st.les);
+    ts_wr_u32(&w, (uint32_t)ntail);
+    for (size_t i = 0; i < ntail; i++) {
+        ts_wr_u64(&w, tail[i].seq);
+        ts_wr_u64(&w, tail[i].epoch);
+    }
+    tsd_reply_send(c, h, &w);
+}
+
+void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct ts_pg_state st;
+    uint32_t pg = ts_rd_u32(r);
+    uint64_t epoch = ts_rd_u64(r);
+    char from[64];
+    struct ts_wr w;
+    int rc;
+
+    ts_rd_str(r, from, sizeof(from));
+    if (ops_rd_done(c, h, r))
+        return;
+    sender_map_check(c, h);
+    rc = ts_store_pg_promise(c->w->srv->store, pg, epoch, &st);
+    if (rc == TS_ESTALE) {
+        tsd_reply_stale(c, h, "pg-query PG %u from %s at epoch %llu: epoch %llu was promised here",
+                        pg, from, (unsigned long long)epoch, (unsigned long long)st.promised);
+        return;
+    }
+    if (rc) {
+        tsd_reply_error(c, h, rc, "pg-query PG %u: %s", pg, ts_strerror(rc));
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_repl_wr_pg_state(&w, &st);
+    tsd_reply_send(c, h, &w);
+}
+
+void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    char acting[TS_PG_MAX_ACTING][64];
+    uint32_t pg = ts_rd_u32(r);
+    uint64_t epoch = ts_rd_u64(r);
+    uint8_t wq = ts_rd_u8(r), n = ts_rd_u8(r);
+    int rc;
+
+    if (n > TS_PG_MAX_ACTING) {
+        tsd_reply_error(c, h, TS_EPROTO, "pg-activate: %u members (at most %d)", n,
+                        TS_PG_MAX_ACTING);
+        return;
+    }
+    for (unsigned i = 0; i < n; i++)
+        ts_rd_str(r, acting[i], sizeof(acting[i]));
+    if (ops_rd_done(c, h, r))
+        return;
+    sender_map_check(c, h);
+    rc = ts_store_pg_activate(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n);
+    if (rc == TS_ESTALE)
+        tsd_reply_stale(c, h, "pg-activate PG %u at epoch %llu: a newer epoch was promised here",
+                        pg, (unsigned long long)epoch);
+    else if (rc)
+        tsd_reply_error(c, h, rc, "pg-activate PG %u: %s", pg, ts_strerror(rc));
+    else
+        ops_reply_ok(c, h);
+}
+
+void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    uint32_t pg = ts_rd_u32(r);
+    uint64_t epoch = ts_rd_u64(r);
+    char node[64];
+    uint8_t recheck;
+
+    ts_rd_str(r, node, sizeof(node));
+    recheck = ts_rd_u8(r);
+    if (ops_rd_done(c, h, r))
+        return;
+    if (!s->repl || !node[0]) {
+        tsd_reply_error(c, h, TS_EINVAL, "pg-pull: this node is not in a cluster");
+        return;
+    }
+    if (!recheck && fenced(c, h, pg, "pg-pull"))
+        return;
+    ts_repl_pull(s->repl, pg, node, epoch, recheck);
+    ops_reply_ok(c, h);
+}
+
+/* ---- maps -------------------------------------------------------------------------------- */
+
+void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_wr w;
+
+    if (ops_rd_done(c, h, r))
+        return;
+    tsd_reply_begin(&w);
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map) {
+        ts_map_encode(&w, s->map);
+    } else {
+        ts_wr_u64(&w, 0);
+        ts_wr_u32(&w, 0);
+        ts_wr_u32(&w, 0);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    tsd_reply_send(c, h, &w);
+}
+
+void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct ts_map *m = NULL;
+    struct ts_wr w;
+    int rc = ts_map_decode(r, &m);
+
+    if (rc || ts_rd_done(r)) {
+        ts_map_free(m);
+        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed map");
+        return;
+    }
+    rc = tsd_map_install(s, m);
+    if (rc == TS_ESTALE) {
+        tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
+                        (unsigned long long)m->epoch, (unsigned long long)atomic_load(&s->epoch));
+    } else if (rc) {
+        tsd_reply_error(c, h, rc, "map-push: %s", ts_strerror(rc));
+    } else {
+        tsd_reply_begin(&w);
+        ts_wr_u64(&w, atomic_load(&s->epoch));
+        tsd_reply_send(c, h, &w);
+    }
+    ts_map_free(m);
+}

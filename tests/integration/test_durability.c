@@ -1,0 +1,1261 @@
+/*
+ * Durability of acknowledged writes across failover and the return of a failed primary, with
+ * real daemons on loopback and the default sync policy (sync = always: every acknowledgement
+ * follows an fsync of the WAL).
+ *
+ *   test_return_then_second_failover: a primary fails, its PG fails over, the node returns and
+ *     is marked up (it leads the PG again), then it fails once more. Every write acknowledged
+ *     on the way must survive, byte for byte.
+ *   test_partial_map_push: a new epoch (old primary down) has reached one replica only; the
+ *     old primary must not get a write acknowledged at the old epoch with the one replica that
+ *     still has the old map.
+ *   test_partial_map_push_mid_upload: the same, with the chunks already on every replica when
+ *     the new epoch arrives, and the seal sent at the old epoch afterwards.
+ *   test_seeded_rounds: randomized (seeded, reproducible) rounds of kill -9 / failover /
+ *     return / mark up / delete and re-create, with a ledger of every acknowledged write: none
+ *     lost, none served with other bytes (e.g. of a deleted incarnation), and, with every node
+ *     up at the end, each held complete by at least min_core nodes.
+ *
+ * Environment: TESSERA_TEST_SEED (test_seeded_rounds' seed; default: the time),
+ * TESSERA_TEST_ROUNDS (default 4), TESSERA_TEST_FULL_LOGS=1 (dump whole daemon logs on
+ * failure instead of their last lines).
+ *
+ * The harness starts every daemon with "--sync none"; the "--sync always" passed here comes
+ * later on the command line and wins (the last flag counts), which restores the default.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tessera/tessera.h"
+#include "ts_common.h"
+#include "ts_map.h"
+#include "ts_proto.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHUNK (64u << 10)
+#define SLEN (3 * CHUNK + 123)
+#define PUT_TRIES 5
+#define PUT_PAUSE_MS 200
+#define PUT_TIMEOUT_MS 5000 /* per request of a put's handle */
+#define PUT_BUDGET_MS 3000  /* no new try of a put after this long */
+
+static struct tsd_cluster CL;
+static int test_passed; /* set at the very end of a test body; the teardown dumps logs if not */
+
+/* Durability on: the default policy (overrides the harness's "--sync none"). */
+static const char *const durable_args[] = {"--sync", "always", NULL};
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static void msleep(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+static void fill(void *buf, size_t len, uint64_t seed)
+{
+    uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(((i + seed * 7919) * 2654435761u) >> 11);
+}
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+/* Prints the last `lines` lines of every daemon's log (all of it with TESSERA_TEST_FULL_LOGS). */
+static void dump_logs(int lines)
+{
+    const char *full = getenv("TESSERA_TEST_FULL_LOGS");
+
+    if (full && *full && strcmp(full, "0")) {
+        tsd_cluster_dump_logs(&CL);
+        return;
+    }
+    for (int i = 0; i < CL.n; i++) {
+        FILE *f = fopen(CL.node[i].log, "r");
+        char **ring = calloc((size_t)lines, sizeof(*ring)), buf[1024];
+        long total = 0;
+
+        if (!f || !ring) {
+            if (f)
+                fclose(f);
+            free(ring);
+            continue;
+        }
+        while (fgets(buf, sizeof(buf), f)) {
+            free(ring[total % lines]);
+            ring[total % lines] = strdup(buf);
+            total++;
+        }
+        fclose(f);
+        fprintf(stderr, "---- %s (%s): last %ld of %ld lines of %s ----\n", CL.id[i],
+                tsd_alive(&CL.node[i]) ? "running" : "not running",
+                total < lines ? total : (long)lines, total, CL.node[i].log);
+        for (long k = total < lines ? 0 : total - lines; k < total; k++)
+            fputs(ring[k % lines] ? ring[k % lines] : "", stderr);
+        fprintf(stderr, "---- end of %s ----\n", CL.id[i]);
+        for (int k = 0; k < lines; k++)
+            free(ring[k]);
+        free(ring);
+    }
+}
+
+/* The "sync" setting node i reports in STATUS ("" if it does not answer). */
+static void node_sync_setting(int i, char *out, size_t cap)
+{
+    int fd = raw_connect(CL.node[i].addr);
+    uint8_t *p = NULL;
+    size_t plen = 0;
+
+    out[0] = '\0';
+    if (fd < 0)
+        return;
+    if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
+        char *txt = malloc(plen), *k, *q;
+        struct ts_rd r;
+        ts_rd_init(&r, p + 4, plen - 4);
+        ts_rd_str(&r, txt, plen);
+        if ((k = strstr(txt, "\"sync\"")) && (k = strchr(k + 6, '"')) && (q = strchr(k + 1, '"')))
+            snprintf(out, cap, "%.*s", (int)(q - k - 1), k + 1);
+        free(txt);
+    }
+    free(p);
+    close(fd);
+}
+
+static int start_cluster(int n, const char *const *domains, uint32_t pgs)
+{
+    test_passed = 0;
+    if (tsd_cluster_start(&CL, n, domains, pgs, durable_args) != 0) {
+        tsd_cluster_dump_logs(&CL);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char sync[32];
+        node_sync_setting(i, sync, sizeof(sync));
+        if (strcmp(sync, "always") != 0) {
+            fprintf(stderr, "%s runs with sync '%s', not the default 'always'\n", CL.id[i], sync);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    for (int i = 0; i < CL.n; i++) /* in case a test left a node paused */
+        if (CL.node[i].pid > 0)
+            kill(CL.node[i].pid, SIGCONT);
+    if (!test_passed) {
+        fprintf(stderr, "test failed: daemon logs follow\n");
+        dump_logs(80);
+    }
+    return tsd_cluster_stop(&CL);
+}
+
+/* The node's current map (MAP_GET over a raw connection); NULL if it does not answer. */
+static struct ts_map *node_map(const char *addr)
+{
+    int fd = raw_connect(addr);
+    uint8_t *p = NULL;
+    size_t plen = 0;
+    struct ts_map *m = NULL;
+    struct ts_rd r;
+
+    if (fd < 0)
+        return NULL;
+    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
+        ts_rd_init(&r, p + 4, plen - 4);
+        ts_map_decode(&r, &m);
+    }
+    free(p);
+    close(fd);
+    return m;
+}
+
+static uint64_t node_epoch(int i)
+{
+    struct ts_map *m = tsd_alive(&CL.node[i]) ? node_map(CL.node[i].addr) : NULL;
+    uint64_t e = m ? m->epoch : 0;
+    ts_map_free(m);
+    return e;
+}
+
+/* The newest map among the running nodes (and which node has it, in *from). */
+static struct ts_map *newest_map(int *from)
+{
+    struct ts_map *best = NULL;
+
+    if (from)
+        *from = -1;
+    for (int i = 0; i < CL.n; i++) {
+        struct ts_map *m;
+        if (!tsd_alive(&CL.node[i]) || !(m = node_map(CL.node[i].addr)))
+            continue;
+        if (!best || m->epoch > best->epoch) {
+            ts_map_free(best);
+            best = m;
+            if (from)
+                *from = i;
+        } else {
+            ts_map_free(m);
+        }
+    }
+    return best;
+}
+
+/* A cluster-mode handle seeded with the running node that has the newest map; NULL on failure. */
+static tessera_client *open_client_timeout(int timeout_ms)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    struct ts_map *m;
+    int from;
+
+    m = newest_map(&from);
+    ts_map_free(m);
+    if (from < 0)
+        return NULL;
+    tessera_opts_init(&o);
+    o.address = CL.node[from].addr;
+    o.timeout_ms = timeout_ms;
+    if (tessera_client_open(&c, &o) != 0) {
+        tessera_client_close(c);
+        return NULL;
+    }
+    return c;
+}
+
+static tessera_client *open_client(void)
+{
+    return open_client_timeout(10000);
+}
+
+static tessera_client *cluster_client(void)
+{
+    tessera_client *c = open_client();
+    assert_non_null(c);
+    assert_true(tessera_client_epoch(c) > 0);
+    return c;
+}
+
+static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t fringe,
+                 uint8_t min_core)
+{
+    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK};
+    int rc = tessera_dataset_create(c, name, &p);
+    if (rc)
+        fprintf(stderr, "dataset create %s: %s: %s\n", name, ts_errname(rc),
+                tessera_client_error(c));
+    assert_int_equal(rc, 0);
+}
+
+static int put_shard(tessera_client *c, const char *ds, uint32_t shard, uint64_t seed)
+{
+    uint8_t *buf = malloc(SLEN);
+    int rc;
+    fill(buf, SLEN, seed);
+    rc = tessera_put(c, ds, shard, buf, SLEN, NULL, 0);
+    free(buf);
+    return rc;
+}
+
+/*
+ * A put with a few retries (a fresh handle each time, seeded with the newest map; no new try
+ * after PUT_BUDGET_MS). 0 only when a put returned 0: that shard is acknowledged. A shard that
+ * a failed try left complete somewhere (TS_EEXIST) is not retried: it was never acknowledged.
+ */
+static int put_retry(const char *ds, uint32_t shard, uint64_t seed, char *why, size_t cap)
+{
+    uint64_t t0 = ts_now_mono_ns();
+    int rc = TS_EUNAVAIL;
+
+    why[0] = '\0';
+    for (int t = 0; t < PUT_TRIES && ts_now_mono_ns() - t0 < PUT_BUDGET_MS * 1000000ull; t++) {
+        tessera_client *c = open_client_timeout(PUT_TIMEOUT_MS);
+        if (!c) {
+            snprintf(why, cap, "no node to connect to");
+            msleep(PUT_PAUSE_MS);
+            continue;
+        }
+        rc = put_shard(c, ds, shard, seed);
+        if (rc)
+            snprintf(why, cap, "try %d: %s: %s", t + 1, ts_errname(rc), tessera_client_error(c));
+        tessera_client_close(c);
+        if (rc == 0 || rc == TS_EEXIST)
+            break;
+        msleep(PUT_PAUSE_MS);
+    }
+    return rc;
+}
+
+/* Waits (bounded) until every running node reports an epoch >= e. */
+static int wait_epoch_all(uint64_t e, int ms)
+{
+    for (int waited = 0;; waited += 20) {
+        int behind = -1;
+        for (int i = 0; i < CL.n && behind < 0; i++)
+            if (tsd_alive(&CL.node[i]) && node_epoch(i) < e)
+                behind = i;
+        if (behind < 0)
+            return 0;
+        if (waited >= ms) {
+            fprintf(stderr, "  %s still at epoch %llu after %d ms (want %llu)\n", CL.id[behind],
+                    (unsigned long long)node_epoch(behind), ms, (unsigned long long)e);
+            return -1;
+        }
+        msleep(20);
+    }
+}
+
+/* Fails over pg from a handle on a running node; returns the rc, *epoch the new epoch. */
+static int failover(uint32_t pg, uint64_t *epoch)
+{
+    tessera_client *c = cluster_client();
+    int rc = tessera_failover(c, pg, epoch);
+
+    if (rc)
+        fprintf(stderr, "  failover of PG %u: %s: %s\n", pg, ts_errname(rc),
+                tessera_client_error(c));
+    tessera_client_close(c);
+    return rc;
+}
+
+/* Marks node i up: the newest map with its state UP, written to a file and pushed with
+ * tessera_map_push_file (which sets the epoch); waits until every running node has it. */
+static uint64_t mark_up(int i)
+{
+    struct ts_map *m = newest_map(NULL);
+    tessera_client *c;
+    char path[600];
+    uint64_t e = 0;
+    int k, rc;
+
+    assert_non_null(m);
+    k = ts_map_find(m, CL.id[i]);
+    assert_true(k >= 0);
+    m->nodes[k].state = TS_NODE_UP;
+    snprintf(path, sizeof(path), "%s/markup.map", CL.dir);
+    assert_int_equal(ts_map_write_file(m, path), 0);
+    ts_map_free(m);
+    c = cluster_client();
+    rc = tessera_map_push_file(c, path, &e);
+    if (rc)
+        fprintf(stderr, "  map push (%s up): %s: %s\n", CL.id[i], ts_errname(rc),
+                tessera_client_error(c));
+    tessera_client_close(c);
+    assert_int_equal(rc, 0);
+    assert_int_equal(wait_epoch_all(e, 10000), 0);
+    return e;
+}
+
+static int send_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return TS_ECONNRESET;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* A request frame carrying a map epoch in its header (raw_send_frame sends epoch 0). */
+static int send_frame_epoch(int fd, uint8_t op, uint64_t id, uint64_t epoch, const struct ts_wr *w)
+{
+    uint8_t h[TS_HDR_LEN];
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, op, 0, id, epoch, (uint32_t)w->len};
+    int rc;
+
+    ts_frame_encode(h, &fh);
+    rc = send_all(fd, h, sizeof(h));
+    return rc ? rc : send_all(fd, w->buf, w->len);
+}
+
+/*
+ * READ of [0, SLEN) of a shard from one node directly: the piece CRCs are verified; the bytes
+ * go to out (SLEN bytes), their count to *got. 0, or the node's / transport's error, or
+ * TS_ECORRUPT for a piece whose CRC does not match.
+ */
+static int raw_read(const char *addr, const char *ds, uint32_t shard, uint8_t *out, size_t *got)
+{
+    int fd = raw_connect(addr), rc;
+    struct ts_wr w;
+    uint8_t *p = NULL;
+    size_t plen = 0, off = 0;
+    struct ts_rd r;
+    uint32_t npieces;
+
+    *got = 0;
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, shard);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, SLEN);
+    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen);
+    close(fd);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    ts_rd_init(&r, p + 4, plen - 4);
+    ts_rd_u64(&r);
+    npieces = ts_rd_u32(&r);
+    {
+        const uint8_t *table = ts_rd_bytes(&r, 8 * (size_t)npieces);
+        for (uint32_t i = 0; table && i < npieces && !rc; i++) {
+            uint32_t len = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
+            const uint8_t *data = ts_rd_bytes(&r, len);
+            if (!data || off + len > SLEN)
+                rc = TS_EPROTO;
+            else if (ts_crc32c(0, data, len) != crc)
+                rc = TS_ECORRUPT;
+            else
+                memcpy(out + off, data, len);
+            off += len;
+        }
+        if (!table)
+            rc = TS_EPROTO;
+    }
+    free(p);
+    *got = off;
+    return rc;
+}
+
+/* Verified shard bytes from node i compared with fill(seed): 0 exact, TS_ECORRUPT different,
+ * else the read's error. *other_seed (optional) is set to 1 when the bytes are those of
+ * fill(other) instead. */
+static int node_verify(int i, const char *ds, uint32_t shard, uint64_t seed, const uint64_t *other,
+                       size_t nother, int *which)
+{
+    uint8_t *buf = malloc(SLEN), *want = malloc(SLEN);
+    size_t got;
+    int rc = raw_read(CL.node[i].addr, ds, shard, buf, &got);
+
+    if (which)
+        *which = -1;
+    if (rc == 0) {
+        fill(want, SLEN, seed);
+        if (got != SLEN || memcmp(buf, want, SLEN) != 0) {
+            rc = TS_ECORRUPT;
+            for (size_t k = 0; which && k < nother && got == SLEN; k++) {
+                fill(want, SLEN, other[k]);
+                if (!memcmp(buf, want, SLEN))
+                    *which = (int)k;
+            }
+        }
+    }
+    free(buf);
+    free(want);
+    return rc;
+}
+
+/* Reads the shard through the client and compares with fill(seed): 0, TS_ECORRUPT, or rc. */
+static int client_verify(tessera_client *c, const char *ds, uint32_t shard, uint64_t seed)
+{
+    uint8_t *buf = malloc(SLEN), *want = malloc(SLEN);
+    size_t got = 0;
+    int rc = tessera_read(c, ds, shard, 0, SLEN, buf, &got);
+
+    if (rc == 0) {
+        fill(want, SLEN, seed);
+        if (got != SLEN || memcmp(buf, want, SLEN) != 0)
+            rc = TS_ECORRUPT;
+    }
+    free(buf);
+    free(want);
+    return rc;
+}
+
+/* A node that does not hold the shard complete: not a claim. */
+static int not_claimed(int rc)
+{
+    return rc == TS_ENOENT || rc == TS_EINCOMPLETE;
+}
+
+/* The first PG (in order) whose primary is node index `node` in m, or UINT32_MAX. */
+static uint32_t pg_led_by(const struct ts_map *m, int node, uint32_t from)
+{
+    for (uint32_t pg = from; pg < m->pg_count; pg++) {
+        int order[1];
+        if (ts_map_pg_order(m, pg, order, 1) == 1 &&
+            tsd_cluster_find(&CL, m->nodes[order[0]].id) == node)
+            return pg;
+    }
+    return UINT32_MAX;
+}
+
+static int primary_of(const struct ts_map *m, uint32_t pg)
+{
+    int order[1];
+    if (ts_map_pg_order(m, pg, order, 1) != 1)
+        return -1;
+    return tsd_cluster_find(&CL, m->nodes[order[0]].id);
+}
+
+/* Shard numbers >= *next of ds that map to pg (n of them into out). */
+static void shards_in_pg(const struct ts_map *m, const char *ds, uint32_t pg, uint32_t *next,
+                         uint32_t *out, int n)
+{
+    for (int k = 0; k < n; (*next)++)
+        if (ts_map_pg_of(m, ds, *next) == pg)
+            out[k++] = *next;
+}
+
+/* ---- 1: a returning primary, then a second failover ---------------------------------------- */
+
+struct acked {
+    uint32_t shard;
+    uint64_t seed;
+    const char *phase;
+};
+
+static void test_return_then_second_failover(void **state)
+{
+    const char *ds = "dur";
+    struct acked ack[8];
+    int nack = 0, lost = 0, bad = 0, P, order[3], n_before, n_down, n_back;
+    uint32_t pg = 0, next = 0, sh[2];
+    uint64_t e1, e2, e3;
+    struct ts_map *m;
+    tessera_client *c;
+    char why[600];
+
+    (void)state;
+    assert_int_equal(start_cluster(3, NULL, 8), 0);
+    c = cluster_client();
+    mkds(c, ds, 3, 0, 2);
+    tessera_client_close(c);
+    m = newest_map(NULL);
+    assert_non_null(m);
+    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
+    P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
+    fprintf(stderr, "  PG %u: primary %s, core replicas %s %s (epoch %llu)\n", pg, CL.id[P],
+            m->nodes[order[1]].id, m->nodes[order[2]].id, (unsigned long long)m->epoch);
+
+#define PUT_PHASE(phase_name, must)                                                                \
+    do {                                                                                           \
+        shards_in_pg(m, ds, pg, &next, sh, 2);                                                     \
+        for (int k_ = 0; k_ < 2; k_++) {                                                           \
+            uint64_t seed_ = 1000 + sh[k_];                                                        \
+            int rc_ = put_retry(ds, sh[k_], seed_, why, sizeof(why));                              \
+            fprintf(stderr, "  %-28s put %s/%u: %s%s%s\n", phase_name, ds, sh[k_],                 \
+                    rc_ ? "NOT acknowledged" : "acknowledged", rc_ ? " -- " : "", rc_ ? why : ""); \
+            if (rc_ == 0)                                                                          \
+                ack[nack++] = (struct acked){sh[k_], seed_, phase_name};                           \
+            else if (must)                                                                         \
+                fail_msg("setup put %s/%u failed: %s", ds, sh[k_], why);                           \
+        }                                                                                          \
+    } while (0)
+
+    /* 1. Two shards with every node up. */
+    PUT_PHASE("all up (epoch 1)", 1);
+    /* 2. The primary dies; the PG fails over to the next core replica. */
+    tsd_kill9(&CL.node[P]);
+    assert_int_equal(failover(pg, &e1), 0);
+    assert_int_equal(wait_epoch_all(e1, 10000), 0);
+    fprintf(stderr, "  %s killed, PG %u failed over: epoch %llu\n", CL.id[P], pg,
+            (unsigned long long)e1);
+    n_before = nack;
+    PUT_PHASE("after failover", 0);
+    n_down = nack - n_before;
+    /* 3. It comes back (same data directory) and is marked up: it leads the PG again. */
+    assert_int_equal(tsd_start(&CL.node[P], NULL), 0);
+    e2 = mark_up(P);
+    {
+        struct ts_map *now = newest_map(NULL);
+        int pr = now ? primary_of(now, pg) : -1;
+        fprintf(stderr, "  %s restarted and marked up: epoch %llu, PG %u primary %s\n", CL.id[P],
+                (unsigned long long)e2, pg, pr >= 0 ? CL.id[pr] : "none");
+        ts_map_free(now);
+    }
+    n_before = nack;
+    PUT_PHASE("after return + mark up", 0);
+    n_back = nack - n_before;
+    /* 4. It dies again; the PG fails over again. */
+    tsd_kill9(&CL.node[P]);
+    assert_int_equal(failover(pg, &e3), 0);
+    assert_int_equal(wait_epoch_all(e3, 10000), 0);
+    fprintf(stderr, "  %s killed again, PG %u failed over: epoch %llu\n", CL.id[P], pg,
+            (unsigned long long)e3);
+#undef PUT_PHASE
+
+    /* Every acknowledged shard reads back byte-exact through the client, and every running
+     * node that holds it complete has exactly its bytes. */
+    c = cluster_client();
+    for (int k = 0; k < nack; k++) {
+        int rc = client_verify(c, ds, ack[k].shard, ack[k].seed);
+        char nodes[256] = "";
+        for (int i = 0; i < CL.n; i++) {
+            int nrc;
+            if (!tsd_alive(&CL.node[i]))
+                continue;
+            nrc = node_verify(i, ds, ack[k].shard, ack[k].seed, NULL, 0, NULL);
+            snprintf(nodes + strlen(nodes), sizeof(nodes) - strlen(nodes), " %s:%s", CL.id[i],
+                     nrc ? ts_errname(nrc) : "ok");
+            if (nrc && !not_claimed(nrc))
+                bad++;
+        }
+        if (rc)
+            lost++;
+        fprintf(stderr, "  %s/%u (acknowledged %s): client read %s; on the nodes:%s\n", ds,
+                ack[k].shard, ack[k].phase, rc ? ts_errname(rc) : "ok", nodes);
+        if (rc)
+            fprintf(stderr, "    LOST: %s/%u was acknowledged (%s) and cannot be read back: %s\n",
+                    ds, ack[k].shard, ack[k].phase, tessera_client_error(c));
+    }
+    tessera_client_close(c);
+    fprintf(stderr, "  %d shards acknowledged, %d lost, %d wrong copies on running nodes\n", nack,
+            lost, bad);
+    ts_map_free(m);
+    if (lost || bad)
+        fail_msg("%d of %d acknowledged shards lost, %d nodes claim a shard with wrong bytes", lost,
+                 nack, bad);
+    /* Nothing lost, but only a run that wrote in both phases tested anything. */
+    if (!n_down || !n_back)
+        fail_msg("NOT EXERCISED: no put into PG %u was acknowledged %s (min_core 2 with 2 of "
+                 "the 3 core replicas up must take writes): the scenario was not tested",
+                 pg, !n_down ? "while its primary was down" : "after its primary returned");
+    test_passed = 1;
+}
+
+/* ---- 2: a new epoch that reached one replica only --------------------------------------- */
+
+/* MAP_PUSH of m to node i (header epoch 0); returns the status. */
+static int push_map_to(int i, const struct ts_map *m)
+{
+    int fd = raw_connect(CL.node[i].addr), rc;
+    struct ts_wr w;
+
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_map_encode(&w, m);
+    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
+    close(fd);
+    return rc;
+}
+
+#define T2_LEN 1000u /* one chunk */
+
+static int raw_shard_write(int fd, uint64_t epoch, const char *ds, uint32_t shard,
+                           const uint8_t *data, char *msg, size_t cap)
+{
+    struct ts_wr w;
+    int rc;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, shard);
+    ts_wr_u32(&w, 0);      /* chunk 0 */
+    ts_wr_u64(&w, T2_LEN); /* declared size */
+    ts_wr_u32(&w, ts_crc32c(0, data, T2_LEN));
+    ts_wr_u32(&w, T2_LEN);
+    ts_wr_bytes(&w, data, T2_LEN);
+    rc = send_frame_epoch(fd, TS_OP_SHARD_WRITE, 11, epoch, &w);
+    ts_wr_fini(&w);
+    return rc ? rc : raw_recv_reply(fd, 15000, NULL, msg, cap, NULL, NULL);
+}
+
+static int raw_shard_seal(int fd, uint64_t epoch, const char *ds, uint32_t shard,
+                          const uint8_t *data, char *msg, size_t cap)
+{
+    struct ts_wr w;
+    int rc;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, shard);
+    ts_wr_u8(&w, 1); /* have the whole-shard CRC */
+    ts_wr_u32(&w, ts_crc32c(0, data, T2_LEN));
+    ts_wr_u32(&w, 0); /* no records */
+    rc = send_frame_epoch(fd, TS_OP_SHARD_SEAL, 12, epoch, &w);
+    ts_wr_fini(&w);
+    return rc ? rc : raw_recv_reply(fd, 15000, NULL, msg, cap, NULL, NULL);
+}
+
+static void test_partial_map_push(void **state)
+{
+    const char *ds = "pmp";
+    struct ts_map *m, *next;
+    int order[3], P, R1, R2, fd, rc_w, rc_s;
+    uint32_t pg = 0, shard = 0, sh[1];
+    uint8_t data[T2_LEN];
+    tessera_client *c;
+    char why[600], msg_w[512], msg_s[512];
+
+    (void)state;
+    assert_int_equal(start_cluster(3, NULL, 8), 0);
+    c = cluster_client();
+    mkds(c, ds, 3, 0, 2);
+    tessera_client_close(c);
+    m = newest_map(NULL);
+    assert_non_null(m);
+    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
+    P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
+    R1 = tsd_cluster_find(&CL, m->nodes[order[1]].id);
+    R2 = tsd_cluster_find(&CL, m->nodes[order[2]].id);
+    fprintf(stderr, "  PG %u at epoch %llu: primary %s, core replicas %s (R1) %s (R2)\n", pg,
+            (unsigned long long)m->epoch, CL.id[P], CL.id[R1], CL.id[R2]);
+    /* The PG works at the old epoch: one shard through the client. */
+    shards_in_pg(m, ds, pg, &shard, sh, 1);
+    assert_int_equal(put_retry(ds, sh[0], 77, why, sizeof(why)), 0);
+    shard++;
+
+    /* Epoch E+1 (P down, R1 leads) reaches R1 only; P and R2 keep epoch E. */
+    next = ts_map_dup(m);
+    next->nodes[order[0]].state = TS_NODE_DOWN;
+    next->epoch = m->epoch + 1;
+    assert_int_equal(push_map_to(R1, next), 0);
+    fprintf(stderr, "  epochs now: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
+            (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
+            CL.id[R2], (unsigned long long)node_epoch(R2));
+    assert_true(node_epoch(R1) == next->epoch);
+
+    /* A writer with the old map uploads a new shard of the PG to P at epoch E. */
+    shards_in_pg(m, ds, pg, &shard, sh, 1);
+    fill(data, sizeof(data), 4242);
+    fd = raw_connect(CL.node[P].addr);
+    assert_true(fd >= 0);
+    rc_w = raw_shard_write(fd, m->epoch, ds, sh[0], data, msg_w, sizeof(msg_w));
+    fprintf(stderr, "  SHARD_WRITE %s/%u chunk 0 to %s at epoch %llu: %s%s%s\n", ds, sh[0],
+            CL.id[P], (unsigned long long)m->epoch, rc_w ? ts_errname(rc_w) : "ok",
+            rc_w ? ": " : "", rc_w ? msg_w : "");
+    rc_s = raw_shard_seal(fd, m->epoch, ds, sh[0], data, msg_s, sizeof(msg_s));
+    fprintf(stderr, "  SHARD_SEAL  %s/%u to %s at epoch %llu: %s%s%s\n", ds, sh[0], CL.id[P],
+            (unsigned long long)m->epoch, rc_s ? ts_errname(rc_s) : "ok (ACKNOWLEDGED)",
+            rc_s ? ": " : "", rc_s ? msg_s : "");
+    close(fd);
+    fprintf(stderr, "  epochs after: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
+            (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
+            CL.id[R2], (unsigned long long)node_epoch(R2));
+    ts_map_free(next);
+    ts_map_free(m);
+    if (rc_s == 0)
+        fail_msg("old primary %s acknowledged %s/%u at the old epoch although %s follows a newer "
+                 "epoch in which %s is down (only %s still had the old map)",
+                 CL.id[P], ds, sh[0], CL.id[R1], CL.id[P], CL.id[R2]);
+    test_passed = 1;
+}
+
+/*
+ * 2b. The same split, with the upload already under way when the new epoch reaches R1: the
+ * chunk went to P, R1 and R2 at epoch E; then E+1 (P down) reaches R1 only; then the writer
+ * seals at epoch E. R1 refuses the seal (stale epoch) and P adopts E+1 from R1's reply, but
+ * R2 -- paused for a moment (SIGSTOP, a slow disk or a GC pause would do) -- still applies it
+ * at epoch E afterwards. The seal must not be acknowledged: only P and R2 hold it, at an epoch
+ * that R1 (the primary of E+1) has left behind.
+ */
+static void test_partial_map_push_mid_upload(void **state)
+{
+    const char *ds = "pmu";
+    struct ts_map *m, *next;
+    int order[3], P, R1, R2, fd, rc_w, rc_s, waited;
+    uint32_t pg = 0, shard = 0, sh[1];
+    uint8_t data[T2_LEN];
+    tessera_client *c;
+    char why[600], msg_w[512], msg_s[512];
+    struct ts_wr w;
+
+    (void)state;
+    assert_int_equal(start_cluster(3, NULL, 8), 0);
+    c = cluster_client();
+    mkds(c, ds, 3, 0, 2);
+    tessera_client_close(c);
+    m = newest_map(NULL);
+    assert_non_null(m);
+    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
+    P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
+    R1 = tsd_cluster_find(&CL, m->nodes[order[1]].id);
+    R2 = tsd_cluster_find(&CL, m->nodes[order[2]].id);
+    fprintf(stderr, "  PG %u at epoch %llu: primary %s, core replicas %s (R1) %s (R2)\n", pg,
+            (unsigned long long)m->epoch, CL.id[P], CL.id[R1], CL.id[R2]);
+    shards_in_pg(m, ds, pg, &shard, sh, 1);
+    assert_int_equal(put_retry(ds, sh[0], 77, why, sizeof(why)), 0);
+    shard++;
+
+    /* The upload starts at epoch E: its chunk is on P, R1 and R2. */
+    shards_in_pg(m, ds, pg, &shard, sh, 1);
+    fill(data, sizeof(data), 4343);
+    fd = raw_connect(CL.node[P].addr);
+    assert_true(fd >= 0);
+    rc_w = raw_shard_write(fd, m->epoch, ds, sh[0], data, msg_w, sizeof(msg_w));
+    fprintf(stderr, "  SHARD_WRITE %s/%u chunk 0 to %s at epoch %llu: %s%s%s\n", ds, sh[0],
+            CL.id[P], (unsigned long long)m->epoch, rc_w ? ts_errname(rc_w) : "ok",
+            rc_w ? ": " : "", rc_w ? msg_w : "");
+    assert_int_equal(rc_w, 0);
+
+    /* Epoch E+1 (P down, R1 leads) reaches R1 only. */
+    next = ts_map_dup(m);
+    next->nodes[order[0]].state = TS_NODE_DOWN;
+    next->epoch = m->epoch + 1;
+    assert_int_equal(push_map_to(R1, next), 0);
+
+    /* The seal at epoch E, with R2 paused until P has heard of E+1 from R1. */
+    assert_int_equal(kill(CL.node[R2].pid, SIGSTOP), 0);
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, sh[0]);
+    ts_wr_u8(&w, 1);
+    ts_wr_u32(&w, ts_crc32c(0, data, T2_LEN));
+    ts_wr_u32(&w, 0);
+    rc_s = send_frame_epoch(fd, TS_OP_SHARD_SEAL, 12, m->epoch, &w);
+    ts_wr_fini(&w);
+    for (waited = 0; waited < 2000 && node_epoch(P) < next->epoch; waited += 5)
+        msleep(5);
+    msleep(100); /* let P act on the new map (its replication thread) */
+    fprintf(stderr, "  %s paused; %s at epoch %llu after %d ms; resuming %s\n", CL.id[R2], CL.id[P],
+            (unsigned long long)node_epoch(P), waited, CL.id[R2]);
+    kill(CL.node[R2].pid, SIGCONT);
+    if (rc_s == 0)
+        rc_s = raw_recv_reply(fd, 15000, NULL, msg_s, sizeof(msg_s), NULL, NULL);
+    close(fd);
+    fprintf(stderr, "  SHARD_SEAL  %s/%u to %s at epoch %llu: %s%s%s\n", ds, sh[0], CL.id[P],
+            (unsigned long long)m->epoch, rc_s ? ts_errname(rc_s) : "ok (ACKNOWLEDGED)",
+            rc_s ? ": " : "", rc_s ? msg_s : "");
+    fprintf(stderr, "  epochs after: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
+            (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
+            CL.id[R2], (unsigned long long)node_epoch(R2));
+    for (int i = 0; i < CL.n; i++) {
+        int nrc;
+        uint8_t *buf = malloc(SLEN);
+        size_t got;
+        nrc = raw_read(CL.node[i].addr, ds, sh[0], buf, &got);
+        fprintf(stderr, "  %s/%u on %s: %s\n", ds, sh[0], CL.id[i],
+                nrc ? ts_errname(nrc) : "complete");
+        free(buf);
+    }
+    ts_map_free(next);
+    ts_map_free(m);
+    if (rc_s == 0)
+        fail_msg("old primary %s acknowledged the seal of %s/%u at the old epoch although %s "
+                 "had refused it under a newer epoch in which %s is down (only %s, with the old "
+                 "map, applied it)",
+                 CL.id[P], ds, sh[0], CL.id[R1], CL.id[P], CL.id[R2]);
+    test_passed = 1;
+}
+
+/* ---- 3: seeded rounds --------------------------------------------------------------------- */
+
+#define T3_NODES 5
+#define T3_PGS 16
+#define T3_NDS 2
+#define T3_MAXSHARD 512
+#define T3_MAXLED 4096
+#define T3_MIN_CORE 2
+
+struct led {
+    int ds, gen, inc; /* dataset slot, its name's generation, incarnation under that name */
+    uint32_t shard;
+    uint64_t seed;
+    int lost;  /* seen unreadable (or wrong) through the client at some check */
+    int stale; /* a node or the client served bytes not of this write */
+    int under; /* with every node up, fewer than min_core nodes hold it complete */
+};
+
+static struct {
+    uint64_t rng, seed;
+    struct led led[T3_MAXLED];
+    int nled;
+    int inc[T3_NDS];
+    uint8_t used[T3_NDS][T3_MAXSHARD]; /* shard numbers tried in the current incarnation */
+    int gen[T3_NDS]; /* a refused delete retires the slot's name: the next one is used */
+    int writes, tries, stale_deleted, deletes_refused;
+    int acked_down, acked_back; /* acknowledged while the victim was down / after it returned */
+} T3;
+
+static const char *t3_name(int ds)
+{
+    static char names[T3_NDS][32];
+    if (T3.gen[ds])
+        snprintf(names[ds], sizeof(names[ds]), "seed%d-%d", ds, T3.gen[ds]);
+    else
+        snprintf(names[ds], sizeof(names[ds]), "seed%d", ds);
+    return names[ds];
+}
+
+static uint64_t rnd(void)
+{
+    T3.rng ^= T3.rng >> 12;
+    T3.rng ^= T3.rng << 25;
+    T3.rng ^= T3.rng >> 27;
+    return T3.rng * 2685821657736338717ull;
+}
+
+static int chance(int percent)
+{
+    return (int)(rnd() % 100) < percent;
+}
+
+static uint64_t t3_seed(int ds, int inc, uint32_t shard)
+{
+    return mix64(T3.seed ^ mix64(((uint64_t)ds << 48) ^ ((uint64_t)inc << 32) ^ shard)) >> 8;
+}
+
+/*
+ * Writes n shards: the first, and about half of the others, into the PGs in `target` (the PGs
+ * the round's victim led when the round began: before its failure, while another node leads
+ * them, and after it leads them again), the rest anywhere.
+ */
+static int t3_write(int n, const uint8_t *target, const char *phase)
+{
+    struct ts_map *m = newest_map(NULL);
+    int acked = 0;
+    char why[600];
+
+    assert_non_null(m);
+    for (int k = 0; k < n; k++) {
+        int ds = (int)(rnd() % T3_NDS), targeted = target && (k == 0 || chance(50)), rc;
+        uint32_t s, start = (uint32_t)(rnd() % T3_MAXSHARD);
+        uint64_t seed;
+
+        for (s = 0; s < T3_MAXSHARD; s++) {
+            uint32_t cand = (start + s) % T3_MAXSHARD;
+            if (T3.used[ds][cand])
+                continue;
+            if (targeted && !target[ts_map_pg_of(m, t3_name(ds), cand)])
+                continue;
+            s = cand;
+            break;
+        }
+        if (s >= T3_MAXSHARD)
+            continue;
+        T3.used[ds][s] = 1;
+        seed = t3_seed(ds, T3.inc[ds], s);
+        T3.tries++;
+        rc = put_retry(t3_name(ds), s, seed, why, sizeof(why));
+        if (rc == 0) {
+            assert_true(T3.nled < T3_MAXLED);
+            T3.led[T3.nled++] = (struct led){ds, T3.gen[ds], T3.inc[ds], s, seed, 0, 0, 0};
+            T3.writes++;
+            acked++;
+        } else {
+            fprintf(stderr, "    %s: put %s#%d/%u (PG %u) not acknowledged: %s\n", phase,
+                    t3_name(ds), T3.inc[ds], s, ts_map_pg_of(m, t3_name(ds), s), why);
+        }
+    }
+    ts_map_free(m);
+    return acked;
+}
+
+/* Fails over every PG that `victim` leads in the newest map (one at a time, re-reading the map
+ * after each: the first failover marks the node down, which moves all its PGs). */
+static void t3_failover_all(int victim)
+{
+    for (uint32_t tries = 0; tries < T3_PGS; tries++) {
+        struct ts_map *m = newest_map(NULL);
+        uint32_t pg;
+        uint64_t e = 0;
+        int rc;
+
+        assert_non_null(m);
+        pg = pg_led_by(m, victim, 0);
+        ts_map_free(m);
+        if (pg == UINT32_MAX)
+            return;
+        rc = failover(pg, &e);
+        if (rc == TS_EUNAVAIL)
+            continue;
+        assert_int_equal(rc, 0);
+        assert_int_equal(wait_epoch_all(e, 10000), 0);
+        fprintf(stderr, "    failover of PG %u (led by %s): epoch %llu\n", pg, CL.id[victim],
+                (unsigned long long)e);
+    }
+}
+
+static void t3_restart(int i)
+{
+    uint64_t e;
+    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+    e = mark_up(i);
+    fprintf(stderr, "    %s restarted and marked up: epoch %llu\n", CL.id[i],
+            (unsigned long long)e);
+}
+
+static void t3_kill(int i)
+{
+    tsd_kill9(&CL.node[i]);
+    fprintf(stderr, "    kill -9 %s\n", CL.id[i]);
+}
+
+/*
+ * Deletes a dataset and creates it again under the same name (the same policy; new contents
+ * from then on). A delete that keeps being refused (e.g. TS_EBUSY: an upload of it left open
+ * on some node) may have happened on some nodes only: that dataset is left out of the ledger
+ * from then on (its entries keep what earlier checks found), reported, and the slot goes on
+ * under a new name.
+ */
+static void t3_delete_recreate(void)
+{
+    int ds = (int)(rnd() % T3_NDS), rc = 0;
+    struct ts_dataset_policy p = {3, 1, 2, CHUNK};
+    char msg[600] = "";
+
+    for (int t = 0; t < 10; t++) {
+        tessera_client *c = cluster_client();
+        rc = tessera_dataset_delete(c, t3_name(ds));
+        if (rc)
+            snprintf(msg, sizeof(msg), "%s: %s", ts_errname(rc), tessera_client_error(c));
+        tessera_client_close(c);
+        if (rc == 0)
+            break;
+        msleep(200);
+    }
+    if (rc) {
+        fprintf(stderr, "    delete %s refused for 2 s (%s): %s is left out from now on",
+                t3_name(ds), msg, t3_name(ds));
+        T3.gen[ds]++;
+        T3.deletes_refused++;
+        fprintf(stderr, "; writing to %s instead\n", t3_name(ds));
+        T3.inc[ds] = 0;
+    } else {
+        T3.inc[ds]++;
+    }
+    {
+        tessera_client *c = cluster_client();
+        rc = tessera_dataset_create(c, t3_name(ds), &p);
+        if (rc)
+            fprintf(stderr, "    re-create %s: %s: %s\n", t3_name(ds), ts_errname(rc),
+                    tessera_client_error(c));
+        tessera_client_close(c);
+    }
+    assert_int_equal(rc, 0);
+    memset(T3.used[ds], 0, sizeof(T3.used[ds]));
+    if (T3.inc[ds])
+        fprintf(stderr, "    %s deleted and re-created (incarnation %d)\n", t3_name(ds),
+                T3.inc[ds]);
+}
+
+/* The current write of (ds, shard) in the ledger, or NULL. */
+static struct led *t3_current(int ds, uint32_t shard)
+{
+    for (int k = T3.nled - 1; k >= 0; k--)
+        if (T3.led[k].ds == ds && T3.led[k].gen == T3.gen[ds] && T3.led[k].shard == shard &&
+            T3.led[k].inc == T3.inc[ds])
+            return &T3.led[k];
+    return NULL;
+}
+
+/* Checks the ledger against the cluster as it is now; prints and flags what is wrong. */
+static void t3_check(const char *when, int all_up)
+{
+    tessera_client *c = cluster_client();
+    int lost = 0, stale = 0, under = 0;
+
+    for (int k = 0; k < T3.nled; k++) {
+        struct led *l = &T3.led[k];
+        const char *ds = t3_name(l->ds);
+        int current = l->inc == T3.inc[l->ds];
+
+        if (l->gen != T3.gen[l->ds])
+            continue; /* a name retired after a refused delete */
+
+        if (current) {
+            int rc = client_verify(c, ds, l->shard, l->seed), copies = 0;
+            char held[128] = "";
+            if (rc) {
+                if (!l->lost)
+                    fprintf(stderr, "    %s: LOST %s#%d/%u: client read %s: %s\n", when, ds, l->inc,
+                            l->shard, ts_errname(rc), tessera_client_error(c));
+                l->lost = 1;
+                lost++;
+            }
+            for (int i = 0; i < CL.n; i++) {
+                int which, nrc;
+                uint64_t olds[16];
+                size_t nold = 0;
+                if (!tsd_alive(&CL.node[i]))
+                    continue;
+                for (int j = 0; j < T3.nled && nold < 16; j++)
+                    if (T3.led[j].ds == l->ds && T3.led[j].gen == l->gen &&
+                        T3.led[j].shard == l->shard && T3.led[j].inc != l->inc)
+                        olds[nold++] = T3.led[j].seed;
+                nrc = node_verify(i, ds, l->shard, l->seed, olds, nold, &which);
+                if (nrc == 0) {
+                    copies++;
+                    snprintf(held + strlen(held), sizeof(held) - strlen(held), " %s", CL.id[i]);
+                }
+                if (nrc && !not_claimed(nrc)) {
+                    if (!l->stale)
+                        fprintf(stderr, "    %s: STALE %s#%d/%u on %s: %s%s\n", when, ds, l->inc,
+                                l->shard, CL.id[i], ts_errname(nrc),
+                                which >= 0 ? " (the bytes of a deleted incarnation)" : "");
+                    l->stale = 1;
+                    stale++;
+                }
+            }
+            /* Acknowledged with min_core 2: with every node up, at least 2 hold it. */
+            if (all_up && copies < T3_MIN_CORE) {
+                fprintf(stderr, "    %s: UNDER-REPLICATED %s#%d/%u: complete on %d node(s):%s\n",
+                        when, ds, l->inc, l->shard, copies, copies ? held : " none");
+                l->under = 1;
+                under++;
+            }
+        } else if (!t3_current(l->ds, l->shard) && !T3.used[l->ds][l->shard]) {
+            /* Deleted and not tried again since: nobody may serve it as complete. */
+            int rc = client_verify(c, ds, l->shard, l->seed), flagged = 0;
+            if (rc == 0 || rc == TS_ECORRUPT) {
+                fprintf(stderr,
+                        "    %s: STALE %s/%u (deleted incarnation %d) served through the "
+                        "client: %s\n",
+                        when, ds, l->shard, l->inc, rc ? "other bytes" : "its old bytes");
+                flagged = 1;
+            }
+            for (int i = 0; i < CL.n; i++) {
+                int nrc;
+                if (!tsd_alive(&CL.node[i]))
+                    continue;
+                nrc = node_verify(i, ds, l->shard, l->seed, NULL, 0, NULL);
+                if (!not_claimed(nrc)) {
+                    fprintf(stderr, "    %s: STALE %s/%u (deleted incarnation %d) on %s: %s\n",
+                            when, ds, l->shard, l->inc, CL.id[i],
+                            nrc ? ts_errname(nrc) : "its old bytes, complete");
+                    flagged = 1;
+                }
+            }
+            if (flagged && !l->stale) {
+                l->stale = 1;
+                T3.stale_deleted++;
+            }
+            stale += flagged;
+        }
+    }
+    tessera_client_close(c);
+    fprintf(stderr, "  check %s: %d unreadable, %d stale", when, lost, stale);
+    if (all_up)
+        fprintf(stderr, ", %d under-replicated", under);
+    fprintf(stderr, "\n");
+}
+
+static void test_seeded_rounds(void **state)
+{
+    static const char *const domains[] = {"rack-a", "rack-a", "rack-b", "rack-b", "rack-c"};
+    const char *env_seed = getenv("TESSERA_TEST_SEED"), *env_rounds = getenv("TESSERA_TEST_ROUNDS");
+    int rounds = env_rounds && *env_rounds ? atoi(env_rounds) : 4, L = 0, S = 0, U = 0;
+    uint64_t t0 = ts_now_mono_ns();
+    tessera_client *c;
+
+    (void)state;
+    memset(&T3, 0, sizeof(T3));
+    T3.seed = env_seed && *env_seed ? strtoull(env_seed, NULL, 0)
+                                    : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20));
+    T3.rng = mix64(T3.seed) | 1;
+    if (rounds < 1)
+        rounds = 1;
+    fprintf(stderr, "  TESSERA_TEST_SEED=%llu TESSERA_TEST_ROUNDS=%d\n",
+            (unsigned long long)T3.seed, rounds);
+    assert_int_equal(start_cluster(T3_NODES, domains, T3_PGS), 0);
+    c = cluster_client();
+    for (int ds = 0; ds < T3_NDS; ds++)
+        mkds(c, t3_name(ds), 3, 1, 2);
+    tessera_client_close(c);
+
+    for (int round = 1; round <= rounds; round++) {
+        struct ts_map *m = newest_map(NULL);
+        int cand[T3_NODES], ncand = 0, victim, deleted = 0;
+        uint8_t led[T3_PGS] = {0};
+        char when[64], pgs[128] = "";
+
+        assert_non_null(m);
+        for (int i = 0; i < CL.n; i++)
+            if (tsd_alive(&CL.node[i]) && pg_led_by(m, i, 0) != UINT32_MAX)
+                cand[ncand++] = i;
+        assert_true(ncand > 0);
+        victim = cand[rnd() % (uint64_t)ncand];
+        for (uint32_t pg = 0; pg < T3_PGS; pg++)
+            if (primary_of(m, pg) == victim) {
+                led[pg] = 1;
+                snprintf(pgs + strlen(pgs), sizeof(pgs) - strlen(pgs), " %u", pg);
+            }
+        ts_map_free(m);
+        fprintf(stderr, "  round %d: victim %s (leads PGs%s)\n", round, CL.id[victim], pgs);
+
+        t3_write(4, led, "before the kill");
+        t3_kill(victim);
+        t3_failover_all(victim);
+        if (chance(40)) {
+            t3_delete_recreate(); /* while the victim is down */
+            deleted = 1;
+        }
+        T3.acked_down += t3_write(4, led, "victim down");
+        t3_restart(victim);
+        T3.acked_back += t3_write(4, led, "victim back");
+        if (chance(60)) {
+            t3_kill(victim);
+            t3_failover_all(victim);
+            T3.acked_down += t3_write(2, led, "victim down again");
+        }
+        if (!deleted && chance(25))
+            t3_delete_recreate();
+        /* The ledger against the cluster as the round left it (a node may be down). */
+        snprintf(when, sizeof(when), "end of round %d", round);
+        t3_check(when, 0);
+        for (int i = 0; i < CL.n; i++)
+            if (!tsd_alive(&CL.node[i]))
+                t3_restart(i);
+    }
+    t3_check("final, every node up", 1);
+    for (int k = 0; k < T3.nled; k++) {
+        L += T3.led[k].lost;
+        S += T3.led[k].stale;
+        U += T3.led[k].under;
+    }
+    fprintf(stderr,
+            "rounds %d writes %d lost %d stale %d under-replicated %d (seed %llu, %d puts tried, "
+            "%d deletes refused, %.1f s)\n",
+            rounds, T3.writes, L, S, U, (unsigned long long)T3.seed, T3.tries, T3.deletes_refused,
+            (double)(ts_now_mono_ns() - t0) / 1e9);
+    if (L || S || U)
+        fail_msg("lost %d, stale %d, under-replicated %d of %d acknowledged writes (reproduce "
+                 "with TESSERA_TEST_SEED=%llu TESSERA_TEST_ROUNDS=%d)",
+                 L, S, U, T3.writes, (unsigned long long)T3.seed, rounds);
+    if (!T3.acked_down || !T3.acked_back)
+        fail_msg("NOT EXERCISED: no put was acknowledged %s in any round (min_core 2 with 4 of 5 "
+                 "nodes up must take writes): the scenario was not tested",
+                 !T3.acked_down ? "while a victim was down" : "after a victim returned");
+    test_passed = 1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_return_then_second_failover, teardown),
+        cmocka_unit_test_teardown(test_partial_map_push, teardown),
+        cmocka_unit_test_teardown(test_partial_map_push_mid_upload, teardown),
+        cmocka_unit_test_teardown(test_seeded_rounds, teardown),
+    };
+    return cmocka_run_group_tests_name("durability", tests, NULL, NULL);
+}
