@@ -201,6 +201,13 @@ static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why)
         p->bev = NULL;
     }
     ERR_clear_error();
+    /* The peer may come back restarted (short of what it had, serving nothing): compare its
+     * logs again and tell it again when it holds ours. */
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (!strcmp(ps->node, p->id)) {
+            ps->known = 0;
+            ps->told_clean = 0;
+        }
     p->connected = 0;
     p->pend = NULL;
     p->npend = 0;
@@ -833,6 +840,7 @@ static void lag_snapshot(ts_repl *r)
         snprintf(l->node, sizeof(l->node), "%s", ps->node);
         l->applied = ps->known ? ps->applied : 0;
         l->primary_applied = my_applied;
+        l->recovering = !ps->pull && (!ps->known || !ps->told_clean);
         if (my_applied > l->applied) {
             uint64_t from = l->applied + 1, scanned = 0;
             struct ts_log_rec rec;

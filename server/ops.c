@@ -1167,6 +1167,48 @@ static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
     return 0;
 }
 
+/* The PGs this node leads (or is peering to lead) that are not active, and the counts; the PGs
+ * it holds as a replica that it does not serve yet. */
+static void status_pgs(struct tsd_server *s, json_object *rep)
+{
+    struct ts_repl_pgstat *ps = NULL;
+    size_t n = 0, active = 0, waiting = 0, unclean = 0;
+    json_object *arr = json_object_new_array();
+
+    ts_repl_pg_states(s->repl, &ps, &n);
+    for (size_t i = 0; i < n; i++) {
+        json_object *o;
+        if (ps[i].active) {
+            active++;
+            continue;
+        }
+        waiting++;
+        if (json_object_array_length(arr) >= STATUS_MAX_LAG)
+            continue;
+        o = json_object_new_object();
+        json_object_object_add(o, "pg", json_object_new_int64(ps[i].pg));
+        json_object_object_add(o, "state", json_object_new_string(ps[i].state));
+        json_object_object_add(o, "epoch", json_object_new_int64((int64_t)ps[i].epoch));
+        json_object_object_add(o, "since_s",
+                               json_object_new_double(ps[i].since_ns && ts_now_wall_ns() >
+                                                                           ps[i].since_ns
+                                                          ? (double)(ts_now_wall_ns() -
+                                                                     ps[i].since_ns) /
+                                                                1e9
+                                                          : 0));
+        json_object_object_add(o, "why", json_object_new_string(ps[i].why));
+        json_object_array_add(arr, o);
+    }
+    free(ps);
+    for (uint32_t pg = 0; s->pg_clean && pg < s->npg; pg++)
+        unclean += !atomic_load(&s->pg_clean[pg]);
+    json_object_object_add(rep, "pgs_active", json_object_new_int64((int64_t)active));
+    json_object_object_add(rep, "pgs_peering", json_object_new_int64((int64_t)waiting));
+    json_object_object_add(rep, "peering", arr);
+    /* Of all PGs: those this node was not (yet) told it holds fully; it leads some of them. */
+    json_object_object_add(rep, "pgs_not_confirmed", json_object_new_int64((int64_t)unclean));
+}
+
 static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     struct tsd_server *s = c->w->srv;
@@ -1258,8 +1300,11 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
                     json_object_object_add(o, "lag_ops", json_object_new_int64(0));
                     json_object_object_add(o, "lag_bytes", json_object_new_int64(0));
                     json_object_object_add(o, "max_lag_s", json_object_new_double(0));
+                    json_object_object_add(o, "recovering_pgs", json_object_new_int64(0));
                     json_object_object_add(per, l[i].node, o);
                 }
+                json_object_object_get_ex(o, "recovering_pgs", &x);
+                json_object_set_int64(x, json_object_get_int64(x) + l[i].recovering);
                 json_object_object_get_ex(o, "pgs", &x);
                 json_object_set_int64(x, json_object_get_int64(x) + 1);
                 json_object_object_get_ex(o, "core_pgs", &x);
@@ -1276,7 +1321,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         }
         for (size_t i = 0; i < nl && json_object_array_length(lag) < STATUS_MAX_LAG; i++) {
             json_object *o;
-            if (!l[i].lag_ops)
+            if (!l[i].lag_ops && !l[i].recovering)
                 continue;
             o = json_object_new_object();
             json_object_object_add(o, "pg", json_object_new_int64(l[i].pg));
@@ -1289,6 +1334,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
             json_object_object_add(o, "lag_ops", json_object_new_int64((int64_t)l[i].lag_ops));
             json_object_object_add(o, "lag_bytes", json_object_new_int64((int64_t)l[i].lag_bytes));
             json_object_object_add(o, "lag_s", json_object_new_double(l[i].lag_s));
+            json_object_object_add(o, "recovering", json_object_new_boolean(l[i].recovering));
             json_object_array_add(lag, o);
         }
         free(l);
@@ -1296,6 +1342,7 @@ static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         json_object_object_add(rep, "repairs", json_object_new_int64((int64_t)repairs));
         json_object_object_add(rep, "backfills", json_object_new_int64((int64_t)backfills));
         json_object_object_add(rep, "lag", lag);
+        status_pgs(s, rep);
         json_object_object_add(root, "replication", rep);
     }
     ds = json_object_new_array();

@@ -227,6 +227,9 @@ static long total_lag(double *max_s, const char *only_node)
                     continue;
                 if (json_object_object_get_ex(o, "lag_ops", &x))
                     ops += (long)json_object_get_int64(x);
+                /* A replica not yet confirmed to hold a PG's log counts as behind. */
+                if (json_object_object_get_ex(o, "recovering_pgs", &x))
+                    ops += (long)json_object_get_int64(x);
                 if (max_s && json_object_object_get_ex(o, "max_lag_s", &x) &&
                     json_object_get_double(x) > *max_s)
                     *max_s = json_object_get_double(x);
