@@ -2107,6 +2107,49 @@ static int put_end(tessera_client *c, struct put *p, const uint64_t *records, ui
     return rc;
 }
 
+/*
+ * The shard exists already (TS_EEXIST at chunk 0): a retry of a put whose answer was lost, or
+ * another shard. The same bytes: SHARD_SEAL with their CRC, answered once the shard is as
+ * durable as a fresh seal; other bytes: TS_EEXIST saying so.
+ */
+static int put_exists(tessera_client *c, const char *name, uint32_t shard, const void *buf,
+                      size_t len, const uint64_t *records, uint32_t nrecords)
+{
+    struct ts_shard_info si;
+    uint32_t crc = ts_crc32c(0, buf, len);
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = tessera_shard_stat(c, name, shard, &si);
+    if (rc)
+        return rc == TS_ENOENT ? TS_EEXIST : rc;
+    if (si.state != TS_SHARD_COMPLETE || si.size != len || si.crc != crc) {
+        set_err(c, "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
+                "%zu bytes, %08x)",
+                name, shard, (unsigned long long)si.size, si.crc, len, crc);
+        return TS_EEXIST;
+    }
+    r = req_name(c, TS_OP_SHARD_SEAL, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u8(&r->w, 1);
+    ts_wr_u32(&r->w, crc);
+    ts_wr_u32(&r->w, nrecords);
+    for (uint32_t i = 0; i < nrecords; i++)
+        ts_wr_u64(&r->w, records[i]);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, &si))
+        rc = proto_err(c, "SHARD_SEAL");
+    req_free(c, r);
+    if (!rc)
+        TS_INFO(FAC, "%s/%u was sealed already with these bytes: put confirmed", name, shard);
+    return rc;
+}
+
 int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
                 const uint64_t *records, uint32_t nrecords)
 {
@@ -2139,7 +2182,10 @@ int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void 
 out_end:
     if (!p.win)
         return rc ? rc : p.rc;
-    return put_end(c, &p, records, nrecords);
+    rc = put_end(c, &p, records, nrecords);
+    if (rc == TS_EEXIST)
+        rc = put_exists(c, name, shard, buf, len, records, nrecords);
+    return rc;
 }
 
 /* Fills buf with up to len bytes from fd (a file or a pipe); the count, or TS_E*. */

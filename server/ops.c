@@ -609,6 +609,33 @@ static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
     free(pk);
 }
 
+/* The shard is sealed here already, with the contents the sender has: reply as a seal would,
+ * once the PG's log up to its current head (which holds the shard's entry) is on `need`
+ * replicas. */
+static void confirm_sealed(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                           uint32_t shard, uint32_t pg, uint64_t act_epoch, unsigned need,
+                           const struct ts_repl_targets *to)
+{
+    struct tsd_server *s = c->w->srv;
+    uint64_t head = 0;
+    struct parked *pk;
+
+    if (!act_epoch || !to->n || ts_store_pg_applied(s->store, pg, &head, NULL) != 0 || !head) {
+        reply_shard_info(c, h, name, shard);
+        return;
+    }
+    pk = park(c, h, need, to->n);
+    if (!pk) {
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    snprintf(pk->name, sizeof(pk->name), "%s", name);
+    pk->shard = shard;
+    pk->pg = pg;
+    pk->epoch = act_epoch;
+    ts_repl_wait_applied(s->repl, pg, head, to, c->w->base, seal_replicated, pk);
+}
+
 static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
 {
     struct tsd_server *s = c->w->srv;
@@ -647,8 +674,15 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
     u = ops_upload_find(c, name, shard);
     if (!u) {
         rc = ts_store_shard_stat(s->store, name, shard, &si);
-        if (rc == 0 && si.state == TS_SHARD_COMPLETE)
-            tsd_reply_error(c, h, TS_EEXIST, "shard-seal %s/%u: already sealed", name, shard);
+        if (rc == 0 && si.state == TS_SHARD_COMPLETE && have_crc && si.crc == crc) {
+            /* A retried put of the same shard (the first attempt's answer was lost, or it
+             * failed after sealing here): answer once it is as durable as a new seal. */
+            confirm_sealed(c, h, name, shard, pg, act_epoch, need, &to);
+        } else if (rc == 0 && si.state == TS_SHARD_COMPLETE)
+            tsd_reply_error(c, h, TS_EEXIST,
+                            "shard-seal %s/%u: already sealed with other contents (%llu bytes, "
+                            "CRC32C %08x)",
+                            name, shard, (unsigned long long)si.size, si.crc);
         else if (rc && rc != TS_ENOENT)
             ops_reply_store_error(c, h, rc, name, shard);
         else

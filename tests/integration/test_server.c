@@ -233,7 +233,12 @@ static void test_names_and_rules(void **state)
     assert_int_equal(tessera_dataset_create(c, "rules", &p), TS_EEXIST);
     assert_int_equal(tessera_dataset_create(c, "bad name", &p), TS_ENAME);
     put_shard(c, "rules", 0, 10, 3);
+    /* A retried put of the same bytes succeeds (its first answer may have been lost); other
+     * bytes under the same shard are refused, saying so. */
+    put_shard(c, "rules", 0, 10, 3);
+    memset(b, 0x5a, sizeof(b));
     assert_int_equal(tessera_put(c, "rules", 0, b, 4, NULL, 0), TS_EEXIST);
+    assert_non_null(strstr(tessera_client_error(c), "other contents"));
     assert_int_equal(tessera_dataset_seal(c, "rules"), 0);
     /* A write to a sealed dataset. */
     assert_int_equal(tessera_put(c, "rules", 1, b, 4, NULL, 0), TS_ESEALED);
