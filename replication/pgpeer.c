@@ -61,6 +61,8 @@ static void publish(ts_repl *r, struct pgpeer *pp, const char *fmt, ...)
         p->epoch = pp->epoch;
         p->wq = pp->wq;
         p->since_ns = pp->since_ns;
+        snprintf(p->pull_from, sizeof(p->pull_from), "%s",
+                 pp->state == PGP_PULL ? pp->pull_from : "");
         snprintf(p->why, sizeof(p->why), "%s", pp->why);
     }
     pthread_mutex_unlock(&r->lock);
@@ -589,6 +591,17 @@ int ts_repl_pg_ready(ts_repl *r, uint32_t pg, uint64_t *epoch, uint8_t *wq, char
     }
     pthread_mutex_unlock(&r->lock);
     return rc;
+}
+
+int ts_repl_pulling_from(ts_repl *r, uint32_t pg, const char *node)
+{
+    int yes = 0;
+
+    pthread_mutex_lock(&r->lock);
+    if (r->pub && pg < r->npub && r->pub[pg].state == PGP_PULL)
+        yes = !strcmp(r->pub[pg].pull_from, node);
+    pthread_mutex_unlock(&r->lock);
+    return yes;
 }
 
 int ts_repl_pg_states(ts_repl *r, struct ts_repl_pgstat **out, size_t *n)

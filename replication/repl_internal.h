@@ -104,6 +104,7 @@ struct repl_pg_pub {
     int state;
     uint64_t epoch, since_ns;
     uint8_t wq;
+    char pull_from[64]; /* PULL: the node whose log we take */
     char why[320];
 };
 

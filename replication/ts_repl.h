@@ -101,6 +101,8 @@ struct ts_repl_pgstat {
 /* Every PG this node leads or is peering to lead (malloc'ed array). Thread-safe. */
 int ts_repl_pg_states(ts_repl *r, struct ts_repl_pgstat **out, size_t *n);
 const char *ts_repl_pg_state_name(int state);
+/* Whether this node is pulling pg's log from node (peering). Thread-safe. */
+int ts_repl_pulling_from(ts_repl *r, uint32_t pg, const char *node);
 
 /* A peering primary (node) asked for our log of pg: push it there under that epoch.
  * recheck: a replica asks its primary to compare its log again (ignored unless we lead pg). */

@@ -25,6 +25,26 @@ static void sender_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h)
         ts_repl_push_map(s->repl, c->client_name + 5);
 }
 
+/*
+ * A node (named in its HELLO) replicating a PG under the epoch of our own map must be that PG's
+ * primary in it, or the node we pull the PG's log from while peering. Senders with another
+ * epoch are judged by the promise alone (older: fenced; newer: our map is behind).
+ */
+static int sender_may_replicate(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
+{
+    struct tsd_server *s = c->w->srv;
+    const char *id = c->client_name + 5;
+    int order[1], ok = 1;
+
+    if (strncmp(c->client_name, "node:", 5) || !*id || h->epoch != atomic_load(&s->epoch))
+        return 1;
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map && h->epoch == s->map->epoch && ts_map_pg_order(s->map, pg, order, 1) == 1)
+        ok = !strcmp(s->map->nodes[order[0]].id, id);
+    pthread_rwlock_unlock(&s->map_lock);
+    return ok || ts_repl_pulling_from(s->repl, pg, id);
+}
+
 /* Replies TS_ESTALE and returns 1 when the frame's epoch is below the PG's promise here. */
 static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg, const char *what)
 {
@@ -42,6 +62,13 @@ static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
                         "%s PG %u at epoch %llu refused: this node promised epoch %llu to a "
                         "newer primary of the PG",
                         what, pg, (unsigned long long)h->epoch, (unsigned long long)st.promised);
+        return 1;
+    }
+    if (!sender_may_replicate(c, h, pg)) {
+        tsd_reply_error(c, h, TS_EPERM,
+                        "%s PG %u: %s is not the PG's primary in epoch %llu (nor a node this one "
+                        "pulls from)",
+                        what, pg, c->client_name + 5, (unsigned long long)h->epoch);
         return 1;
     }
     return 0;

@@ -637,6 +637,10 @@ static void test_opcode_table(void **state)
     /* Spot checks against docs/protocol.md. */
     assert_int_equal(ts_op_desc(TS_OP_HELLO)->min_role, TS_ROLE_NONE);
     assert_int_equal(ts_op_desc(TS_OP_DATASET_DELETE)->min_role, TS_ROLE_ADMIN);
+    assert_int_equal(ts_op_desc(TS_OP_PG_QUERY)->min_role, TS_ROLE_ADMIN);
+    assert_int_equal(ts_op_desc(TS_OP_PG_ACTIVATE)->min_role, TS_ROLE_ADMIN);
+    assert_int_equal(ts_op_desc(TS_OP_PG_PULL)->min_role, TS_ROLE_ADMIN);
+    assert_string_equal(ts_op_desc(TS_OP_PG_QUERY)->name, "pg-query");
     assert_int_equal(ts_op_desc(TS_OP_SHARD_WRITE)->max_payload, (64u << 20) + 4096);
     assert_int_equal(ts_op_desc(TS_OP_SHARD_SEAL)->max_payload, 16u << 20);
     assert_string_equal(ts_op_desc(TS_OP_READ)->name, "read");
