@@ -2125,7 +2125,8 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
     if (rc)
         return rc == TS_ENOENT ? TS_EEXIST : rc;
     if (si.state != TS_SHARD_COMPLETE || si.size != len || si.crc != crc) {
-        set_err(c, "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
+        set_err(c,
+                "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
                 "%zu bytes, %08x)",
                 name, shard, (unsigned long long)si.size, si.crc, len, crc);
         return TS_EEXIST;

@@ -79,8 +79,7 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
         snprintf(out->why, sizeof(out->why),
                  "needs replies from %u of the %u nodes of interval %llu's acting set; has %u "
                  "(none from %s)",
-                 out->prev_need, out->nprev, (unsigned long long)out->last_interval, have,
-                 missing);
+                 out->prev_need, out->nprev, (unsigned long long)out->last_interval, have, missing);
         out->verdict = TS_PEERING_WAIT;
         return 0;
     }
@@ -98,11 +97,10 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
     out->head_epoch = best->st.head_epoch;
     if (best != self) {
         snprintf(out->pull_from, sizeof(out->pull_from), "%s", best->id);
-        snprintf(out->why, sizeof(out->why),
-                 "head (%llu, %llu) is on %s; ours is (%llu, %llu): pulling",
-                 (unsigned long long)best->st.head_epoch, (unsigned long long)best->st.applied,
-                 best->id, (unsigned long long)self->st.head_epoch,
-                 (unsigned long long)self->st.applied);
+        snprintf(
+            out->why, sizeof(out->why), "head (%llu, %llu) is on %s; ours is (%llu, %llu): pulling",
+            (unsigned long long)best->st.head_epoch, (unsigned long long)best->st.applied, best->id,
+            (unsigned long long)self->st.head_epoch, (unsigned long long)self->st.applied);
         out->verdict = TS_PEERING_PULL;
         return 0;
     }

@@ -22,8 +22,7 @@
 #define REQUERY_NS (1000ull * 1000000)
 #define PULL_NUDGE_NS (2000ull * 1000000)
 
-static const char *const state_names[] = {"peering", "pulling", "activating", "active",
-                                          "blocked"};
+static const char *const state_names[] = {"peering", "pulling", "activating", "active", "blocked"};
 
 const char *ts_repl_pg_state_name(int state)
 {
@@ -235,8 +234,7 @@ static void start_round(ts_repl *r, struct pgpeer *pp)
         ts_wr_u64(&w, pp->epoch);
         ts_wr_str(&w, r->node_id);
         pp->outstanding++;
-        repl_peer_send(r, id, TS_OP_PG_QUERY, &w, NULL, 0, NULL, NULL, query_reply, c,
-                       pp->epoch);
+        repl_peer_send(r, id, TS_OP_PG_QUERY, &w, NULL, 0, NULL, NULL, query_reply, c, pp->epoch);
     }
     if (pp->state == PGP_QUERY)
         evaluate(r, pp);
@@ -282,8 +280,8 @@ static void activated(ts_repl *r, struct pgpeer *pp)
     set_state(r, pp, PGP_ACTIVE);
     publish(r, pp, "active since epoch %llu (acting set of %u, write quorum %u)",
             (unsigned long long)pp->epoch, pp->nacting, pp->wq);
-    TS_INFO(FAC, "PG %u active at epoch %llu: %u of %u of the last interval recorded it",
-            pp->pg, (unsigned long long)pp->epoch, pp->acks_prev, pp->nprev);
+    TS_INFO(FAC, "PG %u active at epoch %llu: %u of %u of the last interval recorded it", pp->pg,
+            (unsigned long long)pp->epoch, pp->acks_prev, pp->nprev);
     /* Replicas: compare their logs with ours now that ours is the acknowledged one. */
     for (struct push *ps = r->pushes; ps; ps = ps->next)
         if (ps->pg == pp->pg && !ps->pull) {
@@ -330,8 +328,8 @@ static void start_activate(ts_repl *r, struct pgpeer *pp)
     int rc;
 
     set_state(r, pp, PGP_ACTIVATE);
-    rc = ts_store_pg_activate(r->o.store, pp->pg, pp->epoch, pp->wq,
-                              (const char(*)[64])pp->acting, (uint8_t)pp->nacting);
+    rc = ts_store_pg_activate(r->o.store, pp->pg, pp->epoch, pp->wq, (const char(*)[64])pp->acting,
+                              (uint8_t)pp->nacting);
     if (rc == TS_ESTALE) {
         block(r, pp, r->node_id, pp->epoch + 1);
         return;
@@ -679,8 +677,8 @@ static void recheck_cb(evutil_socket_t fd, short what, void *arg)
     int order[1];
     struct ts_wr w;
 
-    if (r->map && m->pg < r->map->pg_count &&
-        ts_map_pg_order(r->map, m->pg, order, 1) == 1 && order[0] != r->self) {
+    if (r->map && m->pg < r->map->pg_count && ts_map_pg_order(r->map, m->pg, order, 1) == 1 &&
+        order[0] != r->self) {
         ts_wr_init(&w);
         ts_wr_begin_frame(&w);
         ts_wr_u32(&w, m->pg);

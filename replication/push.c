@@ -300,8 +300,8 @@ static void stream_more(ts_repl *r, struct push *ps)
             ps->stream_failed = rc;
             break;
         }
-        repl_wr_write(&w, ps->rec.dataset, &ps->rec.policy, ps->rec.inc, ps->rec.shard, idx, si->size, ref.crc,
-                      (uint32_t)ref.len);
+        repl_wr_write(&w, ps->rec.dataset, &ps->rec.policy, ps->rec.inc, ps->rec.shard, idx,
+                      si->size, ref.crc, (uint32_t)ref.len);
         ps->next_chunk++;
         ps->inflight++;
         repl_peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
@@ -461,8 +461,8 @@ void repl_push_step(ts_repl *r, struct push *ps)
             wr_repl_seal(&w, TS_REPL_SET_APPLIED, ps->pg, ps->bf_target, ps->bf_epoch, NULL, NULL,
                          0);
             ps->busy = 1;
-            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL,
-                           setapplied_reply, ps, push_epoch(ps));
+            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, setapplied_reply,
+                           ps, push_epoch(ps));
         }
         return;
     }
@@ -478,8 +478,8 @@ void repl_push_step(ts_repl *r, struct push *ps)
              * until told, so it never serves what it missed, deletes included). */
             wr_repl_seal(&w, TS_REPL_CLEAN, ps->pg, me.applied, me.head_epoch, NULL, NULL, 0);
             ps->busy = 1;
-            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, clean_reply,
-                           ps, 0);
+            repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, clean_reply, ps,
+                           0);
         }
         return; /* caught up */
     }
@@ -559,7 +559,6 @@ void repl_pushes_rebuild(ts_repl *r)
     r->primary_pgs = primary_pgs;
     pthread_mutex_unlock(&r->lock);
 }
-
 
 void repl_pull_start(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int recheck)
 {

@@ -357,7 +357,6 @@ out_fail:
     cb(r, p, ctx, rc, &none);
 }
 
-
 /* ---- chunk forwarding ------------------------------------------------------------------- */
 
 /* The fields of a REPL_WRITE frame, up to its data (sent by reference after it). */
@@ -782,7 +781,8 @@ static void repair_next(ts_repl *r, struct repair *rp)
         ts_wr_u32(&w, rp->shard);
         ts_wr_u64(&w, off);
         ts_wr_u32(&w, len);
-        repl_peer_send(r, r->map->nodes[i].id, TS_OP_READ, &w, NULL, 0, NULL, NULL, repair_reply, rp, 0);
+        repl_peer_send(r, r->map->nodes[i].id, TS_OP_READ, &w, NULL, 0, NULL, NULL, repair_reply,
+                       rp, 0);
         return;
     }
     TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of %s/%u: no replica could repair it", rp->idx,

@@ -64,7 +64,7 @@ struct push {
     uint64_t bf_target, bf_epoch;
     /* a pull: this node is not the primary; a peering primary asked for its log */
     int pull, pull_done;
-    int told_clean; /* the replica was told it holds our log (it may serve reads) */
+    int told_clean;      /* the replica was told it holds our log (it may serve reads) */
     uint64_t pull_epoch; /* frames carry this epoch (the puller's) */
     struct push *next;
 };
@@ -82,7 +82,7 @@ struct pgpeer {
     uint32_t pg;
     uint64_t epoch; /* the interval being started (the map epoch when it began) */
     int state;
-    unsigned round; /* replies of older rounds are ignored */
+    unsigned round;                    /* replies of older rounds are ignored */
     char acting[TS_PG_MAX_ACTING][64]; /* the new acting set: core members, primary first */
     unsigned nacting;
     uint8_t wq;
@@ -153,11 +153,10 @@ struct ts_repl {
     unsigned primary_pgs;
     uint64_t repairs, backfills;
     uint64_t last_lag_ns, last_trim_ns;
-    struct pgpeer *pgs;     /* PGs this node is (or is becoming) primary of */
+    struct pgpeer *pgs;      /* PGs this node is (or is becoming) primary of */
     struct repl_pg_pub *pub; /* their states for the workers, per PG; under lock */
     uint32_t npub;
 };
-
 
 /* repl.c */
 /* Sends the frame in w (header room reserved; taken over) to peer id with an optional data

@@ -11,8 +11,8 @@
 #define MAX_UPLOADS_PER_CONN 64
 
 /* Reads a name and checks the payload is fully consumed; replies on failure. */
-int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                        char *name, int done)
+int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, char *name,
+                     int done)
 {
     int rc = ts_rd_name(r, name);
     if (rc == TS_ENAME) {
@@ -44,7 +44,7 @@ void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h)
 }
 
 void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
-                              const char *name, long shard)
+                           const char *name, long shard)
 {
     const char *what = ts_op_desc(h->opcode)->name;
     struct ts_dataset_info d;
@@ -261,8 +261,8 @@ void tsd_uploads_abort(struct tsd_conn *c)
  * error after replying it. *u_out is the upload.
  */
 int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                       uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len,
-                       const uint8_t *data, struct tsd_upload **u_out)
+                    uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc, uint32_t len,
+                    const uint8_t *data, struct tsd_upload **u_out)
 {
     struct tsd_server *s = c->w->srv;
     struct tsd_upload *u = ops_upload_find(c, name, shard);
@@ -336,9 +336,8 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
 
 /* The chunk fields shared by SHARD_WRITE and REPL_WRITE; replies and returns non-zero if
  * malformed. */
-int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                    uint32_t *shard, uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len,
-                    const uint8_t **data)
+int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, uint32_t *shard,
+                 uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len, const uint8_t **data)
 {
     *shard = ts_rd_u32(r);
     *idx = ts_rd_u32(r);
@@ -350,7 +349,7 @@ int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd 
 }
 
 void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
-                           uint64_t bytes)
+                        uint64_t bytes)
 {
     struct ts_wr w;
     tsd_reply_begin(&w);
@@ -539,7 +538,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
 }
 
 int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                         uint64_t **recs, uint32_t *nrec)
+                      uint64_t **recs, uint32_t *nrec)
 {
     *recs = NULL;
     *nrec = ts_rd_u32(r);
@@ -1223,13 +1222,11 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
         json_object_object_add(o, "pg", json_object_new_int64(ps[i].pg));
         json_object_object_add(o, "state", json_object_new_string(ps[i].state));
         json_object_object_add(o, "epoch", json_object_new_int64((int64_t)ps[i].epoch));
-        json_object_object_add(o, "since_s",
-                               json_object_new_double(ps[i].since_ns && ts_now_wall_ns() >
-                                                                           ps[i].since_ns
-                                                          ? (double)(ts_now_wall_ns() -
-                                                                     ps[i].since_ns) /
-                                                                1e9
-                                                          : 0));
+        json_object_object_add(
+            o, "since_s",
+            json_object_new_double(ps[i].since_ns && ts_now_wall_ns() > ps[i].since_ns
+                                       ? (double)(ts_now_wall_ns() - ps[i].since_ns) / 1e9
+                                       : 0));
         json_object_object_add(o, "why", json_object_new_string(ps[i].why));
         json_object_array_add(arr, o);
     }

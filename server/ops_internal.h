@@ -8,8 +8,8 @@
 #include "server_internal.h"
 
 /* Reads a dataset name (and, with done, checks nothing follows); replies on failure. */
-int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                     char *name, int done);
+int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, char *name,
+                     int done);
 /* Checks the payload was consumed exactly; replies TS_EPROTO otherwise. */
 int ops_rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h);
@@ -17,9 +17,8 @@ void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h);
 void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
                            const char *name, long shard);
 /* The chunk fields of SHARD_WRITE and REPL_WRITE. */
-int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                 uint32_t *shard, uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len,
-                 const uint8_t **data);
+int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, uint32_t *shard,
+                 uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len, const uint8_t **data);
 void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                         uint64_t bytes);
 /* Stores one chunk of an upload on this connection (chunk 0 starts it); *u_out: the upload. */

@@ -183,8 +183,8 @@ static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
     if (rc == 0 && d.created_ns <= log->inc) {
         rc = ts_store_dataset_delete(s->store, log->dataset);
         if (rc == 0)
-            TS_INFO(FAC, "dataset %s (incarnation %llu) deleted through PG %u's log",
-                    log->dataset, (unsigned long long)d.created_ns, log->pg);
+            TS_INFO(FAC, "dataset %s (incarnation %llu) deleted through PG %u's log", log->dataset,
+                    (unsigned long long)d.created_ns, log->pg);
     } else if (rc == TS_ENOENT) {
         rc = 0;
     }
@@ -244,8 +244,8 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         tsd_pg_mark_clean(s, pg, 0);
         rc = ts_store_pg_truncate(s->store, pg, seq, epoch, &removed);
         if (rc == 0)
-            TS_WARN(FAC, 0, "PG %u: log rolled back to %llu by its primary (%u shards removed)",
-                    pg, (unsigned long long)seq, removed);
+            TS_WARN(FAC, 0, "PG %u: log rolled back to %llu by its primary (%u shards removed)", pg,
+                    (unsigned long long)seq, removed);
         break;
     case TS_REPL_DELETE:
         rc = apply_delete(s, &log);
@@ -265,10 +265,11 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     else if (rc == TS_EINCOMPLETE)
         tsd_reply_error(c, h, rc, "repl-seal %s/%u: this replica lacks its chunks", name, shard);
     else if (rc == TS_ERANGE)
-        tsd_reply_error(c, h, rc,
-                        "repl-seal PG %u entry (%llu, %llu): not the next entry of this log (a gap, "
-                        "or a different entry holds it)",
-                        pg, (unsigned long long)epoch, (unsigned long long)seq);
+        tsd_reply_error(
+            c, h, rc,
+            "repl-seal PG %u entry (%llu, %llu): not the next entry of this log (a gap, "
+            "or a different entry holds it)",
+            pg, (unsigned long long)epoch, (unsigned long long)seq);
     else
         ops_reply_store_error(c, h, rc, name[0] ? name : "(log)", shard);
 out_free:

@@ -137,7 +137,7 @@ struct tsd_server {
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */
     ts_repl *repl;
-    SSL_CTX *peer_ssl; /* client context towards peers' TLS listeners */
+    SSL_CTX *peer_ssl;          /* client context towards peers' TLS listeners */
     _Atomic uint8_t *pg_clean;  /* per PG: its primary said this node holds its log */
     _Atomic uint64_t *pg_asked; /* per PG: when we last asked the primary to check us */
     uint32_t npg;

@@ -254,9 +254,8 @@ static int log_get(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec *ou
 
 int ts_log_rec_same(const struct ts_log_rec *a, const struct ts_log_rec *b)
 {
-    return a->epoch == b->epoch && a->type == b->type && a->shard == b->shard &&
-           a->crc == b->crc && a->size == b->size && a->inc == b->inc &&
-           !strcmp(a->dataset, b->dataset);
+    return a->epoch == b->epoch && a->type == b->type && a->shard == b->shard && a->crc == b->crc &&
+           a->size == b->size && a->inc == b->inc && !strcmp(a->dataset, b->dataset);
 }
 
 int ts_pglog_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b)
@@ -422,8 +421,7 @@ int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_
     return 0;
 }
 
-int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
-                         unsigned *removed)
+int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, unsigned *removed)
 {
     struct ts_pg_state st;
     struct ts_log_rec rec;

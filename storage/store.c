@@ -44,10 +44,6 @@ const char *const ts_store_cf_names[CF_COUNT] = {"default", "meta", "chunks", "o
 #define CHUNK_REC_LEN 8
 #define REC_VERSION 1
 
-
-
-
-
 #define DS_BUCKETS 1024
 #define DS_MAX_ENTS 4096
 
@@ -362,7 +358,6 @@ static int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
             return 1;
     return 0;
 }
-
 
 /* ---- cache arena ------------------------------------------------------------------------- */
 
@@ -680,9 +675,8 @@ out_unlock:
 
 /* Iterates meta keys starting with prefix; cb gets key and value. */
 int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
-                     int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v,
-                               size_t vlen),
-                     void *arg)
+              int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen),
+              void *arg)
 {
     rocksdb_iterator_t *it = rocksdb_create_iterator_cf(s->db, s->ro_meta, s->cf[CF_META]);
     char *err = NULL;
@@ -1248,7 +1242,8 @@ int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_datas
         if (d.created_ns > incarnation)
             return TS_ESTALE; /* the sender has an older incarnation than ours */
         /* Ours was deleted and the name re-created while this node was away. */
-        TS_WARN(FAC, 0, "dataset %s here is an older incarnation (%llu) than the primary's "
+        TS_WARN(FAC, 0,
+                "dataset %s here is an older incarnation (%llu) than the primary's "
                 "(%llu): replacing it",
                 name, (unsigned long long)d.created_ns, (unsigned long long)incarnation);
         rc = ts_store_dataset_delete(s, name);

@@ -210,8 +210,7 @@ int ts_store_pg_activate(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
 int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_t max, size_t *n);
 /* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and
  * the shards they sealed deleted (they were never acknowledged). *removed counts shards. */
-int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
-                         unsigned *removed);
+int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, unsigned *removed);
 /* Deletes one shard (complete or not) and its records; TS_EBUSY while it is being uploaded. */
 int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard);
 /* The dataset's record only (cached; no shard scan). */

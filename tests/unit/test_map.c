@@ -106,8 +106,7 @@ static void test_pg_of(void **state)
     static const char *const names[] = {"a", "imagenet-train", "c4.en-v2", "x_1"};
 
     /* Pinned values (below): a change to the shard -> PG hash would strand every stored shard. */
-    assert_int_equal(ts_map_pg_of(m, "imagenet-train", 0),
-                     ts_pg_of("imagenet-train", 0, 64));
+    assert_int_equal(ts_map_pg_of(m, "imagenet-train", 0), ts_pg_of("imagenet-train", 0, 64));
     for (size_t i = 0; i < TS_ARRAY_SIZE(names); i++)
         for (uint32_t s = 0; s < 2000; s += 7)
             for (uint32_t pgc = 1; pgc < 5000; pgc = pgc * 3 + 1) {
