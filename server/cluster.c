@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <openssl/err.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -165,29 +164,6 @@ void tsd_cluster_fini(struct tsd_server *s)
     pthread_rwlock_destroy(&s->map_lock);
 }
 
-void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
-{
-    struct tsd_server *s = c->w->srv;
-    struct ts_wr w;
-    char msg[512];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    STAT_ADD(&c->w->stats, errors, 1);
-    TS_DEBUG(FAC, "%s: %s", c->peer, msg);
-    ts_wr_init(&w);
-    ts_wr_begin_frame(&w);
-    ts_wr_u32(&w, (uint32_t)TS_ESTALE);
-    ts_wr_str(&w, msg);
-    pthread_rwlock_rdlock(&s->map_lock);
-    if (s->map)
-        ts_map_encode(&w, s->map);
-    pthread_rwlock_unlock(&s->map_lock);
-    tsd_reply_send(c, req, &w);
-}
-
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
 {
     uint32_t pg = 0;
@@ -199,65 +175,61 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
     return pg;
 }
 
-int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
-                      uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
-                      struct ts_repl_targets *to, uint64_t *epoch, unsigned *need)
+int tsd_primary_check(struct tsd_server *s, const char *dataset, uint32_t shard,
+                      const struct ts_dataset_policy *p, struct tsd_placement *pl, char *why,
+                      size_t cap)
 {
-    struct tsd_server *s = c->w->srv;
     int order[TS_REPL_MAX_REPLICAS];
     struct ts_pg_state st;
-    char why[400];
+    char state[400];
     uint8_t wq = 0;
     size_t n;
     int rc;
 
-    memset(to, 0, sizeof(*to));
-    *pg = 0;
-    *epoch = 0;
-    *need = p && p->min_core ? p->min_core : 1;
+    memset(pl, 0, sizeof(*pl));
+    pl->need = p && p->min_core ? p->min_core : 1;
+    why[0] = '\0';
     pthread_rwlock_rdlock(&s->map_lock);
     if (!s->map) {
         pthread_rwlock_unlock(&s->map_lock);
-        return 1;
-    }
-    *pg = ts_map_pg_of(s->map, dataset, shard);
-    n = ts_map_pg_order(s->map, *pg, order, TS_REPL_MAX_REPLICAS);
-    if (n == 0 || order[0] != s->self) {
-        char primary[64];
-        snprintf(primary, sizeof(primary), "%s", n ? s->map->nodes[order[0]].id : "none");
-        pthread_rwlock_unlock(&s->map_lock);
-        tsd_reply_stale(c, h, "%s/%u is in PG %u, whose primary in epoch %llu is %s, not %s",
-                        dataset, shard, *pg, (unsigned long long)atomic_load(&s->epoch), primary,
-                        s->cfg->node_id);
         return 0;
     }
+    pl->pg = ts_map_pg_of(s->map, dataset, shard);
+    n = ts_map_pg_order(s->map, pl->pg, order, TS_REPL_MAX_REPLICAS);
+    if (n == 0 || order[0] != s->self) {
+        snprintf(why, cap, "%s/%u is in PG %u, whose primary in epoch %llu is %s, not %s", dataset,
+                 shard, pl->pg, (unsigned long long)s->map->epoch,
+                 n ? s->map->nodes[order[0]].id : "none", s->cfg->node_id);
+        pthread_rwlock_unlock(&s->map_lock);
+        return TS_ESTALE;
+    }
     for (size_t i = 1; i < n && i < (p ? p->core : 1); i++)
-        snprintf(to->id[to->n++], sizeof(to->id[0]), "%s", s->map->nodes[order[i]].id);
+        snprintf(pl->to.id[pl->to.n++], sizeof(pl->to.id[0]), "%s", s->map->nodes[order[i]].id);
     pthread_rwlock_unlock(&s->map_lock);
     /* Placement names the primary; peering decides when it may take writes: once it holds
      * every acknowledged entry of the PG and has started its interval. */
-    if (ts_repl_pg_ready(s->repl, *pg, epoch, &wq, why, sizeof(why)) != 0) {
-        tsd_reply_error(c, h, TS_EBUSY, "%s/%u: PG %u is not ready for writes on %s (%s); retry",
-                        dataset, shard, *pg, s->cfg->node_id, why);
-        return 0;
+    if (ts_repl_pg_ready(s->repl, pl->pg, &pl->epoch, &wq, state, sizeof(state)) != 0) {
+        snprintf(why, cap, "%s/%u: PG %u is not ready for writes on %s (%s); retry", dataset, shard,
+                 pl->pg, s->cfg->node_id, state);
+        return TS_EBUSY;
     }
     /* A newer primary's peering reached this node: it must not acknowledge anything more. */
-    rc = ts_store_pg_state(s->store, *pg, &st);
-    if (rc == 0 && st.promised > *epoch) {
-        tsd_reply_stale(c, h,
-                        "%s/%u: PG %u has a newer primary (epoch %llu was promised here; this "
-                        "node leads epoch %llu)",
-                        dataset, shard, *pg, (unsigned long long)st.promised,
-                        (unsigned long long)*epoch);
-        return 0;
+    rc = ts_store_pg_state(s->store, pl->pg, &st);
+    if (rc == 0 && st.promised > pl->epoch) {
+        snprintf(why, cap,
+                 "%s/%u: PG %u has a newer primary (epoch %llu was promised here; this node "
+                 "leads epoch %llu)",
+                 dataset, shard, pl->pg, (unsigned long long)st.promised,
+                 (unsigned long long)pl->epoch);
+        return TS_ESTALE;
     }
     /* Writes need the interval's write quorum too (peering relies on it), except where the
      * dataset has fewer core replicas than that (core 1: no failover guarantee to keep). */
     if (p && wq > p->core)
         wq = p->core;
-    if (wq > *need)
-        *need = wq;
-    return 1;
+    if (wq > pl->need)
+        pl->need = wq;
+    return 0;
 }
 
 /* ---- which PGs this node may serve reads of ------------------------------------------------ */

@@ -1,7 +1,6 @@
 /* tesserad request handlers: one per opcode, each sending exactly one reply. */
 #include "ops_internal.h"
 
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -453,6 +452,31 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
     free(pk);
 }
 
+/* Cluster mode: 1 when this node takes a write of (name, shard) (the placement filled in);
+ * else 0 after replying the refusal (TS_ESTALE with the map, or TS_EBUSY while peering). */
+static int placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                     uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
+                     struct ts_repl_targets *to, uint64_t *epoch, unsigned *need)
+{
+    struct tsd_placement pl;
+    char why[512];
+    int rc = tsd_primary_check(c->w->srv, name, shard, p, &pl, why, sizeof(why));
+
+    if (rc == TS_ESTALE) {
+        tsd_reply_stale(c, h, "%s", why);
+        return 0;
+    }
+    if (rc) {
+        tsd_reply_error(c, h, rc, "%s", why);
+        return 0;
+    }
+    *pg = pl.pg;
+    *to = pl.to;
+    *epoch = pl.epoch;
+    *need = pl.need;
+    return 1;
+}
+
 /* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
 static int enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
                            uint32_t shard, unsigned need, const struct ts_repl_targets *to)
@@ -493,7 +517,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
         }
         /* No reachability pre-check here: forwarding the chunk is the check (a replica that
          * cannot take it makes the write fail with TS_EUNAVAIL below min_core). */
-        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
+        if (!placement(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
             return;
     } else {
         memset(&to, 0, sizeof(to));
@@ -665,7 +689,7 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
             ops_reply_store_error(c, h, rc, name, shard);
             goto out_free;
         }
-        if (!tsd_primary_check(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
+        if (!placement(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
             goto out_free;
         if (!enough_replicas(c, h, name, shard, need, &to))
             goto out_free;
@@ -1163,246 +1187,6 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     event_base_once(s->maint_base, -1, EV_TIMEOUT, scrub_run, j, NULL);
 }
 
-static long rss_kb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long kb = -1;
-
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb;
-}
-
-#define STATUS_MAX_DATASETS 100
-#define STATUS_MAX_LAG 100 /* the reply is a u16-length str; `dataset ls` lists all */
-
-static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
-{
-    json_object *arr = arg, *o;
-
-    if (json_object_array_length(arr) >= STATUS_MAX_DATASETS)
-        return 1;
-    o = json_object_new_object();
-    json_object_object_add(o, "name", json_object_new_string(d->name));
-    json_object_object_add(o, "state", json_object_new_string(d->state ? "sealed" : "open"));
-    json_object_object_add(o, "shards", json_object_new_int64(d->shards));
-    json_object_object_add(o, "shards_writing", json_object_new_int64(d->shards_writing));
-    json_object_object_add(o, "bytes", json_object_new_int64((int64_t)d->bytes));
-    json_object_object_add(o, "core", json_object_new_int(d->policy.core));
-    json_object_object_add(o, "fringe", json_object_new_int(d->policy.fringe));
-    json_object_object_add(o, "chunk_size", json_object_new_int64(d->policy.chunk_size));
-    json_object_array_add(arr, o);
-    return 0;
-}
-
-/* The PGs this node leads (or is peering to lead) that are not active, and the counts; the PGs
- * it holds as a replica that it does not serve yet. */
-static void status_pgs(struct tsd_server *s, json_object *rep)
-{
-    struct ts_repl_pgstat *ps = NULL;
-    size_t n = 0, active = 0, waiting = 0, unclean = 0;
-    json_object *arr = json_object_new_array();
-
-    ts_repl_pg_states(s->repl, &ps, &n);
-    for (size_t i = 0; i < n; i++) {
-        json_object *o;
-        if (ps[i].active) {
-            active++;
-            continue;
-        }
-        waiting++;
-        if (json_object_array_length(arr) >= STATUS_MAX_LAG)
-            continue;
-        o = json_object_new_object();
-        json_object_object_add(o, "pg", json_object_new_int64(ps[i].pg));
-        json_object_object_add(o, "state", json_object_new_string(ps[i].state));
-        json_object_object_add(o, "epoch", json_object_new_int64((int64_t)ps[i].epoch));
-        json_object_object_add(
-            o, "since_s",
-            json_object_new_double(ps[i].since_ns && ts_now_wall_ns() > ps[i].since_ns
-                                       ? (double)(ts_now_wall_ns() - ps[i].since_ns) / 1e9
-                                       : 0));
-        json_object_object_add(o, "why", json_object_new_string(ps[i].why));
-        json_object_array_add(arr, o);
-    }
-    free(ps);
-    for (uint32_t pg = 0; s->pg_clean && pg < s->npg; pg++)
-        unclean += !atomic_load(&s->pg_clean[pg]);
-    json_object_object_add(rep, "pgs_active", json_object_new_int64((int64_t)active));
-    json_object_object_add(rep, "pgs_peering", json_object_new_int64((int64_t)waiting));
-    json_object_object_add(rep, "peering", arr);
-    /* Of all PGs: those this node was not (yet) told it holds fully; it leads some of them. */
-    json_object_object_add(rep, "pgs_not_confirmed", json_object_new_int64((int64_t)unclean));
-}
-
-static void op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    struct tsd_server *s = c->w->srv;
-    struct tsd_stats st;
-    json_object *root, *stats, *ops, *ds, *lis;
-    struct ts_wr w;
-
-    if (ops_rd_done(c, h, r))
-        return;
-    tsd_stats_sum(s, &st);
-    root = json_object_new_object();
-    json_object_object_add(root, "node", json_object_new_string(s->cfg->node_id));
-    json_object_object_add(root, "version", json_object_new_string(TESSERA_VERSION));
-    json_object_object_add(root, "protocol", json_object_new_int(TS_PROTO_VERSION));
-    json_object_object_add(root, "pid", json_object_new_int((int)getpid()));
-    json_object_object_add(root, "epoch", json_object_new_int64((int64_t)s->epoch));
-    json_object_object_add(root, "uptime_s",
-                           json_object_new_double((double)(ts_now_mono_ns() - s->start_ns) / 1e9));
-    json_object_object_add(root, "data_dir", json_object_new_string(s->cfg->data_dir));
-    json_object_object_add(root, "sync", json_object_new_string(s->cfg->sync));
-    json_object_object_add(root, "workers", json_object_new_int(s->nworkers));
-    json_object_object_add(root, "connections", json_object_new_int(atomic_load(&s->nconns)));
-    json_object_object_add(root, "rss_kb", json_object_new_int64(rss_kb()));
-    lis = json_object_new_object();
-    json_object_object_add(lis, "tcp", json_object_new_string(s->addr[0]));
-    json_object_object_add(lis, "tls", json_object_new_string(s->addr[1]));
-    json_object_object_add(root, "listen", lis);
-    json_object_object_add(root, "your_role", json_object_new_string(ts_role_name(c->role)));
-    stats = json_object_new_object();
-#define J(f) json_object_object_add(stats, #f, json_object_new_int64((int64_t)STAT_GET(&st, f)))
-    J(conns_accepted);
-    J(conns_refused);
-    J(requests);
-    J(errors);
-    J(bytes_in);
-    J(bytes_out);
-    J(chunks_written);
-    J(read_bytes);
-    J(corrupt_chunks);
-    J(protocol_errors);
-#undef J
-    ops = json_object_new_object();
-    for (unsigned op = 0; op < TS_OP_MAX; op++)
-        if (ts_op_desc(op))
-            json_object_object_add(ops, ts_op_desc(op)->name,
-                                   json_object_new_int64((int64_t)STAT_GET(&st, by_op[op])));
-    json_object_object_add(stats, "by_op", ops);
-    {
-        struct ts_store_cache_stats cs;
-        json_object *cj = json_object_new_object();
-        ts_store_cache_stats(s->store, &cs);
-        json_object_object_add(cj, "budget", json_object_new_int64((int64_t)cs.budget));
-        json_object_object_add(cj, "bytes", json_object_new_int64((int64_t)cs.bytes));
-        json_object_object_add(cj, "entries", json_object_new_int64((int64_t)cs.entries));
-        json_object_object_add(cj, "hits", json_object_new_int64((int64_t)cs.hits));
-        json_object_object_add(cj, "misses", json_object_new_int64((int64_t)cs.misses));
-        json_object_object_add(cj, "evictions", json_object_new_int64((int64_t)cs.evictions));
-        json_object_object_add(root, "cache", cj);
-    }
-    json_object_object_add(root, "stats", stats);
-    if (atomic_load(&s->epoch)) {
-        json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;
-        struct ts_repl_lag *l = NULL;
-        size_t nl = 0;
-        unsigned ppgs = 0;
-        uint64_t repairs = 0, backfills = 0;
-
-        json_object_object_add(cl, "epoch", json_object_new_int64((int64_t)atomic_load(&s->epoch)));
-        json_object_object_add(cl, "node", json_object_new_string(s->cfg->node_id));
-        pthread_rwlock_rdlock(&s->map_lock);
-        if (s->map) {
-            json_object_object_add(cl, "pg_count", json_object_new_int64(s->map->pg_count));
-            json_object_object_add(cl, "nodes", json_object_new_int64((int64_t)s->map->n));
-        }
-        pthread_rwlock_unlock(&s->map_lock);
-        json_object_object_add(root, "cluster", cl);
-        ts_repl_lag(s->repl, &l, &nl, &ppgs, &repairs, &backfills);
-        /* Per replica node: totals over the PGs this node leads; then the lagging
-         * (PG, replica) pairs, at most STATUS_MAX_LAG of them (the reply is bounded). */
-        lag = json_object_new_array();
-        {
-            json_object *per = json_object_new_object();
-            for (size_t i = 0; i < nl; i++) {
-                json_object *o, *x;
-                if (!json_object_object_get_ex(per, l[i].node, &o)) {
-                    o = json_object_new_object();
-                    json_object_object_add(o, "pgs", json_object_new_int64(0));
-                    json_object_object_add(o, "core_pgs", json_object_new_int64(0));
-                    json_object_object_add(o, "lag_ops", json_object_new_int64(0));
-                    json_object_object_add(o, "lag_bytes", json_object_new_int64(0));
-                    json_object_object_add(o, "max_lag_s", json_object_new_double(0));
-                    json_object_object_add(o, "recovering_pgs", json_object_new_int64(0));
-                    json_object_object_add(per, l[i].node, o);
-                }
-                json_object_object_get_ex(o, "recovering_pgs", &x);
-                json_object_set_int64(x, json_object_get_int64(x) + l[i].recovering);
-                json_object_object_get_ex(o, "pgs", &x);
-                json_object_set_int64(x, json_object_get_int64(x) + 1);
-                json_object_object_get_ex(o, "core_pgs", &x);
-                json_object_set_int64(x, json_object_get_int64(x) + l[i].core);
-                json_object_object_get_ex(o, "lag_ops", &x);
-                json_object_set_int64(x, json_object_get_int64(x) + (int64_t)l[i].lag_ops);
-                json_object_object_get_ex(o, "lag_bytes", &x);
-                json_object_set_int64(x, json_object_get_int64(x) + (int64_t)l[i].lag_bytes);
-                json_object_object_get_ex(o, "max_lag_s", &x);
-                if (l[i].lag_s > json_object_get_double(x))
-                    json_object_set_double(x, l[i].lag_s);
-            }
-            json_object_object_add(rep, "replicas", per);
-        }
-        for (size_t i = 0; i < nl && json_object_array_length(lag) < STATUS_MAX_LAG; i++) {
-            json_object *o;
-            if (!l[i].lag_ops && !l[i].recovering)
-                continue;
-            o = json_object_new_object();
-            json_object_object_add(o, "pg", json_object_new_int64(l[i].pg));
-            json_object_object_add(o, "node", json_object_new_string(l[i].node));
-            json_object_object_add(o, "role",
-                                   json_object_new_string(l[i].core ? "core" : "fringe"));
-            json_object_object_add(o, "applied", json_object_new_int64((int64_t)l[i].applied));
-            json_object_object_add(o, "primary_applied",
-                                   json_object_new_int64((int64_t)l[i].primary_applied));
-            json_object_object_add(o, "lag_ops", json_object_new_int64((int64_t)l[i].lag_ops));
-            json_object_object_add(o, "lag_bytes", json_object_new_int64((int64_t)l[i].lag_bytes));
-            json_object_object_add(o, "lag_s", json_object_new_double(l[i].lag_s));
-            json_object_object_add(o, "recovering", json_object_new_boolean(l[i].recovering));
-            json_object_array_add(lag, o);
-        }
-        free(l);
-        json_object_object_add(rep, "primary_pgs", json_object_new_int64(ppgs));
-        json_object_object_add(rep, "repairs", json_object_new_int64((int64_t)repairs));
-        json_object_object_add(rep, "backfills", json_object_new_int64((int64_t)backfills));
-        json_object_object_add(rep, "lag", lag);
-        status_pgs(s, rep);
-        json_object_object_add(root, "replication", rep);
-    }
-    ds = json_object_new_array();
-    json_object_object_add(
-        root, "datasets_truncated",
-        json_object_new_boolean(ts_store_dataset_list(s->store, status_ds_cb, ds) == 1));
-    json_object_object_add(root, "datasets", ds);
-
-    tsd_reply_begin(&w);
-    {
-        /* The document travels as a u16-length string: shed the long lists if needed. */
-        const char *txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
-        json_object *rep;
-        if (strlen(txt) > 60000) {
-            json_object_object_add(root, "datasets", json_object_new_array());
-            json_object_object_add(root, "datasets_truncated", json_object_new_boolean(1));
-            txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
-        }
-        if (strlen(txt) > 60000 && json_object_object_get_ex(root, "replication", &rep)) {
-            json_object_object_add(rep, "lag", json_object_new_array());
-            json_object_object_add(rep, "lag_truncated", json_object_new_boolean(1));
-            txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
-        }
-        ts_wr_str(&w, txt);
-    }
-    json_object_put(root);
-    tsd_reply_send(c, h, &w);
-}
-
 static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_HELLO] = op_hello,
     [TS_OP_DATASET_CREATE] = op_dataset_create,
@@ -1416,7 +1200,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_SHARD_STAT] = op_shard_stat,
     [TS_OP_SHARD_LIST] = op_shard_list,
     [TS_OP_SCRUB] = op_scrub,
-    [TS_OP_STATUS] = op_status,
+    [TS_OP_STATUS] = tsd_op_status,
     [TS_OP_MAP_GET] = tsd_op_map_get,
     [TS_OP_MAP_PUSH] = tsd_op_map_push,
     [TS_OP_REPL_WRITE] = tsd_op_repl_write,
@@ -1427,7 +1211,14 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_PG_PULL] = tsd_op_pg_pull,
 };
 
-tsd_handler tsd_handler_for(unsigned opcode)
+static tsd_handler handler_for(unsigned opcode)
 {
     return handlers[opcode];
+}
+
+const struct tsd_ops *tsd_ops_table(void)
+{
+    static const struct tsd_ops ops = {handler_for, tsd_uploads_abort, tsd_stream_continue,
+                                       tsd_stream_free};
+    return &ops;
 }

@@ -31,6 +31,14 @@ void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u);
 int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
                       uint64_t **recs, uint32_t *nrec);
 
+/* ops.c, reached by the connection layer through tsd_ops_table() */
+void tsd_uploads_abort(struct tsd_conn *c);
+int tsd_stream_continue(struct tsd_conn *c); /* a streaming READ: 1 when finished */
+void tsd_stream_free(struct tsd_read_stream *rs);
+
+/* ops_status.c */
+void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+
 /* ops_repl.c */
 void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);

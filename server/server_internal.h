@@ -109,7 +109,17 @@ struct tsd_conn {
     int parked;       /* replies still to come from replication */
 };
 
+/* The request handlers as the connection layer reaches them (filled by ops.c). */
+typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+struct tsd_ops {
+    tsd_handler (*handler_for)(unsigned opcode); /* known opcodes only */
+    void (*uploads_abort)(struct tsd_conn *c);
+    int (*stream_continue)(struct tsd_conn *c); /* a streaming READ: 1 when finished */
+    void (*stream_free)(struct tsd_read_stream *rs);
+};
+
 struct tsd_server {
+    const struct tsd_ops *ops;
     struct tsd_config *cfg;
     ts_store *store;
     struct event_base *base;
@@ -143,15 +153,29 @@ struct tsd_server {
     uint32_t npg;
 };
 
+/*
+ * Layers, bottom up (no file calls a layer above it):
+ *   tls.c      TLS contexts and roles from certificates
+ *   conn.c     connections: I/O, frame dispatch (through s->ops), reply builders
+ *   cluster.c  the map, placement, PG readiness: returns decisions, never replies
+ *   ops.c, ops_repl.c   request handlers (reply through conn.c, decide through cluster.c)
+ *   server.c   acceptor, workers, signals, start and stop; wires ops.c into s->ops
+ */
+
 /* server.c */
 int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg);
 int tsd_server_run(struct tsd_server *s);
 void tsd_server_fini(struct tsd_server *s);
-void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out);
 
-/* Replies. The frame is built in w (header room reserved by ts_wr_begin_frame). */
+/* conn.c: connections and replies. The frame is built in w (header room reserved by
+ * ts_wr_begin_frame). */
+void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p);
+void tsd_conn_free(struct tsd_conn *c);
 void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
                      ...) __attribute__((format(printf, 4, 5)));
+/* TS_ESTALE with the node's map after the message. */
+void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 void tsd_reply_begin(struct ts_wr *w);
 void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w);
 void tsd_conn_resume(struct tsd_conn *c);
@@ -162,23 +186,34 @@ struct evbuffer *tsd_conn_out(struct tsd_conn *c);
 void tsd_conn_pause(struct tsd_conn *c);
 /* Plain TCP: sends what is queued now (outside the read callback, e.g. a parked reply). */
 void tsd_conn_flush(struct tsd_conn *c);
+void tsd_conn_unref(struct tsd_conn *c);
+/* After a parked reply: close a half-closed connection once nothing is left to answer. */
+void tsd_conn_maybe_finish(struct tsd_conn *c);
+/* The workers' counters, summed. */
+void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out);
 
 /* cluster.c: the map, fencing, placement. */
 int tsd_cluster_init(struct tsd_server *s);
 void tsd_cluster_fini(struct tsd_server *s);
 /* Installs m if newer than the current map (persisted, handed to replication). */
 int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
-/* Sends TS_ESTALE with the node's map after the message. */
-void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Cluster mode: 1 and fills pg, targets (other core replicas), the PG's active interval
- * (*epoch, for its log entries) and *need (replicas, this one included, that must hold a write:
- * the dataset's min_core or the interval's write quorum, the larger) if this node is the
- * activated primary of (dataset, shard); 0 after replying TS_ESTALE (not the primary, or a newer
- * one took over) or TS_EBUSY (peering); single node: 1 with no targets. */
-int tsd_primary_check(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *dataset,
-                      uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
-                      struct ts_repl_targets *to, uint64_t *epoch, unsigned *need);
+
+/* Where a client write of (dataset, shard) goes, when this node may take it. */
+struct tsd_placement {
+    uint32_t pg;
+    struct ts_repl_targets to; /* the other core replicas */
+    uint64_t epoch;            /* the PG's active interval (its log entries' epoch); 0: single */
+    unsigned need;             /* replicas, this one included, that must hold a write */
+};
+/*
+ * Decides whether this node takes a write of (dataset, shard): 0 (and *pl filled) when it is the
+ * activated primary of the shard's PG, or a single node; TS_ESTALE when it is not the PG's
+ * primary in its map or a newer primary took over (why says which); TS_EBUSY while the PG is
+ * peering here. need is the dataset's min_core or the interval's write quorum, the larger.
+ */
+int tsd_primary_check(struct tsd_server *s, const char *dataset, uint32_t shard,
+                      const struct ts_dataset_policy *p, struct tsd_placement *pl, char *why,
+                      size_t cap);
 /* A replica may serve reads of pg once its primary said it holds the PG's log (REPL_SEAL kind
  * CLEAN; cleared again by a rollback). */
 int tsd_pg_mark_clean(struct tsd_server *s, uint32_t pg, int clean);
@@ -187,17 +222,9 @@ int tsd_pg_mark_clean(struct tsd_server *s, uint32_t pg, int clean);
 int tsd_pg_serves(struct tsd_server *s, const char *dataset, uint32_t shard);
 /* PG of a shard in the current map (0 on a single node). */
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
-void tsd_conn_unref(struct tsd_conn *c);
-/* After a parked reply: close a half-closed connection once nothing is left to answer. */
-void tsd_conn_maybe_finish(struct tsd_conn *c);
 
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
-typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-tsd_handler tsd_handler_for(unsigned opcode);
-void tsd_uploads_abort(struct tsd_conn *c);
-/* Continues a streaming READ; returns 1 when it finished. */
-int tsd_stream_continue(struct tsd_conn *c);
-void tsd_stream_free(struct tsd_read_stream *rs);
+const struct tsd_ops *tsd_ops_table(void);
 
 /* tls.c */
 int tsd_tls_init(struct tsd_server *s);
