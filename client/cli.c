@@ -1201,19 +1201,36 @@ static const char *jsize(struct json_object *o, const char *key, char *buf, size
 /* The "replication" object of a node's STATUS: replicas of the PGs it leads, and lagging ones. */
 static void status_replication(struct json_object *rep)
 {
-    static const char *const rhdr[] = {"REPLICA", "PGS",       "CORE_PGS",
-                                       "LAG_OPS", "LAG_BYTES", "MAX_LAG_S"};
-    static const char *const lhdr[] = {"PG",      "REPLICA", "ROLE",      "APPLIED",
-                                       "PRIMARY", "LAG_OPS", "LAG_BYTES", "LAG_S"};
-    struct json_object *per, *lag;
+    static const char *const rhdr[] = {"REPLICA",   "PGS",       "CORE_PGS",  "LAG_OPS",
+                                       "LAG_BYTES", "MAX_LAG_S", "RECOVERING"};
+    static const char *const lhdr[] = {"PG",      "REPLICA",   "ROLE",  "APPLIED",   "PRIMARY",
+                                       "LAG_OPS", "LAG_BYTES", "LAG_S", "RECOVERING"};
+    static const char *const phdr[] = {"PG", "STATE", "EPOCH", "SINCE_S", "WHY"};
+    struct json_object *per, *lag, *peering;
     struct cli_table t;
-    char b[8][64];
+    char b[9][64];
 
-    printf("primary of %s PGs, %s repairs\n", jstr(rep, "primary_pgs", b[0], 64),
-           jstr(rep, "repairs", b[1], 64));
+    printf("primary of %s PGs (%s active, %s peering), %s repairs; recovering %s replica PGs "
+           "(not served from this node until confirmed)\n",
+           jstr(rep, "primary_pgs", b[0], 64), jstr(rep, "pgs_active", b[2], 64),
+           jstr(rep, "pgs_peering", b[3], 64), jstr(rep, "repairs", b[1], 64),
+           jstr(rep, "pgs_not_confirmed", b[4], 64));
+    if (json_object_object_get_ex(rep, "peering", &peering) &&
+        json_object_is_type(peering, json_type_array) && json_object_array_length(peering) > 0 &&
+        cli_table_init(&t, TS_ARRAY_SIZE(phdr), 0x0c, phdr) == 0) {
+        for (size_t i = 0; i < json_object_array_length(peering); i++) {
+            struct json_object *o = json_object_array_get_idx(peering, i);
+            const char *row[] = {jstr(o, "pg", b[0], 64), jstr(o, "state", b[1], 64),
+                                 jstr(o, "epoch", b[2], 64), jstr(o, "since_s", b[3], 64),
+                                 json_object_get_string(json_object_object_get(o, "why"))};
+            cli_table_add(&t, row);
+        }
+        printf("PGs it leads that do not take writes yet:\n");
+        cli_table_done(&t, 0, stdout);
+    }
     if (json_object_object_get_ex(rep, "replicas", &per) &&
         json_object_is_type(per, json_type_object) && json_object_object_length(per) > 0 &&
-        cli_table_init(&t, TS_ARRAY_SIZE(rhdr), 0x3e, rhdr) == 0) {
+        cli_table_init(&t, TS_ARRAY_SIZE(rhdr), 0x7e, rhdr) == 0) {
         json_object_object_foreach(per, node, o)
         {
             const char *row[] = {node,
@@ -1221,7 +1238,8 @@ static void status_replication(struct json_object *rep)
                                  jstr(o, "core_pgs", b[2], 64),
                                  jstr(o, "lag_ops", b[3], 64),
                                  jsize(o, "lag_bytes", b[4], 64),
-                                 jstr(o, "max_lag_s", b[5], 64)};
+                                 jstr(o, "max_lag_s", b[5], 64),
+                                 jstr(o, "recovering_pgs", b[6], 64)};
             cli_table_add(&t, row);
         }
         printf("replicas of the PGs it leads:\n");
@@ -1239,10 +1257,11 @@ static void status_replication(struct json_object *rep)
                                  jstr(o, "primary_applied", b[4], 64),
                                  jstr(o, "lag_ops", b[5], 64),
                                  jsize(o, "lag_bytes", b[6], 64),
-                                 jstr(o, "lag_s", b[7], 64)};
+                                 jstr(o, "lag_s", b[7], 64),
+                                 jstr(o, "recovering", b[8], 64)};
             cli_table_add(&t, row);
         }
-        printf("lagging (PG, replica) pairs:\n");
+        printf("lagging or recovering (PG, replica) pairs:\n");
         cli_table_done(&t, 0, stdout);
     } else {
         printf("no replica lags\n");

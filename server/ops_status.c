@@ -45,6 +45,14 @@ static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
     return 0;
 }
 
+static int width_cb(void *arg, const struct ts_dataset_info *d)
+{
+    unsigned *w = arg;
+    if ((unsigned)d->policy.core + d->policy.fringe > *w)
+        *w = (unsigned)d->policy.core + d->policy.fringe;
+    return 0;
+}
+
 /* The PGs this node leads (or is peering to lead) that are not active, and the counts; the PGs
  * it holds as a replica that it does not serve yet. */
 static void status_pgs(struct tsd_server *s, json_object *rep)
@@ -76,12 +84,24 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
         json_object_array_add(arr, o);
     }
     free(ps);
-    for (uint32_t pg = 0; s->pg_clean && pg < s->npg; pg++)
-        unclean += !atomic_load(&s->pg_clean[pg]);
+    /* PGs this node holds a replica of (by placement, for the widest dataset policy) and does
+     * not lead, that its primary has not confirmed yet. */
+    {
+        unsigned width = 0;
+        ts_store_dataset_list(s->store, width_cb, &width);
+        pthread_rwlock_rdlock(&s->map_lock);
+        for (uint32_t pg = 0; s->map && s->pg_clean && pg < s->npg; pg++) {
+            int order[TS_REPL_MAX_REPLICAS];
+            size_t no = ts_map_pg_order(s->map, pg, order, TS_REPL_MAX_REPLICAS);
+            for (size_t k = 1; k < no && k < width; k++)
+                if (order[k] == s->self && !atomic_load(&s->pg_clean[pg]))
+                    unclean++;
+        }
+        pthread_rwlock_unlock(&s->map_lock);
+    }
     json_object_object_add(rep, "pgs_active", json_object_new_int64((int64_t)active));
     json_object_object_add(rep, "pgs_peering", json_object_new_int64((int64_t)waiting));
     json_object_object_add(rep, "peering", arr);
-    /* Of all PGs: those this node was not (yet) told it holds fully; it leads some of them. */
     json_object_object_add(rep, "pgs_not_confirmed", json_object_new_int64((int64_t)unclean));
 }
 
