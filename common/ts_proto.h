@@ -37,6 +37,7 @@ enum ts_repl_kind {
     TS_REPL_TRUNCATE = 5,    /* roll the PG's log back to entry seq (of epoch): peering */
     TS_REPL_DELETE = 6,      /* log entry seq: dataset incarnation inc was deleted */
     TS_REPL_CLEAN = 7,       /* the replica holds the primary's log up to seq: it may serve */
+    TS_REPL_PRUNE = 8,       /* before a backfill: the primary's datasets (name, incarnation) */
 };
 
 /* DATASET_SEAL flags (optional trailing u8). */

@@ -395,12 +395,76 @@ static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied, uin
     ps->items = NULL;
     ps->nitems = ps->at = 0;
     ps->backfill = 1;
+    ps->bf_pruned = 0;
     ps->bf_target = my_applied;
     ps->bf_epoch = my_epoch;
     if (ts_store_pg_iter(r->o.store, ps->pg, r->map->pg_count, bf_collect_cb, &b) != 0) {
         ps->backfill = 0;
         push_retry_later(ps);
     }
+}
+
+/*
+ * Before a backfill: our datasets and tombstones with their incarnations, so the replica drops
+ * what was deleted (or re-created) while it was away — those deletes are no longer in our log.
+ */
+struct prune_list {
+    struct ts_wr *w;
+    uint32_t n;
+};
+
+static int prune_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct prune_list *pl = arg;
+    ts_wr_str(pl->w, d->name);
+    ts_wr_u64(pl->w, d->created_ns);
+    ts_wr_u8(pl->w, 0); /* live */
+    pl->n++;
+    return 0;
+}
+
+static int prune_tomb_cb(void *arg, const char *name, uint64_t inc)
+{
+    struct prune_list *pl = arg;
+    ts_wr_str(pl->w, name);
+    ts_wr_u64(pl->w, inc);
+    ts_wr_u8(pl->w, 1); /* deleted */
+    pl->n++;
+    return 0;
+}
+
+static void prune_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    struct push *ps = ctx;
+
+    ps->busy = 0;
+    if (status == 0) {
+        ps->bf_pruned = 1;
+        repl_push_step(r, ps);
+        return;
+    }
+    if (status == TS_ESTALE)
+        repl_on_stale(r, p, body);
+    push_retry_later(ps);
+}
+
+static void send_prune(ts_repl *r, struct push *ps)
+{
+    struct ts_wr w;
+    struct prune_list pl = {&w, 0};
+    size_t at;
+
+    wr_repl_seal(&w, TS_REPL_PRUNE, ps->pg, 0, 0, NULL, NULL, 0);
+    w.len -= 4; /* the record count: a dataset list follows instead */
+    at = w.len;
+    ts_wr_u32(&w, 0);
+    ts_store_dataset_list(r->o.store, prune_cb, &pl);
+    ts_store_tombstone_list(r->o.store, prune_tomb_cb, &pl);
+    if (!w.err)
+        ts_put_le32(w.buf + at, pl.n);
+    ps->busy = 1;
+    repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, prune_reply, ps,
+                   push_epoch(ps));
 }
 
 static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
@@ -454,6 +518,10 @@ void repl_push_step(ts_repl *r, struct push *ps)
         return;
     }
     if (ps->backfill) {
+        if (!ps->bf_pruned) {
+            send_prune(r, ps);
+            return;
+        }
         if (ps->at < ps->nitems) {
             ps->rec = ps->items[ps->at];
             push_send_seal(r, ps);

@@ -173,6 +173,40 @@ static int apply_seal(struct tsd_conn *c, int kind, const char *name, uint32_t s
     return ts_store_log_append(s->store, log);
 }
 
+struct prune_arg {
+    char (*names)[TS_NAME_MAX + 1];
+    uint64_t *incs;
+    uint8_t *dead;
+    size_t n;
+    char (*gone)[TS_NAME_MAX + 1];
+    size_t ngone, capgone;
+};
+
+/* A local dataset goes when the primary deleted that incarnation (or a newer one), or holds a
+ * newer incarnation of the name; one the primary does not know at all stays (it may have been
+ * created while the primary was away). */
+static int prune_collect_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct prune_arg *a = arg;
+    int drop = 0;
+
+    for (size_t i = 0; i < a->n && !drop; i++)
+        if (!strcmp(a->names[i], d->name))
+            drop = a->dead[i] ? a->incs[i] >= d->created_ns : a->incs[i] > d->created_ns;
+    if (!drop)
+        return 0;
+    if (a->ngone == a->capgone) {
+        size_t cap = a->capgone ? 2 * a->capgone : 8;
+        void *g = realloc(a->gone, cap * sizeof(*a->gone));
+        if (!g)
+            return TS_ENOMEM;
+        a->gone = g;
+        a->capgone = cap;
+    }
+    snprintf(a->gone[a->ngone++], sizeof(a->gone[0]), "%s", d->name);
+    return 0;
+}
+
 /* DELETE: the dataset incarnation log->inc was deleted; ours goes too if it is that one or
  * older; then the entry is logged like any other. */
 static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
@@ -192,6 +226,55 @@ static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
         return rc;
     log->type = TS_LOG_DELETE;
     return ts_store_log_append(s->store, log);
+}
+
+/* PRUNE: the primary's datasets and tombstones (u32 n, n x (name, u64 incarnation, u8 deleted)),
+ * sent before it backfills this node: the deletes it knows of are no longer in its log. */
+static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
+                        struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    struct prune_arg a = {0};
+    uint32_t n = ts_rd_u32(r);
+
+    if (r->err || n > (r->len - r->off) / 11) {
+        tsd_reply_error(c, h, TS_EPROTO, "repl-seal prune: malformed dataset list");
+        return;
+    }
+    a.names = calloc(n ? n : 1, sizeof(*a.names));
+    a.incs = calloc(n ? n : 1, sizeof(*a.incs));
+    a.dead = calloc(n ? n : 1, 1);
+    if (!a.names || !a.incs || !a.dead) {
+        free(a.names);
+        free(a.incs);
+        free(a.dead);
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < n && !r->err; i++) {
+        ts_rd_str(r, a.names[i], sizeof(a.names[i]));
+        a.incs[i] = ts_rd_u64(r);
+        a.dead[i] = ts_rd_u8(r);
+    }
+    a.n = n;
+    if (ops_rd_done(c, h, r))
+        goto out_free;
+    ts_store_dataset_list(s->store, prune_collect_cb, &a);
+    for (size_t i = 0; i < a.ngone; i++) {
+        int rc = ts_store_dataset_delete(s->store, a.gone[i]);
+        if (rc == 0)
+            TS_WARN(FAC, 0, "dataset %s was deleted while this node was away (PG %u backfill)",
+                    a.gone[i], pg);
+        else if (rc != TS_ENOENT)
+            TS_WARN(FAC, rc, "dataset %s: deleted while this node was away, not removable now",
+                    a.gone[i]);
+    }
+    ops_reply_ok(c, h);
+out_free:
+    free(a.names);
+    free(a.incs);
+    free(a.dead);
+    free(a.gone);
 }
 
 void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
@@ -220,6 +303,11 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     shard = ts_rd_u32(r);
     have_crc = ts_rd_u8(r);
     crc = ts_rd_u32(r);
+    if (kind == TS_REPL_PRUNE) {
+        if (!fenced(c, h, pg, "repl-seal"))
+            apply_prune(c, h, pg, r);
+        return;
+    }
     if (ops_parse_records(c, h, r, &recs, &nrec))
         return;
     if (fenced(c, h, pg, "repl-seal"))

@@ -9,6 +9,7 @@
  *
  * meta keys ("id" is the dataset's 8-byte big-endian id, so a dataset's keys are contiguous):
  *   'D' name                 -> dataset record
+ *   'T' name                 -> tombstone: le64 incarnation (created_ns) last deleted
  *   'I' id                   -> dataset name (reverse index for scrub and PG iteration)
  *   'N'                      -> next dataset id
  *   'S' id shard(be32)       -> shard record (+ per-chunk CRC list once complete)
@@ -877,6 +878,14 @@ int ts_store_dataset_delete(ts_store *s, const char *name)
     }
     b = rocksdb_writebatch_create();
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k, key_ds(k, name));
+    {
+        /* The tombstone: replication never brings this incarnation (or an older one) back. */
+        uint8_t inc[8];
+        size_t klen = key_ds(k, name);
+        k[0] = 'T';
+        ts_put_le64(inc, d.created_ns);
+        rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, klen, (const char *)inc, 8);
+    }
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)kid, key_id(kid, 'I', d.id));
     delete_id_range(b, s->cf[CF_META], 'S', d.id);
     delete_id_range(b, s->cf[CF_META], 'C', d.id);
@@ -1232,11 +1241,63 @@ int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *
 
 /* ---- replication helpers ------------------------------------------------------------------ */
 
+int ts_store_tombstone(ts_store *s, const char *name, uint64_t *incarnation)
+{
+    uint8_t k[1 + TS_NAME_MAX];
+    char *v;
+    size_t vlen, klen;
+    int rc;
+
+    *incarnation = 0;
+    if (!ts_name_valid(name))
+        return TS_ENAME;
+    klen = key_ds(k, name);
+    k[0] = 'T';
+    rc = meta_get(s, k, klen, &v, &vlen);
+    if (rc)
+        return rc;
+    if (vlen == 8)
+        *incarnation = ts_get_le64((const uint8_t *)v);
+    rocksdb_free(v);
+    return vlen == 8 ? 0 : TS_ECORRUPT;
+}
+
+struct tomb_arg {
+    int (*cb)(void *arg, const char *name, uint64_t incarnation);
+    void *arg;
+};
+
+static int tomb_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen)
+{
+    struct tomb_arg *a = arg;
+    char name[TS_NAME_MAX + 1];
+
+    if (klen < 2 || klen - 1 > TS_NAME_MAX || vlen != 8)
+        return 0;
+    memcpy(name, k + 1, klen - 1);
+    name[klen - 1] = '\0';
+    return a->cb(a->arg, name, ts_get_le64((const uint8_t *)v));
+}
+
+int ts_store_tombstone_list(ts_store *s, int (*cb)(void *arg, const char *name, uint64_t inc),
+                            void *arg)
+{
+    struct tomb_arg a = {cb, arg};
+    uint8_t prefix = 'T';
+
+    return meta_scan(s, &prefix, 1, tomb_cb, &a);
+}
+
 int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p,
                             uint64_t incarnation)
 {
     struct ts_dataset_info d;
+    uint64_t dead = 0;
     int rc = dataset_get(s, name, &d);
+
+    if (rc == TS_ENOENT && incarnation && ts_store_tombstone(s, name, &dead) == 0 &&
+        dead >= incarnation)
+        return TS_ESTALE; /* that incarnation was deleted here: never bring it back */
 
     if (rc == 0 && incarnation && d.created_ns != incarnation) {
         if (d.created_ns > incarnation)

@@ -220,9 +220,14 @@ int ts_store_dataset_get(ts_store *s, const char *name, struct ts_dataset_info *
  * cluster (0: now). A deleted and re-created name is a new incarnation. */
 int ts_store_dataset_create_inc(ts_store *s, const char *name, const struct ts_dataset_policy *p,
                                 uint64_t incarnation);
+/* The incarnation of name last deleted here (its tombstone): TS_ENOENT if none. */
+int ts_store_tombstone(ts_store *s, const char *name, uint64_t *incarnation);
+/* Calls cb for each tombstone (name, incarnation deleted); a non-zero return stops. */
+int ts_store_tombstone_list(ts_store *s, int (*cb)(void *arg, const char *name, uint64_t inc),
+                            void *arg);
 /* Creates the dataset if it does not exist (replicas learn datasets from their primaries).
  * With an incarnation (non-zero): an older local incarnation is deleted and replaced;
- * TS_ESTALE if the local one is newer. */
+ * TS_ESTALE if the local one is newer, or that incarnation was deleted here (tombstone). */
 int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_dataset_policy *p,
                             uint64_t incarnation);
 /* Seal; local_only: this node holds only some shards, so skip the 0..N-1 check. */
