@@ -306,6 +306,128 @@ static void test_records_and_reopen(void **state)
     check_range(f->s, "rec", 0, 11, 0, 1000, 1000);
 }
 
+/* Seals shard `shard` of ds with log entry (epoch, seq) of pg (seq 0: the next one). */
+static int seal_logged(ts_store *s, const char *ds, uint32_t shard, uint32_t pg, uint64_t epoch,
+                       uint64_t seq, uint64_t seed)
+{
+    ts_shard_writer *w;
+    uint8_t buf[100];
+    struct ts_log_rec log;
+    int rc;
+
+    ts_test_fill(buf, sizeof(buf), seed, 0);
+    assert_int_equal(ts_store_shard_begin(s, ds, shard, sizeof(buf), &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))),
+                     0);
+    memset(&log, 0, sizeof(log));
+    log.pg = pg;
+    log.seq = seq;
+    log.epoch = epoch;
+    snprintf(log.dataset, sizeof(log.dataset), "%s", ds);
+    log.shard = shard;
+    rc = ts_shard_writer_seal_log(w, 0, 0, NULL, 0, &log);
+    if (rc)
+        ts_shard_writer_abort(w);
+    return rc;
+}
+
+/* Log entries named by (epoch, seq); promises, intervals and rollback survive a reopen. */
+static void test_pg_log_and_peering_facts(void **state)
+{
+    struct fx *f = *state;
+    struct ts_pg_state st;
+    struct ts_log_pos tail[8];
+    struct ts_log_rec rec;
+    const char acting[2][64] = {"n1", "n2"};
+    size_t n;
+    unsigned removed;
+
+    mk_dataset(f->s, "lg", CHUNK);
+    assert_int_equal(seal_logged(f->s, "lg", 0, 3, 1, 0, 1), 0); /* (1, 1) */
+    assert_int_equal(seal_logged(f->s, "lg", 1, 3, 1, 0, 2), 0); /* (1, 2) */
+    /* A replica: the next entry only; the same entry again is EEXIST; another one in its
+     * place (divergent) or an older epoch is ERANGE. */
+    assert_int_equal(seal_logged(f->s, "lg", 2, 3, 2, 4, 3), TS_ERANGE); /* a gap */
+    assert_int_equal(seal_logged(f->s, "lg", 2, 3, 2, 3, 3), 0);         /* (2, 3) */
+    assert_int_equal(seal_logged(f->s, "lg", 3, 3, 1, 4, 4), TS_ERANGE); /* older than the head */
+    assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
+    assert_int_equal(st.applied, 3);
+    assert_int_equal(st.head_epoch, 2);
+    assert_int_equal(ts_store_log_read(f->s, 3, 3, &rec), 0);
+    assert_int_equal(rec.epoch, 2);
+    assert_int_equal(rec.shard, 2);
+    rec.seq = 3;
+    assert_int_equal(ts_store_log_append(f->s, &rec), TS_EEXIST); /* the same entry */
+    rec.epoch = 3;
+    assert_int_equal(ts_store_log_append(f->s, &rec), TS_ERANGE); /* another entry at seq 3 */
+    assert_int_equal(ts_store_pg_log_tail(f->s, 3, tail, 8, &n), 0);
+    assert_int_equal(n, 3);
+    assert_int_equal(tail[0].seq, 3);
+    assert_int_equal(tail[0].epoch, 2);
+    assert_int_equal(tail[2].seq, 1);
+
+    /* Promises only grow; an interval needs an epoch >= the promise. */
+    assert_int_equal(ts_store_pg_promise(f->s, 3, 5, &st), 0);
+    assert_int_equal(st.promised, 5);
+    assert_int_equal(ts_store_pg_promise(f->s, 3, 4, &st), TS_ESTALE);
+    assert_int_equal(ts_store_pg_activate(f->s, 3, 4, 2, acting, 2), TS_ESTALE);
+    assert_int_equal(ts_store_pg_activate(f->s, 3, 6, 2, acting, 2), 0);
+
+    /* Roll back to (1, 2): entry 3 goes, and the shard it sealed. */
+    assert_int_equal(ts_store_pg_truncate(f->s, 3, 2, 1, &removed), 0);
+    assert_int_equal(removed, 1);
+    assert_int_equal(ts_store_log_read(f->s, 3, 3, &rec), TS_ENOENT);
+    {
+        struct ts_shard_info si;
+        assert_int_equal(ts_store_shard_stat(f->s, "lg", 2, &si), TS_ENOENT);
+        assert_int_equal(ts_store_shard_stat(f->s, "lg", 1, &si), 0);
+    }
+
+    /* Everything is durable across a reopen. */
+    ts_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
+    assert_int_equal(st.applied, 2);
+    assert_int_equal(st.head_epoch, 1);
+    assert_int_equal(st.promised, 6);
+    assert_int_equal(st.les, 6);
+    assert_int_equal(st.wq, 2);
+    assert_int_equal(st.nacting, 2);
+    assert_string_equal(st.acting[1], "n2");
+    assert_int_equal(seal_logged(f->s, "lg", 2, 3, 6, 3, 5), 0); /* the new (6, 3) */
+}
+
+/* Incarnations: an older one is replaced, a newer one refused; a deleted one never comes
+ * back through replication (tombstone). */
+static void test_incarnations_and_tombstones(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_policy p;
+    struct ts_dataset_info d;
+    uint64_t dead;
+
+    ts_dataset_policy_init(&p);
+    p.chunk_size = CHUNK;
+    assert_int_equal(ts_store_dataset_create_inc(f->s, "inc", &p, 100), 0);
+    put_shard(f->s, "inc", 0, 10, CHUNK, 1);
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 100), 0); /* the same one */
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 50), TS_ESTALE);
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 200), 0); /* re-created */
+    assert_int_equal(ts_store_dataset_get(f->s, "inc", &d), 0);
+    assert_int_equal(d.created_ns, 200);
+    {
+        struct ts_shard_info si;
+        assert_int_equal(ts_store_shard_stat(f->s, "inc", 0, &si), TS_ENOENT); /* old bytes gone */
+    }
+    assert_int_equal(ts_store_dataset_delete(f->s, "inc"), 0);
+    assert_int_equal(ts_store_tombstone(f->s, "inc", &dead), 0);
+    assert_int_equal(dead, 200);
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 200), TS_ESTALE);
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 150), TS_ESTALE);
+    assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 300), 0);
+}
+
 static int pg_collect(void *arg, const char *ds, const struct ts_shard_info *si)
 {
     (*(int *)arg)++;
@@ -629,6 +751,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_delete_and_list, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_pg_iter, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_log_and_peering_facts, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_incarnations_and_tombstones, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_sst_mode, setup_sst, teardown),
