@@ -198,7 +198,8 @@ static void query_reply(ts_repl *r, struct peer *p, void *ctx, int status, struc
         return;
     }
     free(c);
-    evaluate(r, pp);
+    if (!pp->sending)
+        evaluate(r, pp);
 }
 
 static void start_round(ts_repl *r, struct pgpeer *pp)
@@ -222,7 +223,10 @@ static void start_round(ts_repl *r, struct pgpeer *pp)
         return;
     }
     add_reply(pp, r->node_id, &me);
-    for (size_t i = 0; i < r->map->n; i++) {
+    /* Replies that fail at once (a peer known to be down) are only collected while sending;
+     * the decision comes after, once. */
+    pp->sending = 1;
+    for (size_t i = 0; i < r->map->n && pp->state == PGP_QUERY; i++) {
         const char *id = r->map->nodes[i].id;
         struct pctx *c;
         struct ts_wr w;
@@ -236,6 +240,7 @@ static void start_round(ts_repl *r, struct pgpeer *pp)
         pp->outstanding++;
         repl_peer_send(r, id, TS_OP_PG_QUERY, &w, NULL, 0, NULL, NULL, query_reply, c, pp->epoch);
     }
+    pp->sending = 0;
     if (pp->state == PGP_QUERY)
         evaluate(r, pp);
 }
@@ -248,9 +253,14 @@ static void pull_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
     struct pgpeer *pp = ctx_pp(r, c);
 
     if (pp && pp->state == PGP_PULL && status) {
-        publish(r, pp, "%s refused to push its log (%s): asking again", c->node,
-                ts_errname(status));
-        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+        /* The source is gone or refuses: peer again (someone else may hold the head). */
+        publish(r, pp, "%s did not push its log (%s): peering again", c->node, ts_errname(status));
+        free(c);
+        set_state(r, pp, PGP_QUERY); /* from the timer: never recurse from a failed send */
+        pp->round++;
+        pp->outstanding = 0;
+        pp->retry_at = ts_now_mono_ns() + 100ull * 1000000;
+        return;
     }
     free(c);
 }
@@ -410,6 +420,7 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
         pp->pull_seq = out.head_seq;
         pp->pull_epoch = out.head_epoch;
         snprintf(pp->pull_from, sizeof(pp->pull_from), "%s", out.pull_from);
+        pp->pull_since_ns = ts_now_mono_ns();
         publish(r, pp, "%s", out.why);
         TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
         send_pull(r, pp);
@@ -534,7 +545,12 @@ void repl_pgpeer_tick(ts_repl *r)
                         p->pull_from);
                 start_round(r, p);
             } else if (p->retry_at && now >= p->retry_at) {
-                send_pull(r, p);
+                /* Not there yet: ask everyone again (the source may have died; another replier
+                 * may hold the head now), which pulls again from whoever has it. */
+                if (now - p->pull_since_ns > 10ull * PULL_NUDGE_NS)
+                    start_round(r, p);
+                else
+                    send_pull(r, p);
             }
             continue;
         }

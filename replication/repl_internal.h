@@ -90,7 +90,9 @@ struct pgpeer {
     struct ts_peer_reply *replies;
     size_t nreplies, capreplies;
     unsigned outstanding;
+    int sending;                   /* start_round is sending the queries: decide after */
     uint64_t pull_seq, pull_epoch; /* PULL: the head to reach */
+    uint64_t pull_since_ns;
     char pull_from[64];
     unsigned acks_prev, prev_need; /* ACTIVATE */
     char prev[TS_PG_MAX_ACTING][64];
