@@ -41,45 +41,79 @@ static void why_add(char *why, size_t cap, const char *s)
         snprintf(why + len, cap - len, "%s%s", len ? ", " : "", s);
 }
 
+static struct ts_peering_set *set_add(struct ts_peering_out *out, uint64_t epoch, int pending,
+                                      const char (*ids)[64], unsigned n, unsigned wq)
+{
+    struct ts_peering_set *s;
+
+    for (unsigned i = 0; i < out->nsets; i++)
+        if (out->sets[i].epoch == epoch && out->sets[i].pending == pending)
+            return &out->sets[i];
+    if (out->nsets == TS_PEERING_MAX_SETS)
+        return NULL;
+    s = &out->sets[out->nsets++];
+    memset(s, 0, sizeof(*s));
+    s->epoch = epoch;
+    s->pending = pending;
+    for (unsigned i = 0; i < n && s->n < TS_PG_MAX_ACTING; i++)
+        snprintf(s->ids[s->n++], sizeof(s->ids[0]), "%s", ids[i]);
+    s->need = ts_peering_quorum(s->n, wq);
+    return s;
+}
+
 int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out)
 {
     const struct ts_peer_reply *self = find(in, in->self), *best = NULL, *last = NULL;
-    unsigned have = 0, wq;
-    char missing[256] = "";
+    char missing[320] = "";
+    int short_of = 0;
 
     memset(out, 0, sizeof(*out));
     if (!self)
         return TS_EINVAL;
-    /* The newest interval any replier joined. */
+    /* The newest interval any replier knows to have started. */
     for (size_t i = 0; i < in->nreplies; i++)
         if (!last || in->replies[i].st.les > last->st.les)
             last = &in->replies[i];
     out->last_interval = last->st.les;
     if (last->st.les == 0 || last->st.nacting == 0) {
-        out->prev_is_map = 1;
-        for (size_t i = 0; i < in->nmap && out->nprev < TS_PG_MAX_ACTING; i++)
-            snprintf(out->prev[out->nprev++], sizeof(out->prev[0]), "%s", in->map_nodes[i]);
-        out->prev_need = (unsigned)(in->nmap / 2 + 1);
-        if (in->nmap > TS_PG_MAX_ACTING) /* a big map: a majority of the first ones listed */
-            out->prev_need = TS_PG_MAX_ACTING / 2 + 1;
-        wq = 1;
+        /* Before any interval: a majority of the whole map (of its first nodes when large). */
+        struct ts_peering_set *s =
+            set_add(out, 0, 0, in->map_nodes,
+                    in->nmap < TS_PG_MAX_ACTING ? (unsigned)in->nmap : TS_PG_MAX_ACTING, 1);
+        s->need = s->n / 2 + 1;
     } else {
-        for (unsigned i = 0; i < last->st.nacting; i++)
-            snprintf(out->prev[out->nprev++], sizeof(out->prev[0]), "%s", last->st.acting[i]);
-        wq = last->st.wq;
-        out->prev_need = ts_peering_quorum(out->nprev, wq);
+        set_add(out, last->st.les, 0, (const char(*)[64])last->st.acting, last->st.nacting,
+                last->st.wq);
     }
-    for (unsigned i = 0; i < out->nprev; i++) {
-        if (find(in, out->prev[i]))
-            have++;
-        else
-            why_add(missing, sizeof(missing), out->prev[i]);
+    /* Every newer interval being started that a replier reports: it may have started. */
+    for (size_t i = 0; i < in->nreplies; i++) {
+        const struct ts_pg_state *st = &in->replies[i].st;
+        if (st->pend > out->last_interval && st->npend &&
+            !set_add(out, st->pend, 1, (const char(*)[64])st->pend_acting, st->npend,
+                     st->pend_wq)) {
+            snprintf(out->why, sizeof(out->why), "too many intervals being started at once");
+            out->verdict = TS_PEERING_WAIT;
+            return 0;
+        }
     }
-    if (have < out->prev_need) {
-        snprintf(out->why, sizeof(out->why),
-                 "needs replies from %u of the %u nodes of interval %llu's acting set; has %u "
-                 "(none from %s)",
-                 out->prev_need, out->nprev, (unsigned long long)out->last_interval, have, missing);
+    for (unsigned k = 0; k < out->nsets; k++) {
+        struct ts_peering_set *s = &out->sets[k];
+        for (unsigned i = 0; i < s->n; i++) {
+            if (find(in, s->ids[i]))
+                s->have++;
+            else if (!strstr(missing, s->ids[i]))
+                why_add(missing, sizeof(missing), s->ids[i]);
+        }
+        if (s->have < s->need && !short_of) {
+            short_of = 1;
+            snprintf(out->why, sizeof(out->why),
+                     "needs replies from %u of the %u nodes of %s interval %llu's acting set; "
+                     "has %u (none from %s)",
+                     s->need, s->n, s->pending ? "pending" : "started",
+                     (unsigned long long)s->epoch, s->have, missing);
+        }
+    }
+    if (short_of) {
         out->verdict = TS_PEERING_WAIT;
         return 0;
     }
@@ -104,8 +138,8 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
         out->verdict = TS_PEERING_PULL;
         return 0;
     }
-    snprintf(out->why, sizeof(out->why), "%u of %u from interval %llu replied; head (%llu, %llu)",
-             have, out->nprev, (unsigned long long)out->last_interval,
+    snprintf(out->why, sizeof(out->why), "quorums met (%u interval%s from %llu); head (%llu, %llu)",
+             out->nsets, out->nsets > 1 ? "s" : "", (unsigned long long)out->last_interval,
              (unsigned long long)out->head_epoch, (unsigned long long)out->head_seq);
     out->verdict = TS_PEERING_ACTIVATE;
     return 0;

@@ -4,21 +4,24 @@
  * replication thread feeds it the replies it collected and acts on the verdict; unit tests
  * drive it through the interleavings they can name (tests/unit/test_peering.c).
  *
- * The rules, in short:
+ * The rules, in short (Ceph's past intervals and Raft's up-to-date rule, with joint quorums):
  *  - Every node keeps, per PG, durably: its log head (epoch, seq), the highest epoch it promised
- *    (it then refuses replication and activation from older epochs), and the last interval it
- *    joined: last epoch started (les), that interval's acting set and write quorum (wq).
- *  - A write acknowledged in interval L is on at least wq members of acting(L).
- *  - The newest interval L is the highest les any responder reports. Peering needs replies from
- *    q(L) = max(|A| - wq + 1, |A|/2 + 1) members of A = acting(L): the first term makes every
- *    write quorum of L meet the replies (so the newest acknowledged entry is seen), the second
- *    makes two peerings' quorums meet (so a later interval that was started cannot be missed:
- *    starting it recorded its les on q(L) members of A). With no interval yet (a new cluster),
- *    A is every node of the map.
- *  - The authoritative head is the newest (epoch, seq) among the replies (Raft's up-to-date
- *    rule). A primary whose own head is older pulls first; entries it holds beyond a common
- *    prefix are divergent (never acknowledged) and are rolled back by the pull.
- *  - Activation of the new interval is complete once q(L) members of A recorded it.
+ *    (it then refuses replication and activation from older epochs), the newest interval known
+ *    to have started (les) with its acting set and write quorum (wq), and an interval being
+ *    started (pending) with its acting set and wq.
+ *  - Starting interval E: the primary prepares E (pending) on q of every set the peering
+ *    needed (below) and on enough members of E's acting set that hold its whole log to make a
+ *    write quorum; only then is E started (les = E, committed: its primary tells the members).
+ *    So every write an interval starts from is on wq of its acting set, and every write
+ *    acknowledged in it is too (writes need wq).
+ *  - Peering needs, for L = the newest started interval any replier knows (or, before any, the
+ *    whole map) and for every newer pending interval any replier reports: replies from
+ *    q = max(|A| - wq + 1, |A|/2 + 1) members of its acting set A. The first term makes the
+ *    replies meet every write quorum of that interval; the second makes two peerings meet, so a
+ *    later interval that was started (prepared on q of the set this one also needs) is seen.
+ *  - The authoritative head is the newest (epoch, seq) among the replies. A primary whose own
+ *    head is older pulls first; entries it holds beyond a common prefix are divergent (never
+ *    acknowledged) and are rolled back by the pull.
  */
 #ifndef TS_PEERING_H
 #define TS_PEERING_H
@@ -49,15 +52,24 @@ enum ts_peering_verdict {
     TS_PEERING_ACTIVATE = 2, /* quorum reached and this node holds the newest head */
 };
 
+#define TS_PEERING_MAX_SETS 8
+
+/* One acting set whose replies peering needs: the newest started interval, or a pending one. */
+struct ts_peering_set {
+    uint64_t epoch; /* 0: the whole map (no interval started yet) */
+    int pending;    /* an interval being started, not known to have started */
+    char ids[TS_PG_MAX_ACTING][64];
+    unsigned n, need, have;
+};
+
 struct ts_peering_out {
     int verdict;
-    char why[320];                   /* WAIT: who is missing; else a summary */
-    uint64_t head_seq, head_epoch;   /* the authoritative head */
-    char pull_from[64];              /* PULL: a replier holding that head */
-    uint64_t last_interval;          /* L */
-    char prev[TS_PG_MAX_ACTING][64]; /* A, the set whose members must record the activation */
-    unsigned nprev, prev_need;       /* |A| and q(L) */
-    int prev_is_map;                 /* A is the whole map (no interval yet) */
+    char why[400];                                   /* WAIT: who is missing; else a summary */
+    uint64_t head_seq, head_epoch;                   /* the authoritative head */
+    char pull_from[64];                              /* PULL: a replier holding that head */
+    uint64_t last_interval;                          /* L */
+    struct ts_peering_set sets[TS_PEERING_MAX_SETS]; /* L's first, then pending ones */
+    unsigned nsets;
 };
 
 /* q(L) for an acting set of n members and write quorum wq. */

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUERY_NS (1000ull * 1000000)
+#define REQUERY_NS (300ull * 1000000)
 #define PULL_NUDGE_NS (2000ull * 1000000)
 
 static const char *const state_names[] = {"peering", "pulling", "activating", "active", "blocked"};
@@ -41,6 +41,12 @@ int repl_pg_active(ts_repl *r, uint32_t pg)
 {
     struct pgpeer *pp = repl_pgpeer_find(r, pg);
     return pp && pp->state == PGP_ACTIVE;
+}
+
+int repl_pg_pushes(ts_repl *r, uint32_t pg)
+{
+    struct pgpeer *pp = repl_pgpeer_find(r, pg);
+    return pp && (pp->state == PGP_ACTIVE || pp->state == PGP_ACTIVATE);
 }
 
 /* Publishes pp's state for the workers (ts_repl_pg_ready) and STATUS. */
@@ -158,6 +164,11 @@ void ts_repl_wr_pg_state(struct ts_wr *w, const struct ts_pg_state *st)
     ts_wr_u8(w, st->nacting);
     for (unsigned i = 0; i < st->nacting && i < TS_PG_MAX_ACTING; i++)
         ts_wr_str(w, st->acting[i]);
+    ts_wr_u64(w, st->pend);
+    ts_wr_u8(w, st->pend_wq);
+    ts_wr_u8(w, st->npend);
+    for (unsigned i = 0; i < st->npend && i < TS_PG_MAX_ACTING; i++)
+        ts_wr_str(w, st->pend_acting[i]);
 }
 
 int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st)
@@ -173,6 +184,13 @@ int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st)
         return TS_EPROTO;
     for (unsigned i = 0; i < st->nacting; i++)
         ts_rd_str(rd, st->acting[i], sizeof(st->acting[i]));
+    st->pend = ts_rd_u64(rd);
+    st->pend_wq = ts_rd_u8(rd);
+    st->npend = ts_rd_u8(rd);
+    if (st->npend > TS_PG_MAX_ACTING)
+        return TS_EPROTO;
+    for (unsigned i = 0; i < st->npend; i++)
+        ts_rd_str(rd, st->pend_acting[i], sizeof(st->pend_acting[i]));
     return rd->err ? TS_EPROTO : 0;
 }
 
@@ -283,15 +301,112 @@ static void send_pull(ts_repl *r, struct pgpeer *pp)
                    pp->epoch);
 }
 
-/* ---- ACTIVATE ------------------------------------------------------------------------------- */
+/* ---- ACTIVATE: prepare on enough nodes, then commit ------------------------------------------ */
+
+static unsigned set_has(const struct ts_peering_set *s, const char *id)
+{
+    for (unsigned i = 0; i < s->n; i++)
+        if (!strcmp(s->ids[i], id))
+            return 1;
+    return 0;
+}
+
+/* Prepared on q of every set peering needed, and on enough caught-up members of the new acting
+ * set to make a write quorum (all of it when smaller). */
+static int prepared(const struct pgpeer *pp, char *why, size_t cap)
+{
+    unsigned need = pp->wq < pp->nacting ? pp->wq : pp->nacting;
+
+    for (unsigned k = 0; k < pp->nsets; k++)
+        if (pp->sets[k].have < pp->sets[k].need) {
+            snprintf(why, cap, "%u of the %u needed nodes of %s interval %llu recorded epoch %llu",
+                     pp->sets[k].have, pp->sets[k].need,
+                     pp->sets[k].pending ? "pending" : "started",
+                     (unsigned long long)pp->sets[k].epoch, (unsigned long long)pp->epoch);
+            return 0;
+        }
+    if (pp->caught_up < need) {
+        snprintf(why, cap,
+                 "%u of the %u members it needs hold the whole log (the others are "
+                 "being caught up)",
+                 pp->caught_up, need);
+        return 0;
+    }
+    return 1;
+}
+
+static void commit_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body);
+
+static void send_activate(ts_repl *r, struct pgpeer *pp, int phase, const char *to, pend_cb cb)
+{
+    struct pctx *c = ctx_new(pp, to);
+    struct ts_wr w;
+
+    if (!c)
+        return;
+    ts_wr_init(&w);
+    ts_wr_begin_frame(&w);
+    ts_wr_u32(&w, pp->pg);
+    ts_wr_u64(&w, pp->epoch);
+    ts_wr_u8(&w, (uint8_t)phase);
+    ts_wr_u8(&w, pp->wq);
+    ts_wr_u8(&w, (uint8_t)pp->nacting);
+    for (unsigned k = 0; k < pp->nacting; k++)
+        ts_wr_str(&w, pp->acting[k]);
+    ts_wr_u64(&w, pp->act_head_epoch);
+    ts_wr_u64(&w, pp->act_head_seq);
+    ts_wr_u8(&w, in_list((const char(*)[64])pp->acting, pp->nacting, to) ? 1 : 0);
+    if (cb)
+        pp->outstanding++;
+    repl_peer_send(r, to, TS_OP_PG_ACTIVATE, &w, NULL, 0, NULL, NULL, cb ? cb : commit_reply, c,
+                   pp->epoch);
+}
+
+static void commit_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
+{
+    free(ctx); /* best effort: a member that missed it still has the interval pending */
+}
+
+/* Every node the activation talks to: the new acting set and the sets peering needed. */
+static unsigned activation_targets(ts_repl *r, struct pgpeer *pp, char (*to)[64])
+{
+    unsigned nto = 0;
+
+    for (unsigned i = 0; i < pp->nacting; i++)
+        if (strcmp(pp->acting[i], r->node_id) &&
+            !in_list((const char(*)[64])to, nto, pp->acting[i]))
+            snprintf(to[nto++], 64, "%s", pp->acting[i]);
+    for (unsigned k = 0; k < pp->nsets; k++)
+        for (unsigned i = 0; i < pp->sets[k].n; i++)
+            if (strcmp(pp->sets[k].ids[i], r->node_id) &&
+                !in_list((const char(*)[64])to, nto, pp->sets[k].ids[i]))
+                snprintf(to[nto++], 64, "%s", pp->sets[k].ids[i]);
+    return nto;
+}
 
 static void activated(ts_repl *r, struct pgpeer *pp)
 {
+    char to[(TS_PEERING_MAX_SETS + 1) * TS_PG_MAX_ACTING][64];
+    unsigned nto;
+    int rc;
+
+    rc = ts_store_pg_commit(r->o.store, pp->pg, pp->epoch, pp->wq, (const char(*)[64])pp->acting,
+                            (uint8_t)pp->nacting);
+    if (rc) {
+        publish(r, pp, "cannot record the start of epoch %llu here: %s",
+                (unsigned long long)pp->epoch, ts_strerror(rc));
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
+        return;
+    }
     set_state(r, pp, PGP_ACTIVE);
     publish(r, pp, "active since epoch %llu (acting set of %u, write quorum %u)",
             (unsigned long long)pp->epoch, pp->nacting, pp->wq);
-    TS_INFO(FAC, "PG %u active at epoch %llu: %u of %u of the last interval recorded it", pp->pg,
-            (unsigned long long)pp->epoch, pp->acks_prev, pp->nprev);
+    TS_INFO(FAC, "PG %u active at epoch %llu (%u member%s hold the whole log)", pp->pg,
+            (unsigned long long)pp->epoch, pp->caught_up, pp->caught_up == 1 ? "" : "s");
+    pp->round++;
+    nto = activation_targets(r, pp, to);
+    for (unsigned i = 0; i < nto; i++)
+        send_activate(r, pp, 1, to[i], NULL);
     /* Replicas: compare their logs with ours now that ours is the acknowledged one. */
     for (struct push *ps = r->pushes; ps; ps = ps->next)
         if (ps->pg == pp->pg && !ps->pull) {
@@ -306,40 +421,63 @@ static void activate_reply(ts_repl *r, struct peer *p, void *ctx, int status, st
 {
     struct pctx *c = ctx;
     struct pgpeer *pp = ctx_pp(r, c);
+    char why[320];
+    uint8_t recorded = 0;
 
     if (!pp || pp->state != PGP_ACTIVATE) {
         free(c);
         return;
     }
     pp->outstanding--;
-    if (status == 0 && in_list(pp->prev, pp->nprev, c->node))
-        pp->acks_prev++;
-    else if (status == TS_ESTALE) {
+    if (status == TS_ESTALE) {
         block(r, pp, c->node, pp->epoch + 1);
         free(c);
         return;
     }
+    if (status == 0) {
+        recorded = ts_rd_u8(body);
+        if (body->err)
+            recorded = 0;
+    }
+    if (recorded) {
+        for (unsigned k = 0; k < pp->nsets; k++)
+            pp->sets[k].have += set_has(&pp->sets[k], c->node);
+        pp->caught_up += in_list((const char(*)[64])pp->acting, pp->nacting, c->node);
+    }
     free(c);
-    if (pp->acks_prev >= pp->prev_need) {
+    if (prepared(pp, why, sizeof(why))) {
         activated(r, pp);
         return;
     }
-    if (pp->outstanding == 0) {
-        publish(r, pp, "only %u of the %u needed nodes of the last interval recorded epoch %llu",
-                pp->acks_prev, pp->prev_need, (unsigned long long)pp->epoch);
+    if (pp->outstanding == 0 && !pp->sending) {
+        publish(r, pp, "activating epoch %llu: %s", (unsigned long long)pp->epoch, why);
         pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
     }
 }
 
+/* Prepares the interval: here, then on every target; counts who recorded it. Called again (by
+ * the timer) while members are being caught up by the pushers. */
 static void start_activate(ts_repl *r, struct pgpeer *pp)
 {
-    char to[2 * TS_PG_MAX_ACTING][64];
-    unsigned nto = 0;
-    int rc;
+    char to[(TS_PEERING_MAX_SETS + 1) * TS_PG_MAX_ACTING][64];
+    struct ts_pg_state me;
+    unsigned nto;
+    int rc, recorded = 0;
 
-    set_state(r, pp, PGP_ACTIVATE);
-    rc = ts_store_pg_activate(r->o.store, pp->pg, pp->epoch, pp->wq, (const char(*)[64])pp->acting,
-                              (uint8_t)pp->nacting);
+    if (pp->state != PGP_ACTIVATE) {
+        set_state(r, pp, PGP_ACTIVATE);
+        pp->activate_since_ns = ts_now_mono_ns();
+    }
+    pp->round++;
+    pp->retry_at = 0;
+    rc = ts_store_pg_state(r->o.store, pp->pg, &me);
+    if (rc == 0) {
+        pp->act_head_epoch = me.head_epoch;
+        pp->act_head_seq = me.applied;
+        rc = ts_store_pg_prepare(r->o.store, pp->pg, pp->epoch, pp->wq,
+                                 (const char(*)[64])pp->acting, (uint8_t)pp->nacting, 1,
+                                 me.head_epoch, me.applied, &recorded);
+    }
     if (rc == TS_ESTALE) {
         block(r, pp, r->node_id, pp->epoch + 1);
         return;
@@ -349,35 +487,23 @@ static void start_activate(ts_repl *r, struct pgpeer *pp)
         pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
         return;
     }
-    pp->acks_prev = in_list(pp->prev, pp->nprev, r->node_id) ? 1 : 0;
-    for (unsigned i = 0; i < pp->nacting; i++)
-        if (strcmp(pp->acting[i], r->node_id) && !in_list(to, nto, pp->acting[i]))
-            snprintf(to[nto++], sizeof(to[0]), "%s", pp->acting[i]);
-    for (unsigned i = 0; i < pp->nprev; i++)
-        if (strcmp(pp->prev[i], r->node_id) && !in_list(to, nto, pp->prev[i]))
-            snprintf(to[nto++], sizeof(to[0]), "%s", pp->prev[i]);
-    publish(r, pp, "activating epoch %llu: %u of %u nodes of the last interval must record it",
-            (unsigned long long)pp->epoch, pp->prev_need, pp->nprev);
+    for (unsigned k = 0; k < pp->nsets; k++)
+        pp->sets[k].have = set_has(&pp->sets[k], r->node_id);
+    pp->caught_up = 1; /* this node: it holds the head it prepared with */
+    publish(r, pp, "activating epoch %llu", (unsigned long long)pp->epoch);
     pp->outstanding = 0;
-    for (unsigned i = 0; i < nto; i++) {
-        struct pctx *c = ctx_new(pp, to[i]);
-        struct ts_wr w;
-        if (!c)
-            continue;
-        ts_wr_init(&w);
-        ts_wr_begin_frame(&w);
-        ts_wr_u32(&w, pp->pg);
-        ts_wr_u64(&w, pp->epoch);
-        ts_wr_u8(&w, pp->wq);
-        ts_wr_u8(&w, (uint8_t)pp->nacting);
-        for (unsigned k = 0; k < pp->nacting; k++)
-            ts_wr_str(&w, pp->acting[k]);
-        pp->outstanding++;
-        repl_peer_send(r, to[i], TS_OP_PG_ACTIVATE, &w, NULL, 0, NULL, NULL, activate_reply, c,
-                       pp->epoch);
+    pp->sending = 1;
+    nto = activation_targets(r, pp, to);
+    for (unsigned i = 0; i < nto && pp->state == PGP_ACTIVATE; i++)
+        send_activate(r, pp, 0, to[i], activate_reply);
+    pp->sending = 0;
+    if (pp->state == PGP_ACTIVATE) {
+        char why[320];
+        if (prepared(pp, why, sizeof(why)))
+            activated(r, pp);
+        else if (pp->outstanding == 0)
+            pp->retry_at = ts_now_mono_ns() + REQUERY_NS;
     }
-    if (pp->state == PGP_ACTIVATE && pp->acks_prev >= pp->prev_need)
-        activated(r, pp);
 }
 
 /* ---- decisions ------------------------------------------------------------------------------ */
@@ -428,9 +554,8 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
     default:
         pp->round++;
         pp->outstanding = 0;
-        memcpy(pp->prev, out.prev, sizeof(pp->prev));
-        pp->nprev = out.nprev;
-        pp->prev_need = out.prev_need;
+        memcpy(pp->sets, out.sets, sizeof(pp->sets));
+        pp->nsets = out.nsets;
         TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
         start_activate(r, pp);
     }
@@ -499,7 +624,7 @@ void repl_pgpeer_map_changed(ts_repl *r)
         int order[TS_REPL_MAX_REPLICAS];
         size_t n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
         char acting[TS_PG_MAX_ACTING][64];
-        unsigned na = 0, same;
+        unsigned na = 0;
 
         if (n == 0 || order[0] != r->self)
             continue;
@@ -515,11 +640,8 @@ void repl_pgpeer_map_changed(ts_repl *r)
             p->next = r->pgs;
             r->pgs = p;
         }
-        same = p->nacting == na;
-        for (unsigned i = 0; same && i < na; i++)
-            same = !strcmp(p->acting[i], acting[i]);
-        if (same && p->state == PGP_ACTIVE)
-            continue; /* the interval goes on under the new epoch */
+        /* Every new map epoch starts a new interval, even with the same acting set: this node
+         * may have missed epochs in which another primary led (it cannot tell from its map). */
         memcpy(p->acting, acting, sizeof(acting));
         p->nacting = na;
         p->wq = (uint8_t)wd.wq;
@@ -554,13 +676,21 @@ void repl_pgpeer_tick(ts_repl *r)
             }
             continue;
         }
-        if ((p->state == PGP_QUERY || p->state == PGP_ACTIVATE) && p->outstanding == 0 &&
-            p->retry_at && now >= p->retry_at)
+        if (p->state == PGP_ACTIVATE && p->outstanding == 0 && p->retry_at && now >= p->retry_at) {
+            /* Members are being caught up by the pushers meanwhile; after a while, peer again
+             * (a node needed may have gone). */
+            if (now - p->activate_since_ns > 10ull * 1000000000)
+                start_round(r, p);
+            else
+                start_activate(r, p);
+        } else if (p->state == PGP_QUERY && p->outstanding == 0 && p->retry_at &&
+                   now >= p->retry_at)
             start_round(r, p);
     }
-    /* Pulls that are done (and idle) go. */
+    /* Pulls that are done, and pushes of PGs this node no longer leads (busy at the map
+     * change), go once idle. */
     for (pp = &r->pushes; (ps = *pp);) {
-        if (ps->pull && ps->pull_done && !ps->busy) {
+        if (!ps->busy && (ps->pull ? ps->pull_done : !repl_pgpeer_find(r, ps->pg))) {
             *pp = ps->next;
             repl_push_free(ps);
             continue;

@@ -505,7 +505,7 @@ void repl_push_step(ts_repl *r, struct push *ps)
     /* Only the primary of an activated interval pushes (before that its own log may be short
      * of the acknowledged one, and comparing against it would roll good entries back); a pull
      * pushes because a peering primary found our log the newest. */
-    if (!ps->pull && !repl_pg_active(r, ps->pg))
+    if (!ps->pull && !repl_pg_pushes(r, ps->pg))
         return;
     ps->retry_at = 0;
     if (!ps->known) {
@@ -541,7 +541,7 @@ void repl_push_step(ts_repl *r, struct push *ps)
             TS_INFO(FAC, "PG %u: %s pulled our log up to %llu", ps->pg, ps->node,
                     (unsigned long long)me.applied);
             ps->pull_done = 1;
-        } else if (!ps->told_clean) {
+        } else if (!ps->told_clean && repl_pg_active(r, ps->pg)) {
             /* Caught up: it may serve reads of this PG again (a restarted replica does not
              * until told, so it never serves what it missed, deletes included). */
             wr_repl_seal(&w, TS_REPL_CLEAN, ps->pg, me.applied, me.head_epoch, NULL, NULL, 0);
@@ -632,16 +632,17 @@ void repl_pull_start(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, 
 {
     struct push *ps = repl_push_find(r, pg, node);
 
-    if (ps && !ps->pull) {
-        /* We lead this PG already: compare its log again (a restarted replica asks). */
-        if (!ps->busy)
-            ps->known = 0;
-        ps->retry_at = 0;
-        repl_push_step(r, ps);
+    if (recheck) {
+        /* A restarted replica asks its primary to compare its log again: only the PG's
+         * active primary answers (anyone else's log may be short of the acknowledged one). */
+        if (ps && !ps->pull && repl_pg_active(r, pg)) {
+            if (!ps->busy)
+                ps->known = 0;
+            ps->retry_at = 0;
+            repl_push_step(r, ps);
+        }
         return;
     }
-    if (recheck)
-        return; /* only the PG's active primary answers a replica's request */
     if (!ps) {
         ps = calloc(1, sizeof(*ps));
         if (!ps)

@@ -94,9 +94,11 @@ struct pgpeer {
     uint64_t pull_seq, pull_epoch; /* PULL: the head to reach */
     uint64_t pull_since_ns;
     char pull_from[64];
-    unsigned acks_prev, prev_need; /* ACTIVATE */
-    char prev[TS_PG_MAX_ACTING][64];
-    unsigned nprev;
+    /* ACTIVATE: the sets peering needed (each must record the interval on q of it), how many
+     * members of the new acting set hold the whole log, the head it started from */
+    struct ts_peering_set sets[TS_PEERING_MAX_SETS];
+    unsigned nsets, caught_up;
+    uint64_t act_head_epoch, act_head_seq, activate_since_ns;
     uint64_t retry_at, since_ns;
     char why[320]; /* the last verdict or refusal, for STATUS */
     struct pgpeer *next;
@@ -195,5 +197,7 @@ void repl_pgpeer_tick(ts_repl *r);
 void repl_pgpeer_free_all(ts_repl *r);
 /* Writes may go on in pg: active in this epoch. */
 int repl_pg_active(ts_repl *r, uint32_t pg);
+/* Its pushers may run: active, or activating (its log is the authoritative one already). */
+int repl_pg_pushes(ts_repl *r, uint32_t pg);
 
 #endif

@@ -194,6 +194,17 @@ void tsd_conn_maybe_finish(struct tsd_conn *c)
  * Fencing: writes carry the sender's map epoch and must match the node's. Replication traffic
  * always; client writes once the node has a map (single-node clients send 0).
  */
+void tsd_peer_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h)
+{
+    struct tsd_server *s = c->w->srv;
+
+    /* A node (it said "node:ID" in its HELLO) that sent an older epoch than ours gets our map:
+     * nodes take maps only from MAP_PUSH, never from a reply. */
+    if (s->repl && h->epoch && h->epoch < atomic_load(&s->epoch) &&
+        !strncmp(c->client_name, "node:", 5) && c->client_name[5])
+        ts_repl_push_map(s->repl, c->client_name + 5);
+}
+
 static int epoch_fenced(struct tsd_server *s, const struct ts_frame_hdr *h)
 {
     uint64_t e = atomic_load(&s->epoch);
@@ -278,6 +289,7 @@ static int conn_process(struct tsd_conn *c)
                             ts_role_name(c->role), d->name, ts_role_name(d->min_role));
         } else if (epoch_fenced(s, &h)) {
             refuse = 1;
+            tsd_peer_map_check(c, &h);
             tsd_reply_stale(c, &h, "%s with map epoch %llu refused: this node is at epoch %llu",
                             d->name, (unsigned long long)h.epoch,
                             (unsigned long long)atomic_load(&s->epoch));

@@ -437,14 +437,15 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
                             pk->shard, pk->idx, msg);
         } else if (acked >= pk->min_acks) {
             if (acked < pk->targets)
-                TS_WARN(FAC, rc, "%s/%u chunk %u: %u of %u other core replicas hold it (%s)",
+                TS_WARN(FAC, 0, "%s/%u chunk %u: %u of %u other core replicas hold it (%s)",
                         pk->name, pk->shard, pk->idx, acked, pk->targets, msg);
             ops_reply_write_ok(pk->c, &pk->h, pk->idx, pk->bytes);
         } else {
             tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
                             "shard-write %s/%u chunk %u: only %u of %u other core replicas "
-                            "stored it, min_core needs %u: %s",
-                            pk->name, pk->shard, pk->idx, acked, pk->targets, pk->min_acks, msg);
+                            "stored it, %u needed (min_core %u with this one): %s",
+                            pk->name, pk->shard, pk->idx, acked, pk->targets, pk->min_acks,
+                            pk->min_acks + 1, msg);
         }
         unpark_done(pk);
         return;
@@ -615,7 +616,7 @@ static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
                             pk->name, pk->shard, pk->pg, (unsigned long long)pk->epoch);
         } else if (acked >= pk->min_acks) {
             if (acked < pk->targets)
-                TS_WARN(FAC, rc,
+                TS_WARN(FAC, 0,
                         "%s/%u sealed on %u of %u other core replicas (%s): the rest "
                         "catch up from the PG log",
                         pk->name, pk->shard, acked, pk->targets, msg);
@@ -623,8 +624,9 @@ static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
         } else {
             tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
                             "shard-seal %s/%u: sealed here but only %u of %u other core replicas "
-                            "acknowledged, min_core needs %u: %s",
-                            pk->name, pk->shard, acked, pk->targets, pk->min_acks, msg);
+                            "acknowledged, %u needed (min_core %u with this one): %s",
+                            pk->name, pk->shard, acked, pk->targets, pk->min_acks, pk->min_acks + 1,
+                            msg);
         }
         unpark_done(pk);
         return;

@@ -15,16 +15,6 @@
 
 #define TAIL_MAX 32
 
-/* A node (it said "node:ID" in its HELLO) that sent an older epoch than ours gets our map. */
-static void sender_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h)
-{
-    struct tsd_server *s = c->w->srv;
-
-    if (s->repl && h->epoch && h->epoch < atomic_load(&s->epoch) &&
-        !strncmp(c->client_name, "node:", 5) && c->client_name[5])
-        ts_repl_push_map(s->repl, c->client_name + 5);
-}
-
 /*
  * A node (named in its HELLO) replicating a PG under the epoch of our own map must be that PG's
  * primary in it, or the node we pull the PG's log from while peering. Senders with another
@@ -51,7 +41,7 @@ static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
     struct ts_pg_state st;
     int rc = ts_store_pg_state(c->w->srv->store, pg, &st);
 
-    sender_map_check(c, h);
+    tsd_peer_map_check(c, h);
     if (rc) {
         tsd_reply_error(c, h, rc, "%s PG %u: cannot read the PG's state: %s", what, pg,
                         ts_strerror(rc));
@@ -140,6 +130,24 @@ static int apply_seal(struct tsd_conn *c, int kind, const char *name, uint32_t s
     struct tsd_upload *u;
     int rc = ts_store_dataset_ensure(s->store, name, p, log->inc);
 
+    if (rc == TS_ESTALE && kind == TS_REPL_SEAL) {
+        /* That incarnation of the dataset was deleted here (or replaced by a newer one) since
+         * the primary logged this seal: holding nothing of it is right. Log the entry, so the
+         * log stays the primary's, and drop any upload of it on this connection. */
+        if ((u = ops_upload_find(c, name, shard))) {
+            ts_shard_writer_abort(u->w);
+            ops_upload_remove(c, u);
+        }
+        log->type = TS_LOG_SEAL;
+        log->crc = crc;
+        rc = ts_store_log_append(s->store, log);
+        if (rc == 0)
+            TS_INFO(FAC, "PG %u entry %llu: %s/%u of a deleted incarnation of %s: logged only",
+                    log->pg, (unsigned long long)log->seq, name, shard, name);
+        return rc;
+    }
+    if (rc == TS_ESTALE)
+        return TS_EEXIST; /* backfill of a deleted incarnation: nothing to hold */
     if (rc)
         return rc;
     u = ops_upload_find(c, name, shard);
@@ -378,7 +386,7 @@ void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
 
     if (ops_rd_done(c, h, r))
         return;
-    sender_map_check(c, h);
+    tsd_peer_map_check(c, h);
     rc = ts_store_pg_applied(c->w->srv->store, pg, &applied, &oldest);
     if (!rc)
         rc = ts_store_pg_state(c->w->srv->store, pg, &st);
@@ -414,7 +422,7 @@ void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     ts_rd_str(r, from, sizeof(from));
     if (ops_rd_done(c, h, r))
         return;
-    sender_map_check(c, h);
+    tsd_peer_map_check(c, h);
     rc = ts_store_pg_promise(c->w->srv->store, pg, epoch, &st);
     if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "pg-query PG %u from %s at epoch %llu: epoch %llu was promised here",
@@ -434,9 +442,10 @@ void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
 {
     char acting[TS_PG_MAX_ACTING][64];
     uint32_t pg = ts_rd_u32(r);
-    uint64_t epoch = ts_rd_u64(r);
-    uint8_t wq = ts_rd_u8(r), n = ts_rd_u8(r);
-    int rc;
+    uint64_t epoch = ts_rd_u64(r), head_epoch, head_seq;
+    uint8_t phase = ts_rd_u8(r), wq = ts_rd_u8(r), n = ts_rd_u8(r), member;
+    struct ts_wr w;
+    int rc, recorded = 0;
 
     if (n > TS_PG_MAX_ACTING) {
         tsd_reply_error(c, h, TS_EPROTO, "pg-activate: %u members (at most %d)", n,
@@ -445,17 +454,35 @@ void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
     }
     for (unsigned i = 0; i < n; i++)
         ts_rd_str(r, acting[i], sizeof(acting[i]));
+    head_epoch = ts_rd_u64(r);
+    head_seq = ts_rd_u64(r);
+    member = ts_rd_u8(r);
     if (ops_rd_done(c, h, r))
         return;
-    sender_map_check(c, h);
-    rc = ts_store_pg_activate(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n);
-    if (rc == TS_ESTALE)
+    tsd_peer_map_check(c, h);
+    if (phase == 1) {
+        /* The interval started: a fact; older than what this node knows changes nothing. */
+        rc = ts_store_pg_commit(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n);
+        if (rc)
+            tsd_reply_error(c, h, rc, "pg-activate PG %u (commit): %s", pg, ts_strerror(rc));
+        else
+            ops_reply_ok(c, h);
+        return;
+    }
+    rc = ts_store_pg_prepare(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n, member,
+                             head_epoch, head_seq, &recorded);
+    if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "pg-activate PG %u at epoch %llu: a newer epoch was promised here",
                         pg, (unsigned long long)epoch);
-    else if (rc)
+        return;
+    }
+    if (rc) {
         tsd_reply_error(c, h, rc, "pg-activate PG %u: %s", pg, ts_strerror(rc));
-    else
-        ops_reply_ok(c, h);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u8(&w, (uint8_t)recorded);
+    tsd_reply_send(c, h, &w);
 }
 
 void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)

@@ -189,6 +189,8 @@ void tsd_conn_flush(struct tsd_conn *c);
 void tsd_conn_unref(struct tsd_conn *c);
 /* After a parked reply: close a half-closed connection once nothing is left to answer. */
 void tsd_conn_maybe_finish(struct tsd_conn *c);
+/* A node peer that sent an older map epoch than ours is pushed our map (rate-limited). */
+void tsd_peer_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h);
 /* The workers' counters, summed. */
 void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out);
 

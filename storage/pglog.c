@@ -23,6 +23,7 @@
 #define FAC "storage"
 #define LOG_V2 0x82
 #define PG_V2 0x02
+#define PG_V3 0x03
 
 static size_t key_log(uint8_t *k, uint32_t pg, uint64_t seq)
 {
@@ -43,6 +44,7 @@ static size_t key_pg(uint8_t *k, uint32_t pg)
 static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
 {
     struct ts_rd r;
+    uint8_t ver;
 
     memset(st, 0, sizeof(*st));
     if (vlen == 8) { /* first format: the applied sequence only */
@@ -50,7 +52,8 @@ static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
         return 0;
     }
     ts_rd_init(&r, v, vlen);
-    if (ts_rd_u8(&r) != PG_V2)
+    ver = ts_rd_u8(&r);
+    if (ver != PG_V2 && ver != PG_V3)
         return TS_ECORRUPT;
     st->applied = ts_rd_u64(&r);
     st->head_epoch = ts_rd_u64(&r);
@@ -62,6 +65,15 @@ static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
         return TS_ECORRUPT;
     for (unsigned i = 0; i < st->nacting; i++)
         ts_rd_str(&r, st->acting[i], sizeof(st->acting[i]));
+    if (ver == PG_V3) {
+        st->pend = ts_rd_u64(&r);
+        st->pend_wq = ts_rd_u8(&r);
+        st->npend = ts_rd_u8(&r);
+        if (st->npend > TS_PG_MAX_ACTING)
+            return TS_ECORRUPT;
+        for (unsigned i = 0; i < st->npend; i++)
+            ts_rd_str(&r, st->pend_acting[i], sizeof(st->pend_acting[i]));
+    }
     return ts_rd_done(&r) ? TS_ECORRUPT : 0;
 }
 
@@ -93,7 +105,7 @@ static int pg_state_put(ts_store *s, rocksdb_writebatch_t *b, uint32_t pg,
     int rc;
 
     ts_wr_init(&w);
-    ts_wr_u8(&w, PG_V2);
+    ts_wr_u8(&w, PG_V3);
     ts_wr_u64(&w, st->applied);
     ts_wr_u64(&w, st->head_epoch);
     ts_wr_u64(&w, st->promised);
@@ -102,6 +114,11 @@ static int pg_state_put(ts_store *s, rocksdb_writebatch_t *b, uint32_t pg,
     ts_wr_u8(&w, st->nacting);
     for (unsigned i = 0; i < st->nacting && i < TS_PG_MAX_ACTING; i++)
         ts_wr_str(&w, st->acting[i]);
+    ts_wr_u64(&w, st->pend);
+    ts_wr_u8(&w, st->pend_wq);
+    ts_wr_u8(&w, st->npend);
+    for (unsigned i = 0; i < st->npend && i < TS_PG_MAX_ACTING; i++)
+        ts_wr_str(&w, st->pend_acting[i]);
     rc = w.err;
     if (!rc)
         rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_pg(k, pg),
@@ -154,12 +171,14 @@ int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_s
     return rc;
 }
 
-int ts_store_pg_activate(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
-                         const char (*acting)[64], uint8_t nacting)
+int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
+                        const char (*acting)[64], uint8_t nacting, int member, uint64_t head_epoch,
+                        uint64_t head_seq, int *recorded)
 {
     struct ts_pg_state st;
     int rc;
 
+    *recorded = 0;
     if (!s || nacting > TS_PG_MAX_ACTING || (nacting && !acting))
         return TS_EINVAL;
     pthread_mutex_lock(&s->loglock);
@@ -168,12 +187,45 @@ int ts_store_pg_activate(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
         rc = TS_ESTALE;
     if (rc == 0) {
         st.promised = epoch;
+        /* A member of the new acting set records the interval only once it holds the
+         * primary's log: every write the interval starts from is then on enough of it. */
+        if (!member || (st.head_epoch == head_epoch && st.applied == head_seq)) {
+            st.pend = epoch;
+            st.pend_wq = wq;
+            st.npend = nacting;
+            for (unsigned i = 0; i < nacting; i++)
+                snprintf(st.pend_acting[i], sizeof(st.pend_acting[i]), "%s", acting[i]);
+            *recorded = 1;
+        }
+        rc = pg_state_write(s, pg, &st, "PG prepare");
+    }
+    pthread_mutex_unlock(&s->loglock);
+    return rc;
+}
+
+int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
+                       const char (*acting)[64], uint8_t nacting)
+{
+    struct ts_pg_state st;
+    int rc;
+
+    if (!s || nacting > TS_PG_MAX_ACTING || (nacting && !acting))
+        return TS_EINVAL;
+    pthread_mutex_lock(&s->loglock);
+    rc = pg_state_get(s, pg, &st);
+    if (rc == 0 && epoch > st.les) {
+        if (epoch > st.promised)
+            st.promised = epoch;
         st.les = epoch;
         st.wq = wq;
         st.nacting = nacting;
         for (unsigned i = 0; i < nacting; i++)
             snprintf(st.acting[i], sizeof(st.acting[i]), "%s", acting[i]);
-        rc = pg_state_write(s, pg, &st, "PG activate");
+        if (st.pend <= epoch) {
+            st.pend = 0;
+            st.npend = 0;
+        }
+        rc = pg_state_write(s, pg, &st, "PG commit");
     }
     pthread_mutex_unlock(&s->loglock);
     return rc;

@@ -190,10 +190,14 @@ struct ts_pg_state {
     uint64_t applied;    /* sequence of the last entry held (0: none) */
     uint64_t head_epoch; /* epoch of that entry */
     uint64_t promised;   /* no replication or activation from epochs below this */
-    uint64_t les;        /* last epoch started: the interval this node last joined */
+    uint64_t les;        /* last epoch started: the newest interval known to have started */
     uint8_t wq;          /* that interval's write quorum */
     uint8_t nacting;
     char acting[TS_PG_MAX_ACTING][64]; /* that interval's acting set, primary first */
+    /* An interval being started (prepared here, not known to have started): 0 if none. */
+    uint64_t pend;
+    uint8_t pend_wq, npend;
+    char pend_acting[TS_PG_MAX_ACTING][64];
 };
 struct ts_log_pos {
     uint64_t seq, epoch;
@@ -202,10 +206,19 @@ int ts_store_pg_state(ts_store *s, uint32_t pg, struct ts_pg_state *out);
 /* Raises promised to epoch (durably); TS_ESTALE if a newer epoch was promised. *out (optional)
  * gets the state as it is now. */
 int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_state *out);
-/* Joins interval epoch (promised = les = epoch, acting set, write quorum); TS_ESTALE if a newer
- * epoch was promised. */
-int ts_store_pg_activate(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
-                         const char (*acting)[64], uint8_t nacting);
+/*
+ * Prepares interval epoch (promised = epoch; pending interval = epoch, acting set, write quorum);
+ * TS_ESTALE if a newer epoch was promised. A member of the new acting set records the pending
+ * interval only if its log head is (head_epoch, head_seq), the primary's (*recorded says); a
+ * member of an older interval's set (member = 0) records it as a witness either way.
+ */
+int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
+                        const char (*acting)[64], uint8_t nacting, int member, uint64_t head_epoch,
+                        uint64_t head_seq, int *recorded);
+/* Interval epoch started (les = epoch with its acting set and write quorum; a pending interval
+ * up to it is cleared). Older than les: nothing changes. */
+int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
+                       const char (*acting)[64], uint8_t nacting);
 /* The newest entries' (seq, epoch), newest first, up to max. */
 int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_t max, size_t *n);
 /* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and

@@ -77,12 +77,13 @@ static void test_bootstrap(void **state)
 
     assert_int_equal(decide("n1", rs, 2, &out), 0);
     assert_int_equal(out.verdict, TS_PEERING_WAIT);
-    assert_true(out.prev_is_map);
-    assert_int_equal(out.prev_need, 3);
+    assert_int_equal(out.nsets, 1);
+    assert_int_equal(out.sets[0].epoch, 0); /* the whole map */
+    assert_int_equal(out.sets[0].need, 3);
     assert_non_null(strstr(out.why, "n4"));
     assert_int_equal(decide("n1", rs, 3, &out), 0);
     assert_int_equal(out.verdict, TS_PEERING_ACTIVATE);
-    assert_int_equal(out.nprev, 5);
+    assert_int_equal(out.sets[0].n, 5);
 }
 
 /* The smallest form of issue 9, first failover: n1 (primary) is dead; n2 and n3 answer. */
@@ -95,7 +96,7 @@ static void test_failover_of_dead_primary(void **state)
     assert_int_equal(decide("n2", rs, 2, &out), 0);
     assert_int_equal(out.verdict, TS_PEERING_ACTIVATE);
     assert_int_equal(out.last_interval, 1);
-    assert_int_equal(out.prev_need, 2);
+    assert_int_equal(out.sets[0].need, 2);
     assert_int_equal(out.head_seq, 5);
     /* With only itself it must wait: n3 may hold an acknowledged entry it lacks. */
     assert_int_equal(decide("n2", rs, 1, &out), 0);
@@ -119,7 +120,7 @@ static void test_returning_node_pulls(void **state)
     assert_int_equal(out.head_epoch, 2);
     assert_int_equal(out.head_seq, 5);
     /* The interval-2 set is {n2, n3} with wq 2: both must answer. */
-    assert_int_equal(out.prev_need, 2);
+    assert_int_equal(out.sets[0].need, 2);
     assert_int_equal(decide("n1", rs, 2, &out), 0);
     assert_int_equal(out.verdict, TS_PEERING_WAIT);
     /* Once caught up, it activates. */
@@ -173,6 +174,37 @@ static void test_later_interval_needs_its_quorum(void **state)
     assert_non_null(strstr(out.why, "n2"));
 }
 
+/* An interval being started (pending on some node) may have started: its acting set must
+ * answer too (joint quorum). The simulation's counterexample B: without this, a retry that
+ * found only its own pending interval certified itself. */
+static void test_pending_interval_needs_its_quorum(void **state)
+{
+    struct ts_peer_reply rs[3] = {reply("n1", 1, 3, 1, 2, "n1", "n2", "n3"),
+                                  reply("n2", 1, 3, 1, 2, "n1", "n2", "n3"),
+                                  reply("n4", 1, 3, 1, 2, "n1", "n2", "n3")};
+    struct ts_peering_out out;
+
+    /* n2 prepared interval 5 with acting {n2, n4, n5}; it is not known to have started. */
+    rs[1].st.pend = 5;
+    rs[1].st.pend_wq = 2;
+    rs[1].st.npend = 3;
+    snprintf(rs[1].st.pend_acting[0], 64, "n2");
+    snprintf(rs[1].st.pend_acting[1], 64, "n4");
+    snprintf(rs[1].st.pend_acting[2], 64, "n5");
+    assert_int_equal(decide("n1", rs, 2, &out), 0); /* n1, n2: interval 1 is met ... */
+    assert_int_equal(out.verdict, TS_PEERING_WAIT); /* ... the pending one is not */
+    assert_int_equal(out.nsets, 2);
+    assert_int_equal(out.sets[1].epoch, 5);
+    assert_true(out.sets[1].pending);
+    assert_non_null(strstr(out.why, "pending"));
+    assert_int_equal(decide("n1", rs, 3, &out), 0); /* n4 answers: 2 of {n2, n4, n5} */
+    assert_int_equal(out.verdict, TS_PEERING_ACTIVATE);
+    /* A pending interval older than the newest started one is history. */
+    rs[0].st.les = 6;
+    assert_int_equal(decide("n1", rs, 2, &out), 0);
+    assert_int_equal(out.nsets, 1);
+}
+
 static void test_tie_prefers_self_and_self_required(void **state)
 {
     struct ts_peer_reply rs[2] = {reply("n2", 2, 5, 2, 2, "n2", "n3", ""),
@@ -195,6 +227,7 @@ int main(void)
         cmocka_unit_test(test_divergent_old_primary),
         cmocka_unit_test(test_replica_ahead),
         cmocka_unit_test(test_later_interval_needs_its_quorum),
+        cmocka_unit_test(test_pending_interval_needs_its_quorum),
         cmocka_unit_test(test_tie_prefers_self_and_self_required),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -366,12 +366,26 @@ static void test_pg_log_and_peering_facts(void **state)
     assert_int_equal(tail[0].epoch, 2);
     assert_int_equal(tail[2].seq, 1);
 
-    /* Promises only grow; an interval needs an epoch >= the promise. */
+    /* Promises only grow; an interval needs an epoch >= the promise. A member of the new
+     * acting set records it (pending) only when it holds the primary's head; a witness always. */
     assert_int_equal(ts_store_pg_promise(f->s, 3, 5, &st), 0);
     assert_int_equal(st.promised, 5);
     assert_int_equal(ts_store_pg_promise(f->s, 3, 4, &st), TS_ESTALE);
-    assert_int_equal(ts_store_pg_activate(f->s, 3, 4, 2, acting, 2), TS_ESTALE);
-    assert_int_equal(ts_store_pg_activate(f->s, 3, 6, 2, acting, 2), 0);
+    {
+        int got = 7;
+        assert_int_equal(ts_store_pg_prepare(f->s, 3, 4, 2, acting, 2, 1, 2, 3, &got), TS_ESTALE);
+        assert_int_equal(ts_store_pg_prepare(f->s, 3, 6, 2, acting, 2, 1, 2, 9, &got), 0);
+        assert_int_equal(got, 0); /* behind the primary's head (2, 9) */
+        assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
+        assert_int_equal(st.pend, 0);
+        assert_int_equal(st.promised, 6);
+        assert_int_equal(ts_store_pg_prepare(f->s, 3, 6, 2, acting, 2, 1, 2, 3, &got), 0);
+        assert_int_equal(got, 1);
+        assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
+        assert_int_equal(st.pend, 6);
+        assert_int_equal(st.les, 0);
+        assert_int_equal(ts_store_pg_commit(f->s, 3, 6, 2, acting, 2), 0);
+    }
 
     /* Roll back to (1, 2): entry 3 goes, and the shard it sealed. */
     assert_int_equal(ts_store_pg_truncate(f->s, 3, 2, 1, &removed), 0);
@@ -392,6 +406,7 @@ static void test_pg_log_and_peering_facts(void **state)
     assert_int_equal(st.head_epoch, 1);
     assert_int_equal(st.promised, 6);
     assert_int_equal(st.les, 6);
+    assert_int_equal(st.pend, 0);
     assert_int_equal(st.wq, 2);
     assert_int_equal(st.nacting, 2);
     assert_string_equal(st.acting[1], "n2");
