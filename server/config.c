@@ -70,6 +70,9 @@ static const struct setting settings[] = {
          "keep cached chunks in a memfd and send them with sendfile() (plain TCP): no copy in the "
          "daemon"),
     INT("storage.block_cache_mb", block_cache_mb, 8, 1 << 20, "256", "RocksDB block cache, MiB"),
+    INT("storage.reserve_mb", reserve_mb, -1, 1 << 24, "-1",
+        "free space kept on the data filesystem: a write beyond it gets TS_ENOSPC (-1: 2 % of the "
+        "filesystem, 8 MiB to 1 GiB)"),
     INT("max_connections", max_connections, 1, 100000, "4096",
         "open connections, all listeners together"),
     INT("conn_output_kb", conn_output_kb, 256, 1 << 20, "4096",

@@ -320,6 +320,19 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
         ops_upload_remove(c, u);
         if (rc == TS_ECORRUPT)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+        if (rc == TS_ENOSPC) {
+            struct ts_store_space sp;
+            ts_store_space(s->store, &sp);
+            tsd_reply_error(
+                c, h, rc,
+                "shard-write %s/%u chunk %u (%u bytes): no space left on %s's data "
+                "filesystem: %llu MiB free, %llu MiB kept in reserve "
+                "(storage.reserve_mb) plus room to flush %llu MiB; nothing was "
+                "written",
+                name, shard, idx, len, s->cfg->node_id, (unsigned long long)(sp.avail >> 20),
+                (unsigned long long)(sp.reserve >> 20), (unsigned long long)(sp.memtables >> 20));
+            return rc;
+        }
         tsd_reply_error(c, h, rc, "shard-write %s/%u chunk %u (%u bytes): %s%s", name, shard, idx,
                         len, ts_strerror(rc),
                         rc == TS_EINVAL ? " (chunks go in order, each the dataset's chunk size "

@@ -164,6 +164,17 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_r
         json_object_object_add(cj, "evictions", json_object_new_int64((int64_t)cs.evictions));
         json_object_object_add(root, "cache", cj);
     }
+    {
+        struct ts_store_space sp;
+        json_object *dj = json_object_new_object();
+        ts_store_space(s->store, &sp);
+        json_object_object_add(dj, "total_bytes", json_object_new_int64((int64_t)sp.total));
+        json_object_object_add(dj, "free_bytes", json_object_new_int64((int64_t)sp.avail));
+        json_object_object_add(dj, "reserve_bytes", json_object_new_int64((int64_t)sp.reserve));
+        json_object_object_add(dj, "memtable_bytes", json_object_new_int64((int64_t)sp.memtables));
+        json_object_object_add(dj, "writes_refused", json_object_new_boolean(sp.full));
+        json_object_object_add(root, "disk", dj);
+    }
     json_object_object_add(root, "stats", stats);
     if (atomic_load(&s->epoch)) {
         json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;

@@ -342,6 +342,8 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     so.verify_engine_checksums = cfg->verify_engine_checksums;
     so.block_cache_bytes = (uint64_t)cfg->block_cache_mb << 20;
     so.cache_bytes = (uint64_t)cfg->cache_mb << 20;
+    if (cfg->reserve_mb >= 0)
+        so.reserve_bytes = (uint64_t)cfg->reserve_mb << 20;
     so.cache_arena = cfg->cache_arena;
     so.max_open_files = cfg->max_open_files;
     so.max_chunk_size = (uint32_t)cfg->max_chunk_mb << 20;

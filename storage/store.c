@@ -105,16 +105,26 @@ int from_rocksdb(char *err, const char *what)
 
     if (!err)
         return 0;
-    if (strstr(err, "No space left") || strstr(err, "NoSpace"))
-        rc = TS_ENOSPC;
-    else if (strncmp(err, "Corruption", 10) == 0)
-        rc = TS_ECORRUPT;
-    else if (strstr(err, "lock") && strstr(err, "IO error"))
-        rc = TS_EBUSY;
-    else if (strncmp(err, "IO error", 8) == 0)
-        rc = TS_EIO;
-    else if (strncmp(err, "Invalid argument", 16) == 0)
-        rc = TS_EINVAL;
+    /* RocksDB's Status::ToString(): "<code>: [<subcode>]<message>". Map by code (and the
+     * no-space subcode), never by words that a path in the message may contain. */
+    static const struct {
+        const char *prefix;
+        int rc;
+    } codes[] = {
+        {"IO error: No space left on device", TS_ENOSPC},
+        {"IO error: ", TS_EIO},
+        {"Corruption: ", TS_ECORRUPT},
+        {"Invalid argument: ", TS_EINVAL},
+        {"Resource busy: ", TS_EBUSY},
+        {"Operation timed out: ", TS_EBUSY},
+        {"Result incomplete: ", TS_EBUSY},
+        {"Not implemented: ", TS_ENOTSUP},
+    };
+    for (size_t i = 0; i < TS_ARRAY_SIZE(codes); i++)
+        if (!strncmp(err, codes[i].prefix, strlen(codes[i].prefix))) {
+            rc = codes[i].rc;
+            break;
+        }
     TS_ERROR(FAC, rc, "%s: %s", what, err);
     rocksdb_free(err);
     return rc;
@@ -459,6 +469,7 @@ void ts_store_opts_init(struct ts_store_opts *o)
     o->cache_bytes = 256ull << 20;
     o->cache_arena = 1;
     o->max_open_files = 4096;
+    o->reserve_bytes = UINT64_MAX; /* automatic */
 }
 
 void ts_dataset_policy_init(struct ts_dataset_policy *p)
@@ -473,6 +484,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
 {
     ts_store *s;
     char *err = NULL;
+    uint64_t write_buffer, max_wal;
     int rc;
 
     if (!out || !o || !o->path || !o->path[0])
@@ -496,6 +508,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     pthread_mutex_init(&s->lock, NULL);
     pthread_mutex_init(&s->dslock, NULL);
     pthread_mutex_init(&s->loglock, NULL);
+    pthread_mutex_init(&s->space_lock, NULL);
     s->dstab = calloc(DS_BUCKETS, sizeof(*s->dstab));
     s->arena.fd = -1;
     if (!s->dstab || ts_cache_create(&s->ccache, o->cache_bytes) != 0) {
@@ -511,7 +524,9 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     rocksdb_block_based_options_set_block_size(s->bbto, 16 << 10);
     rocksdb_block_based_options_set_cache_index_and_filter_blocks(s->bbto, 1);
 
+    ts_space_plan(s, &write_buffer, &max_wal);
     s->opts = rocksdb_options_create();
+    rocksdb_options_set_max_total_wal_size(s->opts, max_wal);
     rocksdb_options_set_create_if_missing(s->opts, 1);
     rocksdb_options_set_create_missing_column_families(s->opts, 1);
     rocksdb_options_increase_parallelism(s->opts, 2);
@@ -531,7 +546,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
                 rocksdb_options_set_enable_blob_gc(co, 1);
                 rocksdb_options_set_blob_gc_age_cutoff(co, 0.25);
             }
-            rocksdb_options_set_write_buffer_size(co, 128ull << 20);
+            rocksdb_options_set_write_buffer_size(co, write_buffer);
         } else {
             rocksdb_options_set_compression(co, rocksdb_lz4_compression);
         }
@@ -568,6 +583,7 @@ out_free:
     free(s->dstab);
     pthread_mutex_destroy(&s->dslock);
     pthread_mutex_destroy(&s->loglock);
+    pthread_mutex_destroy(&s->space_lock);
     pthread_mutex_destroy(&s->lock);
     free(s->path);
     free(s);
@@ -585,6 +601,7 @@ void ts_store_close(ts_store *s)
     free(s->dstab);
     pthread_mutex_destroy(&s->dslock);
     pthread_mutex_destroy(&s->loglock);
+    pthread_mutex_destroy(&s->space_lock);
     for (int i = 0; i < CF_COUNT; i++)
         rocksdb_column_family_handle_destroy(s->cf[i]);
     rocksdb_close(s->db);
@@ -1071,6 +1088,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_ETOOBIG; /* a shard of 2^30 chunks is far past any sane size */
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes + len > w->expect_size)
         return TS_ETOOBIG;
+    if (ts_space_admit(s, len, NULL, 0) != 0)
+        return TS_ENOSPC; /* nothing written: the filesystem keeps its reserve */
     got = ts_crc32c(0, data, len);
     if (got != crc) {
         TS_WARN(FAC, TS_ECORRUPT, "chunk %u of shard %u arrived corrupt (crc %08x, sent %08x)", idx,

@@ -61,6 +61,10 @@ struct ts_store {
     struct ds_ent **dstab;
     size_t ndsents;
     uint64_t ds_gen; /* bumped on every invalidation: a racing fill is dropped */
+    /* free-space admission (space.c) */
+    pthread_mutex_t space_lock;
+    uint64_t space_reserve, space_total, space_avail, space_admitted;
+    uint64_t space_checked_ns, space_warned_ns;
     struct writer_slot *writers;
     size_t nwriters, capwriters;
 };
@@ -74,6 +78,13 @@ int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what);
 int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
               int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen),
               void *arg);
+
+/* space.c: sizes the memtables and the WAL for the filesystem and sets the reserve (before
+ * the database is opened). */
+void ts_space_plan(ts_store *s, uint64_t *write_buffer, uint64_t *max_wal);
+/* 0 if a write of len bytes leaves the reserve and room for flushes; TS_ENOSPC (why says
+ * what is free) otherwise. */
+int ts_space_admit(ts_store *s, uint64_t len, char *why, size_t cap);
 
 /* pglog.c: adds log record *log (and the PG's new head) to batch b under the log lock, which
  * ts_pglog_end() releases once the batch was written. On failure the lock is not held. */

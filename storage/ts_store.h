@@ -38,7 +38,9 @@ struct ts_store_opts {
     uint64_t cache_bytes; /* verified-chunk and shard-record cache (default 256 MiB; 0 disables):
                              hot reads skip the engine and the CRC pass */
     int cache_arena; /* 1 (default): cached chunk bytes live in a memfd that can be sendfile()d */
-    int max_open_files; /* RocksDB's file descriptor budget (default 4096) */
+    int max_open_files;     /* RocksDB's file descriptor budget (default 4096) */
+    uint64_t reserve_bytes; /* free space kept on the filesystem: writes beyond get TS_ENOSPC
+                               (UINT64_MAX, the default: 2 % of the filesystem, 8 MiB..1 GiB) */
 };
 
 /* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
@@ -265,6 +267,13 @@ struct ts_store_cache_stats {
     uint64_t hits, misses, evictions, bytes, entries, budget;
 };
 void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out);
+
+/* The data directory's filesystem as admission sees it. */
+struct ts_store_space {
+    uint64_t total, avail, reserve, memtables;
+    int full; /* writes are refused now */
+};
+void ts_store_space(ts_store *s, struct ts_store_space *out);
 
 /* Engine statistics as text (RocksDB "rocksdb.stats" etc.), malloc'ed; NULL on error. */
 char *ts_store_engine_stats(ts_store *s);

@@ -1,0 +1,188 @@
+/*
+ * A full disk, for real: tesserad's data directory on a small tmpfs this test mounts, with the
+ * default durable `sync always`. Puts go on until the filesystem is full; the one that does not
+ * fit gets TS_ENOSPC with a message, the daemon stays up and serves every acknowledged shard,
+ * a restart (SIGTERM and kill -9) on the nearly full disk works, and writes work again once
+ * space returns, without a restart. Skips (77) where mounting is refused (not root).
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tessera/tessera.h"
+#include "ts_common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define FS_MB 64
+#define FILLER_MB 12
+#define SHARD (3u << 20)
+
+static char mnt[256], datadir[300], filler[300];
+static struct tsd_proc P;
+static const char *extra[] = {"--data", datadir, "--sync", "always", NULL};
+
+static void fill(void *buf, size_t len, uint64_t seed)
+{
+    uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++)
+        p[i] = (uint8_t)(((i + seed * 131) * 2654435761u) >> 17);
+}
+
+static tessera_client *client(void)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+
+    tessera_opts_init(&o);
+    o.address = P.addr;
+    o.timeout_ms = 20000;
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    return c;
+}
+
+static int put(tessera_client *c, uint32_t shard)
+{
+    uint8_t *buf = malloc(SHARD);
+    int rc;
+
+    fill(buf, SHARD, shard);
+    rc = tessera_put(c, "full", shard, buf, SHARD, NULL, 0);
+    free(buf);
+    return rc;
+}
+
+static void verify(tessera_client *c, uint32_t shard)
+{
+    uint8_t *buf = malloc(SHARD), *want = malloc(SHARD);
+    size_t got = 0;
+
+    fill(want, SHARD, shard);
+    assert_int_equal(tessera_read(c, "full", shard, 0, SHARD, buf, &got), 0);
+    assert_int_equal(got, SHARD);
+    assert_memory_equal(buf, want, SHARD);
+    free(buf);
+    free(want);
+}
+
+static int setup(void **state)
+{
+    char opts[64];
+    int fd;
+
+    snprintf(mnt, sizeof(mnt), "%s/tessera-full-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(mnt))
+        return -1;
+    snprintf(opts, sizeof(opts), "size=%dm", FS_MB);
+    if (mount("tmpfs", mnt, "tmpfs", 0, opts) != 0) {
+        fprintf(stderr,
+                "SKIP: cannot mount a %d MiB tmpfs at %s (%s): this test needs root "
+                "(CAP_SYS_ADMIN)\n",
+                FS_MB, mnt, strerror(errno));
+        rmdir(mnt);
+        exit(77);
+    }
+    snprintf(datadir, sizeof(datadir), "%s/data", mnt);
+    /* Another process's file on the same filesystem: removed later to give space back. */
+    snprintf(filler, sizeof(filler), "%s/filler", mnt);
+    fd = open(filler, O_WRONLY | O_CREAT, 0644);
+    if (fd < 0 || posix_fallocate(fd, 0, (off_t)FILLER_MB << 20) != 0)
+        return -1;
+    close(fd);
+    return tsd_start(&P, extra);
+}
+
+static int teardown(void **state)
+{
+    if (P.pid > 0)
+        tsd_stop(&P);
+    if (mnt[0]) {
+        umount2(mnt, MNT_DETACH);
+        rmdir(mnt);
+    }
+    tsd_cleanup(&P);
+    return 0;
+}
+
+static void verify_all(tessera_client *c, const uint32_t *acked, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        verify(c, acked[i]);
+}
+
+static void test_full_disk(void **state)
+{
+    tessera_client *c = client();
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20};
+    uint32_t acked[128], n = 0, s = 0;
+    int rc = 0, refusals = 0;
+
+    assert_int_equal(tessera_dataset_create(c, "full", &p), 0);
+    /* Fill it: puts are acknowledged until they do not fit. Flushes may give some room back
+     * (a WAL goes once its memtable is in a file): keep putting until refused three times. */
+    for (; s < 100 && refusals < 3; s++) {
+        rc = put(c, s);
+        if (rc == 0) {
+            acked[n++] = s;
+            continue;
+        }
+        if (!refusals)
+            fprintf(stderr, "  %u shards of %u MiB acknowledged, then: %s: %s\n", n, SHARD >> 20,
+                    ts_errname(rc), tessera_client_error(c));
+        assert_int_equal(rc, TS_ENOSPC);
+        assert_non_null(strstr(tessera_client_error(c), "no space"));
+        refusals++;
+        assert_true(tsd_alive(&P));
+    }
+    assert_int_equal(refusals, 3);
+    assert_true(n >= 3);
+    /* Still up and serving every acknowledged shard. */
+    assert_true(tsd_alive(&P));
+    verify_all(c, acked, n);
+    tessera_client_close(c);
+
+    /* A restart on the nearly full disk: clean stop, then kill -9. */
+    assert_int_equal(tsd_stop(&P), 0);
+    assert_int_equal(tsd_start(&P, extra), 0);
+    c = client();
+    verify_all(c, acked, n);
+    tessera_client_close(c);
+    tsd_kill9(&P);
+    assert_int_equal(tsd_start(&P, extra), 0);
+    c = client();
+    verify_all(c, acked, n);
+
+    /* Space returns (the other process's file goes): writes work again, no restart. */
+    assert_int_equal(unlink(filler), 0);
+    rc = TS_ENOSPC;
+    for (int t = 0; t < 50 && rc == TS_ENOSPC; t++) {
+        rc = put(c, 1000);
+        if (rc == TS_ENOSPC)
+            usleep(100 * 1000);
+    }
+    fprintf(stderr, "  after freeing %d MiB: %s\n", FILLER_MB, rc ? ts_errname(rc) : "put ok");
+    assert_int_equal(rc, 0);
+    verify(c, 1000);
+    verify_all(c, acked, n);
+    tessera_client_close(c);
+    assert_true(tsd_alive(&P));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
