@@ -179,10 +179,110 @@ static void test_full_disk(void **state)
     assert_true(tsd_alive(&P));
 }
 
+/*
+ * A cluster with one full node: 3 nodes, core 3, min_core 2; n3's data directory is a small
+ * tmpfs. Once n3 refuses chunks, puts of PGs where n3 is a replica keep being acknowledged by the
+ * other two, those of PGs n3 leads fail cleanly with TS_ENOSPC, each within the client timeout
+ * (never a hang), and every acknowledged shard reads back.
+ */
+static void test_full_replica(void **state)
+{
+    static const char *const cx[] = {"--sync", "always", NULL};
+    struct tsd_cluster cl;
+    struct tessera_opts o;
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20};
+    tessera_client *c = NULL;
+    uint32_t acked[128], n = 0;
+    char opts[64];
+    int n3, refused = 0;
+
+    memset(&cl, 0, sizeof(cl));
+    assert_int_equal(tsd_cluster_start(&cl, 3, NULL, 8, cx), 0);
+    n3 = tsd_cluster_find(&cl, "n3");
+    /* n3 starts over on a 24 MiB filesystem (it holds nothing yet). */
+    assert_int_equal(tsd_stop(&cl.node[n3]), 0);
+    snprintf(opts, sizeof(opts), "size=24m");
+    {
+        char cmd[700];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'/*", cl.node[n3].data);
+        assert_int_equal(system(cmd), 0);
+    }
+    assert_int_equal(mount("tmpfs", cl.node[n3].data, "tmpfs", 0, opts), 0);
+    assert_int_equal(tsd_start(&cl.node[n3], NULL), 0);
+    tessera_opts_init(&o);
+    o.address = cl.node[0].addr;
+    o.timeout_ms = 20000;
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    assert_int_equal(tessera_dataset_create(c, "rep", &p), 0);
+    for (uint32_t s = 0; s < 24; s++) {
+        uint8_t *buf = malloc(SHARD);
+        uint64_t t0 = ts_now_mono_ns();
+        int rc;
+        fill(buf, SHARD, s + 77);
+        rc = tessera_put(c, "rep", s, buf, SHARD, NULL, 0);
+        free(buf);
+        assert_true(ts_now_mono_ns() - t0 < 15ull * 1000000000); /* never a hang */
+        if (rc == 0) {
+            acked[n++] = s;
+            continue;
+        }
+        /* Only where the full node itself leads the shard's PG (it cannot store the write it
+         * was sent): a clean TS_ENOSPC from n3; where n3 is a replica, the others carry it. */
+        fprintf(stderr, "  put rep/%u: %s: %.90s...\n", s, ts_errname(rc), tessera_client_error(c));
+        assert_int_equal(rc, TS_ENOSPC);
+        assert_true(strncmp(tessera_client_error(c), "n3:", 3) == 0);
+    }
+    {
+        FILE *f = fopen(cl.node[n3].log, "r");
+        char line[1024];
+        while (f && fgets(line, sizeof(line), f))
+            refused += strstr(line, "refusing writes") != NULL;
+        if (f)
+            fclose(f);
+    }
+    fprintf(stderr, "  %u of 24 puts acknowledged; n3 refused writes (%s)\n", n,
+            refused ? "yes" : "no");
+    assert_true(refused > 0); /* the full replica was exercised */
+    assert_true(n >= 6);      /* the other two carried on where n3 is a replica */
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *buf = malloc(SHARD), *want = malloc(SHARD);
+        size_t got = 0;
+        fill(want, SHARD, acked[i] + 77);
+        assert_int_equal(tessera_read(c, "rep", acked[i], 0, SHARD, buf, &got), 0);
+        assert_memory_equal(buf, want, SHARD);
+        free(buf);
+        free(want);
+    }
+    tessera_client_close(c);
+    assert_true(tsd_alive(&cl.node[n3]));
+    tsd_cluster_stop(&cl);
+    umount2(cl.node[n3].data, MNT_DETACH);
+}
+
+static int setup_cluster(void **state)
+{
+    char probe[256];
+
+    snprintf(probe, sizeof(probe), "%s/tessera-mnt-XXXXXX",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(probe))
+        return -1;
+    if (mount("tmpfs", probe, "tmpfs", 0, "size=1m") != 0) {
+        fprintf(stderr, "SKIP: cannot mount a tmpfs (%s): needs root (CAP_SYS_ADMIN)\n",
+                strerror(errno));
+        rmdir(probe);
+        exit(77);
+    }
+    umount2(probe, MNT_DETACH);
+    rmdir(probe);
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+        cmocka_unit_test_setup(test_full_replica, setup_cluster),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
