@@ -38,6 +38,7 @@ enum ts_repl_kind {
     TS_REPL_DELETE = 6,      /* log entry seq: dataset incarnation inc was deleted */
     TS_REPL_CLEAN = 7,       /* the replica holds the primary's log up to seq: it may serve */
     TS_REPL_PRUNE = 8,       /* before a backfill: the primary's datasets (name, incarnation) */
+    TS_REPL_ABORT = 9,       /* the upload of (name, shard) on this connection ended */
 };
 
 /* DATASET_SEAL flags (optional trailing u8). */

@@ -1000,3 +1000,59 @@ void ts_repl_stop(ts_repl *r)
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
+
+/* ---- ending replica uploads --------------------------------------------------------------- */
+
+struct abort_msg {
+    ts_repl *r;
+    char dataset[TS_NAME_MAX + 1];
+    uint32_t shard;
+    struct ts_repl_targets to;
+};
+
+static void abort_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body) {}
+
+static void abort_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct abort_msg *m = arg;
+
+    for (unsigned i = 0; i < m->to.n; i++) {
+        struct peer *p = peer_get(m->r, m->to.id[i]);
+        struct ts_wr w;
+        if (!p || !p->bev)
+            continue; /* no connection: no upload there to end */
+        ts_wr_init(&w);
+        ts_wr_begin_frame(&w);
+        ts_wr_u8(&w, TS_REPL_ABORT);
+        ts_wr_u32(&w, 0);
+        ts_wr_u64(&w, 0);
+        ts_wr_u64(&w, 0);
+        ts_wr_str(&w, m->dataset);
+        ts_wr_u8(&w, 0);
+        ts_wr_u8(&w, 0);
+        ts_wr_u8(&w, 0);
+        ts_wr_u32(&w, 0);
+        ts_wr_u64(&w, 0);
+        ts_wr_u32(&w, m->shard);
+        ts_wr_u8(&w, 0);
+        ts_wr_u32(&w, 0);
+        ts_wr_u32(&w, 0);
+        repl_peer_send(m->r, m->to.id[i], TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, abort_reply,
+                       NULL, 0);
+    }
+    free(m);
+}
+
+void ts_repl_abort_upload(ts_repl *r, const char *dataset, uint32_t shard,
+                          const struct ts_repl_targets *to)
+{
+    struct abort_msg *m = calloc(1, sizeof(*m));
+
+    if (!m)
+        return;
+    m->r = r;
+    snprintf(m->dataset, sizeof(m->dataset), "%s", dataset);
+    m->shard = shard;
+    m->to = *to;
+    event_base_once(r->base, -1, EV_TIMEOUT, abort_cb, m, NULL);
+}

@@ -67,6 +67,10 @@ void ts_repl_wait_applied(ts_repl *r, uint32_t pg, uint64_t seq, const struct ts
                           struct event_base *base, ts_repl_done done, void *arg);
 /* New records in pg's log: push them. */
 void ts_repl_kick(ts_repl *r, uint32_t pg);
+/* The upload of dataset/shard whose chunks were forwarded to `to` ended on the primary: end it
+ * on those replicas too (after the chunks already on their way). */
+void ts_repl_abort_upload(ts_repl *r, const char *dataset, uint32_t shard,
+                          const struct ts_repl_targets *to);
 /* Fetches chunk idx of dataset/shard from another replica of pg and repairs the local copy. */
 void ts_repl_repair(ts_repl *r, const char *dataset, uint32_t shard, uint32_t idx, uint32_t pg);
 /* How many of the targets are not known to be unreachable right now. */

@@ -8,6 +8,7 @@
 
 #define MAX_SCRUB_REPORT 1000
 #define MAX_UPLOADS_PER_CONN 64
+#define MAX_UPLOADS_PER_NODE_CONN 4096 /* a peer node replicates many clients' uploads */
 
 /* Reads a name and checks the payload is fully consumed; replies on failure. */
 int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, char *name,
@@ -245,14 +246,44 @@ void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u)
     *u = c->uploads[--c->nuploads];
 }
 
+static int is_node(const struct tsd_conn *c)
+{
+    return !strncmp(c->client_name, "node:", 5) && c->role >= TS_ROLE_ADMIN;
+}
+
+/* Ends an upload here and, where this node forwarded its chunks (a primary), on the replicas
+ * too: their upload slots are not left to expire. u is invalid afterwards. */
+static void upload_end(struct tsd_conn *c, struct tsd_upload *u, const char *why)
+{
+    if (u->to.n && c->w->srv->repl)
+        ts_repl_abort_upload(c->w->srv->repl, u->name, u->shard, &u->to);
+    TS_DEBUG(FAC, "%s: upload of %s/%u ended (%s)", c->peer, u->name, u->shard, why);
+    ts_shard_writer_abort(u->w);
+    ops_upload_remove(c, u);
+}
+
 void tsd_uploads_abort(struct tsd_conn *c)
 {
-    for (size_t i = 0; i < c->nuploads; i++) {
+    while (c->nuploads) {
+        struct tsd_upload *u = &c->uploads[c->nuploads - 1];
         TS_INFO(FAC, "connection %s closed during upload of %s/%u: shard left incomplete", c->peer,
-                c->uploads[i].name, c->uploads[i].shard);
-        ts_shard_writer_abort(c->uploads[i].w);
+                u->name, u->shard);
+        upload_end(c, u, "connection closed");
     }
-    c->nuploads = 0;
+}
+
+void tsd_uploads_expire(struct tsd_conn *c, uint64_t before)
+{
+    for (size_t i = 0; i < c->nuploads;) {
+        struct tsd_upload *u = &c->uploads[i];
+        if (u->last_ns && u->last_ns < before) {
+            TS_WARN(FAC, 0, "%s: upload of %s/%u idle too long: ended, shard left incomplete",
+                    c->peer, u->name, u->shard);
+            upload_end(c, u, "idle");
+            continue; /* the last one moved into slot i */
+        }
+        i++;
+    }
 }
 
 /*
@@ -273,10 +304,10 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
             ts_shard_writer_abort(u->w);
             ops_upload_remove(c, u);
         }
-        if (c->nuploads >= MAX_UPLOADS_PER_CONN) {
+        if (c->nuploads >= (is_node(c) ? MAX_UPLOADS_PER_NODE_CONN : MAX_UPLOADS_PER_CONN)) {
             tsd_reply_error(c, h, TS_EBUSY,
-                            "shard-write %s/%u: %d uploads already in progress on this connection",
-                            name, shard, MAX_UPLOADS_PER_CONN);
+                            "shard-write %s/%u: %zu uploads already in progress on this connection",
+                            name, shard, c->nuploads);
             return TS_EBUSY;
         }
         if (c->nuploads == c->capuploads) {
@@ -301,6 +332,7 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
             return rc;
         }
         u = &c->uploads[c->nuploads++];
+        memset(u, 0, sizeof(*u));
         snprintf(u->name, sizeof(u->name), "%s", name);
         u->shard = shard;
         u->w = wr;
@@ -312,12 +344,12 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
         return TS_EINVAL;
     }
     /* An empty shard is uploaded as chunk 0 with no data: it only starts the upload. */
+    u->last_ns = ts_now_mono_ns();
     rc = (idx == 0 && len == 0) ? 0 : ts_shard_writer_put(u->w, idx, data, len, crc);
     if (rc) {
         /* A failed chunk ends the upload: the shard stays incomplete and unlocked, and the
          * sender (or anyone) starts over with chunk 0. */
-        ts_shard_writer_abort(u->w);
-        ops_upload_remove(c, u);
+        upload_end(c, u, "a chunk failed");
         if (rc == TS_ECORRUPT)
             STAT_ADD(&c->w->stats, corrupt_chunks, 1);
         if (rc == TS_ENOSPC) {
@@ -558,6 +590,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
     pk->idx = idx;
     pk->pg = pg;
     pk->epoch = act_epoch;
+    u->to = to; /* an ended upload is ended on these too */
     pk->bytes = ts_shard_writer_bytes(u->w);
     snprintf(pk->name, sizeof(pk->name), "%s", name);
     pk->shard = shard;
@@ -1234,6 +1267,6 @@ static tsd_handler handler_for(unsigned opcode)
 const struct tsd_ops *tsd_ops_table(void)
 {
     static const struct tsd_ops ops = {handler_for, tsd_uploads_abort, tsd_stream_continue,
-                                       tsd_stream_free};
+                                       tsd_stream_free, tsd_uploads_expire};
     return &ops;
 }

@@ -35,6 +35,7 @@ int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
 void tsd_uploads_abort(struct tsd_conn *c);
 int tsd_stream_continue(struct tsd_conn *c); /* a streaming READ: 1 when finished */
 void tsd_stream_free(struct tsd_read_stream *rs);
+void tsd_uploads_expire(struct tsd_conn *c, uint64_t before);
 
 /* ops_status.c */
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);

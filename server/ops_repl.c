@@ -301,7 +301,8 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     pg = ts_rd_u32(r);
     seq = ts_rd_u64(r);
     epoch = ts_rd_u64(r);
-    if (kind != TS_REPL_SEAL && kind != TS_REPL_BACKFILL && kind != TS_REPL_DELETE) {
+    if (kind != TS_REPL_SEAL && kind != TS_REPL_BACKFILL && kind != TS_REPL_DELETE &&
+        kind != TS_REPL_ABORT) {
         ts_rd_u16(r); /* empty name */
         name[0] = '\0';
     } else if (ops_rd_name_done(c, h, r, name, 0)) {
@@ -311,6 +312,19 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     shard = ts_rd_u32(r);
     have_crc = ts_rd_u8(r);
     crc = ts_rd_u32(r);
+    if (kind == TS_REPL_ABORT) {
+        /* The primary's upload of (name, shard) ended: so does ours, from this connection. */
+        struct tsd_upload *u;
+        if (ops_parse_records(c, h, r, &recs, &nrec))
+            return;
+        free(recs);
+        if ((u = ops_upload_find(c, name, shard))) {
+            ts_shard_writer_abort(u->w);
+            ops_upload_remove(c, u);
+        }
+        ops_reply_ok(c, h);
+        return;
+    }
     if (kind == TS_REPL_PRUNE) {
         if (!fenced(c, h, pg, "repl-seal"))
             apply_prune(c, h, pg, r);

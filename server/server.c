@@ -97,8 +97,14 @@ static void worker_idle_sweep(evutil_socket_t fd, short what, void *arg)
     uint64_t now = ts_now_mono_ns();
     struct tsd_conn *c, *next;
 
+    /* Uploads that have not moved for a minute (or idle_timeout_s, if shorter) are ended: their
+     * sender is gone (a primary's client vanished, a replica was never told). */
+    uint64_t upload_limit = TS_MIN(limit, 60ull * 1000000000);
+
     for (c = w->conns; c; c = next) {
         next = c->next;
+        if (c->nuploads && now > upload_limit)
+            w->srv->ops->uploads_expire(c, now - upload_limit);
         if (!c->parked && now - c->last_active_ns > limit) {
             TS_INFO(FAC, "connection %s idle for %d s: closing", c->peer,
                     w->srv->cfg->idle_timeout_s);

@@ -67,6 +67,8 @@ struct tsd_upload {
     char name[TS_NAME_MAX + 1];
     uint32_t shard;
     ts_shard_writer *w;
+    uint64_t last_ns;          /* the last chunk (idle uploads expire) */
+    struct ts_repl_targets to; /* primary: the replicas its chunks were forwarded to */
 };
 
 struct tsd_read_stream {
@@ -116,6 +118,8 @@ struct tsd_ops {
     void (*uploads_abort)(struct tsd_conn *c);
     int (*stream_continue)(struct tsd_conn *c); /* a streaming READ: 1 when finished */
     void (*stream_free)(struct tsd_read_stream *rs);
+    /* Ends the uploads of c idle since before `before` (monotonic ns). */
+    void (*uploads_expire)(struct tsd_conn *c, uint64_t before);
 };
 
 struct tsd_server {

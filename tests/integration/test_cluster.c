@@ -687,6 +687,54 @@ static void test_backfill_after_log_trim(void **state)
     tessera_client_close(c);
 }
 
+/*
+ * Clients that vanish mid-upload: 80 connections each start an upload on one primary (its
+ * chunk forwarded to the replicas) and close. The primary ends the replicas' uploads too:
+ * puts keep working (no replica runs out of upload slots) and the dataset can be deleted (no
+ * upload left open anywhere).
+ */
+static void test_abandoned_uploads_end_on_replicas(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    int p = -1;
+    uint32_t shard = 0;
+    char msg[512];
+
+    mkds(c, "gone", 3, 0, 2);
+    /* A primary that is up (earlier tests killed some nodes). */
+    {
+        int rep[1];
+        replicas_of(m, "gone", 0, rep, 1);
+        p = rep[0];
+    }
+    assert_true(p >= 0 && tsd_alive(&CL.node[p]));
+    for (uint32_t s = 0, n = 0; n < 80 && s < 100000; s++) { /* shards p leads */
+        int rep[1];
+        replicas_of(m, "gone", s, rep, 1);
+        if (rep[0] != p)
+            continue;
+        assert_int_equal(raw_write_epoch(p, "gone", s, m->epoch, msg, sizeof(msg)), 0);
+        shard = s;
+        n++;
+    }
+    /* A complete put to the same primary, and then the delete, work. */
+    assert_int_equal(put_shard(c, "gone", shard + 1000000, 5), 0);
+    {
+        int rc = TS_EBUSY;
+        for (int t = 0; t < 50 && rc == TS_EBUSY; t++) {
+            rc = tessera_dataset_delete(c, "gone");
+            if (rc == TS_EBUSY)
+                msleep(100); /* the ends are on their way */
+        }
+        if (rc)
+            fprintf(stderr, "  delete: %s\n", tessera_client_error(c));
+        assert_int_equal(rc, 0);
+    }
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -697,6 +745,7 @@ int main(void)
         cmocka_unit_test(test_min_core_refuses),
         cmocka_unit_test(test_stale_epoch_fenced),
         cmocka_unit_test(test_primary_killed_failover),
+        cmocka_unit_test(test_abandoned_uploads_end_on_replicas),
     };
     int rc = cmocka_run_group_tests_name("cluster", tests, group_setup, NULL);
     if (rc)

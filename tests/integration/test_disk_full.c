@@ -185,10 +185,21 @@ static void test_full_disk(void **state)
  * other two, those of PGs n3 leads fail cleanly with TS_ENOSPC, each within the client timeout
  * (never a hang), and every acknowledged shard reads back.
  */
+static struct tsd_cluster cl;
+static int cl_n3 = -1;
+
+static int teardown_cluster(void **state)
+{
+    if (cl.n)
+        tsd_cluster_stop(&cl);
+    if (cl_n3 >= 0)
+        umount2(cl.node[cl_n3].data, MNT_DETACH);
+    return 0;
+}
+
 static void test_full_replica(void **state)
 {
     static const char *const cx[] = {"--sync", "always", NULL};
-    struct tsd_cluster cl;
     struct tessera_opts o;
     struct ts_dataset_policy p = {3, 0, 2, 1u << 20};
     tessera_client *c = NULL;
@@ -198,7 +209,7 @@ static void test_full_replica(void **state)
 
     memset(&cl, 0, sizeof(cl));
     assert_int_equal(tsd_cluster_start(&cl, 3, NULL, 8, cx), 0);
-    n3 = tsd_cluster_find(&cl, "n3");
+    n3 = cl_n3 = tsd_cluster_find(&cl, "n3");
     /* n3 starts over on a 24 MiB filesystem (it holds nothing yet). */
     assert_int_equal(tsd_stop(&cl.node[n3]), 0);
     snprintf(opts, sizeof(opts), "size=24m");
@@ -255,8 +266,6 @@ static void test_full_replica(void **state)
     }
     tessera_client_close(c);
     assert_true(tsd_alive(&cl.node[n3]));
-    tsd_cluster_stop(&cl);
-    umount2(cl.node[n3].data, MNT_DETACH);
 }
 
 static int setup_cluster(void **state)
@@ -282,7 +291,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
-        cmocka_unit_test_setup(test_full_replica, setup_cluster),
+        cmocka_unit_test_setup_teardown(test_full_replica, setup_cluster, teardown_cluster),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
