@@ -1567,13 +1567,13 @@ int tessera_map_push_file(tessera_client *c, const char *path, uint64_t *new_epo
             ts_map_free(got);
         }
     }
-    m->epoch = hi + 1;
-    rc = ts_map_write_file(m, path);
-    if (rc) {
-        cl_err(cl, "cannot write the map with epoch %llu to %s: %s", (unsigned long long)m->epoch,
-               path, ts_strerror(rc));
+    if (hi >= TS_MAP_MAX_EPOCH) {
+        cl_err(cl, "the epoch in sight (%llu) leaves no newer one", (unsigned long long)hi);
+        rc = TS_EINVAL;
         goto out_free;
     }
+    /* The operator's file is theirs: it is never rewritten (the nodes keep the map they run). */
+    m->epoch = hi + 1;
     if (new_epoch)
         *new_epoch = m->epoch;
     rc = push_all(cl, m, SIZE_MAX, 0, &pushed, why);

@@ -158,9 +158,16 @@ static int str_terminated(const char *s, size_t cap)
  */
 static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen)
 {
+    size_t up = 0;
+
     *bad = -1;
-    if (m->pg_count == 0) {
-        errf(err, errlen, "pg_count must be > 0");
+    if (m->pg_count == 0 || m->pg_count > TS_MAP_MAX_PGS) {
+        errf(err, errlen, "pg_count must be 1..%d, not %u", TS_MAP_MAX_PGS, m->pg_count);
+        return -1;
+    }
+    if (m->epoch > TS_MAP_MAX_EPOCH) {
+        errf(err, errlen, "epoch %llu is past the largest allowed (%lld)",
+             (unsigned long long)m->epoch, (long long)TS_MAP_MAX_EPOCH);
         return -1;
     }
     if (m->n == 0 || m->n > TS_MAP_MAX_NODES) {
@@ -226,8 +233,13 @@ static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen
                 return -1;
             }
         }
+        up += a->state == TS_NODE_UP;
     }
     *bad = -1;
+    if (up == 0) {
+        errf(err, errlen, "no node is up: every PG would be without a primary");
+        return -1;
+    }
     return 0;
 }
 

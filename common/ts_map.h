@@ -17,6 +17,8 @@ struct ts_rd;
 struct ts_wr;
 
 #define TS_MAP_MAX_NODES 4096 /* the largest map accepted from a file or the wire */
+#define TS_MAP_MAX_PGS 65536  /* pg_count bound (fixed for a cluster's life) */
+#define TS_MAP_MAX_EPOCH INT64_MAX
 
 enum ts_node_state {
     TS_NODE_UP = 0,
@@ -55,12 +57,13 @@ const char *ts_node_state_name(int state);
  *   );
  *
  * epoch, pg_count, nodes and each node's id, addr and weight are required; tls_addr and domain
- * default to "", state to "up". Validated: 1..TS_MAP_MAX_NODES nodes, unique ids, every listener
- * address (plain and TLS) used once, weight > 0, pg_count > 0, state up|down|out, no unknown
- * settings. Integers above 2147483647 need libconfig's L suffix (libconfig 1.5 silently wraps
- * them otherwise; ts_map_write_file() adds it). On error returns TS_ECONFIG and writes a message
- * naming the line into err (when err != NULL); a file that cannot be read is TS_ECONFIG too, with
- * the reason. On success *out is a new map the caller frees with ts_map_free().
+ * default to "", state to "up". Validated (the same checks for the wire form): 1..TS_MAP_MAX_NODES
+ * nodes, unique ids, every listener address (plain and TLS) used once, weight > 0, pg_count
+ * 1..TS_MAP_MAX_PGS, epoch <= TS_MAP_MAX_EPOCH, at least one node up, state up|down|out, no
+ * unknown settings. Integers above 2147483647 need libconfig's L suffix (libconfig 1.5 silently
+ * wraps them otherwise; ts_map_write_file() adds it). On error returns TS_ECONFIG and writes a
+ * message naming the line into err (when err != NULL); a file that cannot be read is TS_ECONFIG
+ * too, with the reason. On success *out is a new map the caller frees with ts_map_free().
  */
 int ts_map_parse_file(const char *path, struct ts_map **out, char *err, size_t errlen);
 int ts_map_parse_string(const char *text, struct ts_map **out, char *err, size_t errlen);

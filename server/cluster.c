@@ -19,24 +19,41 @@ static void adopt_map(void *arg, const struct ts_map *m)
     tsd_map_install(arg, m);
 }
 
-int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
+int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap)
 {
     struct ts_map *copy;
     char path[600];
     int self, rc;
 
+    why[0] = '\0';
     if (!m || m->n == 0)
         return TS_EINVAL;
+    self = ts_map_find(m, s->cfg->node_id);
+    if (self < 0) {
+        snprintf(why, cap, "the map (epoch %llu) does not list this node (%s)",
+                 (unsigned long long)m->epoch, s->cfg->node_id);
+        return TS_EINVAL;
+    }
     copy = ts_map_dup(m);
     if (!copy)
         return TS_ENOMEM;
-    self = ts_map_find(copy, s->cfg->node_id);
     pthread_rwlock_wrlock(&s->map_lock);
     if (s->map && copy->epoch <= s->map->epoch) {
         rc = copy->epoch == s->map->epoch ? 0 : TS_ESTALE;
-        pthread_rwlock_unlock(&s->map_lock);
-        ts_map_free(copy);
-        return rc;
+        goto out_unlock;
+    }
+    if (s->map && copy->pg_count != s->map->pg_count) {
+        snprintf(why, cap, "pg_count %u differs from the cluster's %u (fixed for its life)",
+                 copy->pg_count, s->map->pg_count);
+        rc = TS_EINVAL;
+        goto out_unlock;
+    }
+    /* Installed only once persisted: a node never runs on a map it would not restart with. */
+    persisted_path(s, path, sizeof(path));
+    rc = ts_map_write_file(copy, path);
+    if (rc) {
+        snprintf(why, cap, "cannot persist it to %s: %s", path, ts_strerror(rc));
+        goto out_unlock;
     }
     if (!s->pg_clean) {
         /* The PG count is fixed for a cluster's life. Nothing is served from a PG until its
@@ -47,23 +64,26 @@ int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
     }
     ts_map_free(s->map);
     s->map = copy;
+    copy = NULL;
     s->self = self;
-    atomic_store(&s->epoch, copy->epoch);
-    persisted_path(s, path, sizeof(path));
-    rc = ts_map_write_file(copy, path);
+    atomic_store(&s->epoch, s->map->epoch);
     if (s->repl)
-        ts_repl_set_map(s->repl, copy);
+        ts_repl_set_map(s->repl, s->map);
+    TS_INFO(FAC, "map epoch %llu installed: %zu nodes, %u PGs; this node is %s (%s)",
+            (unsigned long long)s->map->epoch, s->map->n, s->map->pg_count, s->cfg->node_id,
+            ts_node_state_name(s->map->nodes[self].state));
+out_unlock:
     pthread_rwlock_unlock(&s->map_lock);
-    if (rc)
-        TS_ERROR(FAC, rc, "cannot persist the map to %s", path);
-    if (self < 0)
-        TS_WARN(FAC, 0, "map epoch %llu does not list this node (%s): it holds no placements",
-                (unsigned long long)copy->epoch, s->cfg->node_id);
-    else
-        TS_INFO(FAC, "map epoch %llu installed: %zu nodes, %u PGs; this node is %s (%s)",
-                (unsigned long long)copy->epoch, copy->n, copy->pg_count, s->cfg->node_id,
-                ts_node_state_name(copy->nodes[self].state));
-    return 0;
+    ts_map_free(copy);
+    if (rc && why[0])
+        TS_WARN(FAC, rc, "map epoch %llu refused: %s", (unsigned long long)m->epoch, why);
+    return rc;
+}
+
+int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
+{
+    char why[300];
+    return tsd_map_install_why(s, m, why, sizeof(why));
 }
 
 static int peer_ssl_init(struct tsd_server *s)

@@ -547,20 +547,22 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
 {
     struct tsd_server *s = c->w->srv;
     struct ts_map *m = NULL;
+    char why[300];
     struct ts_wr w;
     int rc = ts_map_decode(r, &m);
 
     if (rc || ts_rd_done(r)) {
         ts_map_free(m);
-        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed map");
+        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed or invalid map (%s)",
+                        r->err ? ts_strerror(r->err) : "trailing bytes");
         return;
     }
-    rc = tsd_map_install(s, m);
+    rc = tsd_map_install_why(s, m, why, sizeof(why));
     if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
                         (unsigned long long)m->epoch, (unsigned long long)atomic_load(&s->epoch));
     } else if (rc) {
-        tsd_reply_error(c, h, rc, "map-push: %s", ts_strerror(rc));
+        tsd_reply_error(c, h, rc, "map-push refused: %s", why[0] ? why : ts_strerror(rc));
     } else {
         tsd_reply_begin(&w);
         ts_wr_u64(&w, atomic_load(&s->epoch));

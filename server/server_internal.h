@@ -201,8 +201,11 @@ void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out);
 /* cluster.c: the map, fencing, placement. */
 int tsd_cluster_init(struct tsd_server *s);
 void tsd_cluster_fini(struct tsd_server *s);
-/* Installs m if newer than the current map (persisted, handed to replication). */
+/* Installs m if newer than the current map: it must list this node and keep the cluster's
+ * pg_count; it is persisted first (a refused or unpersisted map changes nothing). TS_ESTALE if
+ * older; TS_EINVAL (why says) if refused. */
 int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
+int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap);
 
 /* Where a client write of (dataset, shard) goes, when this node may take it. */
 struct tsd_placement {

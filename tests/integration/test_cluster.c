@@ -735,6 +735,47 @@ static void test_abandoned_uploads_end_on_replicas(void **state)
     tessera_client_close(c);
 }
 
+/* Maps a node must refuse, changing nothing (in memory or in data_dir/cluster.map): one that
+ * does not list it, one with another pg_count, one where no node is up. */
+static void test_bad_maps_refused(void **state)
+{
+    int n2 = tsd_cluster_find(&CL, "n2");
+    struct ts_map *now = node_map(CL.node[n2].addr), *bad;
+    uint64_t before = now->epoch;
+    struct ts_map *after;
+
+    bad = ts_map_dup(now); /* without n2 */
+    bad->epoch = before + 10;
+    bad->nodes[n2] = bad->nodes[bad->n - 1];
+    bad->n--;
+    assert_int_equal(push_map_to(n2, bad), TS_EINVAL);
+    ts_map_free(bad);
+    bad = ts_map_dup(now); /* another pg_count */
+    bad->epoch = before + 10;
+    bad->pg_count *= 2;
+    assert_int_equal(push_map_to(n2, bad), TS_EINVAL);
+    ts_map_free(bad);
+    bad = ts_map_dup(now); /* nobody up: malformed on the wire */
+    bad->epoch = before + 10;
+    for (size_t i = 0; i < bad->n; i++)
+        bad->nodes[i].state = TS_NODE_DOWN;
+    assert_int_equal(push_map_to(n2, bad), TS_EPROTO);
+    ts_map_free(bad);
+    after = node_map(CL.node[n2].addr);
+    assert_int_equal(after->epoch, before);
+    ts_map_free(after);
+    /* What it would restart with is unchanged too. */
+    {
+        char path[600], err[256];
+        struct ts_map *disk = NULL;
+        snprintf(path, sizeof(path), "%s/cluster.map", CL.node[n2].data);
+        assert_int_equal(ts_map_parse_file(path, &disk, err, sizeof(err)), 0);
+        assert_int_equal(disk->epoch, before);
+        ts_map_free(disk);
+    }
+    ts_map_free(now);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -746,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_stale_epoch_fenced),
         cmocka_unit_test(test_primary_killed_failover),
         cmocka_unit_test(test_abandoned_uploads_end_on_replicas),
+        cmocka_unit_test(test_bad_maps_refused),
     };
     int rc = cmocka_run_group_tests_name("cluster", tests, group_setup, NULL);
     if (rc)

@@ -284,6 +284,12 @@ static void test_parse_errors(void **state)
          "map:4: node 'n1': domain 'a b' may hold only"},
         {HEAD "nodes = (\n" NODE("n1", "1") "\n", "map:5: syntax error"},
         {"epoch = 1;\npg_count = = 8;\nnodes = ();\n", "map:2: syntax error"},
+        /* Bounds shared with the wire form: a pg_count that would spin the replication thread,
+         * an epoch with no successor, a map with no node to lead anything. */
+        {"epoch = 1;\npg_count = 4294967295L;\nnodes = (" NODE("n1", "1") ");\n",
+         "pg_count must be 1..65536, not 4294967295"},
+        {HEAD "nodes = (\n{ id = \"n1\"; addr = \"h:1\"; weight = 1; state = \"down\"; }\n);\n",
+         "no node is up"},
     };
 
     for (size_t i = 0; i < TS_ARRAY_SIZE(cases); i++) {
@@ -321,7 +327,7 @@ static void test_wire_round_trip(void **state)
     char err[256];
 
     assert_int_equal(ts_map_parse_string(map5_text, &m, err, sizeof(err)), 0);
-    m->epoch = 0xfedcba9876543210ull;
+    m->epoch = 0x7edcba9876543210ull;
     ts_wr_init(&w);
     ts_map_encode(&w, m);
     assert_int_equal(w.err, 0);
@@ -330,10 +336,23 @@ static void test_wire_round_trip(void **state)
     assert_int_equal(ts_rd_done(&r), 0);
     assert_maps_equal(m, back);
 
+    /* An epoch with no successor is refused on the wire as in a file. */
+    {
+        struct ts_map *bad = NULL;
+        struct ts_wr w2;
+        m->epoch = UINT64_MAX;
+        ts_wr_init(&w2);
+        ts_map_encode(&w2, m);
+        ts_rd_init(&r, w2.buf, w2.len);
+        assert_int_equal(ts_map_decode(&r, &bad), TS_EPROTO);
+        assert_null(bad);
+        ts_wr_fini(&w2);
+        m->epoch = 0x7edcba9876543210ull;
+    }
     /* The layout: u64 epoch, u32 pg_count, u32 n, then the first node's id. */
     assert_int_equal(w.len > 20, 1);
     ts_rd_init(&r, w.buf, w.len);
-    assert_true(ts_rd_u64(&r) == 0xfedcba9876543210ull);
+    assert_true(ts_rd_u64(&r) == 0x7edcba9876543210ull);
     assert_int_equal(ts_rd_u32(&r), 64);
     assert_int_equal(ts_rd_u32(&r), 5);
     assert_int_equal(ts_rd_u16(&r), 2);
