@@ -358,7 +358,7 @@ static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_i
     struct ts_dataset_info d;
     struct ts_log_rec *it;
 
-    if (ts_store_dataset_stat(b->r->o.store, dataset, &d) != 0)
+    if (ts_store_dataset_get(b->r->o.store, dataset, &d) != 0)
         return 0;
     if (b->rank >= d.policy.core + d.policy.fringe)
         return 0; /* not a replica of this dataset */

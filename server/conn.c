@@ -259,7 +259,9 @@ static int conn_process(struct tsd_conn *c)
         if (rc < 0) {
             struct ts_frame_hdr none = {0};
             STAT_ADD(&c->w->stats, protocol_errors, 1);
-            tsd_reply_error(c, &none, rc, "%s",
+            /* An oversize length comes in a sound header (its CRC checked): answer that
+             * request's id; a broken header has no id to trust. */
+            tsd_reply_error(c, rc == TS_ETOOBIG ? &h : &none, rc, "%s",
                             rc == TS_ETOOBIG ? "frame payload exceeds the protocol limit"
                                              : "malformed frame header (magic, version, flags "
                                                "or header CRC); closing");

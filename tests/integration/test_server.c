@@ -309,13 +309,15 @@ static void test_wrong_magic_and_crc(void **state)
 static void test_oversize_length(void **state)
 {
     uint8_t h[TS_HDR_LEN];
-    struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_STATUS, 0, 1, 0, 0x7fffffffu};
+    struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_STATUS, 0, 4242, 0, 0x7fffffffu};
     int fd = raw_connect(D.addr);
     char msg[256];
+    uint64_t id = 0;
 
     ts_frame_encode(h, &fh);
     assert_int_equal(send(fd, h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
-    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ETOOBIG);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_ETOOBIG);
+    assert_true(id == 4242); /* the refusal answers the request it refuses */
     assert_true(raw_wait_closed(fd, 5000));
     close(fd);
     /* Within the global limit but over the opcode's own (STATUS: 64 KiB). */
