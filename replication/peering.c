@@ -88,12 +88,16 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
     /* Every newer interval being started that a replier reports: it may have started. */
     for (size_t i = 0; i < in->nreplies; i++) {
         const struct ts_pg_state *st = &in->replies[i].st;
-        if (st->pend > out->last_interval && st->npend &&
-            !set_add(out, st->pend, 1, (const char(*)[64])st->pend_acting, st->npend,
-                     st->pend_wq)) {
-            snprintf(out->why, sizeof(out->why), "too many intervals being started at once");
-            out->verdict = TS_PEERING_WAIT;
-            return 0;
+        for (unsigned k = 0; k < st->npending; k++) {
+            const struct ts_pg_interval *iv = &st->pending[k];
+            if (iv->epoch <= out->last_interval || !iv->n)
+                continue;
+            if (!set_add(out, iv->epoch, 1, (const char(*)[64])iv->acting, iv->n, iv->wq)) {
+                snprintf(out->why, sizeof(out->why), "more than %d intervals being started at once",
+                         TS_PEERING_MAX_SETS - 1);
+                out->verdict = TS_PEERING_WAIT;
+                return 0;
+            }
         }
     }
     for (unsigned k = 0; k < out->nsets; k++) {

@@ -7,8 +7,9 @@
  * The rules, in short (Ceph's past intervals and Raft's up-to-date rule, with joint quorums):
  *  - Every node keeps, per PG, durably: its log head (epoch, seq), the highest epoch it promised
  *    (it then refuses replication and activation from older epochs), the newest interval known
- *    to have started (les) with its acting set and write quorum (wq), and an interval being
- *    started (pending) with its acting set and wq.
+ *    to have started (les) with its acting set and write quorum (wq), and the intervals being
+ *    started (pending) with theirs: a pending interval is forgotten only when an interval at
+ *    least as new is known to have started (any of them may have started).
  *  - Starting interval E: the primary prepares E (pending) on q of every set the peering
  *    needed (below) and on enough members of E's acting set that hold its whole log to make a
  *    write quorum; only then is E started (les = E, committed: its primary tells the members).
@@ -52,7 +53,7 @@ enum ts_peering_verdict {
     TS_PEERING_ACTIVATE = 2, /* quorum reached and this node holds the newest head */
 };
 
-#define TS_PEERING_MAX_SETS 8
+#define TS_PEERING_MAX_SETS 64
 
 /* One acting set whose replies peering needs: the newest started interval, or a pending one. */
 struct ts_peering_set {

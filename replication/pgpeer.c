@@ -164,11 +164,15 @@ void ts_repl_wr_pg_state(struct ts_wr *w, const struct ts_pg_state *st)
     ts_wr_u8(w, st->nacting);
     for (unsigned i = 0; i < st->nacting && i < TS_PG_MAX_ACTING; i++)
         ts_wr_str(w, st->acting[i]);
-    ts_wr_u64(w, st->pend);
-    ts_wr_u8(w, st->pend_wq);
-    ts_wr_u8(w, st->npend);
-    for (unsigned i = 0; i < st->npend && i < TS_PG_MAX_ACTING; i++)
-        ts_wr_str(w, st->pend_acting[i]);
+    ts_wr_u8(w, st->npending);
+    for (unsigned k = 0; k < st->npending && k < TS_PG_MAX_PENDING; k++) {
+        const struct ts_pg_interval *iv = &st->pending[k];
+        ts_wr_u64(w, iv->epoch);
+        ts_wr_u8(w, iv->wq);
+        ts_wr_u8(w, iv->n);
+        for (unsigned i = 0; i < iv->n && i < TS_PG_MAX_ACTING; i++)
+            ts_wr_str(w, iv->acting[i]);
+    }
 }
 
 int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st)
@@ -184,13 +188,19 @@ int ts_repl_rd_pg_state(struct ts_rd *rd, struct ts_pg_state *st)
         return TS_EPROTO;
     for (unsigned i = 0; i < st->nacting; i++)
         ts_rd_str(rd, st->acting[i], sizeof(st->acting[i]));
-    st->pend = ts_rd_u64(rd);
-    st->pend_wq = ts_rd_u8(rd);
-    st->npend = ts_rd_u8(rd);
-    if (st->npend > TS_PG_MAX_ACTING)
+    st->npending = ts_rd_u8(rd);
+    if (st->npending > TS_PG_MAX_PENDING)
         return TS_EPROTO;
-    for (unsigned i = 0; i < st->npend; i++)
-        ts_rd_str(rd, st->pend_acting[i], sizeof(st->pend_acting[i]));
+    for (unsigned k = 0; k < st->npending; k++) {
+        struct ts_pg_interval *iv = &st->pending[k];
+        iv->epoch = ts_rd_u64(rd);
+        iv->wq = ts_rd_u8(rd);
+        iv->n = ts_rd_u8(rd);
+        if (iv->n > TS_PG_MAX_ACTING)
+            return TS_EPROTO;
+        for (unsigned i = 0; i < iv->n; i++)
+            ts_rd_str(rd, iv->acting[i], sizeof(iv->acting[i]));
+    }
     return rd->err ? TS_EPROTO : 0;
 }
 

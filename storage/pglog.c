@@ -5,8 +5,9 @@
  * Keys:
  *   oplog  pg(be32) seq(be64)  -> log entry: v2 = 0x82, epoch, type, time, dataset, policy,
  *                                 incarnation, shard, size, crc, nchunks, CRC32C of all of it
- *   meta   'P' pg(be32)        -> PG state: v2 = 0x02, applied, head epoch, promised, last epoch
- *                                 started, write quorum, acting set (ids)
+ *   meta   'P' pg(be32)        -> PG state: v4 = 0x04, applied, head epoch, promised, last epoch
+ *                                 started, write quorum, acting set (ids), pending intervals
+ *                                 (epoch, write quorum, acting set)
  * Entries of the first format (no epoch, no CRC) and 8-byte PG records (applied only) are still
  * read, as epoch 0.
  *
@@ -24,6 +25,7 @@
 #define LOG_V2 0x82
 #define PG_V2 0x02
 #define PG_V3 0x03
+#define PG_V4 0x04
 
 static size_t key_log(uint8_t *k, uint32_t pg, uint64_t seq)
 {
@@ -53,7 +55,7 @@ static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
     }
     ts_rd_init(&r, v, vlen);
     ver = ts_rd_u8(&r);
-    if (ver != PG_V2 && ver != PG_V3)
+    if (ver != PG_V2 && ver != PG_V3 && ver != PG_V4)
         return TS_ECORRUPT;
     st->applied = ts_rd_u64(&r);
     st->head_epoch = ts_rd_u64(&r);
@@ -65,14 +67,30 @@ static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
         return TS_ECORRUPT;
     for (unsigned i = 0; i < st->nacting; i++)
         ts_rd_str(&r, st->acting[i], sizeof(st->acting[i]));
-    if (ver == PG_V3) {
-        st->pend = ts_rd_u64(&r);
-        st->pend_wq = ts_rd_u8(&r);
-        st->npend = ts_rd_u8(&r);
-        if (st->npend > TS_PG_MAX_ACTING)
+    if (ver == PG_V3) { /* one pending interval */
+        struct ts_pg_interval *iv = &st->pending[0];
+        iv->epoch = ts_rd_u64(&r);
+        iv->wq = ts_rd_u8(&r);
+        iv->n = ts_rd_u8(&r);
+        if (iv->n > TS_PG_MAX_ACTING)
             return TS_ECORRUPT;
-        for (unsigned i = 0; i < st->npend; i++)
-            ts_rd_str(&r, st->pend_acting[i], sizeof(st->pend_acting[i]));
+        for (unsigned i = 0; i < iv->n; i++)
+            ts_rd_str(&r, iv->acting[i], sizeof(iv->acting[i]));
+        st->npending = iv->epoch ? 1 : 0;
+    } else if (ver == PG_V4) {
+        st->npending = ts_rd_u8(&r);
+        if (st->npending > TS_PG_MAX_PENDING)
+            return TS_ECORRUPT;
+        for (unsigned k = 0; k < st->npending; k++) {
+            struct ts_pg_interval *iv = &st->pending[k];
+            iv->epoch = ts_rd_u64(&r);
+            iv->wq = ts_rd_u8(&r);
+            iv->n = ts_rd_u8(&r);
+            if (iv->n > TS_PG_MAX_ACTING)
+                return TS_ECORRUPT;
+            for (unsigned i = 0; i < iv->n; i++)
+                ts_rd_str(&r, iv->acting[i], sizeof(iv->acting[i]));
+        }
     }
     return ts_rd_done(&r) ? TS_ECORRUPT : 0;
 }
@@ -105,7 +123,7 @@ static int pg_state_put(ts_store *s, rocksdb_writebatch_t *b, uint32_t pg,
     int rc;
 
     ts_wr_init(&w);
-    ts_wr_u8(&w, PG_V3);
+    ts_wr_u8(&w, PG_V4);
     ts_wr_u64(&w, st->applied);
     ts_wr_u64(&w, st->head_epoch);
     ts_wr_u64(&w, st->promised);
@@ -114,11 +132,15 @@ static int pg_state_put(ts_store *s, rocksdb_writebatch_t *b, uint32_t pg,
     ts_wr_u8(&w, st->nacting);
     for (unsigned i = 0; i < st->nacting && i < TS_PG_MAX_ACTING; i++)
         ts_wr_str(&w, st->acting[i]);
-    ts_wr_u64(&w, st->pend);
-    ts_wr_u8(&w, st->pend_wq);
-    ts_wr_u8(&w, st->npend);
-    for (unsigned i = 0; i < st->npend && i < TS_PG_MAX_ACTING; i++)
-        ts_wr_str(&w, st->pend_acting[i]);
+    ts_wr_u8(&w, st->npending);
+    for (unsigned j = 0; j < st->npending && j < TS_PG_MAX_PENDING; j++) {
+        const struct ts_pg_interval *iv = &st->pending[j];
+        ts_wr_u64(&w, iv->epoch);
+        ts_wr_u8(&w, iv->wq);
+        ts_wr_u8(&w, iv->n);
+        for (unsigned i = 0; i < iv->n && i < TS_PG_MAX_ACTING; i++)
+            ts_wr_str(&w, iv->acting[i]);
+    }
     rc = w.err;
     if (!rc)
         rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_pg(k, pg),
@@ -190,12 +212,27 @@ int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
         /* A member of the new acting set records the interval only once it holds the
          * primary's log: every write the interval starts from is then on enough of it. */
         if (!member || (st.head_epoch == head_epoch && st.applied == head_seq)) {
-            st.pend = epoch;
-            st.pend_wq = wq;
-            st.npend = nacting;
-            for (unsigned i = 0; i < nacting; i++)
-                snprintf(st.pend_acting[i], sizeof(st.pend_acting[i]), "%s", acting[i]);
-            *recorded = 1;
+            /* Kept beside the other pending intervals: any of them may have started, and
+             * only a commit at or above one says it no longer matters. */
+            unsigned k = 0;
+            while (k < st.npending && st.pending[k].epoch != epoch)
+                k++;
+            if (k == st.npending && k < TS_PG_MAX_PENDING)
+                st.npending++;
+            if (k < st.npending) {
+                struct ts_pg_interval *iv = &st.pending[k];
+                iv->epoch = epoch;
+                iv->wq = wq;
+                iv->n = nacting;
+                for (unsigned i = 0; i < nacting; i++)
+                    snprintf(iv->acting[i], sizeof(iv->acting[i]), "%s", acting[i]);
+                *recorded = 1;
+            } else {
+                TS_WARN(FAC, TS_EBUSY,
+                        "PG %u: %d intervals pending already: epoch %llu not "
+                        "recorded",
+                        pg, TS_PG_MAX_PENDING, (unsigned long long)epoch);
+            }
         }
         rc = pg_state_write(s, pg, &st, "PG prepare");
     }
@@ -221,9 +258,12 @@ int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
         st.nacting = nacting;
         for (unsigned i = 0; i < nacting; i++)
             snprintf(st.acting[i], sizeof(st.acting[i]), "%s", acting[i]);
-        if (st.pend <= epoch) {
-            st.pend = 0;
-            st.npend = 0;
+        for (unsigned k = 0; k < st.npending;) {
+            if (st.pending[k].epoch <= epoch) {
+                st.pending[k] = st.pending[--st.npending];
+                continue;
+            }
+            k++;
         }
         rc = pg_state_write(s, pg, &st, "PG commit");
     }

@@ -188,6 +188,12 @@ int ts_log_rec_same(const struct ts_log_rec *a, const struct ts_log_rec *b);
  * interval it last joined (last epoch started, that interval's acting set and write quorum).
  */
 #define TS_PG_MAX_ACTING 8
+#define TS_PG_MAX_PENDING 16
+struct ts_pg_interval {
+    uint64_t epoch;
+    uint8_t wq, n;
+    char acting[TS_PG_MAX_ACTING][64];
+};
 struct ts_pg_state {
     uint64_t applied;    /* sequence of the last entry held (0: none) */
     uint64_t head_epoch; /* epoch of that entry */
@@ -196,10 +202,10 @@ struct ts_pg_state {
     uint8_t wq;          /* that interval's write quorum */
     uint8_t nacting;
     char acting[TS_PG_MAX_ACTING][64]; /* that interval's acting set, primary first */
-    /* An interval being started (prepared here, not known to have started): 0 if none. */
-    uint64_t pend;
-    uint8_t pend_wq, npend;
-    char pend_acting[TS_PG_MAX_ACTING][64];
+    /* Intervals being started, prepared here and not known to have started: each newer than
+     * les; only a commit at or above one removes it (any of them may have started). */
+    uint8_t npending;
+    struct ts_pg_interval pending[TS_PG_MAX_PENDING];
 };
 struct ts_log_pos {
     uint64_t seq, epoch;
@@ -209,16 +215,17 @@ int ts_store_pg_state(ts_store *s, uint32_t pg, struct ts_pg_state *out);
  * gets the state as it is now. */
 int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_state *out);
 /*
- * Prepares interval epoch (promised = epoch; pending interval = epoch, acting set, write quorum);
- * TS_ESTALE if a newer epoch was promised. A member of the new acting set records the pending
- * interval only if its log head is (head_epoch, head_seq), the primary's (*recorded says); a
- * member of an older interval's set (member = 0) records it as a witness either way.
+ * Prepares interval epoch (promised = epoch; the interval added to the pending ones, or replacing
+ * the pending one of the same epoch); TS_ESTALE if a newer epoch was promised. A member of the
+ * new acting set records it only if its log head is (head_epoch, head_seq), the primary's
+ * (*recorded says); a member of an older interval's set (member = 0) records it as a witness
+ * either way. With TS_PG_MAX_PENDING intervals pending already it is not recorded.
  */
 int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
                         const char (*acting)[64], uint8_t nacting, int member, uint64_t head_epoch,
                         uint64_t head_seq, int *recorded);
-/* Interval epoch started (les = epoch with its acting set and write quorum; a pending interval
- * up to it is cleared). Older than les: nothing changes. */
+/* Interval epoch started (les = epoch with its acting set and write quorum; pending intervals up
+ * to it are cleared). Older than les: nothing changes. */
 int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
                        const char (*acting)[64], uint8_t nacting);
 /* The newest entries' (seq, epoch), newest first, up to max. */

@@ -185,12 +185,13 @@ static void test_pending_interval_needs_its_quorum(void **state)
     struct ts_peering_out out;
 
     /* n2 prepared interval 5 with acting {n2, n4, n5}; it is not known to have started. */
-    rs[1].st.pend = 5;
-    rs[1].st.pend_wq = 2;
-    rs[1].st.npend = 3;
-    snprintf(rs[1].st.pend_acting[0], 64, "n2");
-    snprintf(rs[1].st.pend_acting[1], 64, "n4");
-    snprintf(rs[1].st.pend_acting[2], 64, "n5");
+    rs[1].st.npending = 1;
+    rs[1].st.pending[0].epoch = 5;
+    rs[1].st.pending[0].wq = 2;
+    rs[1].st.pending[0].n = 3;
+    snprintf(rs[1].st.pending[0].acting[0], 64, "n2");
+    snprintf(rs[1].st.pending[0].acting[1], 64, "n4");
+    snprintf(rs[1].st.pending[0].acting[2], 64, "n5");
     assert_int_equal(decide("n1", rs, 2, &out), 0); /* n1, n2: interval 1 is met ... */
     assert_int_equal(out.verdict, TS_PEERING_WAIT); /* ... the pending one is not */
     assert_int_equal(out.nsets, 2);
