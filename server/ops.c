@@ -1030,9 +1030,31 @@ static void op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
                                 ts_strerror(rc));
                 goto out_free;
             }
-            crc = (ps == cstart && pe - ps == ref->len)
-                      ? ref->crc
-                      : ts_crc32c(0, ref->data + (ps - cstart), (size_t)(pe - ps));
+            if (ps == cstart && pe - ps == ref->len) {
+                crc = ref->crc; /* the stored CRC: the client checks the bytes against it */
+            } else {
+                /* A partial piece gets a CRC computed here: first prove its bytes are the ones
+                 * verified (a cached copy whose memory went bad is evicted and read again). */
+                if (ts_chunk_ref_check(ref, ps - cstart, pe - ps) != 0) {
+                    TS_ERROR(FAC, TS_ECORRUPT,
+                             "cached copy of chunk %u of %s/%u failed its check: evicted, read "
+                             "again from the store",
+                             idx, name, shard);
+                    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                    ts_chunk_ref_release(ref);
+                    ts_read_ctx_evict(rs->ctx, idx);
+                    rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
+                    if (!rc)
+                        rc = ts_chunk_ref_check(ref, ps - cstart, pe - ps);
+                    if (rc) {
+                        ts_wr_fini(&w);
+                        tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
+                                        ts_strerror(rc));
+                        goto out_free;
+                    }
+                }
+                crc = ts_crc32c(0, ref->data + (ps - cstart), (size_t)(pe - ps));
+            }
         } else {
             ts_read_ctx_chunk_crc(rs->ctx, idx, &crc, &clen);
         }

@@ -192,6 +192,22 @@ void ts_cache_drop_dataset(ts_cache *c, uint64_t dsid)
     }
 }
 
+void ts_cache_remove(ts_cache *c, uint64_t dsid, uint32_t shard, uint32_t idx)
+{
+    struct ts_cache_entry *e, *victim = NULL;
+
+    pthread_mutex_lock(&c->lock);
+    for (e = c->head; e; e = e->next)
+        if (e->dsid == dsid && e->shard == shard && e->idx == idx) {
+            unlink_entry(c, e);
+            victim = e;
+            break;
+        }
+    pthread_mutex_unlock(&c->lock);
+    if (victim)
+        ts_cache_unref(victim);
+}
+
 void ts_cache_stats(ts_cache *c, struct ts_cache_stats *out)
 {
     pthread_mutex_lock(&c->lock);

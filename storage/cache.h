@@ -39,6 +39,8 @@ struct ts_cache_entry *ts_cache_get(ts_cache *c, uint64_t dsid, uint32_t shard, 
  */
 struct ts_cache_entry *ts_cache_insert(ts_cache *c, struct ts_cache_entry *e);
 void ts_cache_unref(struct ts_cache_entry *e);
+/* Drops one entry (its copy failed a check), if present. */
+void ts_cache_remove(ts_cache *c, uint64_t dsid, uint32_t shard, uint32_t idx);
 /* Drops every entry of a dataset (deleted). */
 void ts_cache_drop_dataset(ts_cache *c, uint64_t dsid);
 

@@ -65,6 +65,7 @@ struct chunk_entry {
     size_t len;
     uint32_t crc;
     int64_t arena_off; /* -1: not in the arena */
+    uint32_t *sub;     /* CRC32C per TS_SUB_BLOCK of the verified bytes (cached entries) */
 };
 
 /* A complete shard's record with its CRC list (immutable once complete). */
@@ -1522,6 +1523,7 @@ static void chunk_entry_destroy(struct ts_cache_entry *e)
         rocksdb_pinnableslice_destroy(ce->pin);
     if (ce->arena_off >= 0)
         arena_release(&ce->s->arena, ce->arena_off, ce->len);
+    free(ce->sub);
     free(ce);
 }
 
@@ -1533,6 +1535,24 @@ static void chunk_ref_fill(ts_store *s, struct chunk_entry *ce, struct ts_chunk_
     out->pin = &ce->base;
     out->fd = ce->arena_off >= 0 ? s->arena.fd : -1;
     out->file_off = ce->arena_off >= 0 ? (uint64_t)ce->arena_off : 0;
+    out->sub = ce->sub;
+}
+
+int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)
+{
+    if (!ref->sub || !len)
+        return 0; /* read from the engine and verified whole just now */
+    for (size_t b = off / TS_SUB_BLOCK; b <= (off + len - 1) / TS_SUB_BLOCK; b++) {
+        size_t bo = b * TS_SUB_BLOCK, bl = TS_MIN((size_t)TS_SUB_BLOCK, ref->len - bo);
+        if (ts_crc32c(0, ref->data + bo, bl) != ref->sub[b])
+            return TS_ECORRUPT;
+    }
+    return 0;
+}
+
+void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx)
+{
+    ts_cache_remove(r->s->ccache, r->dsid, r->info.shard, idx);
 }
 
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
@@ -1618,9 +1638,23 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     ce->len = vlen;
     ce->crc = want;
     ce->arena_off = -1;
+    ce->sub = NULL;
     /* Only verified chunks of complete (immutable) shards are shared. */
     if (r->crcs && !r->nocache) {
-        int64_t off = arena_alloc(&s->arena, vlen);
+        int64_t off;
+        /* CRCs per sub-block of the verified bytes: a partial read of the cached copy checks
+         * what it touches (cheaply) before it is sent. */
+        size_t nsub = (vlen + TS_SUB_BLOCK - 1) / TS_SUB_BLOCK;
+        ce->sub = malloc((nsub ? nsub : 1) * sizeof(*ce->sub));
+        if (!ce->sub) {
+            rocksdb_pinnableslice_destroy(pin);
+            free(ce);
+            return TS_ENOMEM;
+        }
+        for (size_t b = 0; b < nsub; b++)
+            ce->sub[b] = ts_crc32c(0, v + b * TS_SUB_BLOCK,
+                                   TS_MIN((size_t)TS_SUB_BLOCK, vlen - b * TS_SUB_BLOCK));
+        off = arena_alloc(&s->arena, vlen);
         if (off >= 0) {
             /* One copy on a miss; hits are then served from the arena (sendfile). */
             memcpy(s->arena.base + off, v, vlen);

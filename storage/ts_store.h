@@ -51,7 +51,13 @@ struct ts_chunk_ref {
     void *pin; /* reference on the bytes; opaque */
     int fd;    /* >= 0: the same bytes are file_off..+len of fd (for sendfile) */
     uint64_t file_off;
+    const uint32_t *sub; /* cached copy: CRC32C per TS_SUB_BLOCK (NULL: verified whole now) */
 };
+
+#define TS_SUB_BLOCK (64u << 10)
+/* Checks the bytes [off, off+len) of a chunk reference against what was verified (a cached copy:
+ * the touched sub-blocks' CRCs); 0 or TS_ECORRUPT (the memory went bad: evict and read again). */
+int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);
 
 void ts_store_opts_init(struct ts_store_opts *o);
 int ts_store_open(ts_store **out, const struct ts_store_opts *o);
@@ -119,6 +125,8 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
                        ts_read_ctx **out);
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r);
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
+/* Drops the cached copy of chunk idx (it failed a check). */
+void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx);
 /* Stored CRC32C and length of chunk idx, without reading it (complete shards only). */
 int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uint32_t *len);
 /* Releases a pin by its handle (for cleanup callbacks that only get the handle). */
