@@ -2072,12 +2072,35 @@ static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_
     return 0;
 }
 
+/* SHARD_SEAL with the shard's CRC32C and record index; *info from the reply. */
+static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32_t crc,
+                     const uint64_t *records, uint32_t nrecords, struct ts_shard_info *info)
+{
+    struct ts_req *r = req_name(c, TS_OP_SHARD_SEAL, name);
+    struct ts_rd body;
+    int rc;
+
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u8(&r->w, 1);
+    ts_wr_u32(&r->w, crc);
+    ts_wr_u32(&r->w, nrecords);
+    for (uint32_t i = 0; i < nrecords; i++)
+        ts_wr_u64(&r->w, records[i]);
+    rc = call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, info))
+        rc = proto_err(c, "SHARD_SEAL");
+    req_free(c, r);
+    return rc;
+}
+
 /* Collects every outstanding acknowledgement, then seals; frees the window. */
 static int put_end(tessera_client *c, struct put *p, const uint64_t *records, uint32_t nrecords)
 {
     struct ts_shard_info info;
-    struct ts_req *r;
-    struct ts_rd body;
     int rc;
 
     while (p->count)
@@ -2086,21 +2109,7 @@ static int put_end(tessera_client *c, struct put *p, const uint64_t *records, ui
     p->win = NULL;
     if (p->rc)
         return p->rc;
-    r = req_name(c, TS_OP_SHARD_SEAL, p->name);
-    if (!r)
-        return TS_ENOMEM;
-    ts_wr_u32(&r->w, p->shard);
-    ts_wr_u8(&r->w, 1);
-    ts_wr_u32(&r->w, p->crc);
-    ts_wr_u32(&r->w, nrecords);
-    for (uint32_t i = 0; i < nrecords; i++)
-        ts_wr_u64(&r->w, records[i]);
-    rc = call(c, r, &body);
-    if (rc)
-        return rc;
-    if (ts_rd_shard_info(&body, &info))
-        rc = proto_err(c, "SHARD_SEAL");
-    req_free(c, r);
+    rc = seal_call(c, p->name, p->shard, p->crc, records, nrecords, &info);
     if (!rc)
         TS_DEBUG(FAC, "sealed %s/%u: %llu bytes, %u chunks, crc %08x", p->name, p->shard,
                  (unsigned long long)info.size, info.nchunks, info.crc);
@@ -2117,8 +2126,6 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
 {
     struct ts_shard_info si;
     uint32_t crc = ts_crc32c(0, buf, len);
-    struct ts_req *r;
-    struct ts_rd body;
     int rc;
 
     rc = tessera_shard_stat(c, name, shard, &si);
@@ -2131,21 +2138,7 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
                 name, shard, (unsigned long long)si.size, si.crc, len, crc);
         return TS_EEXIST;
     }
-    r = req_name(c, TS_OP_SHARD_SEAL, name);
-    if (!r)
-        return TS_ENOMEM;
-    ts_wr_u32(&r->w, shard);
-    ts_wr_u8(&r->w, 1);
-    ts_wr_u32(&r->w, crc);
-    ts_wr_u32(&r->w, nrecords);
-    for (uint32_t i = 0; i < nrecords; i++)
-        ts_wr_u64(&r->w, records[i]);
-    rc = call(c, r, &body);
-    if (rc)
-        return rc;
-    if (ts_rd_shard_info(&body, &si))
-        rc = proto_err(c, "SHARD_SEAL");
-    req_free(c, r);
+    rc = seal_call(c, name, shard, crc, records, nrecords, &si);
     if (!rc)
         TS_INFO(FAC, "%s/%u was sealed already with these bytes: put confirmed", name, shard);
     return rc;

@@ -112,6 +112,21 @@ static struct pctx *ctx_new(struct pgpeer *pp, const char *node)
     return c;
 }
 
+/* A peering frame to `to`: the reply context and a frame started with the PG and the epoch.
+ * NULL (nothing started) when out of memory. */
+static struct pctx *pg_frame(struct pgpeer *pp, const char *to, struct ts_wr *w)
+{
+    struct pctx *c = ctx_new(pp, to);
+
+    if (!c)
+        return NULL;
+    ts_wr_init(w);
+    ts_wr_begin_frame(w);
+    ts_wr_u32(w, pp->pg);
+    ts_wr_u64(w, pp->epoch);
+    return c;
+}
+
 static int in_list(const char (*ids)[64], unsigned n, const char *id)
 {
     for (unsigned i = 0; i < n; i++)
@@ -258,12 +273,8 @@ static void start_round(ts_repl *r, struct pgpeer *pp)
         const char *id = r->map->nodes[i].id;
         struct pctx *c;
         struct ts_wr w;
-        if ((int)i == r->self || !(c = ctx_new(pp, id)))
+        if ((int)i == r->self || !(c = pg_frame(pp, id, &w)))
             continue;
-        ts_wr_init(&w);
-        ts_wr_begin_frame(&w);
-        ts_wr_u32(&w, pp->pg);
-        ts_wr_u64(&w, pp->epoch);
         ts_wr_str(&w, r->node_id);
         pp->outstanding++;
         repl_peer_send(r, id, TS_OP_PG_QUERY, &w, NULL, 0, NULL, NULL, query_reply, c, pp->epoch);
@@ -295,15 +306,11 @@ static void pull_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
 
 static void send_pull(ts_repl *r, struct pgpeer *pp)
 {
-    struct pctx *c = ctx_new(pp, pp->pull_from);
     struct ts_wr w;
+    struct pctx *c = pg_frame(pp, pp->pull_from, &w);
 
     if (!c)
         return;
-    ts_wr_init(&w);
-    ts_wr_begin_frame(&w);
-    ts_wr_u32(&w, pp->pg);
-    ts_wr_u64(&w, pp->epoch);
     ts_wr_str(&w, r->node_id);
     ts_wr_u8(&w, 0); /* a peering primary's pull */
     pp->retry_at = ts_now_mono_ns() + PULL_NUDGE_NS;
@@ -349,15 +356,11 @@ static void commit_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
 
 static void send_activate(ts_repl *r, struct pgpeer *pp, int phase, const char *to, pend_cb cb)
 {
-    struct pctx *c = ctx_new(pp, to);
     struct ts_wr w;
+    struct pctx *c = pg_frame(pp, to, &w);
 
     if (!c)
         return;
-    ts_wr_init(&w);
-    ts_wr_begin_frame(&w);
-    ts_wr_u32(&w, pp->pg);
-    ts_wr_u64(&w, pp->epoch);
     ts_wr_u8(&w, (uint8_t)phase);
     ts_wr_u8(&w, pp->wq);
     ts_wr_u8(&w, (uint8_t)pp->nacting);

@@ -102,6 +102,13 @@ void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct t
     tsd_conn_flush(c);
 }
 
+/* An error reply's message, counted as an error of the worker. */
+static void error_message(struct tsd_conn *c, char *msg, size_t cap, const char *fmt, va_list ap)
+{
+    vsnprintf(msg, cap, fmt, ap);
+    STAT_ADD(&c->w->stats, errors, 1);
+}
+
 void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
                      ...)
 {
@@ -110,9 +117,8 @@ void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc,
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    error_message(c, msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    STAT_ADD(&c->w->stats, errors, 1);
     TS_LOG(rc == TS_EINTERNAL || rc == TS_EDB || rc == TS_EIO ? TS_LOG_ERROR : TS_LOG_DEBUG, FAC,
            rc, "%s %s: %s", c->peer, ts_op_desc(req->opcode) ? ts_op_desc(req->opcode)->name : "?",
            msg);
@@ -696,9 +702,8 @@ void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const c
     va_list ap;
 
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    error_message(c, msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    STAT_ADD(&c->w->stats, errors, 1);
     TS_DEBUG(FAC, "%s: %s", c->peer, msg);
     ts_wr_init(&w);
     ts_wr_begin_frame(&w);

@@ -43,6 +43,18 @@ static size_t key_pg(uint8_t *k, uint32_t pg)
 
 /* ---- PG state ------------------------------------------------------------------------------ */
 
+static int rd_interval(struct ts_rd *r, struct ts_pg_interval *iv)
+{
+    iv->epoch = ts_rd_u64(r);
+    iv->wq = ts_rd_u8(r);
+    iv->n = ts_rd_u8(r);
+    if (iv->n > TS_PG_MAX_ACTING)
+        return TS_ECORRUPT;
+    for (unsigned i = 0; i < iv->n; i++)
+        ts_rd_str(r, iv->acting[i], sizeof(iv->acting[i]));
+    return 0;
+}
+
 static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
 {
     struct ts_rd r;
@@ -68,29 +80,16 @@ static int pg_state_decode(const char *v, size_t vlen, struct ts_pg_state *st)
     for (unsigned i = 0; i < st->nacting; i++)
         ts_rd_str(&r, st->acting[i], sizeof(st->acting[i]));
     if (ver == PG_V3) { /* one pending interval */
-        struct ts_pg_interval *iv = &st->pending[0];
-        iv->epoch = ts_rd_u64(&r);
-        iv->wq = ts_rd_u8(&r);
-        iv->n = ts_rd_u8(&r);
-        if (iv->n > TS_PG_MAX_ACTING)
+        if (rd_interval(&r, &st->pending[0]))
             return TS_ECORRUPT;
-        for (unsigned i = 0; i < iv->n; i++)
-            ts_rd_str(&r, iv->acting[i], sizeof(iv->acting[i]));
-        st->npending = iv->epoch ? 1 : 0;
+        st->npending = st->pending[0].epoch ? 1 : 0;
     } else if (ver == PG_V4) {
         st->npending = ts_rd_u8(&r);
         if (st->npending > TS_PG_MAX_PENDING)
             return TS_ECORRUPT;
-        for (unsigned k = 0; k < st->npending; k++) {
-            struct ts_pg_interval *iv = &st->pending[k];
-            iv->epoch = ts_rd_u64(&r);
-            iv->wq = ts_rd_u8(&r);
-            iv->n = ts_rd_u8(&r);
-            if (iv->n > TS_PG_MAX_ACTING)
+        for (unsigned k = 0; k < st->npending; k++)
+            if (rd_interval(&r, &st->pending[k]))
                 return TS_ECORRUPT;
-            for (unsigned i = 0; i < iv->n; i++)
-                ts_rd_str(&r, iv->acting[i], sizeof(iv->acting[i]));
-        }
     }
     return ts_rd_done(&r) ? TS_ECORRUPT : 0;
 }
@@ -193,6 +192,22 @@ int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_s
     return rc;
 }
 
+/* Checks an interval's arguments, takes the log lock and reads the PG's state: 0 with the lock
+ * held (the caller unlocks), or an error with it released. */
+static int interval_update_begin(ts_store *s, uint32_t pg, const char (*acting)[64],
+                                 uint8_t nacting, struct ts_pg_state *st)
+{
+    int rc;
+
+    if (!s || nacting > TS_PG_MAX_ACTING || (nacting && !acting))
+        return TS_EINVAL;
+    pthread_mutex_lock(&s->loglock);
+    rc = pg_state_get(s, pg, st);
+    if (rc)
+        pthread_mutex_unlock(&s->loglock);
+    return rc;
+}
+
 int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
                         const char (*acting)[64], uint8_t nacting, int member, uint64_t head_epoch,
                         uint64_t head_seq, int *recorded)
@@ -201,10 +216,9 @@ int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
     int rc;
 
     *recorded = 0;
-    if (!s || nacting > TS_PG_MAX_ACTING || (nacting && !acting))
-        return TS_EINVAL;
-    pthread_mutex_lock(&s->loglock);
-    rc = pg_state_get(s, pg, &st);
+    rc = interval_update_begin(s, pg, acting, nacting, &st);
+    if (rc)
+        return rc;
     if (rc == 0 && epoch < st.promised)
         rc = TS_ESTALE;
     if (rc == 0) {
@@ -246,10 +260,9 @@ int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
     struct ts_pg_state st;
     int rc;
 
-    if (!s || nacting > TS_PG_MAX_ACTING || (nacting && !acting))
-        return TS_EINVAL;
-    pthread_mutex_lock(&s->loglock);
-    rc = pg_state_get(s, pg, &st);
+    rc = interval_update_begin(s, pg, acting, nacting, &st);
+    if (rc)
+        return rc;
     if (rc == 0 && epoch > st.les) {
         if (epoch > st.promised)
             st.promised = epoch;

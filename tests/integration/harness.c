@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include "ts_common.h"
+#include "ts_map.h"
 #include "ts_proto.h"
 #include "tessera/tessera.h"
 
@@ -221,7 +222,7 @@ int raw_connect(const char *addr)
     return fd;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
+int raw_send_all(int fd, const void *buf, size_t len)
 {
     const uint8_t *p = buf;
     while (len) {
@@ -243,8 +244,8 @@ int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *
     int rc;
 
     ts_frame_encode(h, &fh);
-    rc = write_all(fd, h, sizeof(h));
-    return rc ? rc : write_all(fd, payload, len);
+    rc = raw_send_all(fd, h, sizeof(h));
+    return rc ? rc : raw_send_all(fd, payload, len);
 }
 
 static int read_full(int fd, void *buf, size_t len, int timeout_ms)
@@ -470,4 +471,74 @@ int test_tls_open(struct tessera_client **c, const char *addr, const char *role,
     }
     *c = NULL;
     return tessera_client_open(c, &o);
+}
+
+int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len, uint8_t *out,
+                   size_t *got)
+{
+    int fd = raw_connect(addr), rc;
+    struct ts_wr w;
+    uint8_t *p = NULL;
+    size_t plen = 0, off = 0;
+    struct ts_rd r;
+    uint32_t npieces;
+    const uint8_t *table;
+
+    *got = 0;
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_wr_str(&w, ds);
+    ts_wr_u32(&w, shard);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, (uint32_t)len);
+    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen);
+    close(fd);
+    if (rc) {
+        free(p);
+        return rc;
+    }
+    ts_rd_init(&r, p + 4, plen - 4);
+    ts_rd_u64(&r);
+    npieces = ts_rd_u32(&r);
+    table = ts_rd_bytes(&r, 8 * (size_t)npieces);
+    if (!table)
+        rc = TS_EPROTO;
+    for (uint32_t i = 0; table && i < npieces && !rc; i++) {
+        uint32_t plen32 = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
+        const uint8_t *data = ts_rd_bytes(&r, plen32);
+        if (!data || off + plen32 > len)
+            rc = TS_EPROTO;
+        else if (ts_crc32c(0, data, plen32) != crc)
+            rc = TS_ECORRUPT;
+        else
+            memcpy(out + off, data, plen32);
+        off += plen32;
+    }
+    free(p);
+    *got = off;
+    return rc;
+}
+
+struct ts_map *raw_map_get(const char *addr)
+{
+    int fd = raw_connect(addr);
+    uint8_t *p = NULL;
+    size_t plen = 0;
+    struct ts_map *m = NULL;
+    struct ts_rd r;
+
+    if (fd < 0)
+        return NULL;
+    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0 && plen >= 4) {
+        ts_rd_init(&r, p + 4, plen - 4);
+        ts_map_decode(&r, &m);
+    }
+    free(p);
+    close(fd);
+    return m;
 }

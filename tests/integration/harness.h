@@ -48,6 +48,19 @@ int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *
  * text. payload (optional) receives the malloc'ed payload. */
 int raw_recv_reply(int fd, int timeout_ms, uint64_t *id, char *msg, size_t cap, uint8_t **payload,
                    size_t *plen);
+/* Sends all of buf (MSG_NOSIGNAL): 0 or TS_ECONNRESET. */
+int raw_send_all(int fd, const void *buf, size_t len);
+/*
+ * READ of [0, len) of a shard from the node at addr, on a connection of its own: the piece CRCs
+ * are verified and the bytes copied to out (len bytes at most), their count to *got. 0, or the
+ * node's or the transport's error, TS_ECORRUPT for a piece whose CRC does not match, TS_EPROTO
+ * for a malformed reply.
+ */
+int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len, uint8_t *out,
+                   size_t *got);
+/* The node's current map (MAP_GET on a connection of its own); NULL if it does not answer. */
+struct ts_map;
+struct ts_map *raw_map_get(const char *addr);
 /* 1 when the peer has closed the connection within timeout_ms (reads and drops bytes). */
 int raw_wait_closed(int fd, int timeout_ms);
 

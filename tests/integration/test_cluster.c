@@ -86,74 +86,21 @@ static int put_shard(tessera_client *c, const char *ds, uint32_t shard, uint64_t
 /* The node's current map (MAP_GET over a raw connection). */
 static struct ts_map *node_map(const char *addr)
 {
-    int fd = raw_connect(addr);
-    uint8_t *p = NULL;
-    size_t plen = 0;
-    struct ts_map *m = NULL;
-    struct ts_rd r;
-
-    if (fd < 0)
-        return NULL;
-    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
-        ts_rd_init(&r, p + 4, plen - 4);
-        ts_map_decode(&r, &m);
-    }
-    free(p);
-    close(fd);
-    return m;
+    return raw_map_get(addr);
 }
 
 /* Reads [0, SLEN) of a shard from one node directly, verifying piece CRCs and bytes. */
 static int raw_read_verify(const char *addr, const char *ds, uint32_t shard, uint64_t seed)
 {
-    int fd = raw_connect(addr), rc;
-    struct ts_wr w;
-    uint8_t *p = NULL, *want;
-    size_t plen = 0;
-    struct ts_rd r;
-    uint32_t npieces;
-    size_t off = 0;
+    uint8_t *got = malloc(SLEN), *want = malloc(SLEN);
+    size_t n = 0;
+    int rc = raw_read_shard(addr, ds, shard, SLEN, got, &n);
 
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_wr_str(&w, ds);
-    ts_wr_u32(&w, shard);
-    ts_wr_u64(&w, 0);
-    ts_wr_u32(&w, SLEN);
-    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen);
-    close(fd);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    ts_rd_init(&r, p + 4, plen - 4);
-    ts_rd_u64(&r);
-    npieces = ts_rd_u32(&r);
-    want = malloc(SLEN);
     fill(want, SLEN, seed);
-    {
-        const uint8_t *table = ts_rd_bytes(&r, 8 * (size_t)npieces);
-        const uint8_t *data = ts_rd_bytes(&r, SLEN);
-        if (!table || !data) {
-            rc = TS_EPROTO;
-        } else {
-            for (uint32_t i = 0; i < npieces && !rc; i++) {
-                uint32_t len = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
-                if (ts_crc32c(0, data + off, len) != crc)
-                    rc = TS_ECORRUPT;
-                off += len;
-            }
-            if (!rc && (off != SLEN || memcmp(data, want, SLEN) != 0))
-                rc = TS_ECORRUPT;
-        }
-    }
+    if (!rc && (n != SLEN || memcmp(got, want, SLEN) != 0))
+        rc = TS_ECORRUPT;
+    free(got);
     free(want);
-    free(p);
     return rc;
 }
 

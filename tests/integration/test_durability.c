@@ -268,22 +268,7 @@ static int teardown(void **state)
 /* The node's current map (MAP_GET over a raw connection); NULL if it does not answer. */
 static struct ts_map *node_map(const char *addr)
 {
-    int fd = raw_connect(addr);
-    uint8_t *p = NULL;
-    size_t plen = 0;
-    struct ts_map *m = NULL;
-    struct ts_rd r;
-
-    if (fd < 0)
-        return NULL;
-    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
-        ts_rd_init(&r, p + 4, plen - 4);
-        ts_map_decode(&r, &m);
-    }
-    free(p);
-    close(fd);
-    return m;
+    return raw_map_get(addr);
 }
 
 static uint64_t node_epoch(int i)
@@ -462,21 +447,6 @@ static uint64_t mark_up(int i)
     return e;
 }
 
-static int send_all(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return TS_ECONNRESET;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* A request frame carrying a map epoch in its header (raw_send_frame sends epoch 0). */
 static int send_frame_epoch(int fd, uint8_t op, uint64_t id, uint64_t epoch, const struct ts_wr *w)
 {
@@ -485,8 +455,8 @@ static int send_frame_epoch(int fd, uint8_t op, uint64_t id, uint64_t epoch, con
     int rc;
 
     ts_frame_encode(h, &fh);
-    rc = send_all(fd, h, sizeof(h));
-    return rc ? rc : send_all(fd, w->buf, w->len);
+    rc = raw_send_all(fd, h, sizeof(h));
+    return rc ? rc : raw_send_all(fd, w->buf, w->len);
 }
 
 /*
@@ -496,52 +466,7 @@ static int send_frame_epoch(int fd, uint8_t op, uint64_t id, uint64_t epoch, con
  */
 static int raw_read(const char *addr, const char *ds, uint32_t shard, uint8_t *out, size_t *got)
 {
-    int fd = raw_connect(addr), rc;
-    struct ts_wr w;
-    uint8_t *p = NULL;
-    size_t plen = 0, off = 0;
-    struct ts_rd r;
-    uint32_t npieces;
-
-    *got = 0;
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_wr_str(&w, ds);
-    ts_wr_u32(&w, shard);
-    ts_wr_u64(&w, 0);
-    ts_wr_u32(&w, SLEN);
-    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen);
-    close(fd);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    ts_rd_init(&r, p + 4, plen - 4);
-    ts_rd_u64(&r);
-    npieces = ts_rd_u32(&r);
-    {
-        const uint8_t *table = ts_rd_bytes(&r, 8 * (size_t)npieces);
-        for (uint32_t i = 0; table && i < npieces && !rc; i++) {
-            uint32_t len = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
-            const uint8_t *data = ts_rd_bytes(&r, len);
-            if (!data || off + len > SLEN)
-                rc = TS_EPROTO;
-            else if (ts_crc32c(0, data, len) != crc)
-                rc = TS_ECORRUPT;
-            else
-                memcpy(out + off, data, len);
-            off += len;
-        }
-        if (!table)
-            rc = TS_EPROTO;
-    }
-    free(p);
-    *got = off;
-    return rc;
+    return raw_read_shard(addr, ds, shard, SLEN, out, got);
 }
 
 /* Verified shard bytes from node i compared with fill(seed): 0 exact, TS_ECORRUPT different,
@@ -744,6 +669,29 @@ static void test_return_then_second_failover(void **state)
 
 /* ---- 2: a new epoch that reached one replica only --------------------------------------- */
 
+/* A 3-node cluster with dataset ds (core 3, min_core 2): PG pg's primary P and core replicas
+ * R1, R2 (indexes into CL); the map. */
+static struct ts_map *pg_cluster(const char *ds, uint32_t pg, int *P, int *R1, int *R2)
+{
+    tessera_client *c;
+    struct ts_map *m;
+    int order[3];
+
+    assert_int_equal(start_cluster(3, NULL, 8), 0);
+    c = cluster_client();
+    mkds(c, ds, 3, 0, 2);
+    tessera_client_close(c);
+    m = newest_map(NULL);
+    assert_non_null(m);
+    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
+    *P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
+    *R1 = tsd_cluster_find(&CL, m->nodes[order[1]].id);
+    *R2 = tsd_cluster_find(&CL, m->nodes[order[2]].id);
+    fprintf(stderr, "  PG %u at epoch %llu: primary %s, core replicas %s (R1) %s (R2)\n", pg,
+            (unsigned long long)m->epoch, CL.id[*P], CL.id[*R1], CL.id[*R2]);
+    return m;
+}
+
 /* MAP_PUSH of m to node i (header epoch 0); returns the status. */
 static int push_map_to(int i, const struct ts_map *m)
 {
@@ -804,25 +752,13 @@ static void test_partial_map_push(void **state)
 {
     const char *ds = "pmp";
     struct ts_map *m, *next;
-    int order[3], P, R1, R2, fd, rc_w, rc_s;
+    int P, R1, R2, fd, rc_w, rc_s;
     uint32_t pg = 0, shard = 0, sh[1];
     uint8_t data[T2_LEN];
-    tessera_client *c;
     char why[600], msg_w[512], msg_s[512];
 
     (void)state;
-    assert_int_equal(start_cluster(3, NULL, 8), 0);
-    c = cluster_client();
-    mkds(c, ds, 3, 0, 2);
-    tessera_client_close(c);
-    m = newest_map(NULL);
-    assert_non_null(m);
-    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
-    P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
-    R1 = tsd_cluster_find(&CL, m->nodes[order[1]].id);
-    R2 = tsd_cluster_find(&CL, m->nodes[order[2]].id);
-    fprintf(stderr, "  PG %u at epoch %llu: primary %s, core replicas %s (R1) %s (R2)\n", pg,
-            (unsigned long long)m->epoch, CL.id[P], CL.id[R1], CL.id[R2]);
+    m = pg_cluster(ds, pg, &P, &R1, &R2);
     /* The PG works at the old epoch: one shard through the client. */
     shards_in_pg(m, ds, pg, &shard, sh, 1);
     assert_int_equal(put_retry(ds, sh[0], 77, why, sizeof(why)), 0);
@@ -830,7 +766,7 @@ static void test_partial_map_push(void **state)
 
     /* Epoch E+1 (P down, R1 leads) reaches R1 only; P and R2 keep epoch E. */
     next = ts_map_dup(m);
-    next->nodes[order[0]].state = TS_NODE_DOWN;
+    next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
     assert_int_equal(push_map_to(R1, next), 0);
     fprintf(stderr, "  epochs now: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
@@ -876,26 +812,14 @@ static void test_partial_map_push_mid_upload(void **state)
 {
     const char *ds = "pmu";
     struct ts_map *m, *next;
-    int order[3], P, R1, R2, fd, rc_w, rc_s, waited;
+    int P, R1, R2, fd, rc_w, rc_s, waited;
     uint32_t pg = 0, shard = 0, sh[1];
     uint8_t data[T2_LEN];
-    tessera_client *c;
     char why[600], msg_w[512], msg_s[512];
     struct ts_wr w;
 
     (void)state;
-    assert_int_equal(start_cluster(3, NULL, 8), 0);
-    c = cluster_client();
-    mkds(c, ds, 3, 0, 2);
-    tessera_client_close(c);
-    m = newest_map(NULL);
-    assert_non_null(m);
-    assert_int_equal(ts_map_pg_order(m, pg, order, 3), 3);
-    P = tsd_cluster_find(&CL, m->nodes[order[0]].id);
-    R1 = tsd_cluster_find(&CL, m->nodes[order[1]].id);
-    R2 = tsd_cluster_find(&CL, m->nodes[order[2]].id);
-    fprintf(stderr, "  PG %u at epoch %llu: primary %s, core replicas %s (R1) %s (R2)\n", pg,
-            (unsigned long long)m->epoch, CL.id[P], CL.id[R1], CL.id[R2]);
+    m = pg_cluster(ds, pg, &P, &R1, &R2);
     shards_in_pg(m, ds, pg, &shard, sh, 1);
     assert_int_equal(put_retry(ds, sh[0], 77, why, sizeof(why)), 0);
     shard++;
@@ -913,7 +837,7 @@ static void test_partial_map_push_mid_upload(void **state)
 
     /* Epoch E+1 (P down, R1 leads) reaches R1 only. */
     next = ts_map_dup(m);
-    next->nodes[order[0]].state = TS_NODE_DOWN;
+    next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
     assert_int_equal(push_map_to(R1, next), 0);
 
