@@ -1997,6 +1997,12 @@ static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_
     if (rc)
         return rc;
     p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+    if (declared != TS_SIZE_UNKNOWN && declared && (declared - 1) / p->chunk >= (1u << 30)) {
+        /* Refused before a byte is sent: the server stores at most 2^30 chunks a shard. */
+        set_err(c, "%s/%u: %llu bytes make more than 2^30 chunks of %u bytes", name, shard,
+                (unsigned long long)declared, p->chunk);
+        return TS_ETOOBIG;
+    }
     p->nwin = TS_MAX(2u, PUT_WINDOW_BYTES / p->chunk);
     p->nwin = TS_MIN(p->nwin, c->max_inflight);
     p->win = calloc(p->nwin, sizeof(*p->win));
@@ -2162,11 +2168,6 @@ int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void 
     rc = put_begin(c, &p, name, shard, len);
     if (rc)
         goto out_end;
-    if ((len - (len ? 1 : 0)) / p.chunk > UINT32_MAX) {
-        set_err(c, "a shard has at most 2^32 chunks");
-        p.rc = TS_ETOOBIG;
-        goto out_end;
-    }
     do { /* an empty shard is one empty chunk */
         uint32_t n = (uint32_t)TS_MIN((size_t)p.chunk, len - off);
         if (put_room(c, &p) || put_chunk(c, &p, src + off, n))

@@ -240,6 +240,15 @@ static void test_names_and_rules(void **state)
     memset(b, 0x5a, sizeof(b));
     assert_int_equal(tessera_put(c, "rules", 0, b, 4, NULL, 0), TS_EEXIST);
     assert_non_null(strstr(tessera_client_error(c), "other contents"));
+    /* A shard that would need more chunks than the server keeps is refused before any byte. */
+    {
+        int zfd = open("/dev/zero", O_RDONLY);
+        assert_true(zfd >= 0);
+        assert_int_equal(tessera_put_fd(c, "rules", 7, zfd, ((uint64_t)CHUNK << 30) + 1),
+                         TS_ETOOBIG);
+        assert_non_null(strstr(tessera_client_error(c), "2^30 chunks"));
+        close(zfd);
+    }
     assert_int_equal(tessera_dataset_seal(c, "rules"), 0);
     /* A write to a sealed dataset. */
     assert_int_equal(tessera_put(c, "rules", 1, b, 4, NULL, 0), TS_ESEALED);
