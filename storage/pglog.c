@@ -192,6 +192,23 @@ int ts_store_pg_promise(ts_store *s, uint32_t pg, uint64_t epoch, struct ts_pg_s
     return rc;
 }
 
+/* The same acting set (in any order) and write quorum: an older pending interval with them is
+ * replaced by a newer one, as peering asks the same of both (q of that set). */
+static int same_interval_set(const struct ts_pg_interval *iv, uint8_t wq, const char (*acting)[64],
+                             uint8_t nacting)
+{
+    if (iv->wq != wq || iv->n != nacting)
+        return 0;
+    for (unsigned i = 0; i < nacting; i++) {
+        unsigned j = 0;
+        while (j < iv->n && strcmp(iv->acting[j], acting[i]))
+            j++;
+        if (j == iv->n)
+            return 0;
+    }
+    return 1;
+}
+
 /* Checks an interval's arguments, takes the log lock and reads the PG's state: 0 with the lock
  * held (the caller unlocks), or an error with it released. */
 static int interval_update_begin(ts_store *s, uint32_t pg, const char (*acting)[64],
@@ -229,7 +246,8 @@ int ts_store_pg_prepare(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
             /* Kept beside the other pending intervals: any of them may have started, and
              * only a commit at or above one says it no longer matters. */
             unsigned k = 0;
-            while (k < st.npending && st.pending[k].epoch != epoch)
+            while (k < st.npending && st.pending[k].epoch != epoch &&
+                   !same_interval_set(&st.pending[k], wq, acting, nacting))
                 k++;
             if (k == st.npending && k < TS_PG_MAX_PENDING)
                 st.npending++;

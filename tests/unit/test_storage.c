@@ -385,16 +385,22 @@ static void test_pg_log_and_peering_facts(void **state)
         assert_int_equal(st.npending, 1);
         assert_int_equal(st.pending[0].epoch, 6);
         assert_int_equal(st.les, 0);
-        /* A later prepare keeps the earlier pending interval (it may have started); a commit
+        /* A later prepare keeps the earlier pending interval (it may have started) unless it
+         * has the same acting set and write quorum (peering asks the same of both); a commit
          * removes the pending intervals up to it only. */
-        assert_int_equal(ts_store_pg_prepare(f->s, 3, 8, 2, acting, 2, 0, 0, 0, &got), 0);
+        const char other[2][64] = {"n2", "n3"};
+        assert_int_equal(ts_store_pg_prepare(f->s, 3, 7, 2, acting, 2, 0, 0, 0, &got), 0);
+        assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
+        assert_int_equal(st.npending, 1); /* epoch 6 replaced: the same set */
+        assert_int_equal(st.pending[0].epoch, 7);
+        assert_int_equal(ts_store_pg_prepare(f->s, 3, 8, 2, other, 2, 0, 0, 0, &got), 0);
         assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
         assert_int_equal(st.npending, 2);
-        assert_int_equal(ts_store_pg_commit(f->s, 3, 6, 2, acting, 2), 0);
+        assert_int_equal(ts_store_pg_commit(f->s, 3, 7, 2, acting, 2), 0);
         assert_int_equal(ts_store_pg_state(f->s, 3, &st), 0);
         assert_int_equal(st.npending, 1);
         assert_int_equal(st.pending[0].epoch, 8);
-        assert_int_equal(st.les, 6);
+        assert_int_equal(st.les, 7);
     }
 
     /* Roll back to (1, 2): entry 3 goes, and the shard it sealed. */
@@ -415,7 +421,7 @@ static void test_pg_log_and_peering_facts(void **state)
     assert_int_equal(st.applied, 2);
     assert_int_equal(st.head_epoch, 1);
     assert_int_equal(st.promised, 8); /* the prepare of epoch 8 */
-    assert_int_equal(st.les, 6);
+    assert_int_equal(st.les, 7);
     assert_int_equal(st.npending, 1); /* epoch 8 is still being started */
     assert_int_equal(st.wq, 2);
     assert_int_equal(st.nacting, 2);
