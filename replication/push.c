@@ -176,6 +176,9 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
          common == applied)) {
         ps->known = 1; /* a prefix of our log */
         ps->applied = applied;
+        if (applied < me.applied)
+            TS_INFO(FAC, "PG %u: %s holds our log up to %llu of %llu: catching it up", ps->pg,
+                    ps->node, (unsigned long long)applied, (unsigned long long)me.applied);
         repl_waiters_check(r);
         repl_push_step(r, ps);
         return;
