@@ -57,6 +57,8 @@ static const struct setting settings[] = {
     STR("tls.ciphersuites", tls_ciphersuites,
         "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256",
         "TLS 1.3 cipher suites, in preference order"),
+    INT("tls.handshake_timeout_s", tls_handshake_timeout_s, 1, 3600, "10",
+        "close a TLS connection that has not finished its handshake within this long"),
     BOOL("tls.require_client_cert", tls_require_client_cert, "false",
          "refuse TLS clients without a certificate signed by tls.ca"),
     INT("workers", workers, 1, 64, "2", "worker threads (each with its own event loop)"),

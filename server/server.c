@@ -105,6 +105,14 @@ static void worker_idle_sweep(evutil_socket_t fd, short what, void *arg)
         next = c->next;
         if (c->nuploads && now > upload_limit)
             w->srv->ops->uploads_expire(c, now - upload_limit);
+        if (!c->ready && now - c->last_active_ns >
+                             (uint64_t)w->srv->cfg->tls_handshake_timeout_s * 1000000000ull) {
+            /* A TLS handshake that does not finish must not hold a connection slot. */
+            TS_INFO(FAC, "connection %s did not finish its TLS handshake in %d s: closing", c->peer,
+                    w->srv->cfg->tls_handshake_timeout_s);
+            tsd_conn_free(c);
+            continue;
+        }
         if (!c->parked && now - c->last_active_ns > limit) {
             TS_INFO(FAC, "connection %s idle for %d s: closing", c->peer,
                     w->srv->cfg->idle_timeout_s);

@@ -54,6 +54,8 @@ static int group_setup(void **state)
                              "--tls-require-client-cert",
                              "--anonymous-role",
                              "none",
+                             "--tls-handshake-timeout-s",
+                             "1",
                              NULL};
     /* tsd_start adds --listen 127.0.0.1:0 first; the later --listen "" wins. */
     if (tsd_start(&M, m) != 0)
@@ -222,6 +224,22 @@ static void test_unsafe_config_refused(void **state)
     tsd_cleanup(&bad);
 }
 
+/* A client that connects to the TLS port and never starts (or finishes) a handshake is closed
+ * after tls.handshake_timeout_s (1 s here): it cannot hold a connection slot. */
+static void test_stalled_handshake_closed(void **state)
+{
+    int fd = raw_connect(M.tls_addr);
+    uint64_t t0 = ts_now_mono_ns();
+    double s;
+
+    assert_true(fd >= 0);
+    assert_true(raw_wait_closed(fd, 5000));
+    s = (double)(ts_now_mono_ns() - t0) / 1e9;
+    fprintf(stderr, "  closed after %.1f s\n", s);
+    assert_true(s >= 0.9 && s < 4.0);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -229,6 +247,7 @@ int main(void)
         cmocka_unit_test(test_roles),
         cmocka_unit_test(test_refused_credentials),
         cmocka_unit_test(test_plain_client_to_tls_port),
+        cmocka_unit_test(test_stalled_handshake_closed),
         cmocka_unit_test(test_optional_client_cert),
         cmocka_unit_test(test_unsafe_config_refused),
     };
