@@ -868,6 +868,29 @@ static void lag_snapshot(ts_repl *r)
     pthread_mutex_unlock(&r->lock);
 }
 
+/*
+ * Keeps the newest log_keep entries of a PG; where this node leads the PG, also what a replica
+ * it is in touch with still has to apply (up to 8 x log_keep: a replica further behind, or one
+ * that is gone, is backfilled later instead).
+ */
+static void trim_log(ts_repl *r, uint32_t pg)
+{
+    uint64_t applied = 0, keep = r->o.log_keep, cut, floor = UINT64_MAX;
+
+    if (ts_store_pg_applied(r->o.store, pg, &applied, NULL) != 0 || applied <= keep)
+        return;
+    cut = applied - keep;
+    if (repl_pgpeer_find(r, pg)) {
+        for (struct push *ps = r->pushes; ps; ps = ps->next)
+            if (ps->pg == pg && !ps->pull && ps->known && ps->applied < floor)
+                floor = ps->applied;
+        if (floor < cut)
+            cut = TS_MAX(floor, applied > 8 * keep ? applied - 8 * keep : 0);
+    }
+    if (cut)
+        ts_store_log_trim_to(r->o.store, pg, cut);
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     ts_repl *r = arg;
@@ -888,7 +911,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     if (now - r->last_trim_ns > 1000ull * 1000000 && r->map) {
         r->last_trim_ns = now;
         for (uint32_t pg = 0; pg < r->map->pg_count; pg++)
-            ts_store_log_trim(r->o.store, pg, r->o.log_keep);
+            trim_log(r, pg);
     }
 }
 

@@ -497,6 +497,18 @@ int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep)
     return from_rocksdb(err, "log trim");
 }
 
+int ts_store_log_trim_to(ts_store *s, uint32_t pg, uint64_t upto)
+{
+    uint8_t lo[12], hi[12];
+    char *err = NULL;
+
+    if (!s || !upto)
+        return s ? 0 : TS_EINVAL;
+    rocksdb_delete_range_cf(s->db, s->wo, s->cf[CF_OPLOG], (const char *)lo, key_log(lo, pg, 0),
+                            (const char *)hi, key_log(hi, pg, upto + 1), &err);
+    return from_rocksdb(err, "log trim");
+}
+
 int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch)
 {
     struct ts_pg_state st;

@@ -183,6 +183,8 @@ int ts_store_pg_applied(ts_store *s, uint32_t pg, uint64_t *applied, uint64_t *o
 int ts_store_log_read(ts_store *s, uint32_t pg, uint64_t seq, struct ts_log_rec *out);
 /* Keeps the newest keep records of a PG's log. */
 int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
+/* Removes a PG's log records up to and including seq upto. */
+int ts_store_log_trim_to(ts_store *s, uint32_t pg, uint64_t upto);
 
 /* Forces the PG's head to (epoch, seq) (backfill finished). */
 int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch);
