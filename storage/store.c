@@ -438,8 +438,16 @@ static void arena_release(struct arena *a, int64_t off, size_t len)
     int c = arena_class(len);
     size_t span = (len + 4095) & ~(size_t)4095;
 
-    /* Give the pages back before the slot can be reused (see struct arena). */
-    fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)span);
+    /* Give the pages back before the slot can be reused (see struct arena). If that fails,
+     * the slot is never reused: a sendfile() still in flight may read its old pages. */
+    if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)span) != 0) {
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            TS_WARN(FAC, ts_from_errno(errno),
+                    "cache arena: cannot free a slot's pages (%s): slots are not reused",
+                    strerror(errno));
+        return;
+    }
     pthread_mutex_lock(&a->lock);
     if (a->nfree[c] == a->capfree[c]) {
         size_t cap = a->capfree[c] ? 2 * a->capfree[c] : 64;
