@@ -37,6 +37,11 @@ int tsd_stream_continue(struct tsd_conn *c); /* a streaming READ: 1 when finishe
 void tsd_stream_free(struct tsd_read_stream *rs);
 void tsd_uploads_expire(struct tsd_conn *c, uint64_t before);
 
+/* ops_read.c */
+void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+/* A local chunk failed verification (rc TS_ECORRUPT): in a cluster, fetch a good copy. */
+void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc);
+
 /* ops_status.c */
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 

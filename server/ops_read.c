@@ -1,0 +1,289 @@
+/* READ: a range of a complete shard, streamed as the peer drains it, zero-copy (pinned engine
+ * buffers or the cache arena by sendfile), every piece with its CRC32C
+ * (docs/architecture.md "Reads and checksums"). */
+#include "ops_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- reads ------------------------------------------------------------------------------ */
+
+/* A local chunk failed verification: in a cluster, fetch a good copy from a replica. */
+void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc)
+{
+    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX)
+        return;
+    ts_repl_repair(s->repl, name, shard, idx, tsd_pg_of(s, name, shard));
+}
+
+/* Zeros sent in place of a chunk that failed verification mid-stream (see protocol.md). */
+static const uint8_t zeros[1u << 20];
+
+static void pin_cleanup(const void *data, size_t len, void *pin)
+{
+    ts_chunk_pin_release(pin);
+}
+
+void tsd_stream_free(struct tsd_read_stream *rs)
+{
+    if (!rs)
+        return;
+    ts_chunk_ref_release(&rs->first);
+    ts_chunk_ref_release(&rs->last);
+    ts_read_ctx_close(rs->ctx);
+    free(rs);
+}
+
+#define SENDFILE_MIN (128u << 10)
+
+static void hdr_free_cb(const void *data, size_t len, void *buf)
+{
+    free(buf);
+}
+
+static void seg_cleanup(struct evbuffer_file_segment const *seg, int flags, void *pin)
+{
+    ts_chunk_pin_release(pin);
+}
+
+/*
+ * Adds [in, in+n) of a verified chunk to the output without copying it: on plain TCP from the
+ * cache arena by sendfile() (file segment), otherwise by reference to its memory. The
+ * reference on the chunk is released by libevent once the bytes are handed to the kernel.
+ * Takes ownership of ref.
+ */
+static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_ref *ref, size_t in,
+                      size_t n)
+{
+    /* Small pieces batch better into one writev; large ones go by sendfile. */
+    if (!c->tls && ref->fd >= 0 && n >= SENDFILE_MIN) {
+        struct evbuffer_file_segment *seg =
+            evbuffer_file_segment_new(ref->fd, (ev_off_t)(ref->file_off + in), (ev_off_t)n,
+                                      EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
+        if (seg) {
+            evbuffer_file_segment_add_cleanup_cb(seg, seg_cleanup, ref->pin);
+            ref->pin = NULL; /* now released by the segment's cleanup */
+            if (evbuffer_add_file_segment(out, seg, 0, (ev_off_t)n) != 0)
+                TS_ERROR(FAC, TS_ENOMEM, "cannot queue %zu bytes to %s", n, c->peer);
+            evbuffer_file_segment_free(seg); /* the evbuffer holds its own reference */
+            ref->data = NULL;
+            return;
+        }
+    }
+    if (evbuffer_add_reference(out, ref->data + in, n, pin_cleanup, ref->pin) != 0)
+        ts_chunk_pin_release(ref->pin);
+    ref->pin = NULL;
+    ref->data = NULL;
+}
+
+static void add_zeros(struct evbuffer *out, size_t n)
+{
+    while (n) {
+        size_t k = TS_MIN(n, sizeof(zeros));
+        evbuffer_add_reference(out, zeros, k, NULL, NULL);
+        n -= k;
+    }
+}
+
+int tsd_stream_continue(struct tsd_conn *c)
+{
+    struct tsd_read_stream *rs = c->rs;
+    struct evbuffer *out = tsd_conn_out(c);
+    size_t budget = c->w->srv->out_budget;
+
+    while (rs->pos < rs->end && evbuffer_get_length(out) < budget) {
+        uint32_t idx = (uint32_t)(rs->pos / rs->chunk_size);
+        size_t in = (size_t)(rs->pos % rs->chunk_size);
+        size_t n = (size_t)TS_MIN((uint64_t)rs->chunk_size - in, rs->end - rs->pos);
+        struct ts_chunk_ref ref;
+        int rc = 0;
+
+        if (idx == rs->first_idx && rs->first.pin) {
+            ref = rs->first;
+            rs->first.pin = NULL;
+        } else if (idx == rs->last_idx && rs->last.pin) {
+            ref = rs->last;
+            rs->last.pin = NULL;
+        } else {
+            rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
+        }
+        if (rc == TS_ENOENT) {
+            /* The dataset was deleted while its reply streamed: nothing to send; closing the
+             * connection is the only honest end of a frame already promised. */
+            TS_INFO(FAC, "read %s/%u: deleted while streaming to %s; closing", rs->name,
+                    ts_read_ctx_info(rs->ctx)->shard, c->peer);
+            tsd_stream_free(rs);
+            c->rs = NULL;
+            c->closing = 1;
+            tsd_conn_pause(c);
+            return 1;
+        }
+        if (rc) {
+            /* Already promised in the piece table: send zeros, which fail the piece CRC at
+             * the client (TS_ECORRUPT there). The corrupt bytes themselves never leave. */
+            TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
+                     ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
+            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+            tsd_repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
+            add_zeros(out, n);
+        } else {
+            add_piece(c, out, &ref, in, n);
+        }
+        rs->pos += n;
+        STAT_ADD(&c->w->stats, read_bytes, n);
+        STAT_ADD(&c->w->stats, bytes_out, n);
+    }
+    if (rs->pos < rs->end)
+        return 0;
+    tsd_stream_free(rs);
+    c->rs = NULL;
+    return 1;
+}
+
+void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    char name[TS_NAME_MAX + 1];
+    struct tsd_read_stream *rs;
+    const struct ts_shard_info *si;
+    uint32_t shard, len, npieces;
+    uint64_t off, end;
+    struct ts_wr w;
+    int rc;
+
+    if (ops_rd_name_done(c, h, r, name, 0))
+        return;
+    shard = ts_rd_u32(r);
+    off = ts_rd_u64(r);
+    len = ts_rd_u32(r);
+    if (ops_rd_done(c, h, r))
+        return;
+    if (len > TS_MAX_READ) {
+        tsd_reply_error(c, h, TS_ETOOBIG, "read %s/%u: %u bytes asked, at most %u per request",
+                        name, shard, len, TS_MAX_READ);
+        return;
+    }
+    if (atomic_load(&s->epoch) && !tsd_pg_serves(s, name, shard)) {
+        tsd_reply_error(c, h, TS_EBUSY,
+                        "read %s/%u: this node is recovering PG %u (it may lack writes or deletes "
+                        "made while it was away); another replica serves it",
+                        name, shard, tsd_pg_of(s, name, shard));
+        return;
+    }
+    rs = calloc(1, sizeof(*rs));
+    if (!rs) {
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    snprintf(rs->name, sizeof(rs->name), "%s", name);
+    rc = ts_store_read_open(s->store, name, shard, 0, &rs->ctx);
+    if (rc) {
+        if (rc == TS_EINCOMPLETE)
+            tsd_reply_error(c, h, rc, "read %s/%u: shard is still being written (not sealed)", name,
+                            shard);
+        else
+            ops_reply_store_error(c, h, rc, name, shard);
+        goto out_free;
+    }
+    si = ts_read_ctx_info(rs->ctx);
+    if (off > si->size) {
+        tsd_reply_error(c, h, TS_ERANGE, "read %s/%u: offset %llu is past the end (%llu bytes)",
+                        name, shard, (unsigned long long)off, (unsigned long long)si->size);
+        goto out_free;
+    }
+    end = off + TS_MIN((uint64_t)len, si->size - off);
+    rs->pos = off;
+    rs->end = end;
+    rs->chunk_size = si->chunk_size;
+    rs->req_id = h->req_id;
+    npieces = end > off ? (uint32_t)((end - 1) / si->chunk_size - off / si->chunk_size + 1) : 0;
+    rs->first_idx = (uint32_t)(off / si->chunk_size);
+    rs->last_idx = npieces ? (uint32_t)((end - 1) / si->chunk_size) : rs->first_idx;
+
+    /* Piece table. The first and last chunks are read and verified now (their CRCs may need
+     * computing over a partial range); whole middle chunks carry their stored CRC. */
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, si->size);
+    ts_wr_u32(&w, npieces);
+    for (uint32_t i = 0; i < npieces; i++) {
+        uint32_t idx = rs->first_idx + i, crc, clen;
+        uint64_t cstart = (uint64_t)idx * si->chunk_size;
+        uint64_t ps = TS_MAX(cstart, off);
+        uint64_t pe = TS_MIN(cstart + si->chunk_size, end);
+        struct ts_chunk_ref *ref = NULL;
+
+        if (i == 0)
+            ref = &rs->first;
+        else if (i == npieces - 1)
+            ref = &rs->last;
+        if (ref) {
+            rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
+            if (rc) {
+                ts_wr_fini(&w);
+                if (rc == TS_ECORRUPT)
+                    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                tsd_repair_chunk(s, name, shard, idx, rc);
+                tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
+                                ts_strerror(rc));
+                goto out_free;
+            }
+            if (ps == cstart && pe - ps == ref->len) {
+                crc = ref->crc; /* the stored CRC: the client checks the bytes against it */
+            } else {
+                /* A partial piece gets a CRC computed here: first prove its bytes are the ones
+                 * verified (a cached copy whose memory went bad is evicted and read again). */
+                if (ts_chunk_ref_check(ref, ps - cstart, pe - ps) != 0) {
+                    TS_ERROR(FAC, TS_ECORRUPT,
+                             "cached copy of chunk %u of %s/%u failed its check: evicted, read "
+                             "again from the store",
+                             idx, name, shard);
+                    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                    ts_chunk_ref_release(ref);
+                    ts_read_ctx_evict(rs->ctx, idx);
+                    rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
+                    if (!rc)
+                        rc = ts_chunk_ref_check(ref, ps - cstart, pe - ps);
+                    if (rc) {
+                        ts_wr_fini(&w);
+                        tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
+                                        ts_strerror(rc));
+                        goto out_free;
+                    }
+                }
+                crc = ts_crc32c(0, ref->data + (ps - cstart), (size_t)(pe - ps));
+            }
+        } else {
+            ts_read_ctx_chunk_crc(rs->ctx, idx, &crc, &clen);
+        }
+        ts_wr_u32(&w, (uint32_t)(pe - ps));
+        ts_wr_u32(&w, crc);
+    }
+    /* The frame length covers the data that the stream will add. */
+    if (!w.err) {
+        struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode,
+                                  TS_F_REPLY,       h->req_id,
+                                  s->epoch,         (uint32_t)(w.len - TS_HDR_LEN + (end - off))};
+        struct evbuffer *out = tsd_conn_out(c);
+        ts_frame_encode(w.buf, &rh);
+        STAT_ADD(&c->w->stats, bytes_out, w.len);
+        /* By reference: libevent 2.1 refuses evbuffer_add() right after a file segment (a
+         * previous reply's sendfile piece), while a reference is always a chain of its own. */
+        if (evbuffer_add_reference(out, w.buf, w.len, hdr_free_cb, w.buf) != 0) {
+            ts_wr_fini(&w);
+            goto out_free;
+        }
+        w.buf = NULL;
+        ts_wr_fini(&w);
+        c->rs = rs;
+        /* Most replies fit the budget at once; only a stream that must wait for the peer
+         * pauses the connection's input (no event churn per small read). */
+        if (!tsd_stream_continue(c))
+            tsd_conn_pause(c);
+        return;
+    }
+    ts_wr_fini(&w);
+    tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+out_free:
+    tsd_stream_free(rs);
+}
