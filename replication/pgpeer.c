@@ -92,13 +92,14 @@ static void set_state(ts_repl *r, struct pgpeer *pp, int state)
 struct pctx {
     uint32_t pg;
     unsigned round;
+    uint64_t epoch; /* a pgpeer freed and made again restarts its rounds: the epoch tells */
     char node[64];
 };
 
 static struct pgpeer *ctx_pp(ts_repl *r, struct pctx *c)
 {
     struct pgpeer *pp = repl_pgpeer_find(r, c->pg);
-    return pp && pp->round == c->round ? pp : NULL;
+    return pp && pp->round == c->round && pp->epoch == c->epoch ? pp : NULL;
 }
 
 static struct pctx *ctx_new(struct pgpeer *pp, const char *node)
@@ -107,6 +108,7 @@ static struct pctx *ctx_new(struct pgpeer *pp, const char *node)
     if (c) {
         c->pg = pp->pg;
         c->round = pp->round;
+        c->epoch = pp->epoch;
         snprintf(c->node, sizeof(c->node), "%.63s", node);
     }
     return c;
@@ -230,7 +232,7 @@ static void query_reply(ts_repl *r, struct peer *p, void *ctx, int status, struc
         return;
     }
     pp->outstanding--;
-    if (status == 0 && ts_repl_rd_pg_state(body, &st) == 0) {
+    if (status == 0 && ts_repl_rd_pg_state(body, &st) == 0 && st.promised >= pp->epoch) {
         add_reply(pp, c->node, &st);
     } else if (status != TS_ESTALE) {
         TS_DEBUG(FAC, "PG %u: no peering reply from %s: %s", pp->pg, c->node, ts_errname(status));
@@ -527,8 +529,10 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
     struct ts_peering_out out;
     char(*nodes)[64] = calloc(r->map->n ? r->map->n : 1, 64);
 
-    if (!nodes)
+    if (!nodes) {
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS; /* the timer asks again */
         return;
+    }
     for (size_t i = 0; i < r->map->n; i++)
         snprintf(nodes[i], 64, "%s", r->map->nodes[i].id);
     memset(&in, 0, sizeof(in));
@@ -540,6 +544,7 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
     in.nreplies = pp->nreplies;
     if (ts_peering_decide(&in, &out) != 0) {
         free(nodes);
+        pp->retry_at = ts_now_mono_ns() + REQUERY_NS; /* its own reply is missing: ask again */
         return;
     }
     free(nodes);
@@ -703,6 +708,12 @@ void repl_pgpeer_tick(ts_repl *r)
     /* Pulls that are done, and pushes of PGs this node no longer leads (busy at the map
      * change), go once idle. */
     for (pp = &r->pushes; (ps = *pp);) {
+        if (ps->pull && repl_pgpeer_find(r, ps->pg) && repl_node_rank(r, ps->pg, ps->node) > 0) {
+            /* We lead the PG now and the puller is its replica: an ordinary push from here. */
+            ps->pull = ps->pull_done = 0;
+            if (!ps->busy)
+                ps->known = 0;
+        }
         if (!ps->busy && (ps->pull ? ps->pull_done : !repl_pgpeer_find(r, ps->pg))) {
             *pp = ps->next;
             repl_push_free(ps);

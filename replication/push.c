@@ -143,6 +143,8 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     if (status) {
         if (status == TS_ESTALE)
             repl_on_stale(r, p, body);
+        if (ps->pull && (status == TS_ESTALE || status == TS_EPERM))
+            ps->pull_done = 1; /* the puller moved on (a newer epoch): nothing to push */
         push_retry_later(ps);
         return;
     }
@@ -233,6 +235,8 @@ static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
     }
     if (status == TS_ESTALE)
         repl_on_stale(r, p, body);
+    if (ps->pull && (status == TS_ESTALE || status == TS_EPERM))
+        ps->pull_done = 1; /* the puller moved on (a newer epoch): nothing to push */
     if (status != TS_ECONNREFUSED && status != TS_ECONNRESET)
         TS_WARN(FAC, status, "push of PG %u seq %llu (%s/%u) to %s failed", ps->pg,
                 (unsigned long long)seq, ps->rec.dataset, ps->rec.shard, ps->node);
@@ -310,6 +314,8 @@ static void stream_more(ts_repl *r, struct push *ps)
         repl_peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
                        ref.pin ? chunk_pin_cleanup : NULL, ref.pin, stream_reply, ps,
                        push_epoch(ps));
+        if (!ps->rctx)
+            return; /* the send failed at once and its reply ended the stream */
     }
     if (ps->inflight == 0 && ps->stream_failed) {
         ts_read_ctx_close(ps->rctx);
@@ -322,12 +328,33 @@ static void stream_more(ts_repl *r, struct push *ps)
         push_send_seal(r, ps); /* all chunks acknowledged: seal (rctx marks "streamed") */
 }
 
+/* The incarnation of the dataset this node holds now is the one the entry names. */
+static int same_incarnation(ts_repl *r, const struct ts_log_rec *rec)
+{
+    struct ts_dataset_info d;
+    int rc = ts_store_dataset_get(r->o.store, rec->dataset, &d);
+
+    if (rc)
+        return rc;
+    return !rec->inc || d.created_ns == rec->inc ? 0 : TS_ENOENT;
+}
+
 static void push_stream(ts_repl *r, struct push *ps)
 {
-    int rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
+    int rc = same_incarnation(r, &ps->rec);
 
+    if (rc == 0)
+        rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
+    if (rc && rc != TS_ENOENT) {
+        /* A local failure (memory, the engine): not "gone"; try again later. */
+        TS_WARN(FAC, rc, "PG %u: cannot read %s/%u to push it to %s", ps->pg, ps->rec.dataset,
+                ps->rec.shard, ps->node);
+        push_retry_later(ps);
+        return;
+    }
     if (rc) {
-        /* The shard is gone here (dataset deleted): the position carries nothing. */
+        /* That incarnation of the shard is gone here (deleted, or the name re-created): the
+         * position carries nothing. */
         struct ts_wr w;
         if (ps->backfill) {
             ps->at++;
@@ -596,8 +623,14 @@ void repl_pushes_rebuild(ts_repl *r)
         int order[TS_REPL_MAX_REPLICAS];
         size_t n = r->map ? ts_map_pg_order(r->map, ps->pg, order, TS_REPL_MAX_REPLICAS) : 0;
         int keep = n > 0 && order[0] == r->self && repl_node_rank(r, ps->pg, ps->node) > 0;
-        if (ps->pull)
+        if (ps->pull && keep) {
+            /* We lead the PG now and the puller is its replica: an ordinary push from here. */
+            ps->pull = ps->pull_done = 0;
+            if (!ps->busy)
+                ps->known = 0;
+        } else if (ps->pull) {
             keep = !ps->pull_done;
+        }
         if (!keep && !ps->busy) {
             *pp = ps->next;
             repl_push_free(ps);

@@ -767,6 +767,7 @@ static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, stru
         memset(&log, 0, sizeof(log));
         log.pg = pg;
         log.epoch = act_epoch;
+        log.fence = act_epoch; /* refused if a newer primary's peering reached us meanwhile */
         snprintf(log.dataset, sizeof(log.dataset), "%s", name);
         log.policy = d.policy;
         log.inc = d.created_ns;

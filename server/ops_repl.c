@@ -338,6 +338,7 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     log.pg = pg;
     log.seq = seq;
     log.epoch = epoch;
+    log.fence = h->epoch; /* the promise is checked again with the append, under its lock */
     snprintf(log.dataset, sizeof(log.dataset), "%s", name);
     log.policy = p;
     log.inc = inc;
@@ -348,11 +349,11 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
         rc = ts_store_log_append(s->store, &log);
         break;
     case TS_REPL_SET_APPLIED:
-        rc = ts_store_pg_set_applied(s->store, pg, seq, epoch);
+        rc = ts_store_pg_set_applied(s->store, pg, seq, epoch, h->epoch);
         break;
     case TS_REPL_TRUNCATE:
         tsd_pg_mark_clean(s, pg, 0);
-        rc = ts_store_pg_truncate(s->store, pg, seq, epoch, &removed);
+        rc = ts_store_pg_truncate(s->store, pg, seq, epoch, h->epoch, &removed);
         if (rc == 0)
             TS_WARN(FAC, 0, "PG %u: log rolled back to %llu by its primary (%u shards removed)", pg,
                     (unsigned long long)seq, removed);
@@ -360,9 +361,16 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     case TS_REPL_DELETE:
         rc = apply_delete(s, &log);
         break;
-    case TS_REPL_CLEAN:
-        rc = tsd_pg_mark_clean(s, pg, 1);
+    case TS_REPL_CLEAN: {
+        /* Only if this node holds exactly the log the primary says it holds. */
+        struct ts_pg_state st;
+        rc = ts_store_pg_state(s->store, pg, &st);
+        if (rc == 0 && (st.applied != seq || st.head_epoch != epoch))
+            rc = TS_ERANGE;
+        if (rc == 0)
+            rc = tsd_pg_mark_clean(s, pg, 1);
         break;
+    }
     case TS_REPL_SEAL:
     case TS_REPL_BACKFILL:
         rc = apply_seal(c, kind, name, shard, &p, have_crc, crc, recs, nrec, &log);
@@ -372,6 +380,11 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     }
     if (rc == 0 || rc == TS_EEXIST) /* EEXIST: this very entry is here already */
         reply_applied(c, h, pg);
+    else if (rc == TS_ESTALE)
+        tsd_reply_stale(c, h,
+                        "repl-seal PG %u at epoch %llu: a newer primary's peering got here "
+                        "first",
+                        pg, (unsigned long long)h->epoch);
     else if (rc == TS_EINCOMPLETE)
         tsd_reply_error(c, h, rc, "repl-seal %s/%u: this replica lacks its chunks", name, shard);
     else if (rc == TS_ERANGE)

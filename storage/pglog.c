@@ -393,6 +393,10 @@ int ts_pglog_begin(ts_store *s, struct ts_log_rec *log, rocksdb_writebatch_t *b)
     rc = pg_state_get(s, log->pg, &st);
     if (rc)
         goto out_unlock;
+    if (log->fence && log->fence < st.promised) {
+        rc = TS_ESTALE; /* a newer primary's peering got here first: not this write */
+        goto out_unlock;
+    }
     if (log->seq == 0) {
         log->seq = st.applied + 1;
     } else if (log->seq <= st.applied) {
@@ -509,13 +513,15 @@ int ts_store_log_trim_to(ts_store *s, uint32_t pg, uint64_t upto)
     return from_rocksdb(err, "log trim");
 }
 
-int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch)
+int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence)
 {
     struct ts_pg_state st;
     int rc;
 
     pthread_mutex_lock(&s->loglock);
     rc = pg_state_get(s, pg, &st);
+    if (rc == 0 && fence && fence < st.promised)
+        rc = TS_ESTALE;
     if (rc == 0) {
         st.applied = seq;
         st.head_epoch = epoch;
@@ -556,7 +562,8 @@ int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_
     return 0;
 }
 
-int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, unsigned *removed)
+int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence,
+                         unsigned *removed)
 {
     struct ts_pg_state st;
     struct ts_log_rec rec;
@@ -569,6 +576,8 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
     rc = ts_store_pg_state(s, pg, &st);
     if (rc || st.applied <= seq)
         return rc;
+    if (fence && fence < st.promised)
+        return TS_ESTALE;
     /* First the shards the divergent entries sealed (never acknowledged: they were not on a
      * write quorum), then the entries: a crash in between leaves entries without shards, which
      * the next comparison finds divergent again. */
@@ -585,6 +594,8 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
     }
     pthread_mutex_lock(&s->loglock);
     rc = pg_state_get(s, pg, &st);
+    if (rc == 0 && fence && fence < st.promised)
+        rc = TS_ESTALE;
     if (rc == 0 && st.applied > seq) {
         b = rocksdb_writebatch_create();
         rocksdb_writebatch_delete_range_cf(b, s->cf[CF_OPLOG], (const char *)lo,

@@ -155,6 +155,8 @@ struct ts_log_rec {
     uint64_t seq;     /* 0 on append: assign the next one */
     uint64_t epoch;   /* map epoch of the primary that appended it; (epoch, seq) names an entry */
     uint64_t inc;     /* the dataset's incarnation (its created_ns, the same on every node) */
+    uint64_t fence;   /* append only if the PG's promise is not newer (TS_ESTALE): the sender's
+                         epoch, checked under the log lock with the append (0: no check) */
     int type;         /* enum ts_log_type */
     uint64_t time_ns; /* wall clock when the primary appended it */
     char dataset[TS_NAME_MAX + 1];
@@ -186,8 +188,9 @@ int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
 /* Removes a PG's log records up to and including seq upto. */
 int ts_store_log_trim_to(ts_store *s, uint32_t pg, uint64_t upto);
 
-/* Forces the PG's head to (epoch, seq) (backfill finished). */
-int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch);
+/* Forces the PG's head to (epoch, seq) (backfill finished); TS_ESTALE if a promise newer than
+ * fence (0: none) was made. */
+int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence);
 
 /* 1 when two entries are the same operation (epoch, type, dataset, shard, size, CRC). */
 int ts_log_rec_same(const struct ts_log_rec *a, const struct ts_log_rec *b);
@@ -241,8 +244,10 @@ int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
 /* The newest entries' (seq, epoch), newest first, up to max. */
 int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_t max, size_t *n);
 /* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and
- * the shards they sealed deleted (they were never acknowledged). *removed counts shards. */
-int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, unsigned *removed);
+ * the shards they sealed deleted (they were never acknowledged). *removed counts shards.
+ * TS_ESTALE (nothing removed) if a promise newer than fence (0: none) was made. */
+int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence,
+                         unsigned *removed);
 /* Deletes one shard (complete or not) and its records; TS_EBUSY while it is being uploaded. */
 int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard);
 /* The dataset's record only (cached; no shard scan). */

@@ -404,7 +404,7 @@ static void test_pg_log_and_peering_facts(void **state)
     }
 
     /* Roll back to (1, 2): entry 3 goes, and the shard it sealed. */
-    assert_int_equal(ts_store_pg_truncate(f->s, 3, 2, 1, &removed), 0);
+    assert_int_equal(ts_store_pg_truncate(f->s, 3, 2, 1, 0, &removed), 0);
     assert_int_equal(removed, 1);
     assert_int_equal(ts_store_log_read(f->s, 3, 3, &rec), TS_ENOENT);
     {
