@@ -112,7 +112,7 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
             short_of = 1;
             snprintf(out->why, sizeof(out->why),
                      "needs replies from %u of the %u nodes of %s interval %llu's acting set; "
-                     "has %u (none from %s)",
+                     "has %u (none from %.200s)",
                      s->need, s->n, s->pending ? "pending" : "started",
                      (unsigned long long)s->epoch, s->have, missing);
         }

@@ -54,7 +54,8 @@ struct ts_chunk_ref {
     const uint32_t *sub; /* cached copy: CRC32C per TS_SUB_BLOCK (NULL: verified whole now) */
 };
 
-#define TS_SUB_BLOCK (4u << 10) /* a 4 KiB-aligned partial read touches no byte it does not send */
+/* 4 KiB: a 4 KiB-aligned partial read of a cached chunk checks no byte it does not send. */
+#define TS_SUB_BLOCK (4u << 10)
 /* Checks the bytes [off, off+len) of a chunk reference against what was verified (a cached copy:
  * the touched sub-blocks' CRCs); 0 or TS_ECORRUPT (the memory went bad: evict and read again). */
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);

@@ -634,6 +634,75 @@ static void test_backfill_after_log_trim(void **state)
     tessera_client_close(c);
 }
 
+static long total_backfills(void)
+{
+    long backfills = 0;
+    for (int i = 0; i < CL.n; i++) {
+        json_object *j = node_status(i), *rep, *x;
+        if (j && json_object_object_get_ex(j, "replication", &rep) &&
+            json_object_object_get_ex(rep, "backfills", &x))
+            backfills += (long)json_object_get_int64(x);
+        json_object_put(j);
+    }
+    return backfills;
+}
+
+/*
+ * Log trim keeps what a replica still in touch has to apply: n4, a fringe replica of one PG,
+ * stalls (SIGSTOP; its connections stay open, for less than peer_timeout_ms) while 11 shards of
+ * that PG are written (pg_log_keep 4, the primary trims once a second). Resumed, it catches up from
+ * the log: no backfill, every shard on n4 byte for byte.
+ */
+static void test_trim_keeps_replica_position(void **state)
+{
+    tessera_client *c = cluster_client();
+    struct ts_map *m = node_map(any_addr());
+    int victim = tsd_cluster_find(&CL, "n4");
+    uint32_t shards[12], n = 0, pg = UINT32_MAX;
+    long before, after, ops;
+    uint64_t t0;
+
+    for (uint32_t s = 0; n < 12 && s < 100000; s++) {
+        int rep[5], k = replicas_of(m, "tk", s, rep, 5), mine = 0;
+        uint32_t spg = ts_map_pg_of(m, "tk", s);
+        for (int j = 3; j < k; j++) /* a fringe replica: writes do not wait for it */
+            mine |= rep[j] == victim;
+        if (!mine || (pg != UINT32_MAX && spg != pg))
+            continue;
+        pg = spg;
+        shards[n++] = s;
+    }
+    assert_int_equal(n, 12);
+    mkds(c, "tk", 3, 2, 2);
+    assert_int_equal(put_shard(c, "tk", shards[0], shards[0] + 9000), 0);
+    assert_int_equal(wait_on_node(victim, "tk", shards[0], shards[0] + 9000, 10000), 0);
+    /* Quiet first: no request to n4 outstanding when it stalls (that would start its
+     * peer_timeout_ms early, and a timed-out replica is "gone": backfilled by design). */
+    for (int t = 0; t < 100 && total_lag(NULL, NULL) != 0; t++)
+        msleep(100);
+    msleep(500);
+    before = total_backfills();
+    kill(CL.node[victim].pid, SIGSTOP);
+    t0 = ts_now_mono_ns();
+    for (uint32_t i = 1; i < n; i++)
+        assert_int_equal(put_shard(c, "tk", shards[i], shards[i] + 9000), 0);
+    fprintf(stderr, "  puts took %.3f s\n", (ts_now_mono_ns() - t0) / 1e9);
+    msleep(1500); /* more than one trim pass; well under peer_timeout_ms (3 s) */
+    kill(CL.node[victim].pid, SIGCONT);
+    for (int t = 0; t < 200 && (ops = total_lag(NULL, "n4")) != 0; t++)
+        msleep(100);
+    assert_int_equal(ops, 0);
+    after = total_backfills();
+    fprintf(stderr, "  PG %u: 11 entries past n4's position, backfills %ld -> %ld\n", pg, before,
+            after);
+    assert_int_equal(after, before); /* replayed from the log, not backfilled */
+    for (uint32_t i = 0; i < n; i++)
+        assert_int_equal(raw_read_verify(CL.node[victim].addr, "tk", shards[i], shards[i] + 9000),
+                         0);
+    ts_map_free(m);
+    tessera_client_close(c);
+}
+
 /*
  * Clients that vanish mid-upload: 80 connections each start an upload on one primary (its
  * chunk forwarded to the replicas) and close. The primary ends the replicas' uploads too:
@@ -730,6 +799,7 @@ int main(void)
         cmocka_unit_test(test_corrupt_chunk_repaired),
         cmocka_unit_test(test_fringe_lag_and_catch_up),
         cmocka_unit_test(test_backfill_after_log_trim),
+        cmocka_unit_test(test_trim_keeps_replica_position),
         cmocka_unit_test(test_min_core_refuses),
         cmocka_unit_test(test_stale_epoch_fenced),
         cmocka_unit_test(test_primary_killed_failover),
