@@ -85,7 +85,8 @@ static const struct setting settings[] = {
     INT("drain_timeout_s", drain_timeout_s, 1, 3600, "10",
         "on SIGTERM, wait this long for in-flight requests before exiting"),
     INT("pg_log_keep", pg_log_keep, 1, 1 << 30, "10000",
-        "operation-log records kept per PG; a replica further behind is backfilled"),
+        "operation-log records kept per PG (a primary keeps up to 8x more for a replica in "
+        "touch that still needs them); a replica further behind is backfilled"),
     INT("peer_timeout_ms", peer_timeout_ms, 100, 600000, "3000",
         "a peer node that owes replies and says nothing this long is unreachable"),
     INT("max_chunk_mb", max_chunk_mb, 1, 64, "64", "largest chunk size a dataset may use, MiB"),
