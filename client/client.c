@@ -41,6 +41,7 @@ struct ts_req {
     uint8_t sent;    /* every byte handed to the transport */
     uint8_t replied; /* the reply was received (or the connection failed) */
     uint8_t done;    /* sent and replied: the caller may look */
+    uint16_t hflags; /* request header flags (TS_F_VERIFY) */
     int rc;          /* of a READ: its result; of others: 0 or why no reply came */
     uint64_t seq;    /* completion order (tessera_wait_any reports the earliest) */
     struct ts_wr w;  /* header + fields; the buffer is kept across reuse */
@@ -965,7 +966,7 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
 static int req_send(struct tessera_client *c, struct ts_req *r, const void *data, size_t len)
 {
     const struct ts_op_desc *d = ts_op_desc(r->op);
-    struct ts_frame_hdr h = {TS_PROTO_VERSION, r->op, 0, 0, 0, 0};
+    struct ts_frame_hdr h = {TS_PROTO_VERSION, r->op, r->hflags, 0, 0, 0};
     struct ts_req **live;
     uint64_t payload;
     int rc;
@@ -1778,7 +1779,7 @@ static int read_args(tessera_client *c, const char *name, uint64_t off, size_t l
 }
 
 static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
-                      void *buf, int user, struct ts_req **out)
+                      void *buf, int user, uint16_t hflags, struct ts_req **out)
 {
     struct ts_req *r;
     int rc;
@@ -1791,6 +1792,7 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     ts_wr_u64(&r->w, off);
     ts_wr_u32(&r->w, (uint32_t)len);
     r->user = (uint8_t)user;
+    r->hflags = hflags;
     r->dst = buf;
     r->cap = len;
     r->rd_off = off;
@@ -1813,8 +1815,9 @@ static int read_result(tessera_client *c, struct ts_req *r, size_t *out_len)
     return r->rc;
 }
 
-int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
-                 void *buf, size_t *out_len)
+/* A read of one node: a window of READ requests in flight over the range. */
+static int read_window(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                       size_t len, void *buf, size_t *out_len, uint16_t hflags)
 {
     struct ts_req *win[READ_WINDOW];
     uint8_t *dst = buf;
@@ -1822,16 +1825,6 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
     uint64_t size = UINT64_MAX;
     int rc, first = 0, ended = 0;
 
-    if (out_len)
-        *out_len = 0;
-    rc = enter(c);
-    if (rc)
-        return rc;
-    rc = read_args(c, name, off, len, buf);
-    if (rc)
-        return rc;
-    if (c->cl)
-        return ts_cl_read(c, c->cl, name, shard, off, len, buf, out_len);
     npieces = len ? (len - 1) / TESSERA_MAX_READ + 1 : 1;
     while (done < npieces) {
         /* Keep a window of requests in flight; none past a known end of the shard. */
@@ -1841,7 +1834,7 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
             if (next > 0 && poff >= size)
                 break;
             rc = read_queue(c, name, shard, poff, plen, dst + next * (size_t)TESSERA_MAX_READ, 0,
-                            &win[next % READ_WINDOW]);
+                            hflags, &win[next % READ_WINDOW]);
             if (rc) {
                 first = rc;
                 break;
@@ -1877,6 +1870,33 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
     return 0;
 }
 
+int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                 void *buf, size_t *out_len)
+{
+    int rc;
+
+    if (out_len)
+        *out_len = 0;
+    rc = enter(c);
+    if (rc)
+        return rc;
+    rc = read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_cl_read(c, c->cl, name, shard, off, len, buf, out_len);
+    rc = read_window(c, name, shard, off, len, buf, out_len, 0);
+    if (rc == TS_ECORRUPT && !c->broken) {
+        /* Bytes that failed their CRC (or a node that found its copy bad): once more, read
+         * from the store; the node drops the cached copies of the range first. */
+        TS_WARN(FAC, rc, "%s/%u: %s; reading it again from the node's store", name, shard,
+                c->err[0] ? c->err : ts_strerror(rc));
+        c->err[0] = '\0';
+        rc = read_window(c, name, shard, off, len, buf, out_len, TS_F_VERIFY);
+    }
+    return rc;
+}
+
 int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
                         size_t len, void *buf, uint64_t *op)
 {
@@ -1899,7 +1919,7 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
     }
     if (c->cl)
         return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
-    rc = read_queue(c, name, shard, off, len, buf, 1, &r);
+    rc = read_queue(c, name, shard, off, len, buf, 1, 0, &r);
     if (rc)
         return rc;
     *op = r->id;

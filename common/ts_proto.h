@@ -26,7 +26,10 @@
 #define TS_PROTO_VERSION 1
 #define TS_HDR_LEN 32
 #define TS_F_REPLY 0x0001u
-#define TS_F_KNOWN (TS_F_REPLY)
+/* On a READ request: read from the store, not from cached copies (the client found a piece
+ * failing its CRC and asks once more); the node evicts the range's cached chunks first. */
+#define TS_F_VERIFY 0x0002u
+#define TS_F_KNOWN (TS_F_REPLY | TS_F_VERIFY)
 
 /* REPL_SEAL kinds. */
 enum ts_repl_kind {

@@ -200,6 +200,18 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd 
     npieces = end > off ? (uint32_t)((end - 1) / si->chunk_size - off / si->chunk_size + 1) : 0;
     rs->first_idx = (uint32_t)(off / si->chunk_size);
     rs->last_idx = npieces ? (uint32_t)((end - 1) / si->chunk_size) : rs->first_idx;
+    if ((h->flags & TS_F_VERIFY) && npieces) {
+        /* The client found bytes failing their CRC: drop the cached copies of the range, so
+         * that this read comes from the store (verified again as it fills the cache). */
+        TS_WARN(FAC, TS_ECORRUPT,
+                "read %s/%u [%llu, %llu): the client asks for a read from the store (bytes failed "
+                "their CRC): cached chunks %u-%u evicted",
+                name, shard, (unsigned long long)off, (unsigned long long)end, rs->first_idx,
+                rs->last_idx);
+        STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+        for (uint32_t idx = rs->first_idx; idx <= rs->last_idx; idx++)
+            ts_read_ctx_evict(rs->ctx, idx);
+    }
 
     /* Piece table. The first and last chunks are read and verified now (their CRCs may need
      * computing over a partial range); whole middle chunks carry their stored CRC. */
