@@ -590,6 +590,20 @@ static void test_primary_killed_failover(void **state)
     ts_map_free(m);
 }
 
+/* Backfills the nodes started, summed (STATUS). */
+static long total_backfills(void)
+{
+    long backfills = 0;
+    for (int i = 0; i < CL.n; i++) {
+        json_object *j = node_status(i), *rep, *x;
+        if (j && json_object_object_get_ex(j, "replication", &rep) &&
+            json_object_object_get_ex(rep, "backfills", &x))
+            backfills += (long)json_object_get_int64(x);
+        json_object_put(j);
+    }
+    return backfills;
+}
+
 /* A node down while its PGs' logs move past what is kept is backfilled from the PG. */
 static void test_backfill_after_log_trim(void **state)
 {
@@ -626,14 +640,7 @@ static void test_backfill_after_log_trim(void **state)
     assert_int_equal(ops, 0);
     /* The primaries had trimmed past n4's position: they backfilled it. */
     {
-        long backfills = 0;
-        for (int i = 0; i < CL.n; i++) {
-            json_object *j = node_status(i), *rep, *x;
-            if (j && json_object_object_get_ex(j, "replication", &rep) &&
-                json_object_object_get_ex(rep, "backfills", &x))
-                backfills += (long)json_object_get_int64(x);
-            json_object_put(j);
-        }
+        long backfills = total_backfills();
         fprintf(stderr, "  %ld PG backfills\n", backfills);
         assert_true(backfills > 0);
     }
@@ -645,19 +652,6 @@ static void test_backfill_after_log_trim(void **state)
     free(want);
     ts_map_free(m);
     tessera_client_close(c);
-}
-
-static long total_backfills(void)
-{
-    long backfills = 0;
-    for (int i = 0; i < CL.n; i++) {
-        json_object *j = node_status(i), *rep, *x;
-        if (j && json_object_object_get_ex(j, "replication", &rep) &&
-            json_object_object_get_ex(rep, "backfills", &x))
-            backfills += (long)json_object_get_int64(x);
-        json_object_put(j);
-    }
-    return backfills;
 }
 
 /*
