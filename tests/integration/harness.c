@@ -523,6 +523,23 @@ int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len,
     return rc;
 }
 
+int raw_map_push(const char *addr, const struct ts_map *m)
+{
+    int fd = raw_connect(addr), rc;
+    struct ts_wr w;
+
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_map_encode(&w, m);
+    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
+    close(fd);
+    return rc;
+}
+
 struct ts_map *raw_map_get(const char *addr)
 {
     int fd = raw_connect(addr);

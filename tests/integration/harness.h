@@ -61,6 +61,8 @@ int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len,
 /* The node's current map (MAP_GET on a connection of its own); NULL if it does not answer. */
 struct ts_map;
 struct ts_map *raw_map_get(const char *addr);
+/* MAP_PUSH of m to the node (header epoch 0, on a connection of its own); the reply's status. */
+int raw_map_push(const char *addr, const struct ts_map *m);
 /* 1 when the peer has closed the connection within timeout_ms (reads and drops bytes). */
 int raw_wait_closed(int fd, int timeout_ms);
 

@@ -401,24 +401,6 @@ static void test_min_core_refuses(void **state)
     tessera_client_close(c);
 }
 
-/* MAP_PUSH m to node i; returns the status. */
-static int push_map_to(int i, const struct ts_map *m)
-{
-    int fd = raw_connect(CL.node[i].addr), rc;
-    struct ts_wr w;
-
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_map_encode(&w, m);
-    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
-    close(fd);
-    return rc;
-}
-
 /* A SHARD_WRITE of chunk 0 carrying `epoch`, straight to node i. */
 static int raw_write_epoch(int i, const char *ds, uint32_t shard, uint64_t epoch, char *msg,
                            size_t cap)
@@ -461,7 +443,7 @@ static void test_stale_epoch_fenced(void **state)
     next->epoch = old->epoch + 1;
     for (int i = 0; i < CL.n; i++)
         if (i != n5)
-            assert_int_equal(push_map_to(i, next), 0);
+            assert_int_equal(raw_map_push(CL.node[i].addr, next), 0);
     now = node_map(CL.node[n5].addr);
     fprintf(stderr, "  n5 at epoch %llu, the others at %llu\n", (unsigned long long)now->epoch,
             (unsigned long long)next->epoch);
@@ -770,18 +752,18 @@ static void test_bad_maps_refused(void **state)
     bad->epoch = before + 10;
     bad->nodes[n2] = bad->nodes[bad->n - 1];
     bad->n--;
-    assert_int_equal(push_map_to(n2, bad), TS_EINVAL);
+    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EINVAL);
     ts_map_free(bad);
     bad = ts_map_dup(now); /* another pg_count */
     bad->epoch = before + 10;
     bad->pg_count *= 2;
-    assert_int_equal(push_map_to(n2, bad), TS_EINVAL);
+    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EINVAL);
     ts_map_free(bad);
     bad = ts_map_dup(now); /* nobody up: malformed on the wire */
     bad->epoch = before + 10;
     for (size_t i = 0; i < bad->n; i++)
         bad->nodes[i].state = TS_NODE_DOWN;
-    assert_int_equal(push_map_to(n2, bad), TS_EPROTO);
+    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EPROTO);
     ts_map_free(bad);
     after = node_map(CL.node[n2].addr);
     assert_int_equal(after->epoch, before);

@@ -695,24 +695,6 @@ static struct ts_map *pg_cluster(const char *ds, uint32_t pg, int *P, int *R1, i
     return m;
 }
 
-/* MAP_PUSH of m to node i (header epoch 0); returns the status. */
-static int push_map_to(int i, const struct ts_map *m)
-{
-    int fd = raw_connect(CL.node[i].addr), rc;
-    struct ts_wr w;
-
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_map_encode(&w, m);
-    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
-    close(fd);
-    return rc;
-}
-
 #define T2_LEN 1000u /* one chunk */
 
 static int raw_shard_write(int fd, uint64_t epoch, const char *ds, uint32_t shard,
@@ -771,7 +753,7 @@ static void test_partial_map_push(void **state)
     next = ts_map_dup(m);
     next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
-    assert_int_equal(push_map_to(R1, next), 0);
+    assert_int_equal(raw_map_push(CL.node[R1].addr, next), 0);
     fprintf(stderr, "  epochs now: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
             (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
             CL.id[R2], (unsigned long long)node_epoch(R2));
@@ -842,7 +824,7 @@ static void test_partial_map_push_mid_upload(void **state)
     next = ts_map_dup(m);
     next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
-    assert_int_equal(push_map_to(R1, next), 0);
+    assert_int_equal(raw_map_push(CL.node[R1].addr, next), 0);
 
     /* The seal at epoch E, with R2 paused until P has heard of E+1 from R1. */
     assert_int_equal(kill(CL.node[R2].pid, SIGSTOP), 0);
