@@ -17,19 +17,31 @@ const struct ts_op_desc *ts_op_desc(unsigned opcode)
     return &op_table[opcode];
 }
 
-static const char *const role_names[] = {"none", "reader", "writer", "admin"};
+static const char *const role_names[] = {"none",  "reader", "writer",
+                                         "admin", "node",   "admin or node"};
 
 const char *ts_role_name(int role)
 {
-    return role >= 0 && role <= TS_ROLE_ADMIN ? role_names[role] : "?";
+    return role >= 0 && role <= TS_ROLE_ADMIN_OR_NODE ? role_names[role] : "?";
 }
 
 int ts_role_parse(const char *name)
 {
-    for (int i = 0; i <= TS_ROLE_ADMIN; i++)
+    for (int i = 0; i <= TS_ROLE_NODE; i++)
         if (name && strcasecmp(name, role_names[i]) == 0)
             return i;
     return TS_EINVAL;
+}
+
+int ts_role_may(int role, int need)
+{
+    if (need == TS_ROLE_NODE)
+        return role == TS_ROLE_NODE;
+    if (need == TS_ROLE_ADMIN_OR_NODE)
+        return role == TS_ROLE_ADMIN || role == TS_ROLE_NODE;
+    if (role == TS_ROLE_NODE)
+        return need <= TS_ROLE_READER;
+    return role >= need && role <= TS_ROLE_ADMIN;
 }
 
 int ts_frame_parse(const uint8_t *buf, size_t len, size_t max_payload, struct ts_frame_hdr *h)

@@ -47,15 +47,25 @@ enum ts_repl_kind {
 /* DATASET_SEAL flags (optional trailing u8). */
 #define TS_SEAL_LOCAL_ONLY 0x01
 
-/* Roles, ordered: a role may do everything the roles below it may. */
+/*
+ * Roles. none < reader < writer < admin are ordered: each may do everything the ones below it
+ * may. node (a storage daemon, authenticated by its node certificate) stands apart: it may do
+ * what a reader may plus the node-to-node operations (REPL_*, PG_*) and MAP_PUSH, and nothing
+ * else; no other role may do the node-to-node operations. TS_ROLE_ADMIN_OR_NODE is only a
+ * requirement (MAP_PUSH), never a connection's role.
+ */
 enum ts_role {
     TS_ROLE_NONE = 0,
     TS_ROLE_READER = 1,
     TS_ROLE_WRITER = 2,
     TS_ROLE_ADMIN = 3,
+    TS_ROLE_NODE = 4,
+    TS_ROLE_ADMIN_OR_NODE = 5,
 };
 const char *ts_role_name(int role);
-int ts_role_parse(const char *name); /* TS_EINVAL if unknown */
+int ts_role_parse(const char *name); /* none|reader|writer|admin|node; TS_EINVAL if unknown */
+/* Whether a connection of role may do an operation that needs `need` (a table entry's role). */
+int ts_role_may(int role, int need);
 
 #define TS_SMALL_PAYLOAD (64u << 10)
 #define TS_MAX_CHUNK (64u << 20)
@@ -77,13 +87,13 @@ int ts_role_parse(const char *name); /* TS_EINVAL if unknown */
     X(SCRUB, 12, "scrub", TS_ROLE_WRITER, TS_SMALL_PAYLOAD)                                        \
     X(STATUS, 13, "status", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                      \
     X(MAP_GET, 14, "map-get", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                    \
-    X(MAP_PUSH, 15, "map-push", TS_ROLE_ADMIN, 1u << 20)                                           \
-    X(REPL_WRITE, 16, "repl-write", TS_ROLE_ADMIN, TS_MAX_CHUNK + 4096)                            \
-    X(REPL_SEAL, 17, "repl-seal", TS_ROLE_ADMIN, 16u << 20)                                        \
+    X(MAP_PUSH, 15, "map-push", TS_ROLE_ADMIN_OR_NODE, 1u << 20)                                   \
+    X(REPL_WRITE, 16, "repl-write", TS_ROLE_NODE, TS_MAX_CHUNK + 4096)                             \
+    X(REPL_SEAL, 17, "repl-seal", TS_ROLE_NODE, 16u << 20)                                         \
     X(PG_INFO, 18, "pg-info", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                    \
-    X(PG_QUERY, 19, "pg-query", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                   \
-    X(PG_ACTIVATE, 20, "pg-activate", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                             \
-    X(PG_PULL, 21, "pg-pull", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)
+    X(PG_QUERY, 19, "pg-query", TS_ROLE_NODE, TS_SMALL_PAYLOAD)                                    \
+    X(PG_ACTIVATE, 20, "pg-activate", TS_ROLE_NODE, TS_SMALL_PAYLOAD)                              \
+    X(PG_PULL, 21, "pg-pull", TS_ROLE_NODE, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

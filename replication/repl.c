@@ -15,6 +15,8 @@
 #include <event2/bufferevent_ssl.h>
 #include <netdb.h>
 #include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,9 +186,20 @@ static void peer_eventcb(struct bufferevent *bev, short what, void *arg)
     }
     if (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) {
         int err = EVUTIL_SOCKET_ERROR();
-        peer_fail(p->r, p, p->connected ? TS_ECONNRESET : TS_ECONNREFUSED,
-                  (what & BEV_EVENT_EOF) ? "connection closed"
-                                         : evutil_socket_error_to_string(err));
+        SSL *ssl = p->use_tls ? bufferevent_openssl_get_ssl(bev) : NULL;
+        long vr = ssl ? SSL_get_verify_result(ssl) : X509_V_OK;
+        char why[200];
+
+        if (!p->connected && vr != X509_V_OK)
+            snprintf(why, sizeof(why),
+                     "TLS handshake: its certificate is refused (%s; it must "
+                     "be node %s's certificate from tls.ca)",
+                     X509_verify_cert_error_string(vr), p->id);
+        else
+            snprintf(why, sizeof(why), "%s",
+                     (what & BEV_EVENT_EOF) ? "connection closed"
+                                            : evutil_socket_error_to_string(err));
+        peer_fail(p->r, p, p->connected ? TS_ECONNRESET : TS_ECONNREFUSED, why);
     }
 }
 
@@ -245,6 +258,12 @@ static int peer_connect(ts_repl *r, struct peer *p)
             return TS_ETLS;
         }
         SSL_set_tlsext_host_name(ssl, host);
+        /* The peer must be the node the map names: its certificate carries that node id. */
+        if (SSL_set1_host(ssl, p->id) != 1) {
+            SSL_free(ssl);
+            freeaddrinfo(res);
+            return TS_ETLS;
+        }
         p->bev = bufferevent_openssl_socket_new(r->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
                                                 BEV_OPT_CLOSE_ON_FREE);
     } else {

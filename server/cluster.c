@@ -20,6 +20,25 @@ static void adopt_map(void *arg, const struct ts_map *m)
     tsd_map_install(arg, m);
 }
 
+/* Whether this node can take part in map m: with other nodes, it needs its node certificate
+ * and every other node a TLS address. 0, or TS_EINVAL with why. */
+static int map_reachable(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap)
+{
+    if (m->n < 2)
+        return 0;
+    if (!s->peer_ssl) {
+        snprintf(why, cap, "%s", s->peer_why);
+        return TS_EINVAL;
+    }
+    for (size_t i = 0; i < m->n; i++)
+        if (strcmp(m->nodes[i].id, s->cfg->node_id) && !m->nodes[i].tls_addr[0]) {
+            snprintf(why, cap, "node %s has no tls_addr: node-to-node traffic goes over mutual TLS",
+                     m->nodes[i].id);
+            return TS_EINVAL;
+        }
+    return 0;
+}
+
 int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap)
 {
     struct ts_map *copy;
@@ -35,6 +54,9 @@ int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why,
                  (unsigned long long)m->epoch, s->cfg->node_id);
         return TS_EINVAL;
     }
+    rc = map_reachable(s, m, why, cap);
+    if (rc)
+        return rc;
     copy = ts_map_dup(m);
     if (!copy)
         return TS_ENOMEM;
@@ -87,28 +109,41 @@ int tsd_map_install(struct tsd_server *s, const struct ts_map *m)
     return tsd_map_install_why(s, m, why, sizeof(why));
 }
 
+/*
+ * The client context towards peers' TLS listeners, with this node's certificate. Only a node
+ * certificate for this node id (OU=node, CN and a DNS subjectAltName = node_id) and a CA to
+ * verify peers with make one; without, s->peer_ssl stays NULL and s->peer_why says why (a map
+ * with other nodes is then refused: node-to-node traffic is authenticated by certificates).
+ */
 static int peer_ssl_init(struct tsd_server *s)
 {
     const struct tsd_config *c = s->cfg;
     SSL_CTX *ctx;
 
-    if (!c->tls_cert[0] || !c->tls_key[0])
-        return 0; /* peers are reached over plain TCP */
+    if (!c->tls_cert[0] || !c->tls_key[0] || !c->tls_ca[0]) {
+        snprintf(s->peer_why, sizeof(s->peer_why),
+                 "this node has no node certificate: set tls.cert/tls.key (OU=node, CN=%s; "
+                 "conf/mkcerts DIR %s makes one) and tls.ca",
+                 c->node_id, c->node_id);
+        return 0;
+    }
+    if (tsd_tls_node_cert_check(c->tls_cert, c->node_id, s->peer_why, sizeof(s->peer_why)))
+        return 0;
     ctx = SSL_CTX_new(TLS_client_method());
     if (!ctx)
         return TS_ETLS;
     SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
     if (SSL_CTX_use_certificate_chain_file(ctx, c->tls_cert) != 1 ||
         SSL_CTX_use_PrivateKey_file(ctx, c->tls_key, SSL_FILETYPE_PEM) != 1 ||
-        (c->tls_ca[0] && SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1)) {
+        SSL_CTX_load_verify_locations(ctx, c->tls_ca, NULL) != 1) {
         TS_ERROR(FAC, TS_ETLS, "cannot set up TLS towards peers (node certificate %s)",
                  c->tls_cert);
         SSL_CTX_free(ctx);
         ERR_clear_error();
         return TS_ETLS;
     }
-    if (c->tls_ca[0])
-        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    /* Each connection also checks the peer's name against its node id (repl.c). */
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
     s->peer_ssl = ctx;
     return 0;
 }
@@ -152,9 +187,13 @@ int tsd_cluster_init(struct tsd_server *s)
             rc = TS_ECONFIG;
             goto out_free;
         }
-        rc = tsd_map_install(s, use);
-        if (rc)
+        rc = tsd_map_install_why(s, use, err, sizeof(err));
+        if (rc) {
+            fprintf(stderr, "tesserad: cannot take part in the cluster map (epoch %llu): %s\n",
+                    (unsigned long long)use->epoch, err[0] ? err : ts_strerror(rc));
+            rc = TS_ECONFIG;
             goto out_free;
+        }
     }
     memset(&ro, 0, sizeof(ro));
     ro.store = s->store;

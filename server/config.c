@@ -46,8 +46,10 @@ static const struct setting settings[] = {
     STR("sync", sync, "always",
         "always: fsync the WAL before each acknowledgement; none: WAL without fsync (survives a "
         "process crash, not a power loss)"),
-    STR("anonymous_role", anonymous_role, "admin",
-        "role of clients without a certificate: none | reader | writer | admin"),
+    STR("anonymous_role", anonymous_role, "auto",
+        "role of clients without a certificate: none | reader | writer | admin, at most reader on "
+        "a "
+        "cluster node; auto: admin for a single node listening on loopback only, else reader"),
     STR("map_file", map_file, "",
         "cluster map to start with (libconfig; see conf/cluster5.map); a newer one pushed later is "
         "kept in data_dir/cluster.map"),
@@ -376,29 +378,46 @@ static int is_loopback(const char *addr)
            !strncmp(addr, "localhost:", 10);
 }
 
+int tsd_config_anon_role(const struct tsd_config *c)
+{
+    if (strcmp(c->anonymous_role, "auto"))
+        return ts_role_parse(c->anonymous_role);
+    /* The embedded quickstart (one node on loopback) keeps the convenient default. */
+    return !c->map_file[0] && (!c->listen[0] || is_loopback(c->listen)) ? TS_ROLE_ADMIN
+                                                                        : TS_ROLE_READER;
+}
+
 int tsd_config_validate(const struct tsd_config *c)
 {
     if (!ts_name_valid(c->node_id) || strlen(c->node_id) > 63) {
         fprintf(stderr, "tesserad: node_id '%s' must be 1-63 of [A-Za-z0-9._-]\n", c->node_id);
         return TS_ECONFIG;
     }
-    if (c->listen[0] && !is_loopback(c->listen) &&
-        ts_role_parse(c->anonymous_role) >= TS_ROLE_WRITER)
+    if (strcmp(c->anonymous_role, "auto") && (ts_role_parse(c->anonymous_role) < 0 ||
+                                              ts_role_parse(c->anonymous_role) > TS_ROLE_ADMIN)) {
+        fprintf(stderr, "tesserad: anonymous_role must be auto, none, reader, writer or admin\n");
+        return TS_ECONFIG;
+    }
+    if (c->map_file[0] && tsd_config_anon_role(c) > TS_ROLE_READER) {
+        fprintf(stderr,
+                "tesserad: anonymous_role '%s' refused on a cluster node (map_file is set): "
+                "clients without a certificate may at most read; writers and admins present "
+                "a certificate over tls_listen\n",
+                c->anonymous_role);
+        return TS_ECONFIG;
+    }
+    if (c->listen[0] && !is_loopback(c->listen) && tsd_config_anon_role(c) >= TS_ROLE_WRITER)
         fprintf(stderr,
                 "tesserad: warning: %s is reachable beyond this host and clients without a "
                 "certificate get role '%s' (anonymous_role): anyone who can connect may write%s\n",
-                c->listen, c->anonymous_role,
-                ts_role_parse(c->anonymous_role) == TS_ROLE_ADMIN ? " and delete" : "");
+                c->listen, ts_role_name(tsd_config_anon_role(c)),
+                tsd_config_anon_role(c) == TS_ROLE_ADMIN ? " and delete" : "");
     if (ts_log_level_parse(c->log_level) < 0) {
         fprintf(stderr, "tesserad: log_level must be error, warn, info or debug\n");
         return TS_ECONFIG;
     }
     if (strcmp(c->sync, "always") && strcmp(c->sync, "none")) {
         fprintf(stderr, "tesserad: sync must be 'always' or 'none'\n");
-        return TS_ECONFIG;
-    }
-    if (ts_role_parse(c->anonymous_role) < 0) {
-        fprintf(stderr, "tesserad: anonymous_role must be none, reader, writer or admin\n");
         return TS_ECONFIG;
     }
     if (!c->listen[0] && !c->tls_listen[0]) {
@@ -420,7 +439,7 @@ int tsd_config_validate(const struct tsd_config *c)
             fprintf(stderr, "tesserad: tls.require_client_cert needs tls.ca\n");
             return TS_ECONFIG;
         }
-        if (c->listen[0] && ts_role_parse(c->anonymous_role) != TS_ROLE_NONE) {
+        if (c->listen[0] && tsd_config_anon_role(c) != TS_ROLE_NONE) {
             fprintf(stderr,
                     "tesserad: tls.require_client_cert is set but the plain listener %s would "
                     "admit unauthenticated clients as '%s': set anonymous_role = \"none\" or "

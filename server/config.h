@@ -47,6 +47,8 @@ void tsd_config_defaults(struct tsd_config *c);
  */
 int tsd_config_load(struct tsd_config *c, int argc, char **argv);
 /* Cross-setting checks (TLS files present, roles valid, ...); prints the reason. */
+/* anonymous_role resolved (auto: admin for one node on loopback only, else reader). */
+int tsd_config_anon_role(const struct tsd_config *c);
 int tsd_config_validate(const struct tsd_config *c);
 void tsd_config_free(struct tsd_config *c);
 void tsd_config_usage(FILE *f);

@@ -206,9 +206,28 @@ void tsd_peer_map_check(struct tsd_conn *c, const struct ts_frame_hdr *h)
 
     /* A node (it said "node:ID" in its HELLO) that sent an older epoch than ours gets our map:
      * nodes take maps only from MAP_PUSH, never from a reply. */
-    if (s->repl && h->epoch && h->epoch < atomic_load(&s->epoch) &&
-        !strncmp(c->client_name, "node:", 5) && c->client_name[5])
-        ts_repl_push_map(s->repl, c->client_name + 5);
+    if (s->repl && h->epoch && h->epoch < atomic_load(&s->epoch) && c->role == TS_ROLE_NODE)
+        ts_repl_push_map(s->repl, c->node_id);
+}
+
+/* The role a request is judged by: a client without a certificate is at most a reader on a
+ * node that is part of a cluster (has a map), whatever anonymous_role says. */
+int tsd_conn_role(struct tsd_server *s, const struct tsd_conn *c)
+{
+    if (c->anonymous && atomic_load(&s->epoch) && c->role > TS_ROLE_READER)
+        return TS_ROLE_READER;
+    return c->role;
+}
+
+/* Whether the node id is a member of this node's current map. */
+static int node_in_map(struct tsd_server *s, const char *id)
+{
+    int in;
+
+    pthread_rwlock_rdlock(&s->map_lock);
+    in = s->map && id[0] && ts_map_find(s->map, id) >= 0;
+    pthread_rwlock_unlock(&s->map_lock);
+    return in;
 }
 
 static int epoch_fenced(struct tsd_server *s, const struct ts_frame_hdr *h)
@@ -291,10 +310,18 @@ static int conn_process(struct tsd_conn *c)
             refuse = 1;
             STAT_ADD(&c->w->stats, protocol_errors, 1);
             tsd_reply_error(c, &h, TS_EPROTO, "a request must not carry the REPLY flag");
-        } else if (c->role < d->min_role) {
+        } else if (!ts_role_may(tsd_conn_role(s, c), d->min_role)) {
             refuse = 1;
-            tsd_reply_error(c, &h, TS_EPERM, "role '%s' may not %s (needs '%s')",
-                            ts_role_name(c->role), d->name, ts_role_name(d->min_role));
+            tsd_reply_error(c, &h, TS_EPERM, "role '%s'%s may not %s (needs '%s')",
+                            ts_role_name(tsd_conn_role(s, c)),
+                            c->anonymous ? " (no certificate)" : "", d->name,
+                            ts_role_name(d->min_role));
+        } else if (d->min_role == TS_ROLE_NODE && !node_in_map(s, c->node_id)) {
+            refuse = 1;
+            tsd_reply_error(c, &h, TS_EPERM,
+                            "%s from node '%s' refused: it is not in this node's "
+                            "map (epoch %llu)",
+                            d->name, c->node_id, (unsigned long long)atomic_load(&s->epoch));
         } else if (epoch_fenced(s, &h)) {
             refuse = 1;
             tsd_peer_map_check(c, &h);
@@ -571,7 +598,7 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
     if (what & BEV_EVENT_CONNECTED) {
         /* TLS handshake done: the peer certificate (verified by OpenSSL) decides the role. */
         SSL *ssl = bufferevent_openssl_get_ssl(bev);
-        c->role = tsd_tls_peer_role(ssl, s->anon_role, c->subject, sizeof(c->subject));
+        c->role = tsd_tls_peer_role(ssl, c, s->anon_role);
         c->ready = 1;
         TS_DEBUG(FAC, "TLS %s from %s: %s, role %s", SSL_get_version(ssl), c->peer,
                  c->subject[0] ? c->subject : "no certificate", ts_role_name(c->role));
@@ -661,6 +688,7 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
         /* Chunks in the cache arena go out by sendfile() from this buffer. */
         evbuffer_set_flags(c->out, EVBUFFER_FLAG_DRAINS_TO_FD);
         c->role = s->anon_role;
+        c->anonymous = 1;
         c->ready = 1;
     }
     if (!c->bev && !c->rev) {

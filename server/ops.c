@@ -79,6 +79,12 @@ static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     snprintf(c->client_name, sizeof(c->client_name), "%.63s", name); /* kept short */
     if (ops_rd_done(c, h, r))
         return;
+    if (c->role == TS_ROLE_NODE && (strncmp(name, "node:", 5) || strcmp(name + 5, c->node_id))) {
+        tsd_reply_error(c, h, TS_EPERM,
+                        "HELLO as '%.64s' refused: this connection's certificate is node '%s'",
+                        name, c->node_id);
+        return;
+    }
     if (ver != TS_PROTO_VERSION) {
         tsd_reply_error(c, h, TS_ENOTSUP, "protocol version %u not supported (server speaks %d)",
                         ver, TS_PROTO_VERSION);
@@ -87,7 +93,7 @@ static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     tsd_reply_begin(&w);
     ts_wr_u16(&w, TS_PROTO_VERSION);
     ts_wr_str(&w, s->cfg->node_id);
-    ts_wr_u8(&w, (uint8_t)c->role);
+    ts_wr_u8(&w, (uint8_t)tsd_conn_role(s, c));
     ts_wr_u32(&w, TS_MAX_CHUNK + 4096);
     ts_wr_u64(&w, s->epoch);
     tsd_reply_send(c, h, &w);
@@ -248,7 +254,7 @@ void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u)
 
 static int is_node(const struct tsd_conn *c)
 {
-    return !strncmp(c->client_name, "node:", 5) && c->role >= TS_ROLE_ADMIN;
+    return c->role == TS_ROLE_NODE;
 }
 
 /* Ends an upload here and, where this node forwarded its chunks (a primary), on the replicas

@@ -23,10 +23,10 @@
 static int sender_may_replicate(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
 {
     struct tsd_server *s = c->w->srv;
-    const char *id = c->client_name + 5;
+    const char *id = c->node_id; /* REPL_* and PG_* need role node: its certificate's node */
     int order[1], ok = 1;
 
-    if (strncmp(c->client_name, "node:", 5) || !*id || h->epoch != atomic_load(&s->epoch))
+    if (h->epoch != atomic_load(&s->epoch))
         return 1;
     pthread_rwlock_rdlock(&s->map_lock);
     if (s->map && h->epoch == s->map->epoch && ts_map_pg_order(s->map, pg, order, 1) == 1)
@@ -58,7 +58,7 @@ static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
         tsd_reply_error(c, h, TS_EPERM,
                         "%s PG %u: %s is not the PG's primary in epoch %llu (nor a node this one "
                         "pulls from)",
-                        what, pg, c->client_name + 5, (unsigned long long)h->epoch);
+                        what, pg, c->node_id, (unsigned long long)h->epoch);
         return 1;
     }
     return 0;

@@ -132,7 +132,8 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_r
     json_object_object_add(lis, "tcp", json_object_new_string(s->addr[0]));
     json_object_object_add(lis, "tls", json_object_new_string(s->addr[1]));
     json_object_object_add(root, "listen", lis);
-    json_object_object_add(root, "your_role", json_object_new_string(ts_role_name(c->role)));
+    json_object_object_add(root, "your_role",
+                           json_object_new_string(ts_role_name(tsd_conn_role(c->w->srv, c))));
     stats = json_object_new_object();
 #define J(f) json_object_object_add(stats, #f, json_object_new_int64((int64_t)STAT_GET(&st, f)))
     J(conns_accepted);

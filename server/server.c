@@ -344,7 +344,13 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     s->ops = tsd_ops_table(); /* the handlers, as the connection layer reaches them */
     s->cfg = cfg;
     s->start_ns = ts_now_mono_ns();
-    s->anon_role = ts_role_parse(cfg->anonymous_role);
+    s->anon_role = tsd_config_anon_role(cfg);
+    TS_INFO(FAC, "clients without a certificate get role '%s' (anonymous_role %s%s)",
+            ts_role_name(s->anon_role), cfg->anonymous_role,
+            !strcmp(cfg->anonymous_role, "auto")
+                ? (s->anon_role == TS_ROLE_ADMIN ? ": one node on loopback, the quickstart default"
+                                                 : ": cluster node or reachable beyond loopback")
+                : "");
     s->out_budget = (size_t)cfg->conn_output_kb << 10;
     evthread_use_pthreads();
     signal(SIGPIPE, SIG_IGN);

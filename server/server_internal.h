@@ -96,10 +96,12 @@ struct tsd_conn {
     int tls;
     int ready; /* plain: at once; TLS: after the handshake */
     int role;
-    int closing; /* close once the output has drained */
+    int anonymous; /* no certificate: role is anonymous_role (at most reader in a cluster) */
+    int closing;   /* close once the output has drained */
     uint64_t last_active_ns;
     char peer[64];
     char subject[256];
+    char node_id[64]; /* role node: the node its certificate names */
     char client_name[64];
     struct tsd_upload *uploads;
     size_t nuploads, capuploads;
@@ -152,6 +154,7 @@ struct tsd_server {
     int self;           /* this node's index in map */
     ts_repl *repl;
     SSL_CTX *peer_ssl;          /* client context towards peers' TLS listeners */
+    char peer_why[300];         /* peer_ssl is NULL: why */
     _Atomic uint8_t *pg_clean;  /* per PG: its primary said this node holds its log */
     _Atomic uint64_t *pg_asked; /* per PG: when we last asked the primary to check us */
     uint32_t npg;
@@ -235,10 +238,16 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
 const struct tsd_ops *tsd_ops_table(void);
 
+/* conn.c: the role requests are judged by (anonymous clients are at most readers in a cluster) */
+int tsd_conn_role(struct tsd_server *s, const struct tsd_conn *c);
+
 /* tls.c */
 int tsd_tls_init(struct tsd_server *s);
 void tsd_tls_fini(struct tsd_server *s);
-/* Role from the verified peer certificate's OU; fills subject. */
-int tsd_tls_peer_role(SSL *ssl, int anon_role, char *subject, size_t cap);
+/* Role from the verified peer certificate's OU (anon_role without one); fills c->subject,
+ * c->node_id (role node: the certificate's node id) and c->anonymous. */
+int tsd_tls_peer_role(SSL *ssl, struct tsd_conn *c, int anon_role);
+/* 0 when the certificate at path is node_id's node certificate; TS_ECONFIG and why if not. */
+int tsd_tls_node_cert_check(const char *path, const char *node_id, char *why, size_t cap);
 
 #endif

@@ -197,132 +197,6 @@ long tsd_rss_kb(const struct tsd_proc *p)
     return kb;
 }
 
-int raw_connect(const char *addr)
-{
-    struct sockaddr_in sa;
-    char host[64];
-    const char *colon = strrchr(addr, ':');
-    int fd, one = 1;
-
-    if (!colon)
-        return -1;
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)atoi(colon + 1));
-    inet_pton(AF_INET, host, &sa.sin_addr);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-int raw_send_all(int fd, const void *buf, size_t len)
-{
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return TS_ECONNRESET;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *payload, size_t len)
-{
-    uint8_t h[TS_HDR_LEN];
-    struct ts_frame_hdr fh = {TS_PROTO_VERSION, op, flags, id, 0, (uint32_t)len};
-    int rc;
-
-    ts_frame_encode(h, &fh);
-    rc = raw_send_all(fd, h, sizeof(h));
-    return rc ? rc : raw_send_all(fd, payload, len);
-}
-
-static int read_full(int fd, void *buf, size_t len, int timeout_ms)
-{
-    uint8_t *p = buf;
-    while (len) {
-        struct pollfd pfd = {fd, POLLIN, 0};
-        int r = poll(&pfd, 1, timeout_ms);
-        ssize_t n;
-        if (r == 0)
-            return TS_ETIMEDOUT;
-        if (r < 0 && errno == EINTR)
-            continue;
-        n = recv(fd, p, len, 0);
-        if (n <= 0)
-            return TS_ECONNRESET;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
-int raw_recv_reply(int fd, int timeout_ms, uint64_t *id, char *msg, size_t cap, uint8_t **payload,
-                   size_t *plen)
-{
-    uint8_t h[TS_HDR_LEN];
-    struct ts_frame_hdr fh;
-    uint8_t *p;
-    int rc, status;
-
-    if (msg && cap)
-        msg[0] = '\0';
-    rc = read_full(fd, h, sizeof(h), timeout_ms);
-    if (rc)
-        return rc;
-    if (ts_frame_parse(h, sizeof(h), UINT32_MAX, &fh) != TS_HDR_LEN || !(fh.flags & TS_F_REPLY) ||
-        fh.length < 4)
-        return TS_EPROTO;
-    p = malloc(fh.length);
-    if (!p)
-        return TS_ENOMEM;
-    rc = read_full(fd, p, fh.length, timeout_ms);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    status = (int)ts_get_le32(p);
-    if (id)
-        *id = fh.req_id;
-    if (status && msg && cap && fh.length >= 6) {
-        struct ts_rd r;
-        ts_rd_init(&r, p + 4, fh.length - 4);
-        ts_rd_str(&r, msg, cap);
-    }
-    if (payload) {
-        *payload = p;
-        *plen = fh.length;
-    } else {
-        free(p);
-    }
-    return status;
-}
-
-int raw_wait_closed(int fd, int timeout_ms)
-{
-    char buf[4096];
-    for (;;) {
-        struct pollfd pfd = {fd, POLLIN, 0};
-        int r = poll(&pfd, 1, timeout_ms);
-        if (r <= 0)
-            return 0;
-        ssize_t n = recv(fd, buf, sizeof(buf), 0);
-        if (n <= 0)
-            return 1;
-    }
-}
-
 const char *test_certs(void)
 {
     static char dir[512];
@@ -334,7 +208,10 @@ const char *test_certs(void)
     snprintf(dir, sizeof(dir), "%s/tessera-certs-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     if (!mkdtemp(dir))
         return NULL;
-    snprintf(cmd, sizeof(cmd), "%s %s >/dev/null", MKCERTS_PATH, dir);
+    /* Node certificates for the node ids tsd_cluster_start and the TLS tests use ("n9" is in no
+     * map: a certificate of the CA that is no member). */
+    snprintf(cmd, sizeof(cmd), "%s %s n1 n2 n3 n4 n5 n6 n7 n8 n9 t1 t2 t3 >/dev/null", MKCERTS_PATH,
+             dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "conf/mkcerts failed\n");
         return NULL;
@@ -377,21 +254,40 @@ int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains,
     f = fopen(cl->map_path, "w");
     if (!f)
         return -1;
+    if (!test_certs())
+        return -1;
     fprintf(f, "epoch = 1;\npg_count = %u;\nnodes = (\n", pg_count);
     for (int i = 0; i < n; i++) {
-        int port = tsd_free_port();
         snprintf(cl->id[i], sizeof(cl->id[i]), "n%d", i + 1);
-        snprintf(cl->listen[i], sizeof(cl->listen[i]), "127.0.0.1:%d", port);
-        fprintf(f, "  { id = \"%s\"; addr = \"%s\"; weight = 100; domain = \"%s\"; }%s\n",
-                cl->id[i], cl->listen[i], domains ? domains[i] : cl->id[i], i + 1 < n ? "," : "");
+        snprintf(cl->listen[i], sizeof(cl->listen[i]), "127.0.0.1:%d", tsd_free_port());
+        snprintf(cl->tls_listen[i], sizeof(cl->tls_listen[i]), "127.0.0.1:%d", tsd_free_port());
+        fprintf(f,
+                "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = 100; "
+                "domain = \"%s\"; }%s\n",
+                cl->id[i], cl->listen[i], cl->tls_listen[i], domains ? domains[i] : cl->id[i],
+                i + 1 < n ? "," : "");
     }
     fprintf(f, ");\n");
     fclose(f);
     for (int i = 0; i < n; i++) {
         const char *args[48];
+        char cert[32];
         int k = 0;
+        /* Kept in cl: a restart (tsd_start again) reuses the arguments. */
+        snprintf(cert, sizeof(cert), "node-%s", cl->id[i]);
+        snprintf(cl->ca, sizeof(cl->ca), "%s", test_cert("ca", "pem"));
+        snprintf(cl->cert[i], sizeof(cl->cert[i]), "%s", test_cert(cert, "pem"));
+        snprintf(cl->key[i], sizeof(cl->key[i]), "%s", test_cert(cert, "key"));
         args[k++] = "--listen";
         args[k++] = cl->listen[i];
+        args[k++] = "--tls-listen";
+        args[k++] = cl->tls_listen[i];
+        args[k++] = "--tls-cert";
+        args[k++] = cl->cert[i];
+        args[k++] = "--tls-key";
+        args[k++] = cl->key[i];
+        args[k++] = "--tls-ca";
+        args[k++] = cl->ca;
         args[k++] = "--node-id";
         args[k++] = cl->id[i];
         args[k++] = "--map-file";
@@ -446,11 +342,28 @@ void tsd_cluster_dump_logs(const struct tsd_cluster *cl)
 
 const char *test_cert(const char *name, const char *ext)
 {
-    static char buf[8][600];
-    static int i;
-    char *b = buf[i++ % 8];
+    static char buf[32][600];
+    static unsigned i;
+    char *b = buf[i++ % 32];
     snprintf(b, 600, "%s/%s.%s", test_certs(), name, ext);
     return b;
+}
+
+void tsd_client_opts(struct tessera_opts *o, const struct tsd_proc *p, const char *role)
+{
+    static char addr[16][64];
+    static unsigned next;
+    char *a = addr[next++ % 16];
+
+    snprintf(a, 64, "%s", p->tls_addr);
+    tessera_opts_init(o);
+    o->address = a;
+    o->tls_ca = test_cert("ca", "pem");
+    if (role) {
+        o->tls_cert = test_cert(role, "pem");
+        o->tls_key = test_cert(role, "key");
+    }
+    o->timeout_ms = 10000;
 }
 
 int test_tls_open(struct tessera_client **c, const char *addr, const char *role, const char *ca,
@@ -471,91 +384,4 @@ int test_tls_open(struct tessera_client **c, const char *addr, const char *role,
     }
     *c = NULL;
     return tessera_client_open(c, &o);
-}
-
-int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len, uint8_t *out,
-                   size_t *got)
-{
-    int fd = raw_connect(addr), rc;
-    struct ts_wr w;
-    uint8_t *p = NULL;
-    size_t plen = 0, off = 0;
-    struct ts_rd r;
-    uint32_t npieces;
-    const uint8_t *table;
-
-    *got = 0;
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_wr_str(&w, ds);
-    ts_wr_u32(&w, shard);
-    ts_wr_u64(&w, 0);
-    ts_wr_u32(&w, (uint32_t)len);
-    rc = raw_send_frame(fd, TS_OP_READ, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen);
-    close(fd);
-    if (rc) {
-        free(p);
-        return rc;
-    }
-    ts_rd_init(&r, p + 4, plen - 4);
-    ts_rd_u64(&r);
-    npieces = ts_rd_u32(&r);
-    table = ts_rd_bytes(&r, 8 * (size_t)npieces);
-    if (!table)
-        rc = TS_EPROTO;
-    for (uint32_t i = 0; table && i < npieces && !rc; i++) {
-        uint32_t plen32 = ts_get_le32(table + 8 * i), crc = ts_get_le32(table + 8 * i + 4);
-        const uint8_t *data = ts_rd_bytes(&r, plen32);
-        if (!data || off + plen32 > len)
-            rc = TS_EPROTO;
-        else if (ts_crc32c(0, data, plen32) != crc)
-            rc = TS_ECORRUPT;
-        else
-            memcpy(out + off, data, plen32);
-        off += plen32;
-    }
-    free(p);
-    *got = off;
-    return rc;
-}
-
-int raw_map_push(const char *addr, const struct ts_map *m)
-{
-    int fd = raw_connect(addr), rc;
-    struct ts_wr w;
-
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_map_encode(&w, m);
-    rc = raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL);
-    close(fd);
-    return rc;
-}
-
-struct ts_map *raw_map_get(const char *addr)
-{
-    int fd = raw_connect(addr);
-    uint8_t *p = NULL;
-    size_t plen = 0;
-    struct ts_map *m = NULL;
-    struct ts_rd r;
-
-    if (fd < 0)
-        return NULL;
-    if (raw_send_frame(fd, TS_OP_MAP_GET, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0 && plen >= 4) {
-        ts_rd_init(&r, p + 4, plen - 4);
-        ts_map_decode(&r, &m);
-    }
-    free(p);
-    close(fd);
-    return m;
 }

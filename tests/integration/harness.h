@@ -38,8 +38,13 @@ long tsd_rss_kb(const struct tsd_proc *p);
 /* Whether the process is still running. */
 int tsd_alive(struct tsd_proc *p);
 
-/* Raw sockets for bad-input tests. */
+/* Raw sockets for bad-input tests (raw.c). A plain connection is anonymous. */
 int raw_connect(const char *addr);
+/* A TLS connection to a TLS address, presenting role's test certificate ("admin", "writer",
+ * "reader", "node-n2", ...; NULL: none); -1 if it cannot be made. The raw_* functions below
+ * work on either kind; close one with raw_close. */
+int raw_connect_as(const char *tls_addr, const char *role);
+void raw_close(int fd);
 /* Sends a frame built from (opcode, flags, req id, payload). */
 int raw_send_frame(int fd, uint8_t op, uint16_t flags, uint64_t id, const void *payload,
                    size_t len);
@@ -61,8 +66,9 @@ int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len,
 /* The node's current map (MAP_GET on a connection of its own); NULL if it does not answer. */
 struct ts_map;
 struct ts_map *raw_map_get(const char *addr);
-/* MAP_PUSH of m to the node (header epoch 0, on a connection of its own); the reply's status. */
-int raw_map_push(const char *addr, const struct ts_map *m);
+/* MAP_PUSH of m to the node at its TLS address as admin (header epoch 0, on a connection of its
+ * own); the reply's status. */
+int raw_map_push(const char *tls_addr, const struct ts_map *m);
 /* 1 when the peer has closed the connection within timeout_ms (reads and drops bytes). */
 int raw_wait_closed(int fd, int timeout_ms);
 
@@ -75,12 +81,16 @@ struct tsd_cluster {
     int n;
     struct tsd_proc node[TSD_CLUSTER_MAX];
     char id[TSD_CLUSTER_MAX][16];
-    char listen[TSD_CLUSTER_MAX][64];
+    char listen[TSD_CLUSTER_MAX][64];     /* plain TCP: clients without a certificate (reader) */
+    char tls_listen[TSD_CLUSTER_MAX][64]; /* mutual TLS: writers, admins and the peer nodes */
+    char cert[TSD_CLUSTER_MAX][600], key[TSD_CLUSTER_MAX][600], ca[600]; /* node certificates */
     char map_path[512];
     char *dir;
 };
 /* Starts n nodes "n1".."nN" in the given failure domains (NULL: one domain per node), with a
- * map of pg_count PGs at epoch 1; extra arguments go to every node. */
+ * map of pg_count PGs at epoch 1; extra arguments go to every node. Each node listens on plain
+ * TCP (anonymous clients: reader) and on TLS with its node certificate node-nI (test_certs()),
+ * which it also presents to its peers. */
 int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains, uint32_t pg_count,
                       const char *const *extra);
 /* Index of node id, or -1. */
@@ -91,6 +101,11 @@ void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
 /* Path of certificate file NAME.EXT in test_certs() (a small ring of static buffers). */
 const char *test_cert(const char *name, const char *ext);
+
+/* Options for a client of node p over its TLS listener, verifying against the test CA and
+ * presenting role's certificate (NULL: none); the strings stay valid for a few calls. */
+struct tessera_opts;
+void tsd_client_opts(struct tessera_opts *o, const struct tsd_proc *p, const char *role);
 
 /* Opens a libtessera handle on TLS address addr, verifying against ca (NULL: the test CA)
  * and server_name (NULL: the host), presenting role's certificate (NULL: none). */

@@ -45,6 +45,14 @@ static void fill(void *buf, size_t len, uint64_t seed)
         p[i] = (uint8_t)(((i + seed * 7919) * 2654435761u) >> 11);
 }
 
+static const struct tsd_proc *any_node(void)
+{
+    for (int i = 0; i < CL.n; i++)
+        if (tsd_alive(&CL.node[i]))
+            return &CL.node[i];
+    return NULL;
+}
+
 static const char *any_addr(void)
 {
     for (int i = 0; i < CL.n; i++)
@@ -58,9 +66,7 @@ static tessera_client *cluster_client(void)
     struct tessera_opts o;
     tessera_client *c = NULL;
 
-    tessera_opts_init(&o);
-    o.address = any_addr();
-    o.timeout_ms = 10000;
+    tsd_client_opts(&o, any_node(), "admin");
     assert_int_equal(tessera_client_open(&c, &o), 0);
     assert_true(tessera_client_epoch(c) > 0);
     return c;
@@ -278,12 +284,11 @@ static void test_corrupt_chunk_repaired(void **state)
         struct tessera_opts o;
         struct ts_scrub_report rr;
         int clean = 0;
-        tessera_opts_init(&o);
-        o.address = CL.node[i].addr;
+        tsd_client_opts(&o, &CL.node[i], "writer");
         assert_int_equal(tessera_client_open(&one, &o), 0);
         for (int t = 0; t < 50 && !clean; t++) {
             /* A scrub finding damage triggers its repair; the next one is clean. */
-            int fd = raw_connect(CL.node[i].addr);
+            int fd = raw_connect_as(CL.node[i].tls_addr, "writer"); /* SCRUB: a writer's */
             struct ts_wr w;
             uint8_t *p = NULL;
             size_t plen;
@@ -294,7 +299,7 @@ static void test_corrupt_chunk_repaired(void **state)
             if (raw_recv_reply(fd, 10000, NULL, NULL, 0, &p, &plen) == 0)
                 clean = ts_get_le64(p + 4 + 24) == 0;
             free(p);
-            close(fd);
+            raw_close(fd);
             if (!clean)
                 msleep(100);
         }
@@ -309,13 +314,12 @@ static void test_corrupt_chunk_repaired(void **state)
 }
 
 /* Child: writes shards of "lag" until `until` (monotonic ns). */
-static void lag_writer(const char *addr, uint64_t until, uint32_t first)
+static void lag_writer(const struct tsd_proc *seed, uint64_t until, uint32_t first)
 {
     struct tessera_opts o;
     tessera_client *c;
 
-    tessera_opts_init(&o);
-    o.address = addr; /* computed by the parent: a child cannot waitpid() the daemons */
+    tsd_client_opts(&o, seed, "writer"); /* seed found by the parent: a child cannot waitpid() */
     if (tessera_client_open(&c, &o))
         _exit(2);
     for (uint32_t s = first; ts_now_mono_ns() < until; s++)
@@ -337,10 +341,10 @@ static void test_fringe_lag_and_catch_up(void **state)
 
     mkds(c, "lag", 3, 2, 2);
     {
-        const char *addr = any_addr();
+        const struct tsd_proc *seed = any_node();
         child = fork();
         if (child == 0)
-            lag_writer(addr, ts_now_mono_ns() + 3000000000ull, 0);
+            lag_writer(seed, ts_now_mono_ns() + 3000000000ull, 0);
     }
     while (waitpid(child, &st, WNOHANG) == 0) {
         ops = total_lag(&s_now, NULL);
@@ -405,7 +409,7 @@ static void test_min_core_refuses(void **state)
 static int raw_write_epoch(int i, const char *ds, uint32_t shard, uint64_t epoch, char *msg,
                            size_t cap)
 {
-    int fd = raw_connect(CL.node[i].addr), rc;
+    int fd = raw_connect_as(CL.node[i].tls_addr, "writer"), rc;
     uint8_t data[100] = {1}, h[TS_HDR_LEN];
     struct ts_wr w;
 
@@ -422,12 +426,13 @@ static int raw_write_epoch(int i, const char *ds, uint32_t shard, uint64_t epoch
                                   (uint32_t)w.len};
         ts_frame_encode(h, &fh);
     }
-    rc =
-        (write(fd, h, sizeof(h)) == (ssize_t)sizeof(h) && write(fd, w.buf, w.len) == (ssize_t)w.len)
-            ? raw_recv_reply(fd, 10000, NULL, msg, cap, NULL, NULL)
-            : TS_ECONNRESET;
+    rc = raw_send_all(fd, h, sizeof(h));
+    if (!rc)
+        rc = raw_send_all(fd, w.buf, w.len);
+    if (!rc)
+        rc = raw_recv_reply(fd, 10000, NULL, msg, cap, NULL, NULL);
     ts_wr_fini(&w);
-    close(fd);
+    raw_close(fd);
     return rc;
 }
 
@@ -443,7 +448,7 @@ static void test_stale_epoch_fenced(void **state)
     next->epoch = old->epoch + 1;
     for (int i = 0; i < CL.n; i++)
         if (i != n5)
-            assert_int_equal(raw_map_push(CL.node[i].addr, next), 0);
+            assert_int_equal(raw_map_push(CL.node[i].tls_addr, next), 0);
     now = node_map(CL.node[n5].addr);
     fprintf(stderr, "  n5 at epoch %llu, the others at %llu\n", (unsigned long long)now->epoch,
             (unsigned long long)next->epoch);
@@ -493,13 +498,12 @@ static void test_stale_epoch_fenced(void **state)
 }
 
 /* Child: uploads shards of "fo" in order, reporting each acknowledged one on fd. */
-static void fo_writer(const char *addr, int fd, uint32_t count)
+static void fo_writer(const struct tsd_proc *seed, int fd, uint32_t count)
 {
     struct tessera_opts o;
     tessera_client *c;
 
-    tessera_opts_init(&o);
-    o.address = addr;
+    tsd_client_opts(&o, seed, "writer");
     o.timeout_ms = 5000;
     if (tessera_client_open(&c, &o))
         _exit(2);
@@ -534,11 +538,11 @@ static void test_primary_killed_failover(void **state)
     assert_int_equal(pipe(pfd), 0);
     {
         /* Seed the writer with a node that survives (n1 is killed below). */
-        const char *addr = CL.node[tsd_cluster_find(&CL, "n2")].addr;
+        const struct tsd_proc *seed = &CL.node[tsd_cluster_find(&CL, "n2")];
         child = fork();
         if (child == 0) {
             close(pfd[0]);
-            fo_writer(addr, pfd[1], 120);
+            fo_writer(seed, pfd[1], 120);
         }
     }
     close(pfd[1]);
@@ -752,18 +756,18 @@ static void test_bad_maps_refused(void **state)
     bad->epoch = before + 10;
     bad->nodes[n2] = bad->nodes[bad->n - 1];
     bad->n--;
-    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EINVAL);
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EINVAL);
     ts_map_free(bad);
     bad = ts_map_dup(now); /* another pg_count */
     bad->epoch = before + 10;
     bad->pg_count *= 2;
-    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EINVAL);
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EINVAL);
     ts_map_free(bad);
     bad = ts_map_dup(now); /* nobody up: malformed on the wire */
     bad->epoch = before + 10;
     for (size_t i = 0; i < bad->n; i++)
         bad->nodes[i].state = TS_NODE_DOWN;
-    assert_int_equal(raw_map_push(CL.node[n2].addr, bad), TS_EPROTO);
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EPROTO);
     ts_map_free(bad);
     after = node_map(CL.node[n2].addr);
     assert_int_equal(after->epoch, before);

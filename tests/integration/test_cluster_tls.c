@@ -24,7 +24,7 @@
 #define N 3
 static struct tsd_proc node[N];
 static char map_path[600], certs[512];
-static char ca[600], ncert[600], nkey[600], plain[N][64], tlsa[N][64], ids[N][8];
+static char ca[600], ncert[N][600], nkey[N][600], plain[N][64], tlsa[N][64], ids[N][8];
 
 static int open_as(int i, const char *role, tessera_client **c)
 {
@@ -40,9 +40,6 @@ static int group_setup(void **state)
         return -1;
     snprintf(certs, sizeof(certs), "%s", dir);
     snprintf(ca, sizeof(ca), "%s/ca.pem", certs);
-    /* The node certificate serves the TLS listener and authenticates to peers. */
-    snprintf(ncert, sizeof(ncert), "%s/node.pem", certs);
-    snprintf(nkey, sizeof(nkey), "%s/node.key", certs);
     snprintf(map_path, sizeof(map_path), "%s/tls-cluster.map", certs);
     f = fopen(map_path, "w");
     if (!f)
@@ -50,6 +47,9 @@ static int group_setup(void **state)
     fprintf(f, "epoch = 1;\npg_count = 8;\nnodes = (\n");
     for (int i = 0; i < N; i++) {
         snprintf(ids[i], sizeof(ids[i]), "t%d", i + 1);
+        /* Its node certificate serves the TLS listener and authenticates it to peers. */
+        snprintf(ncert[i], sizeof(ncert[i]), "%s/node-%s.pem", certs, ids[i]);
+        snprintf(nkey[i], sizeof(nkey[i]), "%s/node-%s.key", certs, ids[i]);
         snprintf(plain[i], sizeof(plain[i]), "127.0.0.1:%d", tsd_free_port());
         snprintf(tlsa[i], sizeof(tlsa[i]), "127.0.0.1:%d", tsd_free_port());
         fprintf(f, "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = 100; }%s\n", ids[i],
@@ -63,9 +63,9 @@ static int group_setup(void **state)
                                  "--tls-listen",
                                  tlsa[i],
                                  "--tls-cert",
-                                 ncert,
+                                 ncert[i],
                                  "--tls-key",
-                                 nkey,
+                                 nkey[i],
                                  "--tls-ca",
                                  ca,
                                  "--tls-require-client-cert",

@@ -220,8 +220,7 @@ static void test_full_replica(void **state)
     }
     assert_int_equal(mount("tmpfs", cl.node[n3].data, "tmpfs", 0, opts), 0);
     assert_int_equal(tsd_start(&cl.node[n3], NULL), 0);
-    tessera_opts_init(&o);
-    o.address = cl.node[0].addr;
+    tsd_client_opts(&o, &cl.node[0], "writer");
     o.timeout_ms = 20000;
     assert_int_equal(tessera_client_open(&c, &o), 0);
     assert_int_equal(tessera_dataset_create(c, "rep", &p), 0);

@@ -317,8 +317,7 @@ static tessera_client *open_client_timeout(int timeout_ms)
     ts_map_free(m);
     if (from < 0)
         return NULL;
-    tessera_opts_init(&o);
-    o.address = CL.node[from].addr;
+    tsd_client_opts(&o, &CL.node[from], "admin");
     o.timeout_ms = timeout_ms;
     if (tessera_client_open(&c, &o) != 0) {
         tessera_client_close(c);
@@ -753,7 +752,7 @@ static void test_partial_map_push(void **state)
     next = ts_map_dup(m);
     next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
-    assert_int_equal(raw_map_push(CL.node[R1].addr, next), 0);
+    assert_int_equal(raw_map_push(CL.node[R1].tls_addr, next), 0);
     fprintf(stderr, "  epochs now: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
             (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
             CL.id[R2], (unsigned long long)node_epoch(R2));
@@ -762,7 +761,7 @@ static void test_partial_map_push(void **state)
     /* A writer with the old map uploads a new shard of the PG to P at epoch E. */
     shards_in_pg(m, ds, pg, &shard, sh, 1);
     fill(data, sizeof(data), 4242);
-    fd = raw_connect(CL.node[P].addr);
+    fd = raw_connect_as(CL.node[P].tls_addr, "writer");
     assert_true(fd >= 0);
     rc_w = raw_shard_write(fd, m->epoch, ds, sh[0], data, msg_w, sizeof(msg_w));
     fprintf(stderr, "  SHARD_WRITE %s/%u chunk 0 to %s at epoch %llu: %s%s%s\n", ds, sh[0],
@@ -772,7 +771,7 @@ static void test_partial_map_push(void **state)
     fprintf(stderr, "  SHARD_SEAL  %s/%u to %s at epoch %llu: %s%s%s\n", ds, sh[0], CL.id[P],
             (unsigned long long)m->epoch, rc_s ? ts_errname(rc_s) : "ok (ACKNOWLEDGED)",
             rc_s ? ": " : "", rc_s ? msg_s : "");
-    close(fd);
+    raw_close(fd);
     fprintf(stderr, "  epochs after: %s (P) %llu, %s (R1) %llu, %s (R2) %llu\n", CL.id[P],
             (unsigned long long)node_epoch(P), CL.id[R1], (unsigned long long)node_epoch(R1),
             CL.id[R2], (unsigned long long)node_epoch(R2));
@@ -812,7 +811,7 @@ static void test_partial_map_push_mid_upload(void **state)
     /* The upload starts at epoch E: its chunk is on P, R1 and R2. */
     shards_in_pg(m, ds, pg, &shard, sh, 1);
     fill(data, sizeof(data), 4343);
-    fd = raw_connect(CL.node[P].addr);
+    fd = raw_connect_as(CL.node[P].tls_addr, "writer");
     assert_true(fd >= 0);
     rc_w = raw_shard_write(fd, m->epoch, ds, sh[0], data, msg_w, sizeof(msg_w));
     fprintf(stderr, "  SHARD_WRITE %s/%u chunk 0 to %s at epoch %llu: %s%s%s\n", ds, sh[0],
@@ -824,7 +823,7 @@ static void test_partial_map_push_mid_upload(void **state)
     next = ts_map_dup(m);
     next->nodes[ts_map_find(next, CL.id[P])].state = TS_NODE_DOWN;
     next->epoch = m->epoch + 1;
-    assert_int_equal(raw_map_push(CL.node[R1].addr, next), 0);
+    assert_int_equal(raw_map_push(CL.node[R1].tls_addr, next), 0);
 
     /* The seal at epoch E, with R2 paused until P has heard of E+1 from R1. */
     assert_int_equal(kill(CL.node[R2].pid, SIGSTOP), 0);
@@ -844,7 +843,7 @@ static void test_partial_map_push_mid_upload(void **state)
     kill(CL.node[R2].pid, SIGCONT);
     if (rc_s == 0)
         rc_s = raw_recv_reply(fd, 15000, NULL, msg_s, sizeof(msg_s), NULL, NULL);
-    close(fd);
+    raw_close(fd);
     fprintf(stderr, "  SHARD_SEAL  %s/%u to %s at epoch %llu: %s%s%s\n", ds, sh[0], CL.id[P],
             (unsigned long long)m->epoch, rc_s ? ts_errname(rc_s) : "ok (ACKNOWLEDGED)",
             rc_s ? ": " : "", rc_s ? msg_s : "");
@@ -1694,7 +1693,7 @@ static void test_divergent_log_rolled_back(void **state)
         X = sh[0];
     }
     fill(data, sizeof(data), 4545);
-    fd = raw_connect(CL.node[P].addr);
+    fd = raw_connect_as(CL.node[P].tls_addr, "writer");
     assert_true(fd >= 0);
     rc_w = raw_shard_write(fd, m->epoch, ds, X, data, msg, sizeof(msg));
     fprintf(stderr, "  SHARD_WRITE %s/%u (X) chunk 0 to %s: %s%s%s\n", ds, X, CL.id[P],
@@ -1706,7 +1705,7 @@ static void test_divergent_log_rolled_back(void **state)
     assert_int_equal(wait_stopped(CL.node[R2].pid), 0);
     t0 = ts_now_mono_ns();
     rc_s = raw_shard_seal(fd, m->epoch, ds, X, data, msg, sizeof(msg));
-    close(fd);
+    raw_close(fd);
     fprintf(stderr, "  %s and %s paused; SHARD_SEAL %s/%u (X) to %s: %s%s%s (%.1f s)\n", CL.id[R1],
             CL.id[R2], ds, X, CL.id[P], rc_s ? ts_errname(rc_s) : "ok (ACKNOWLEDGED)",
             rc_s ? ": " : "", rc_s ? msg : "", (double)(ts_now_mono_ns() - t0) / 1e9);

@@ -637,9 +637,12 @@ static void test_opcode_table(void **state)
     /* Spot checks against docs/protocol.md. */
     assert_int_equal(ts_op_desc(TS_OP_HELLO)->min_role, TS_ROLE_NONE);
     assert_int_equal(ts_op_desc(TS_OP_DATASET_DELETE)->min_role, TS_ROLE_ADMIN);
-    assert_int_equal(ts_op_desc(TS_OP_PG_QUERY)->min_role, TS_ROLE_ADMIN);
-    assert_int_equal(ts_op_desc(TS_OP_PG_ACTIVATE)->min_role, TS_ROLE_ADMIN);
-    assert_int_equal(ts_op_desc(TS_OP_PG_PULL)->min_role, TS_ROLE_ADMIN);
+    assert_int_equal(ts_op_desc(TS_OP_PG_QUERY)->min_role, TS_ROLE_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_PG_ACTIVATE)->min_role, TS_ROLE_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_PG_PULL)->min_role, TS_ROLE_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_REPL_WRITE)->min_role, TS_ROLE_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_REPL_SEAL)->min_role, TS_ROLE_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_MAP_PUSH)->min_role, TS_ROLE_ADMIN_OR_NODE);
     assert_string_equal(ts_op_desc(TS_OP_PG_QUERY)->name, "pg-query");
     assert_int_equal(ts_op_desc(TS_OP_SHARD_WRITE)->max_payload, (64u << 20) + 4096);
     assert_int_equal(ts_op_desc(TS_OP_SHARD_SEAL)->max_payload, 16u << 20);
@@ -648,11 +651,11 @@ static void test_opcode_table(void **state)
 
 static void test_roles(void **state)
 {
-    static const char *const names[] = {"none", "reader", "writer", "admin"};
+    static const char *const names[] = {"none", "reader", "writer", "admin", "node"};
 
     assert_true(TS_ROLE_NONE < TS_ROLE_READER && TS_ROLE_READER < TS_ROLE_WRITER &&
                 TS_ROLE_WRITER < TS_ROLE_ADMIN);
-    for (int i = TS_ROLE_NONE; i <= TS_ROLE_ADMIN; i++) {
+    for (int i = TS_ROLE_NONE; i <= TS_ROLE_NODE; i++) {
         assert_string_equal(ts_role_name(i), names[i]);
         assert_int_equal(ts_role_parse(names[i]), i);
         assert_int_equal(ts_role_parse(ts_role_name(i)), i);
@@ -662,10 +665,24 @@ static void test_roles(void **state)
     assert_int_equal(ts_role_parse("root"), TS_EINVAL);
     assert_int_equal(ts_role_parse(""), TS_EINVAL);
     assert_int_equal(ts_role_parse("admin "), TS_EINVAL);
-    assert_int_equal(ts_role_parse("node"), TS_EINVAL);
+    assert_int_equal(ts_role_parse("admin or node"), TS_EINVAL); /* a requirement, not a role */
     assert_int_equal(ts_role_parse(NULL), TS_EINVAL);
     assert_string_equal(ts_role_name(-1), "?");
-    assert_string_equal(ts_role_name(TS_ROLE_ADMIN + 1), "?");
+    assert_string_equal(ts_role_name(TS_ROLE_ADMIN_OR_NODE + 1), "?");
+    /* The ordered roles include the ones below them; node stands apart. */
+    for (int r = TS_ROLE_NONE; r <= TS_ROLE_ADMIN; r++)
+        for (int need = TS_ROLE_NONE; need <= TS_ROLE_ADMIN; need++)
+            assert_int_equal(ts_role_may(r, need), r >= need);
+    for (int r = TS_ROLE_NONE; r <= TS_ROLE_ADMIN; r++)
+        assert_false(ts_role_may(r, TS_ROLE_NODE)); /* admin may not replicate */
+    assert_true(ts_role_may(TS_ROLE_NODE, TS_ROLE_NODE));
+    assert_true(ts_role_may(TS_ROLE_NODE, TS_ROLE_READER));
+    assert_false(ts_role_may(TS_ROLE_NODE, TS_ROLE_WRITER)); /* a node certificate cannot put */
+    assert_false(ts_role_may(TS_ROLE_NODE, TS_ROLE_ADMIN));  /* ... nor delete */
+    assert_true(ts_role_may(TS_ROLE_NODE, TS_ROLE_ADMIN_OR_NODE));
+    assert_true(ts_role_may(TS_ROLE_ADMIN, TS_ROLE_ADMIN_OR_NODE));
+    assert_false(ts_role_may(TS_ROLE_WRITER, TS_ROLE_ADMIN_OR_NODE));
+    assert_false(ts_role_may(TS_ROLE_ADMIN_OR_NODE, TS_ROLE_READER)); /* not a role */
     assert_string_equal(ts_role_name(INT_MIN), "?");
 }
 
