@@ -82,6 +82,9 @@ static const struct setting settings[] = {
     INT("conn_output_kb", conn_output_kb, 256, 1 << 20, "4096",
         "per-connection output budget: a READ reply is produced only while less than this is "
         "queued"),
+    INT("input_budget_mb", input_budget_mb, 128, 1 << 20, "1024",
+        "input buffered for large frames (uploads), all connections together, MiB; each "
+        "connection may also hold one small frame (64 KiB) outside it"),
     INT("idle_timeout_s", idle_timeout_s, 1, 86400, "300",
         "close a connection that neither sends nor drains for this long"),
     INT("drain_timeout_s", drain_timeout_s, 1, 3600, "10",

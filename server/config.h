@@ -30,6 +30,7 @@ struct tsd_config {
     int max_connections;
     int conn_output_kb;
     int idle_timeout_s;
+    int input_budget_mb;
     int tls_handshake_timeout_s;
     int drain_timeout_s;
     int max_chunk_mb;

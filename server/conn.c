@@ -21,7 +21,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* Largest payload of any opcode: the bound on what a connection may make us buffer. */
+/* Largest payload of any opcode: the bound on what a header may announce. */
 static uint32_t max_payload_any(void)
 {
     static uint32_t m; /* computed once: the opcode table is constant */
@@ -32,6 +32,76 @@ static uint32_t max_payload_any(void)
                 m = d->max_payload;
         }
     return m;
+}
+
+/*
+ * The global input budget. Every connection may buffer a small frame's worth (IN_FREE bytes)
+ * without asking; a frame with a larger payload first reserves its whole length from the
+ * server-wide budget (input_budget_mb), and the connection reads it only then. A reservation is
+ * whole-frame, so a connection holding one can always complete its frame: the budget never
+ * deadlocks. A connection that cannot reserve stops reading and tries again every
+ * BUDGET_RETRY_MS; the reservation is returned when its frame has been handled.
+ */
+#define IN_FREE (TS_HDR_LEN + (size_t)TS_SMALL_PAYLOAD)
+#define BUDGET_RETRY_MS 5
+
+static size_t in_limit(const struct tsd_conn *c)
+{
+    return IN_FREE + c->in_reserved;
+}
+
+static void in_limit_changed(struct tsd_conn *c)
+{
+    if (c->bev)
+        bufferevent_setwatermark(c->bev, EV_READ, 0, in_limit(c));
+}
+
+static void budget_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_conn *c = arg;
+
+    c->budget_wait = 0;
+    tsd_conn_resume(c);
+}
+
+/* Makes room to buffer a frame of len payload bytes. 1: go on reading; 0: the budget is spent,
+ * the connection is paused and retried shortly. */
+static int in_reserve(struct tsd_conn *c, uint32_t len)
+{
+    struct tsd_server *s = c->w->srv;
+    size_t used;
+
+    if (TS_HDR_LEN + (size_t)len <= IN_FREE || c->in_reserved >= len)
+        return 1;
+    used = atomic_load(&s->in_reserved);
+    do {
+        if (used + len > s->in_budget) {
+            if (!c->budget_ev)
+                c->budget_ev = evtimer_new(c->w->base, budget_retry_cb, c);
+            if (!c->budget_wait) {
+                struct timeval tv = {0, BUDGET_RETRY_MS * 1000};
+                STAT_ADD(&c->w->stats, input_budget_waits, 1);
+                c->budget_wait = 1;
+                if (c->budget_ev)
+                    evtimer_add(c->budget_ev, &tv);
+            }
+            tsd_conn_pause(c);
+            return 0;
+        }
+    } while (!atomic_compare_exchange_weak(&s->in_reserved, &used, used + len));
+    c->in_reserved = len;
+    in_limit_changed(c);
+    return 1;
+}
+
+static void in_release(struct tsd_conn *c)
+{
+    if (!c->in_reserved)
+        return;
+    atomic_fetch_sub(&c->w->srv->in_reserved, c->in_reserved);
+    c->in_reserved = 0;
+    if (!c->dead)
+        in_limit_changed(c);
 }
 
 static void conn_unpause(struct tsd_conn *c);
@@ -152,6 +222,11 @@ void tsd_conn_free(struct tsd_conn *c)
         c->rs = NULL;
     }
     c->w->srv->ops->uploads_abort(c);
+    in_release(c);
+    if (c->budget_ev) {
+        event_free(c->budget_ev);
+        c->budget_ev = NULL;
+    }
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -335,8 +410,10 @@ static int conn_process(struct tsd_conn *c)
             c->discard = h.length;
             continue;
         }
-        if (avail < TS_HDR_LEN + (size_t)h.length)
-            break; /* wait for the whole frame (bounded by the watermark) */
+        if (avail < TS_HDR_LEN + (size_t)h.length) {
+            in_reserve(c, h.length); /* the frame is read only once it has room */
+            break;
+        }
         evbuffer_drain(in, TS_HDR_LEN);
         if (h.length) {
             payload = evbuffer_pullup(in, h.length);
@@ -351,6 +428,7 @@ static int conn_process(struct tsd_conn *c)
         STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
         c->w->srv->ops->handler_for(h.opcode)(c, &h, &r);
         evbuffer_drain(in, h.length);
+        in_release(c);
     }
     if (c->closing && evbuffer_get_length(out) == 0 && !c->rs && !c->parked) {
         tsd_conn_free(c);
@@ -430,6 +508,8 @@ void tsd_conn_pause(struct tsd_conn *c)
 
 static void conn_unpause(struct tsd_conn *c)
 {
+    if (c->budget_wait)
+        return; /* budget_retry_cb resumes it */
     if (c->bev) {
         bufferevent_enable(c->bev, EV_READ);
     } else if (!c->reading && c->rev && !c->eof && !c->closing) {
@@ -523,17 +603,16 @@ static void raw_eof(struct tsd_conn *c)
 static void raw_readcb(evutil_socket_t fd, short what, void *arg)
 {
     struct tsd_conn *c = arg;
-    size_t limit = TS_HDR_LEN + (size_t)max_payload_any();
     int broken = 0;
 
     for (;;) {
         struct evbuffer_iovec v[2];
-        size_t have = evbuffer_get_length(c->in), want;
+        size_t have = evbuffer_get_length(c->in), want, limit = in_limit(c);
         ssize_t n;
         int nv;
 
         if (have >= limit) {
-            tsd_conn_pause(c); /* one whole frame of the largest kind is buffered */
+            tsd_conn_pause(c); /* a small frame's worth, or the reserved frame, is buffered */
             break;
         }
         want = TS_MIN((size_t)RAW_READ_MAX, limit - have);
@@ -585,7 +664,8 @@ static void raw_readcb(evutil_socket_t fd, short what, void *arg)
         c->closing = 1; /* everything received is answered: close once it is sent */
     if (!raw_progress(c))
         return;
-    if (!c->reading && !c->rs && !c->eof && !c->closing && evbuffer_get_length(c->in) < limit &&
+    if (!c->reading && !c->rs && !c->eof && !c->closing &&
+        evbuffer_get_length(c->in) < in_limit(c) &&
         evbuffer_get_length(c->out) < c->w->srv->out_budget)
         conn_unpause(c);
 }
@@ -711,9 +791,9 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
         return;
     }
     bufferevent_setcb(c->bev, conn_readcb, conn_writecb, conn_eventcb, c);
-    /* Input: at most one whole frame of the largest kind (plus a header) is buffered.
+    /* Input: a small frame's worth, or the frame whose length it reserved (in_reserve).
      * Output: the write callback fires when the queue drains below half the budget. */
-    bufferevent_setwatermark(c->bev, EV_READ, 0, TS_HDR_LEN + (size_t)max_payload_any());
+    in_limit_changed(c);
     bufferevent_setwatermark(c->bev, EV_WRITE, s->out_budget / 2, 0);
     /* libevent moves at most 16 KiB per syscall by default: far too little for 1 MiB chunks. */
     bufferevent_set_max_single_write(c->bev, s->out_budget);
@@ -762,6 +842,7 @@ void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out)
         SUM(read_bytes);
         SUM(corrupt_chunks);
         SUM(protocol_errors);
+        SUM(input_budget_waits);
         for (int op = 0; op < TS_OP_MAX; op++)
             SUM(by_op[op]);
 #undef SUM

@@ -146,7 +146,12 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_r
     J(read_bytes);
     J(corrupt_chunks);
     J(protocol_errors);
+    J(input_budget_waits);
 #undef J
+    json_object_object_add(stats, "input_reserved_bytes",
+                           json_object_new_int64((int64_t)atomic_load(&s->in_reserved)));
+    json_object_object_add(stats, "input_budget_bytes",
+                           json_object_new_int64((int64_t)s->in_budget));
     ops = json_object_new_object();
     for (unsigned op = 0; op < TS_OP_MAX; op++)
         if (ts_op_desc(op))

@@ -352,6 +352,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
                                                  : ": cluster node or reachable beyond loopback")
                 : "");
     s->out_budget = (size_t)cfg->conn_output_kb << 10;
+    s->in_budget = (size_t)cfg->input_budget_mb << 20;
     evthread_use_pthreads();
     signal(SIGPIPE, SIG_IGN);
 

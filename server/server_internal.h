@@ -31,6 +31,7 @@ struct tsd_stats {
     _Atomic uint64_t read_bytes;
     _Atomic uint64_t corrupt_chunks;
     _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t input_budget_waits; /* a frame waited for room in the input budget */
     _Atomic uint64_t by_op[TS_OP_MAX];
 };
 #define STAT_ADD(st, field, n) atomic_fetch_add_explicit(&(st)->field, (n), memory_order_relaxed)
@@ -106,11 +107,14 @@ struct tsd_conn {
     struct tsd_upload *uploads;
     size_t nuploads, capuploads;
     struct tsd_read_stream *rs;
-    int eof;          /* the peer half-closed: answer what was sent, then close */
-    uint32_t discard; /* payload bytes of a refused frame still to drop */
-    int refs;         /* replies parked on replication hold a reference */
-    int dead;         /* closed; freed when refs drops to 0 */
-    int parked;       /* replies still to come from replication */
+    int eof;              /* the peer half-closed: answer what was sent, then close */
+    uint32_t discard;     /* payload bytes of a refused frame still to drop */
+    int refs;             /* replies parked on replication hold a reference */
+    int dead;             /* closed; freed when refs drops to 0 */
+    int parked;           /* replies still to come from replication */
+    uint32_t in_reserved; /* bytes of the input budget held for the frame being read */
+    int budget_wait;      /* paused until budget_ev: the input budget is spent */
+    struct event *budget_ev;
 };
 
 /* The request handlers as the connection layer reaches them (filled by ops.c). */
@@ -148,7 +152,9 @@ struct tsd_server {
     uint64_t start_ns;
     int anon_role;
     size_t out_budget;
-    _Atomic uint64_t epoch; /* of the map below; 0: single node */
+    size_t in_budget;           /* input_budget_mb, bytes */
+    _Atomic size_t in_reserved; /* of in_budget, held by frames being read */
+    _Atomic uint64_t epoch;     /* of the map below; 0: single node */
     pthread_rwlock_t map_lock;
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */

@@ -1,7 +1,8 @@
 /*
  * Faults against a real tesserad: kill -9 in the middle of an upload stream, restart on the
  * same data, and prove that every acknowledged write is there, verified. SIGTERM while a large
- * read is in flight: the read completes, the daemon exits 0.
+ * read is in flight: the read completes, the daemon exits 0. Clients that announce huge frames
+ * and stall cannot make the daemon buffer more than its input budget, and others keep working.
  */
 #include "harness.h"
 
@@ -13,7 +14,13 @@
 #include "tessera/tessera.h"
 #include "ts_common.h"
 
+#include "ts_proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,11 +168,114 @@ static void test_sigterm_drains(void **state)
     free(back);
 }
 
+/* Sends as much of len bytes as the connection takes within ms (non-blocking); bytes sent. */
+static size_t send_for(int fd, size_t len, int ms)
+{
+    static uint8_t junk[1 << 20];
+    size_t sent = 0;
+    int idle = 0;
+
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    while (sent < len && idle < ms) {
+        ssize_t n = send(fd, junk, TS_MIN(sizeof(junk), len - sent), MSG_NOSIGNAL);
+        if (n > 0) {
+            sent += (size_t)n;
+            idle = 0;
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+            idle += 10;
+        } else {
+            break;
+        }
+    }
+    return sent;
+}
+
+/* STATUS field stats.NAME of the node at addr, -1 if absent. */
+static long long status_stat(const char *addr, const char *name)
+{
+    tessera_client *c = connect_to(addr);
+    char *json = NULL, key[96], *at;
+    long long v = -1;
+
+    assert_int_equal(tessera_status(c, &json), 0);
+    snprintf(key, sizeof(key), "\"%s\":", name);
+    at = strstr(json, key);
+    if (at)
+        v = atoll(at + strlen(key) + strspn(at + strlen(key), " "));
+    free(json);
+    tessera_client_close(c);
+    return v;
+}
+
+static void test_input_budget(void **state)
+{
+    enum { ATTACKERS = 6 };
+    const uint32_t frame = 60u << 20;
+    const char *const extra[] = {"--input-budget-mb", "128", NULL};
+    struct tsd_proc d = {0};
+    struct ts_dataset_policy small = {1, 0, 1, CHUNK}, big = {1, 0, 1, 4u << 20};
+    int fds[ATTACKERS];
+    long rss0, rss1;
+    size_t total = 0, n;
+    uint8_t *buf = malloc(8u << 20), *back = malloc(8u << 20);
+    tessera_client *c;
+
+    assert_int_equal(tsd_start(&d, extra), 0);
+    c = connect_to(d.addr);
+    assert_int_equal(tessera_dataset_create(c, "small", &small), 0);
+    assert_int_equal(tessera_dataset_create(c, "big", &big), 0);
+    tessera_client_close(c);
+    rss0 = tsd_rss_kb(&d);
+    /* Each announces a 60 MiB SHARD_WRITE and sends 56 MiB of it, then stalls. */
+    for (int i = 0; i < ATTACKERS; i++) {
+        uint8_t h[TS_HDR_LEN];
+        struct ts_frame_hdr fh = {TS_PROTO_VERSION, TS_OP_SHARD_WRITE, 0, 1, 0, frame};
+        fds[i] = raw_connect(d.addr);
+        assert_true(fds[i] >= 0);
+        ts_frame_encode(h, &fh);
+        assert_int_equal(raw_send_all(fds[i], h, sizeof(h)), 0);
+    }
+    for (int i = 0; i < ATTACKERS; i++)
+        total += send_for(fds[i], 56u << 20, 300);
+    rss1 = tsd_rss_kb(&d);
+    fprintf(stderr, "  %d stalled 60 MiB frames: clients sent %zu MiB, daemon RSS +%ld MiB\n",
+            ATTACKERS, total >> 20, (rss1 - rss0) >> 10);
+    /* Without the budget the daemon would hold all of it (336 MiB); with it, 2 frames. */
+    assert_true(rss1 - rss0 < 190L * 1024);
+    assert_true(status_stat(d.addr, "input_budget_waits") > 0);
+    assert_true(status_stat(d.addr, "input_reserved_bytes") <= 128LL << 20);
+
+    /* Small frames still pass: a put in 64 KiB chunks and reads work meanwhile. */
+    c = connect_to(d.addr);
+    fill(buf, SHARD_LEN, 9);
+    assert_int_equal(tessera_put(c, "small", 0, buf, SHARD_LEN, NULL, 0), 0);
+    assert_int_equal(tessera_read(c, "small", 0, 0, SHARD_LEN, back, &n), 0);
+    assert_int_equal(n, SHARD_LEN);
+    assert_memory_equal(back, buf, SHARD_LEN);
+    /* Once the stalled clients are gone their reservations return: large chunks work again. */
+    for (int i = 0; i < ATTACKERS; i++)
+        raw_close(fds[i]);
+    fill(buf, 8u << 20, 10);
+    assert_int_equal(tessera_put(c, "big", 0, buf, 8u << 20, NULL, 0), 0);
+    assert_int_equal(tessera_read(c, "big", 0, 0, 8u << 20, back, &n), 0);
+    assert_int_equal(n, 8u << 20);
+    assert_memory_equal(back, buf, 8u << 20);
+    tessera_client_close(c);
+    assert_true(status_stat(d.addr, "input_reserved_bytes") == 0);
+    assert_true(WIFEXITED(tsd_stop(&d)));
+    tsd_cleanup(&d);
+    free(buf);
+    free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill9_mid_stream),
         cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_input_budget),
     };
     return cmocka_run_group_tests_name("faults", tests, NULL, NULL);
 }
