@@ -274,11 +274,17 @@ static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     struct push *ps = ctx;
 
     ps->inflight--;
-    if (status)
+    if (status) {
         ps->stream_failed = status;
+        if (body && status != TS_ESTALE) {
+            ts_rd_str(body, ps->stream_why, sizeof(ps->stream_why));
+            body->off = 0;
+        }
+    }
     if (ps->inflight == 0 && ps->stream_failed) {
-        TS_WARN(FAC, ps->stream_failed, "streaming %s/%u to %s failed", ps->rec.dataset,
-                ps->rec.shard, ps->node);
+        TS_WARN(FAC, ps->stream_failed, "streaming %s/%u to %s failed%s%s", ps->rec.dataset,
+                ps->rec.shard, ps->node, ps->stream_why[0] ? ": " : "", ps->stream_why);
+        ps->stream_why[0] = '\0';
         if (ps->stream_failed == TS_ESTALE)
             repl_on_stale(r, p, body);
         ts_read_ctx_close(ps->rctx);

@@ -55,6 +55,7 @@ struct push {
     ts_read_ctx *rctx;
     uint32_t next_chunk, inflight;
     int stream_failed;
+    char stream_why[160];  /* the replica's message for stream_failed */
     struct ts_log_rec rec; /* what is being pushed */
     int kind;              /* TS_REPL_SEAL or TS_REPL_BACKFILL */
     /* backfill: the PG's shards, then SET_APPLIED */

@@ -326,7 +326,9 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
             c->uploads = nu;
             c->capuploads = cap;
         }
-        rc = ts_store_shard_begin(s->store, name, shard, size, &wr);
+        /* A PG primary's stream (REPL_WRITE, fenced by epoch already) takes over an upload of
+         * the shard an older primary left open here; a client's waits (TS_EBUSY). */
+        rc = ts_store_shard_begin_ex(s->store, name, shard, size, is_node(c), &wr);
         if (rc) {
             if (rc == TS_EEXIST)
                 tsd_reply_error(c, h, rc, "shard-write %s/%u: shard already complete", name, shard);

@@ -223,7 +223,7 @@ static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
     int rc = ts_store_dataset_get(s->store, log->dataset, &d);
 
     if (rc == 0 && d.created_ns <= log->inc) {
-        rc = ts_store_dataset_delete(s->store, log->dataset);
+        rc = ts_store_dataset_delete_ex(s->store, log->dataset, 1); /* decided by the primary */
         if (rc == 0)
             TS_INFO(FAC, "dataset %s (incarnation %llu) deleted through PG %u's log", log->dataset,
                     (unsigned long long)d.created_ns, log->pg);
@@ -269,7 +269,7 @@ static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
         goto out_free;
     ts_store_dataset_list(s->store, prune_collect_cb, &a);
     for (size_t i = 0; i < a.ngone; i++) {
-        int rc = ts_store_dataset_delete(s->store, a.gone[i]);
+        int rc = ts_store_dataset_delete_ex(s->store, a.gone[i], 1);
         if (rc == 0)
             TS_WARN(FAC, 0, "dataset %s was deleted while this node was away (PG %u backfill)",
                     a.gone[i], pg);

@@ -179,6 +179,9 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_r
         json_object_object_add(dj, "reserve_bytes", json_object_new_int64((int64_t)sp.reserve));
         json_object_object_add(dj, "memtable_bytes", json_object_new_int64((int64_t)sp.memtables));
         json_object_object_add(dj, "writes_refused", json_object_new_boolean(sp.full));
+        /* A damaged WAL found at open: writes after the damage were lost on this node. */
+        json_object_object_add(dj, "wal_damage_found_ns",
+                               json_object_new_int64((int64_t)ts_store_wal_damage_ns(s->store)));
         json_object_object_add(root, "disk", dj);
     }
     json_object_object_add(root, "stats", stats);

@@ -87,6 +87,7 @@ struct ts_shard_writer {
     int short_seen; /* a chunk shorter than chunk_size was written: it must be the last */
     uint32_t *crcs;
     uint32_t cap;
+    _Atomic int superseded; /* a newer upload of the shard (or its dataset's delete) took over */
 };
 
 struct ts_read_ctx {
@@ -371,6 +372,25 @@ static int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
     return 0;
 }
 
+/* Under s->lock: the writers of dataset dsid (any_shard) or of its shard give way: each is
+ * marked superseded (its next put or seal fails with TS_ESTALE, its abort only frees it) and
+ * leaves the table. Returns how many. */
+static size_t writers_supersede(ts_store *s, uint64_t dsid, int any_shard, uint32_t shard)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < s->nwriters;) {
+        if (s->writers[i].dsid == dsid && (any_shard || s->writers[i].shard == shard)) {
+            atomic_store(&s->writers[i].w->superseded, 1);
+            s->writers[i] = s->writers[--s->nwriters];
+            n++;
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
 /* ---- cache arena ------------------------------------------------------------------------- */
 
 static int arena_class(size_t len)
@@ -492,7 +512,6 @@ void ts_dataset_policy_init(struct ts_dataset_policy *p)
 int ts_store_open(ts_store **out, const struct ts_store_opts *o)
 {
     ts_store *s;
-    char *err = NULL;
     uint64_t write_buffer, max_wal;
     int rc;
 
@@ -562,16 +581,15 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
         s->cf_opts[i] = co;
     }
 
-    s->db = rocksdb_open_column_families(s->opts, s->path, CF_COUNT, ts_store_cf_names,
-                                         (const rocksdb_options_t *const *)s->cf_opts, s->cf, &err);
-    if (err) {
-        rc = from_rocksdb(err, "open");
+    s->ro_meta = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_verify_checksums(s->ro_meta, 1);
+    rc = engine_open(s);
+    if (rc) {
+        rocksdb_readoptions_destroy(s->ro_meta);
         goto out_destroy_opts;
     }
     s->wo = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(s->wo, o->sync == TS_SYNC_ALWAYS);
-    s->ro_meta = rocksdb_readoptions_create();
-    rocksdb_readoptions_set_verify_checksums(s->ro_meta, 1);
     s->ro_chunk = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(s->ro_chunk, o->verify_engine_checksums ? 1 : 0);
     TS_INFO(FAC, "opened store at %s (blob files %s, sync %s)", s->path,
@@ -887,6 +905,11 @@ static void delete_id_range(rocksdb_writebatch_t *b, rocksdb_column_family_handl
 
 int ts_store_dataset_delete(ts_store *s, const char *name)
 {
+    return ts_store_dataset_delete_ex(s, name, 0);
+}
+
+int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force)
+{
     struct ts_dataset_info d;
     uint8_t k[1 + TS_NAME_MAX], kid[9], lo[8], hi[8];
     rocksdb_writebatch_t *b;
@@ -898,6 +921,8 @@ int ts_store_dataset_delete(ts_store *s, const char *name)
     rc = dataset_get(s, name, &d);
     if (rc)
         goto out_unlock;
+    if (force && writers_supersede(s, d.id, 1, 0))
+        TS_INFO(FAC, "dataset %s: uploads still open end with its delete", name);
     if (writer_active(s, d.id, 1, 0)) {
         rc = TS_EBUSY;
         goto out_unlock;
@@ -985,11 +1010,11 @@ out_unlock:
     return rc;
 }
 
-static void writer_unregister(ts_store *s, uint64_t dsid, uint32_t shard)
+static void writer_unregister(ts_store *s, ts_shard_writer *w)
 {
     pthread_mutex_lock(&s->lock);
     for (size_t i = 0; i < s->nwriters; i++) {
-        if (s->writers[i].dsid == dsid && s->writers[i].shard == shard) {
+        if (s->writers[i].w == w) {
             s->writers[i] = s->writers[--s->nwriters];
             break;
         }
@@ -999,6 +1024,12 @@ static void writer_unregister(ts_store *s, uint64_t dsid, uint32_t shard)
 
 int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
                          ts_shard_writer **out)
+{
+    return ts_store_shard_begin_ex(s, dataset, shard, expect_size, 0, out);
+}
+
+int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
+                            int takeover, ts_shard_writer **out)
 {
     struct ts_dataset_info d;
     struct ts_shard_info si;
@@ -1018,6 +1049,8 @@ int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint6
         rc = TS_ESEALED;
         goto out_unlock;
     }
+    if (takeover && writers_supersede(s, d.id, 0, shard))
+        TS_INFO(FAC, "shard %s/%u: a newer upload takes over from one left open", dataset, shard);
     if (writer_active(s, d.id, 0, shard)) {
         rc = TS_EBUSY;
         goto out_unlock;
@@ -1069,6 +1102,7 @@ int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint6
     }
     s->writers[s->nwriters].dsid = d.id;
     s->writers[s->nwriters].shard = shard;
+    s->writers[s->nwriters].w = w;
     s->nwriters++;
     *out = w;
 out_unlock:
@@ -1089,6 +1123,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     if (!w || (!data && len))
         return TS_EINVAL;
     s = w->s;
+    if (atomic_load(&w->superseded))
+        return TS_ESTALE;
     if (idx != w->next)
         return TS_EINVAL;
     if (len == 0 || len > w->chunk_size || w->short_seen)
@@ -1177,6 +1213,8 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     if (!w || (nrecords && !records))
         return TS_EINVAL;
     s = w->s;
+    if (atomic_load(&w->superseded))
+        return TS_ESTALE;
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes != w->expect_size) {
         TS_WARN(FAC, TS_EINCOMPLETE, "shard %u: %llu of %llu bytes received", w->shard,
                 (unsigned long long)w->bytes, (unsigned long long)w->expect_size);
@@ -1242,7 +1280,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     rocksdb_writebatch_destroy(b);
     if (rc)
         goto out_free;
-    writer_unregister(s, w->dsid, w->shard);
+    writer_unregister(s, w);
     free(w->crcs);
     free(w);
 out_free:
@@ -1255,7 +1293,7 @@ void ts_shard_writer_abort(ts_shard_writer *w)
 {
     if (!w)
         return;
-    writer_unregister(w->s, w->dsid, w->shard);
+    writer_unregister(w->s, w);
     free(w->crcs);
     free(w);
 }

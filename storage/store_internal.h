@@ -18,6 +18,7 @@ extern const char *const ts_store_cf_names[CF_COUNT];
 struct writer_slot {
     uint64_t dsid;
     uint32_t shard;
+    ts_shard_writer *w;
 };
 
 /*
@@ -67,7 +68,11 @@ struct ts_store {
     uint64_t space_checked_ns, space_warned_ns;
     struct writer_slot *writers;
     size_t nwriters, capwriters;
+    uint64_t wal_damage_ns; /* when a damaged WAL was last found at open (0: never) */
 };
+
+/* engine_open.c: opens s->db (see there for what a damaged WAL does); s->ro_meta must exist. */
+int engine_open(ts_store *s);
 
 /* RocksDB's char **errptr to a TS_E* code (logged); 0 when err is NULL. Frees err. */
 int from_rocksdb(char *err, const char *what);

@@ -62,6 +62,9 @@ int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);
 
 void ts_store_opts_init(struct ts_store_opts *o);
 int ts_store_open(ts_store **out, const struct ts_store_opts *o);
+/* When this store last opened on a write-ahead log damaged before its end (wall-clock ns; 0:
+ * never): writes logged after the damage were lost here (storage/engine_open.c). */
+uint64_t ts_store_wal_damage_ns(ts_store *s);
 void ts_store_close(ts_store *s); /* NULL is a no-op; open writers must be finished first */
 
 /* Datasets. */
@@ -75,6 +78,9 @@ int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_data
 int ts_store_dataset_seal(ts_store *s, const char *name);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
 int ts_store_dataset_delete(ts_store *s, const char *name);
+/* With force, uploads still open on the dataset do not block the delete: they end (their next
+ * put or seal fails with TS_ESTALE). For deletes decided elsewhere (a primary's log entry). */
+int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force);
 
 /*
  * Shards are written as a stream of chunks in order, then sealed. Beginning a shard that has
@@ -83,6 +89,11 @@ int ts_store_dataset_delete(ts_store *s, const char *name);
  */
 int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
                          ts_shard_writer **out);
+/* With takeover, an upload of the shard already in progress gives way instead (its next put
+ * or seal fails with TS_ESTALE): for a PG primary's stream superseding one an older primary
+ * left open on this replica. */
+int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
+                            int takeover, ts_shard_writer **out);
 /*
  * Appends chunk idx (must be the next one). crc is the CRC32C the sender computed: a mismatch
  * with the bytes gives TS_ECORRUPT and stores nothing. Every chunk but the last is chunk_size

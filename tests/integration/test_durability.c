@@ -1904,6 +1904,10 @@ static void test_damaged_wal_recovers_from_peers(void **state)
         fprintf(stderr, "  %s restarted on the damaged WAL: %s\n", CL.id[R1],
                 rc ? "it did not start" : "up");
         assert_int_equal(rc, 0);
+        /* It says so: in its log and in STATUS (disk.wal_damage_found_ns). */
+        assert_true(status_has(R1, "wal_damage_found_ns"));
+        assert_false(status_has(R1, "\"wal_damage_found_ns\": 0,"));
+        assert_false(status_has(R1, "\"wal_damage_found_ns\": 0 "));
         if (node_pg_info(R1, pg, &after) == 0)
             fprintf(stderr, "  PG %u on %s: head seq %llu before, %llu after the restart\n", pg,
                     CL.id[R1], (unsigned long long)before.applied,
