@@ -745,6 +745,10 @@ static int cmd_scrub(struct ctx *x)
         json_object_object_add(o, "bytes", json_u64(rep.bytes));
         json_object_object_add(o, "corrupt", json_u64(rep.corrupt));
         json_object_object_add(o, "corrupt_chunks", seen.list);
+        json_object_object_add(o, "pgs_compared", json_u64(rep.pgs_compared));
+        json_object_object_add(o, "pgs_differing", json_u64(rep.pgs_differing));
+        json_object_object_add(o, "pgs_unchecked", json_u64(rep.pgs_unchecked));
+        json_object_object_add(o, "missing_shards", json_u64(rep.missing));
         json_print(o);
     } else {
         char hs[32];
@@ -752,10 +756,22 @@ static int cmd_scrub(struct ctx *x)
                name ? name : "every dataset", (unsigned long long)rep.shards,
                (unsigned long long)rep.chunks, cli_human_size(rep.bytes, hs, sizeof(hs)),
                (unsigned long long)rep.corrupt, rep.corrupt > seen.n ? " (more than listed)" : "");
+        if (rep.pgs_compared || rep.pgs_unchecked)
+            printf("replicas against their primaries: %u PGs compared, %u short of their primary "
+                   "(%llu shards missing, backfill started), %u not comparable now\n",
+                   rep.pgs_compared, rep.pgs_differing, (unsigned long long)rep.missing,
+                   rep.pgs_unchecked);
     }
     if (rep.corrupt) {
         snprintf(x->local, sizeof(x->local), "%llu corrupt chunk%s found",
                  (unsigned long long)rep.corrupt, rep.corrupt == 1 ? "" : "s");
+        return TS_ECORRUPT;
+    }
+    if (rep.pgs_differing) {
+        snprintf(x->local, sizeof(x->local),
+                 "%u PG replica%s short of the primary (%llu shards missing; backfill started)",
+                 rep.pgs_differing, rep.pgs_differing == 1 ? "" : "s",
+                 (unsigned long long)rep.missing);
         return TS_ECORRUPT;
     }
     return 0;

@@ -2346,6 +2346,12 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
         if (!body.err && cb)
             cb(arg, ds, shard, chunk, code);
     }
+    if (!body.err && body.off < body.len) { /* a cluster node's comparison with primaries */
+        rep->pgs_compared = ts_rd_u32(&body);
+        rep->pgs_differing = ts_rd_u32(&body);
+        rep->missing = ts_rd_u64(&body);
+        rep->pgs_unchecked = ts_rd_u32(&body);
+    }
     if (body.err)
         rc = proto_err(c, "SCRUB");
     req_free(c, r);

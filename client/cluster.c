@@ -1420,6 +1420,10 @@ int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
         rep->chunks += r.chunks;
         rep->bytes += r.bytes;
         rep->corrupt += r.corrupt;
+        rep->pgs_compared += r.pgs_compared;
+        rep->pgs_differing += r.pgs_differing;
+        rep->pgs_unchecked += r.pgs_unchecked;
+        rep->missing += r.missing;
     }
     fan_end(&f);
     if (f.first)

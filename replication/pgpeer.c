@@ -832,6 +832,7 @@ void ts_repl_pull(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int
 struct recheck_msg {
     ts_repl *r;
     uint32_t pg;
+    uint8_t how; /* 1: compare my log again; 2: backfill me */
 };
 
 static void recheck_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
@@ -854,14 +855,14 @@ static void recheck_cb(evutil_socket_t fd, short what, void *arg)
         ts_wr_u32(&w, m->pg);
         ts_wr_u64(&w, r->map->epoch);
         ts_wr_str(&w, r->node_id);
-        ts_wr_u8(&w, 1);
+        ts_wr_u8(&w, m->how);
         repl_peer_send(r, r->map->nodes[order[0]].id, TS_OP_PG_PULL, &w, NULL, 0, NULL, NULL,
                        recheck_reply, NULL, 0);
     }
     free(m);
 }
 
-void ts_repl_ask_primary(ts_repl *r, uint32_t pg)
+static void ask(ts_repl *r, uint32_t pg, uint8_t how)
 {
     struct recheck_msg *m = calloc(1, sizeof(*m));
 
@@ -869,7 +870,18 @@ void ts_repl_ask_primary(ts_repl *r, uint32_t pg)
         return;
     m->r = r;
     m->pg = pg;
+    m->how = how;
     event_base_once(r->base, -1, EV_TIMEOUT, recheck_cb, m, NULL);
+}
+
+void ts_repl_ask_primary(ts_repl *r, uint32_t pg)
+{
+    ask(r, pg, 1);
+}
+
+void ts_repl_ask_backfill(ts_repl *r, uint32_t pg)
+{
+    ask(r, pg, 2);
 }
 
 /* ---- deletes through the PG logs ------------------------------------------------------------ */

@@ -422,8 +422,10 @@ static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied, uin
 {
     struct bf_collect b = {r, ps, repl_node_rank(r, ps->pg, ps->node)};
 
-    TS_INFO(FAC, "PG %u: %s is at %llu, before the oldest log record: backfilling", ps->pg,
-            ps->node, (unsigned long long)ps->applied);
+    TS_INFO(FAC, "PG %u: %s is at %llu%s: backfilling", ps->pg, ps->node,
+            (unsigned long long)ps->applied,
+            ps->applied >= my_applied ? " but its scrub found shards missing"
+                                      : ", before the oldest log record");
     pthread_mutex_lock(&r->lock);
     r->backfills++;
     pthread_mutex_unlock(&r->lock);
@@ -572,6 +574,13 @@ void repl_push_step(ts_repl *r, struct push *ps)
     }
     if (ts_store_pg_state(r->o.store, ps->pg, &me) != 0)
         return;
+    if (ps->applied >= me.applied && ps->want_backfill && !ps->pull) {
+        /* Caught up by its log, yet its scrub found shards missing: backfill the PG. */
+        ps->want_backfill = 0;
+        backfill_start(r, ps, me.applied, me.head_epoch);
+        repl_push_step(r, ps);
+        return;
+    }
     if (ps->applied >= me.applied) {
         if (ps->pull) {
             TS_INFO(FAC, "PG %u: %s pulled our log up to %llu", ps->pg, ps->node,
@@ -675,9 +684,12 @@ void repl_pull_start(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, 
     struct push *ps = repl_push_find(r, pg, node);
 
     if (recheck) {
-        /* A restarted replica asks its primary to compare its log again: only the PG's
-         * active primary answers (anyone else's log may be short of the acknowledged one). */
+        /* A restarted replica asks its primary to compare its log again (1), or a replica
+         * whose scrub found shards missing asks for a backfill (2): only the PG's active
+         * primary answers (anyone else's log may be short of the acknowledged one). */
         if (ps && !ps->pull && repl_pg_active(r, pg)) {
+            if (recheck == 2)
+                ps->want_backfill = 1;
             if (!ps->busy)
                 ps->known = 0;
             ps->retry_at = 0;

@@ -63,7 +63,8 @@ struct push {
     struct ts_log_rec *items;
     size_t nitems, at;
     uint64_t bf_target, bf_epoch;
-    int bf_pruned; /* the replica dropped datasets we no longer have */
+    int bf_pruned;     /* the replica dropped datasets we no longer have */
+    int want_backfill; /* its scrub found shards missing: backfill it once caught up */
     /* a pull: this node is not the primary; a peering primary asked for its log */
     int pull, pull_done;
     int told_clean;      /* the replica was told it holds our log (it may serve reads) */

@@ -114,6 +114,20 @@ void ts_repl_pull(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, int
 /* This replica may not serve pg yet (restarted): ask the PG's primary to compare our log and
  * tell us when we hold it (REPL_SEAL kind CLEAN). Thread-safe. */
 void ts_repl_ask_primary(ts_repl *r, uint32_t pg);
+/* Asks pg's primary to backfill this node (scrub found shards missing here). Thread-safe. */
+void ts_repl_ask_backfill(ts_repl *r, uint32_t pg);
+
+/* inventory.c: this replica's inventory of a PG next to its primary's (see ts_store_pg_inventory).
+ * Blocks up to timeout_ms (call it off the replication thread). 0 with out filled; TS_EEXIST
+ * when this node leads the PG, TS_ENOENT when it holds no placement of it, or the primary's or
+ * the transport's error (TS_EBUSY: the primary is not active). */
+struct ts_repl_inventory {
+    char primary[64];
+    int rank;
+    uint64_t applied, count, digest;                         /* ours */
+    uint64_t primary_applied, primary_count, primary_digest; /* the primary's */
+};
+int ts_repl_inventory_check(ts_repl *r, uint32_t pg, int timeout_ms, struct ts_repl_inventory *out);
 /* Sends our map to node (it showed an older epoch). Thread-safe. */
 void ts_repl_push_map(ts_repl *r, const char *node_id);
 

@@ -909,6 +909,7 @@ struct scrub_job {
     struct ts_scrub_report rep;
     struct ts_wr list;
     struct scrub_arg a;
+    struct tsd_scrub_pgs pgs;
     int rc;
 };
 
@@ -929,6 +930,10 @@ static void scrub_done(evutil_socket_t fd, short what, void *arg)
             ts_wr_u64(&w, j->rep.corrupt);
             ts_wr_u32(&w, j->a.n);
             ts_wr_bytes(&w, j->list.buf, j->list.len);
+            ts_wr_u32(&w, j->pgs.compared);
+            ts_wr_u32(&w, j->pgs.differing);
+            ts_wr_u64(&w, j->pgs.missing);
+            ts_wr_u32(&w, j->pgs.unchecked);
             tsd_reply_send(pk->c, &pk->h, &w);
         }
         unpark_done(pk);
@@ -947,6 +952,8 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
                               &j->s->stopping);
     if (j->rep.corrupt)
         STAT_ADD(&j->s->workers[0].stats, corrupt_chunks, j->rep.corrupt);
+    if (!j->rc)
+        tsd_scrub_pgs(j->s, &j->pgs); /* in a cluster: shards lost behind the log's back */
     event_base_once(j->worker_base, -1, EV_TIMEOUT, scrub_done, j, NULL);
 }
 
@@ -1006,6 +1013,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_PG_QUERY] = tsd_op_pg_query,
     [TS_OP_PG_ACTIVATE] = tsd_op_pg_activate,
     [TS_OP_PG_PULL] = tsd_op_pg_pull,
+    [TS_OP_PG_INVENTORY] = tsd_op_pg_inventory,
 };
 
 static tsd_handler handler_for(unsigned opcode)

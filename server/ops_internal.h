@@ -54,5 +54,6 @@ void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
 void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 
 #endif

@@ -583,3 +583,43 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     }
     ts_map_free(m);
 }
+
+/* PG_INVENTORY: what this node holds of a PG (scrub on a replica compares it with ours). Only
+ * the PG's active primary answers: anyone else's inventory may be short. */
+void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+{
+    struct tsd_server *s = c->w->srv;
+    uint32_t pg = ts_rd_u32(r);
+    uint8_t rank = ts_rd_u8(r), wq;
+    uint64_t count = 0, digest = 0, epoch, applied = 0, oldest;
+    char why[200];
+    struct ts_wr w;
+    int rc;
+
+    if (ops_rd_done(c, h, r))
+        return;
+    if (!s->repl || pg >= s->npg) {
+        tsd_reply_error(c, h, TS_EINVAL, "pg-inventory %u: no such PG here", pg);
+        return;
+    }
+    rc = ts_repl_pg_ready(s->repl, pg, &epoch, &wq, why, sizeof(why));
+    if (rc) {
+        tsd_reply_error(c, h, TS_EBUSY,
+                        "pg-inventory %u: this node is not the PG's active "
+                        "primary (%s)",
+                        pg, why);
+        return;
+    }
+    rc = ts_store_pg_applied(s->store, pg, &applied, &oldest);
+    if (!rc)
+        rc = ts_store_pg_inventory(s->store, pg, s->npg, rank, &count, &digest);
+    if (rc) {
+        tsd_reply_error(c, h, rc, "pg-inventory %u: %s", pg, ts_strerror(rc));
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u64(&w, applied);
+    ts_wr_u64(&w, count);
+    ts_wr_u64(&w, digest);
+    tsd_reply_send(c, h, &w);
+}

@@ -244,6 +244,15 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
 const struct tsd_ops *tsd_ops_table(void);
 
+/* scrub_pgs.c: a scrub's comparison of this node's PG replicas with their primaries. */
+struct tsd_scrub_pgs {
+    uint32_t compared;  /* PGs whose inventory was compared with the primary's */
+    uint32_t differing; /* of those, PGs that differ (a backfill was asked for) */
+    uint32_t unchecked; /* PGs not compared now (primary away or peering, writes in flight) */
+    uint64_t missing;   /* complete shards the primaries hold beyond ours */
+};
+void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
+
 /* conn.c: the role requests are judged by (anonymous clients are at most readers in a cluster) */
 int tsd_conn_role(struct tsd_server *s, const struct tsd_conn *c);
 

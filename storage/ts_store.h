@@ -292,6 +292,12 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
 
+/* inventory.c: the count of complete shards of pg (of pg_count) here, of the datasets that keep
+ * a replica at placement rank `rank` (core + fringe > rank), and an order-independent digest of
+ * them (dataset incarnation, shard, size, CRC32C): equal on replicas that agree. */
+int ts_store_pg_inventory(ts_store *s, uint32_t pg, uint32_t pg_count, int rank, uint64_t *count,
+                          uint64_t *digest);
+
 /* Calls cb for every complete shard that maps to pg (of pg_count), for backfill. */
 int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,
                      int (*cb)(void *arg, const char *dataset, const struct ts_shard_info *info),

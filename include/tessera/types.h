@@ -54,6 +54,11 @@ struct ts_scrub_report {
     uint64_t chunks;
     uint64_t bytes;
     uint64_t corrupt;
+    /* In a cluster: the node's PG replicas compared with their primaries' inventories. */
+    uint32_t pgs_compared;
+    uint32_t pgs_differing; /* found short of their primary: a backfill was started */
+    uint32_t pgs_unchecked; /* not comparable now (primary away, peering, writes in flight) */
+    uint64_t missing;       /* complete shards the primaries hold beyond this node's */
 };
 
 #ifdef __cplusplus

@@ -1,8 +1,10 @@
 /*
  * Test tool: flips one byte of a stored chunk directly in a (stopped) node's RocksDB,
- * bypassing the store, to simulate on-disk corruption.
+ * bypassing the store, to simulate on-disk corruption; or drops a shard's record, as a store
+ * that lost data behind its log's back would (its PG log still has the shard).
  *
  *   corrupt_chunk DATA_DIR DATASET SHARD CHUNK [BYTE_OFFSET]
+ *   corrupt_chunk DATA_DIR DATASET SHARD drop
  */
 #include <rocksdb/c.h>
 #include <stdint.h>
@@ -56,6 +58,21 @@ int main(int argc, char **argv)
     for (int i = 7; i >= 0; i--) /* dataset record: little-endian id at offset 16 */
         id = (id << 8) | (uint8_t)v[16 + i];
     rocksdb_free(v);
+    if (!strcmp(argv[4], "drop")) {
+        uint8_t sk[13] = {'S'};
+        put_be(sk + 1, id, 8);
+        put_be(sk + 9, strtoul(argv[3], NULL, 0), 4);
+        rocksdb_delete_cf(db, wo, cf[1], (const char *)sk, sizeof(sk), &err);
+        if (err) {
+            fprintf(stderr, "corrupt_chunk: delete: %s\n", err);
+            return 1;
+        }
+        for (int i = 0; i < 4; i++)
+            rocksdb_column_family_handle_destroy(cf[i]);
+        rocksdb_close(db);
+        printf("dropped the record of shard %s/%s\n", argv[2], argv[3]);
+        return 0;
+    }
     put_be(key, id, 8);
     put_be(key + 8, strtoul(argv[3], NULL, 0), 4);
     put_be(key + 12, strtoul(argv[4], NULL, 0), 4);

@@ -616,9 +616,9 @@ static void test_opcode_table(void **state)
         TS_OPCODE_TABLE(X)
 #undef X
     };
-    static const unsigned unknown[] = {0, TS_OP_MAX, 22, 100, 200, 254, 255, 256, UINT_MAX};
+    static const unsigned unknown[] = {0, TS_OP_MAX, 23, 100, 200, 254, 255, 256, UINT_MAX};
 
-    assert_int_equal(TS_ARRAY_SIZE(ops), 21);
+    assert_int_equal(TS_ARRAY_SIZE(ops), 22);
     for (size_t i = 0; i < TS_ARRAY_SIZE(ops); i++) {
         const struct ts_op_desc *d = ts_op_desc(ops[i].op);
         assert_non_null(d);
@@ -643,6 +643,8 @@ static void test_opcode_table(void **state)
     assert_int_equal(ts_op_desc(TS_OP_REPL_WRITE)->min_role, TS_ROLE_NODE);
     assert_int_equal(ts_op_desc(TS_OP_REPL_SEAL)->min_role, TS_ROLE_NODE);
     assert_int_equal(ts_op_desc(TS_OP_MAP_PUSH)->min_role, TS_ROLE_ADMIN_OR_NODE);
+    assert_int_equal(ts_op_desc(TS_OP_PG_INVENTORY)->min_role, TS_ROLE_READER);
+    assert_string_equal(ts_op_desc(TS_OP_PG_INVENTORY)->name, "pg-inventory");
     assert_string_equal(ts_op_desc(TS_OP_PG_QUERY)->name, "pg-query");
     assert_int_equal(ts_op_desc(TS_OP_SHARD_WRITE)->max_payload, (64u << 20) + 4096);
     assert_int_equal(ts_op_desc(TS_OP_SHARD_SEAL)->max_payload, 16u << 20);
