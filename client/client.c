@@ -1930,6 +1930,31 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
     return 0;
 }
 
+/*
+ * A submitted READ that failed its CRC (or whose node found its copy bad), read once more from
+ * the node's store (flag VERIFY), into the same buffer, as tessera_read does. Its name and shard
+ * come back from the request's own frame.
+ */
+static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len)
+{
+    int rc = read_result(c, r, out_len);
+    char name[TS_NAME_MAX + 1];
+    struct ts_rd rd;
+    uint32_t shard;
+
+    if (rc != TS_ECORRUPT || c->broken || (r->hflags & TS_F_VERIFY))
+        return rc;
+    ts_rd_init(&rd, r->w.buf + TS_HDR_LEN, r->w.len - TS_HDR_LEN);
+    ts_rd_str(&rd, name, sizeof(name));
+    shard = ts_rd_u32(&rd);
+    if (rd.err)
+        return rc;
+    TS_WARN(FAC, rc, "%s/%u: %s; reading it again from the node's store", name, shard,
+            c->err[0] ? c->err : ts_strerror(rc));
+    c->err[0] = '\0';
+    return read_window(c, name, shard, r->rd_off, r->cap, r->dst, out_len, TS_F_VERIFY);
+}
+
 int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
 {
     struct ts_req *r;
@@ -1948,7 +1973,7 @@ int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
         return TS_ENOENT;
     r = c->live[i];
     (void)pump(c, cond_done, r); /* a failed connection completes r with its code */
-    rc = read_result(c, r, out_len);
+    rc = submitted_result(c, r, out_len);
     req_free(c, r);
     return rc;
 }
@@ -1981,7 +2006,7 @@ int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
         return c->broken ? c->broken : TS_EINTERNAL;
     if (op)
         *op = r->id;
-    rc = read_result(c, r, out_len);
+    rc = submitted_result(c, r, out_len);
     req_free(c, r);
     return rc;
 }

@@ -335,6 +335,11 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
             else if (rc == TS_EBUSY)
                 tsd_reply_error(c, h, rc, "shard-write %s/%u: another upload of it is in progress",
                                 name, shard);
+            else if (rc == TS_ETOOBIG)
+                tsd_reply_error(c, h, rc,
+                                "shard-write %s/%u: a declared size of %llu bytes needs more than "
+                                "2^30 chunks of the dataset's chunk size",
+                                name, shard, (unsigned long long)size);
             else
                 ops_reply_store_error(c, h, rc, name, shard);
             return rc;

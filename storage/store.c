@@ -75,6 +75,8 @@ struct shard_entry {
     uint32_t crcs[];
 };
 
+#define MAX_SHARD_CHUNKS (1u << 30)
+
 struct ts_shard_writer {
     ts_store *s;
     uint64_t dsid;
@@ -1049,6 +1051,11 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
         rc = TS_ESEALED;
         goto out_unlock;
     }
+    if (expect_size != TS_SIZE_UNKNOWN && expect_size &&
+        (expect_size - 1) / d.policy.chunk_size >= MAX_SHARD_CHUNKS) {
+        rc = TS_ETOOBIG; /* refused up front, not after 2^30 chunks */
+        goto out_unlock;
+    }
     if (takeover && writers_supersede(s, d.id, 0, shard))
         TS_INFO(FAC, "shard %s/%u: a newer upload takes over from one left open", dataset, shard);
     if (writer_active(s, d.id, 0, shard)) {
@@ -1129,7 +1136,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_EINVAL;
     if (len == 0 || len > w->chunk_size || w->short_seen)
         return TS_EINVAL;
-    if (w->next >= (1u << 30))
+    if (w->next >= MAX_SHARD_CHUNKS)
         return TS_ETOOBIG; /* a shard of 2^30 chunks is far past any sane size */
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes + len > w->expect_size)
         return TS_ETOOBIG;

@@ -396,6 +396,30 @@ static void test_bad_chunk_crc(void **state)
     assert_intact();
 }
 
+/* A shard whose declared size needs more than 2^30 chunks is refused at its first chunk,
+ * before anything is stored (not after 2^30 chunks). */
+static void test_impossible_shard_size_refused(void **state)
+{
+    tessera_client *c = connect_c();
+    int fd = raw_connect(D.addr);
+    uint8_t data[100] = {7};
+    struct ts_wr w;
+    struct ts_shard_info si;
+    char msg[256];
+
+    mkds(c, "huge");
+    shard_write_frame(&w, "huge", 0, 0, (uint64_t)CHUNK << 31, ts_crc32c(0, data, sizeof(data)),
+                      data, sizeof(data));
+    assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ETOOBIG);
+    fprintf(stderr, "  %s\n", msg);
+    ts_wr_fini(&w);
+    assert_int_equal(tessera_shard_stat(c, "huge", 0, &si), TS_ENOENT);
+    close(fd);
+    tessera_client_close(c);
+    assert_intact();
+}
+
 static void test_disconnect_mid_upload(void **state)
 {
     tessera_client *c = connect_c();
@@ -661,6 +685,7 @@ int main(void)
         cmocka_unit_test(test_oversize_length),
         cmocka_unit_test(test_unknown_opcode_keeps_connection),
         cmocka_unit_test(test_bad_chunk_crc),
+        cmocka_unit_test(test_impossible_shard_size_refused),
         cmocka_unit_test(test_disconnect_mid_upload),
         cmocka_unit_test(test_reply_flag_and_short_body),
         cmocka_unit_test(test_slow_reader_bounded_memory),

@@ -70,6 +70,9 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4; i++)
             rocksdb_column_family_handle_destroy(cf[i]);
         rocksdb_close(db);
+        rocksdb_readoptions_destroy(ro);
+        rocksdb_writeoptions_destroy(wo);
+        rocksdb_options_destroy(o);
         printf("dropped the record of shard %s/%s\n", argv[2], argv[3]);
         return 0;
     }

@@ -804,6 +804,23 @@ static void test_read_lying_server(void **state)
     assert_int_equal(tessera_read(c, "ds", 0, 8000, 1000, buf, &n), 0);
     assert_int_equal(n, 1000);
     assert_memory_equal(buf, shard + 8000, 1000);
+    /* The same for a submitted read (tessera_wait; what `tessera get` uses)... */
+    {
+        uint64_t op;
+        memset(buf, 0x77, sizeof(buf));
+        assert_int_equal(tessera_read_submit(c, "ds", 0, 7000, 1000, buf, &op), 0);
+        fake_read_reply(fd, id++, shard, sizeof(shard), 1024, 7000, 1000, LIE_CRC);
+        fake_read_reply(fd, id++, shard, sizeof(shard), 1024, 7000, 1000, HONEST);
+        assert_int_equal(tessera_wait(c, op, &n), 0);
+        assert_int_equal(n, 1000);
+        assert_memory_equal(buf, shard + 7000, 1000);
+        /* ...and one that lies twice fails, with nothing unverified reported as read. */
+        assert_int_equal(tessera_read_submit(c, "ds", 0, 7000, 1000, buf, &op), 0);
+        fake_read_reply(fd, id++, shard, sizeof(shard), 1024, 7000, 1000, LIE_CRC);
+        fake_read_reply(fd, id++, shard, sizeof(shard), 1024, 7000, 1000, LIE_CRC);
+        assert_int_equal(tessera_wait(c, op, &n), TS_ECORRUPT);
+        assert_int_equal(n, 0);
+    }
     tessera_client_close(c);
     close(fd);
 }
@@ -948,6 +965,8 @@ static void test_read_mixed_frames(void **state)
         ts_wr_fini(&w);
         fake_read_reply(sv[0], ID0 + 1, shard, sizeof(shard), 256, 1000, 500, HONEST);
         fake_read_reply(sv[0], ID0, shard, sizeof(shard), 4096, 0, 500, LIE_CRC);
+        /* The piece that failed its CRC is asked for once more (VERIFY): a lie again. */
+        fake_read_reply(sv[0], ID0 + 4, shard, sizeof(shard), 4096, 0, 500, LIE_CRC);
         close(sv[0]);
         all = malloc(1 << 16);
         d.len = 0;
@@ -974,7 +993,7 @@ static void test_read_mixed_frames(void **state)
         }
         free(all);
         /* Still in step. */
-        fake_dataset_info(fd, ID0 + 4, "ds", 1024);
+        fake_dataset_info(fd, ID0 + 5, "ds", 1024);
         assert_int_equal(tessera_dataset_stat(c, "ds", &(struct ts_dataset_info){0}), 0);
         tessera_client_close(c);
         close(fd);
