@@ -812,13 +812,12 @@ static void repair_next(ts_repl *r, struct repair *rp)
 static void repair_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct repair *rp = arg;
-    ts_repl *r = *(ts_repl **)((char *)rp + sizeof(*rp));
-    repair_next(r, rp);
+    repair_next(rp->r, rp);
 }
 
 void ts_repl_repair(ts_repl *r, const char *dataset, uint32_t shard, uint32_t idx, uint32_t pg)
 {
-    struct repair *rp = calloc(1, sizeof(*rp) + sizeof(ts_repl *));
+    struct repair *rp = calloc(1, sizeof(*rp));
 
     if (!rp)
         return;
@@ -826,7 +825,7 @@ void ts_repl_repair(ts_repl *r, const char *dataset, uint32_t shard, uint32_t id
     rp->shard = shard;
     rp->idx = idx;
     rp->pg = pg;
-    *(ts_repl **)((char *)rp + sizeof(*rp)) = r;
+    rp->r = r;
     event_base_once(r->base, -1, EV_TIMEOUT, repair_cb, rp, NULL);
 }
 

@@ -140,7 +140,8 @@ struct fwd {
 struct repair {
     char dataset[TS_NAME_MAX + 1];
     uint32_t shard, idx, pg;
-    int next_rank; /* which replica to ask next */
+    int next_rank;     /* which replica to ask next */
+    struct ts_repl *r; /* for repair_cb */
 };
 
 struct ts_repl {

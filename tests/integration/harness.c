@@ -31,6 +31,54 @@ static void msleep(int ms)
     nanosleep(&ts, NULL);
 }
 
+/*
+ * Sanitizer reports in a daemon's log. A sanitized tesserad (TESSERA_SANITIZE) aborts on its
+ * first report, which a test sees as an unclean exit where it checks tsd_stop's status; the log
+ * is checked too, so that a report fails the test also where a daemon was killed, refused to
+ * start or was stopped without a look at its status: tsd_cleanup prints it, and the test
+ * process then exits with 1 once its tests are done (after their teardowns stopped the other
+ * daemons).
+ */
+static int sanitizer_failed;
+
+static void fail_on_sanitizer_report(void)
+{
+    if (sanitizer_failed) {
+        fprintf(stderr, "harness: a tesserad's log holds a sanitizer report (printed above): "
+                        "the test fails\n");
+        _exit(1);
+    }
+}
+
+static int log_has_sanitizer_report(const struct tsd_proc *p)
+{
+    FILE *f = fopen(p->log, "r");
+    char line[1024];
+    int found = 0;
+
+    if (!f)
+        return 0;
+    while (!found && fgets(line, sizeof(line), f))
+        found = strstr(line, "ERROR: AddressSanitizer") || strstr(line, "ERROR: LeakSanitizer") ||
+                strstr(line, ": runtime error: ") ||
+                strstr(line, "SUMMARY: UndefinedBehaviorSanitizer");
+    fclose(f);
+    return found;
+}
+
+static void check_sanitizer_report(const struct tsd_proc *p)
+{
+    static int registered;
+
+    if (!log_has_sanitizer_report(p))
+        return;
+    fprintf(stderr, "harness: sanitizer report in %s:\n", p->log);
+    tsd_dump_log(p);
+    if (!registered && atexit(fail_on_sanitizer_report) == 0)
+        registered = 1;
+    sanitizer_failed = 1;
+}
+
 static int read_ready(struct tsd_proc *p)
 {
     FILE *f = fopen(p->log, "r");
@@ -160,6 +208,7 @@ void tsd_cleanup(struct tsd_proc *p)
     if (p->pid > 0)
         tsd_kill9(p);
     if (p->dir) {
+        check_sanitizer_report(p);
         nftw(p->dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
         free(p->dir);
         p->dir = NULL;

@@ -29,7 +29,8 @@ int tsd_start(struct tsd_proc *p, const char *const *extra);
 int tsd_stop(struct tsd_proc *p);
 /* kill -9 and reap. */
 void tsd_kill9(struct tsd_proc *p);
-/* Removes the temp dir. */
+/* Removes the temp dir. A sanitizer report in the daemon's log (all of its runs) is printed
+ * and makes the test process exit with 1 when it ends. */
 void tsd_cleanup(struct tsd_proc *p);
 /* Prints the daemon log to stderr (for failures). */
 void tsd_dump_log(const struct tsd_proc *p);
