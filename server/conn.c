@@ -335,7 +335,8 @@ static int conn_process(struct tsd_conn *c)
         const struct ts_op_desc *d;
         size_t avail = evbuffer_get_length(in), n = TS_MIN(avail, (size_t)TS_HDR_LEN);
         uint8_t *payload = NULL;
-        struct ts_rd r;
+        struct tsd_req q;
+        char msg[192];
         int rc, refuse = 0;
 
         if (avail == 0)
@@ -424,9 +425,16 @@ static int conn_process(struct tsd_conn *c)
         }
         STAT_ADD(&c->w->stats, requests, 1);
         STAT_ADD(&c->w->stats, bytes_in, TS_HDR_LEN + (uint64_t)h.length);
-        ts_rd_init(&r, payload, h.length);
         STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
-        c->w->srv->ops->handler_for(h.opcode)(c, &h, &r);
+        /* The payload is decoded whole before the handler runs; a malformed one is answered
+         * here (the connection stays usable: framing is intact). */
+        rc = tsd_req_decode(h.opcode, payload, h.length, &q, msg, sizeof(msg));
+        if (rc) {
+            tsd_reply_error(c, &h, rc, "%s", msg);
+        } else {
+            c->w->srv->ops->handler_for(h.opcode)(c, &h, &q);
+            tsd_req_free(&q);
+        }
         evbuffer_drain(in, h.length);
         in_release(c);
     }

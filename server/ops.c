@@ -10,32 +10,6 @@
 #define MAX_UPLOADS_PER_CONN 64
 #define MAX_UPLOADS_PER_NODE_CONN 4096 /* a peer node replicates many clients' uploads */
 
-/* Reads a name and checks the payload is fully consumed; replies on failure. */
-int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, char *name,
-                     int done)
-{
-    int rc = ts_rd_name(r, name);
-    if (rc == TS_ENAME) {
-        tsd_reply_error(c, h, TS_ENAME, "invalid dataset name (1-128 of [A-Za-z0-9._-])");
-        return rc;
-    }
-    if (rc == 0 && done)
-        rc = ts_rd_done(r);
-    if (rc) {
-        tsd_reply_error(c, h, TS_EPROTO, "malformed %s request", ts_op_desc(h->opcode)->name);
-        return rc;
-    }
-    return 0;
-}
-
-int ops_rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
-{
-    int rc = ts_rd_done(r);
-    if (rc)
-        tsd_reply_error(c, h, TS_EPROTO, "malformed %s request", ts_op_desc(h->opcode)->name);
-    return rc;
-}
-
 void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h)
 {
     struct ts_wr w;
@@ -68,17 +42,14 @@ void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int
 
 /* ---- HELLO ------------------------------------------------------------------------------ */
 
-static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
     struct ts_wr w;
-    uint16_t ver = ts_rd_u16(r);
-    char name[1024];
+    uint16_t ver = q->u.hello.version;
+    const char *name = q->u.hello.name;
 
-    ts_rd_str(r, name, sizeof(name));
     snprintf(c->client_name, sizeof(c->client_name), "%.63s", name); /* kept short */
-    if (ops_rd_done(c, h, r))
-        return;
     if (c->role == TS_ROLE_NODE && (strncmp(name, "node:", 5) || strcmp(name + 5, c->node_id))) {
         tsd_reply_error(c, h, TS_EPERM,
                         "HELLO as '%.64s' refused: this connection's certificate is node '%s'",
@@ -101,23 +72,14 @@ static void op_hello(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
 
 /* ---- datasets --------------------------------------------------------------------------- */
 
-static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                              const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
-    struct ts_dataset_policy p;
-    uint64_t inc = 0;
+    const char *name = q->u.dataset_create.name;
+    struct ts_dataset_policy p = q->u.dataset_create.policy;
+    uint64_t inc = q->u.dataset_create.inc; /* a cluster client's: the same on every node */
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    p.core = ts_rd_u8(r);
-    p.fringe = ts_rd_u8(r);
-    p.min_core = ts_rd_u8(r);
-    p.chunk_size = ts_rd_u32(r);
-    if (r->len - r->off == 8)
-        inc = ts_rd_u64(r); /* the cluster client's incarnation (the same on every node) */
-    if (ops_rd_done(c, h, r))
-        return;
     if (p.core == 0)
         p.core = 1;
     if (p.min_core == 0)
@@ -149,15 +111,14 @@ static int count_cb(void *arg, const struct ts_dataset_info *d)
     return 0;
 }
 
-static void op_dataset_list(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_dataset_list(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                            const struct tsd_req *q)
 {
     struct ts_wr w;
     uint32_t n = 0;
     size_t at;
     int rc;
 
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_reply_begin(&w);
     at = w.len;
     ts_wr_u32(&w, 0);
@@ -174,15 +135,14 @@ static void op_dataset_list(struct tsd_conn *c, const struct ts_frame_hdr *h, st
     tsd_reply_send(c, h, &w);
 }
 
-static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                            const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.dataset_stat.name;
     struct ts_dataset_info d;
     struct ts_wr w;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 1))
-        return;
     rc = ts_store_dataset_stat(c->w->srv->store, name, &d);
     if (rc) {
         ops_reply_store_error(c, h, rc, name, -1);
@@ -193,18 +153,13 @@ static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, st
     tsd_reply_send(c, h, &w);
 }
 
-static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                            const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
-    uint8_t flags = 0;
+    const char *name = q->u.dataset_seal.name;
+    uint8_t flags = q->u.dataset_seal.flags; /* optional: 0 when not sent */
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    if (r->off < r->len)
-        flags = ts_rd_u8(r); /* optional trailing flags */
-    if (ops_rd_done(c, h, r))
-        return;
     rc = ts_store_dataset_seal_ex(c->w->srv->store, name, flags & TS_SEAL_LOCAL_ONLY);
     if (rc == TS_EINCOMPLETE)
         tsd_reply_error(
@@ -215,14 +170,13 @@ static void op_dataset_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, st
         ops_reply_ok(c, h);
 }
 
-static void op_dataset_delete(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_dataset_delete(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                              const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.dataset_delete.name;
     struct ts_dataset_info d;
     int rc, have;
 
-    if (ops_rd_name_done(c, h, r, name, 1))
-        return;
     have = ts_store_dataset_get(c->w->srv->store, name, &d) == 0;
     rc = ts_store_dataset_delete(c->w->srv->store, name);
     /* In a cluster the delete also goes into the log of every PG this node leads, so a
@@ -391,20 +345,6 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
     return 0;
 }
 
-/* The chunk fields shared by SHARD_WRITE and REPL_WRITE; replies and returns non-zero if
- * malformed. */
-int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, uint32_t *shard,
-                 uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len, const uint8_t **data)
-{
-    *shard = ts_rd_u32(r);
-    *idx = ts_rd_u32(r);
-    *size = ts_rd_u64(r);
-    *crc = ts_rd_u32(r);
-    *len = ts_rd_u32(r);
-    *data = ts_rd_bytes(r, *len);
-    return ops_rd_done(c, h, r);
-}
-
 void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                         uint64_t bytes)
 {
@@ -550,24 +490,22 @@ static int enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, con
     return 0;
 }
 
-static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                           const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.shard_write.name;
+    const struct tsd_chunk *k = &q->u.shard_write.chunk;
     struct tsd_upload *u;
     struct ts_dataset_info d;
     struct ts_repl_targets to;
     struct ts_repl_chunk *ch;
     struct parked *pk;
-    uint32_t shard, idx, crc, len, pg;
-    uint64_t size, act_epoch = 0;
+    uint32_t shard = k->shard, idx = k->idx, crc = k->crc, len = k->len, pg;
+    uint64_t size = k->size, act_epoch = 0;
     unsigned need = 1;
-    const uint8_t *data;
+    const uint8_t *data = k->data;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    if (ops_rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
-        return;
     if (atomic_load(&s->epoch)) {
         int rc = ts_store_dataset_get(s->store, name, &d);
         if (rc) {
@@ -621,29 +559,19 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h, str
     ts_repl_forward_chunk(s->repl, ch, c->w->base, write_replicated, pk);
 }
 
-int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                      uint64_t **recs, uint32_t *nrec)
+int ops_records(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_u64s *v,
+                uint64_t **recs)
 {
     *recs = NULL;
-    *nrec = ts_rd_u32(r);
-    if (!r->err && (uint64_t)*nrec * 8 != r->len - r->off) {
-        tsd_reply_error(c, h, TS_EPROTO, "record count does not match the payload");
-        return TS_EPROTO;
+    if (!v->n)
+        return 0;
+    *recs = malloc(8 * (size_t)v->n);
+    if (!*recs) {
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return TS_ENOMEM;
     }
-    if (*nrec) {
-        *recs = malloc(8 * (size_t)*nrec);
-        if (!*recs) {
-            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
-            return TS_ENOMEM;
-        }
-        for (uint32_t i = 0; i < *nrec; i++)
-            (*recs)[i] = ts_rd_u64(r);
-    }
-    if (ops_rd_done(c, h, r)) {
-        free(*recs);
-        *recs = NULL;
-        return TS_EPROTO;
-    }
+    for (uint32_t i = 0; i < v->n; i++)
+        (*recs)[i] = tsd_u64s_at(v, i);
     return 0;
 }
 
@@ -720,28 +648,24 @@ static void confirm_sealed(struct tsd_conn *c, const struct ts_frame_hdr *h, con
     ts_repl_wait_applied(s->repl, pg, head, to, c->w->base, seal_replicated, pk);
 }
 
-static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
+    const struct tsd_req_shard_seal *a = &q->u.shard_seal;
+    const char *name = a->name;
     struct tsd_upload *u;
     struct ts_shard_info si;
     struct ts_dataset_info d;
     struct ts_repl_targets to;
     struct ts_log_rec log;
     uint64_t *recs = NULL, act_epoch = 0;
-    uint32_t shard, crc, nrec, pg = 0;
+    uint32_t shard = a->shard, crc = a->crc, nrec = a->records.n, pg = 0;
     unsigned need = 1;
-    uint8_t have_crc;
+    uint8_t have_crc = a->have_crc;
     int cluster = atomic_load(&s->epoch) != 0;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    shard = ts_rd_u32(r);
-    have_crc = ts_rd_u8(r);
-    crc = ts_rd_u32(r);
-    if (ops_parse_records(c, h, r, &recs, &nrec))
+    if (ops_records(c, h, &a->records, &recs))
         return;
     memset(&to, 0, sizeof(to));
     if (cluster) {
@@ -824,19 +748,14 @@ out_free:
 
 /* ---- shard metadata --------------------------------------------------------------------- */
 
-static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.shard_stat.name;
     struct ts_shard_info si;
     struct ts_wr w;
-    uint32_t shard;
+    uint32_t shard = q->u.shard_stat.shard;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    shard = ts_rd_u32(r);
-    if (ops_rd_done(c, h, r))
-        return;
     rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
     if (rc) {
         ops_reply_store_error(c, h, rc, name, shard);
@@ -860,16 +779,14 @@ static int shard_list_cb(void *arg, const struct ts_shard_info *si)
     return 0;
 }
 
-static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.shard_list.name;
     struct ts_wr w;
     struct shard_list_arg a = {&w, 0};
     size_t at;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 1))
-        return;
     tsd_reply_begin(&w);
     at = w.len;
     ts_wr_u32(&w, 0);
@@ -962,24 +879,12 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
     event_base_once(j->worker_base, -1, EV_TIMEOUT, scrub_done, j, NULL);
 }
 
-static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
     struct scrub_job *j;
-    char name[TS_NAME_MAX + 1];
-    uint16_t n = 0;
+    const char *name = q->u.scrub.name; /* "": every dataset */
 
-    /* An empty name means every dataset. */
-    if (r->len - r->off >= 2)
-        n = ts_get_le16(r->p + r->off);
-    if (n == 0) {
-        ts_rd_u16(r);
-        name[0] = '\0';
-        if (ops_rd_done(c, h, r))
-            return;
-    } else if (ops_rd_name_done(c, h, r, name, 1)) {
-        return;
-    }
     j = calloc(1, sizeof(*j));
     if (!j || !(j->pk = park(c, h, 1, 0))) {
         free(j);

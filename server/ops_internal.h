@@ -1,24 +1,17 @@
 /*
  * Request handlers' shared parts (ops.c: client operations; ops_repl.c: node-to-node
- * replication, peering and maps). Each helper that fails has replied already.
+ * replication, peering and maps). Handlers get their requests decoded (requests.h). Each
+ * helper that fails has replied already.
  */
 #ifndef TSD_OPS_INTERNAL_H
 #define TSD_OPS_INTERNAL_H
 
 #include "server_internal.h"
 
-/* Reads a dataset name (and, with done, checks nothing follows); replies on failure. */
-int ops_rd_name_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, char *name,
-                     int done);
-/* Checks the payload was consumed exactly; replies TS_EPROTO otherwise. */
-int ops_rd_done(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
 void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h);
 /* A storage error, naming what is missing (the dataset or the shard; shard < 0: none). */
 void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
                            const char *name, long shard);
-/* The chunk fields of SHARD_WRITE and REPL_WRITE. */
-int ops_rd_chunk(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r, uint32_t *shard,
-                 uint32_t *idx, uint64_t *size, uint32_t *crc, uint32_t *len, const uint8_t **data);
 void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                         uint64_t bytes);
 /* Stores one chunk of an upload on this connection (chunk 0 starts it); *u_out: the upload. */
@@ -27,9 +20,10 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
                     const uint8_t *data, struct tsd_upload **u_out);
 struct tsd_upload *ops_upload_find(struct tsd_conn *c, const char *name, uint32_t shard);
 void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u);
-/* A u32 count of u64 record offsets filling the rest of the payload (*recs malloc'ed). */
-int ops_parse_records(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r,
-                      uint64_t **recs, uint32_t *nrec);
+/* The record offsets of a seal, copied into a malloc'ed array (*recs; NULL when there are
+ * none); replies TS_ENOMEM on failure. */
+int ops_records(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_u64s *v,
+                uint64_t **recs);
 
 /* ops.c, reached by the connection layer through tsd_ops_table() */
 void tsd_uploads_abort(struct tsd_conn *c);
@@ -38,22 +32,22 @@ void tsd_stream_free(struct tsd_read_stream *rs);
 void tsd_uploads_expire(struct tsd_conn *c, uint64_t before);
 
 /* ops_read.c */
-void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 /* A local chunk failed verification (rc TS_ECORRUPT): in a cluster, fetch a good copy. */
 void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc);
 
 /* ops_status.c */
-void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 
 /* ops_repl.c */
-void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
-void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 
 #endif

@@ -141,24 +141,17 @@ int tsd_stream_continue(struct tsd_conn *c)
     return 1;
 }
 
-void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
+    const char *name = q->u.read.name;
     struct tsd_read_stream *rs;
     const struct ts_shard_info *si;
-    uint32_t shard, len, npieces;
-    uint64_t off, end;
+    uint32_t shard = q->u.read.shard, len = q->u.read.len, npieces;
+    uint64_t off = q->u.read.off, end;
     struct ts_wr w;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    shard = ts_rd_u32(r);
-    off = ts_rd_u64(r);
-    len = ts_rd_u32(r);
-    if (ops_rd_done(c, h, r))
-        return;
     if (len > TS_MAX_READ) {
         tsd_reply_error(c, h, TS_ETOOBIG, "read %s/%u: %u bytes asked, at most %u per request",
                         name, shard, len, TS_MAX_READ);

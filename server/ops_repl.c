@@ -64,37 +64,24 @@ static int fenced(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
     return 0;
 }
 
-/* The dataset fields of REPL_WRITE and REPL_SEAL: policy and incarnation. */
-static void rd_policy(struct ts_rd *r, struct ts_dataset_policy *p, uint64_t *inc)
-{
-    p->core = ts_rd_u8(r);
-    p->fringe = ts_rd_u8(r);
-    p->min_core = ts_rd_u8(r);
-    p->chunk_size = ts_rd_u32(r);
-    *inc = ts_rd_u64(r);
-}
+_Static_assert(TSD_PG_MAX_ACTING == TS_PG_MAX_ACTING,
+               "PG_ACTIVATE's decoder bounds the acting set");
 
 /* ---- replication from a PG primary ------------------------------------------------------ */
 
-void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
-    struct ts_dataset_policy p;
+    const struct tsd_req_repl_write *a = &q->u.repl_write;
+    const char *name = a->name;
+    const struct tsd_chunk *k = &a->chunk;
+    uint32_t shard = k->shard;
     struct tsd_upload *u;
-    uint32_t shard, idx, crc, len;
-    uint64_t size, inc;
-    const uint8_t *data;
     int rc;
 
-    if (ops_rd_name_done(c, h, r, name, 0))
-        return;
-    rd_policy(r, &p, &inc);
-    if (ops_rd_chunk(c, h, r, &shard, &idx, &size, &crc, &len, &data))
-        return;
     if (fenced(c, h, tsd_pg_of(s, name, shard), "repl-write"))
         return;
-    rc = ts_store_dataset_ensure(s->store, name, &p, inc);
+    rc = ts_store_dataset_ensure(s->store, name, &a->policy, a->inc);
     if (rc == TS_ESTALE) {
         tsd_reply_error(c, h, rc, "repl-write %s/%u: this node holds a newer incarnation of %s",
                         name, shard, name);
@@ -104,9 +91,9 @@ void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, struct 
         ops_reply_store_error(c, h, rc, name, shard);
         return;
     }
-    if (ops_local_write(c, h, name, shard, idx, size, crc, len, data, &u))
+    if (ops_local_write(c, h, name, shard, k->idx, k->size, k->crc, k->len, k->data, &u))
         return;
-    ops_reply_write_ok(c, h, idx, ts_shard_writer_bytes(u->w));
+    ops_reply_write_ok(c, h, k->idx, ts_shard_writer_bytes(u->w));
 }
 
 static void reply_applied(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
@@ -239,16 +226,13 @@ static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
 /* PRUNE: the primary's datasets and tombstones (u32 n, n x (name, u64 incarnation, u8 deleted)),
  * sent before it backfills this node: the deletes it knows of are no longer in its log. */
 static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
-                        struct ts_rd *r)
+                        const struct tsd_prune_list *l)
 {
     struct tsd_server *s = c->w->srv;
     struct prune_arg a = {0};
-    uint32_t n = ts_rd_u32(r);
+    uint32_t n = l->n;
+    size_t off = 0;
 
-    if (r->err || n > (r->len - r->off) / 11) {
-        tsd_reply_error(c, h, TS_EPROTO, "repl-seal prune: malformed dataset list");
-        return;
-    }
     a.names = calloc(n ? n : 1, sizeof(*a.names));
     a.incs = calloc(n ? n : 1, sizeof(*a.incs));
     a.dead = calloc(n ? n : 1, 1);
@@ -259,14 +243,14 @@ static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
         return;
     }
-    for (uint32_t i = 0; i < n && !r->err; i++) {
-        ts_rd_str(r, a.names[i], sizeof(a.names[i]));
-        a.incs[i] = ts_rd_u64(r);
-        a.dead[i] = ts_rd_u8(r);
+    for (uint32_t i = 0; i < n; i++) {
+        struct tsd_prune_entry e;
+        off = tsd_prune_entry_at(l, off, &e);
+        memcpy(a.names[i], e.name, sizeof(a.names[i]));
+        a.incs[i] = e.inc;
+        a.dead[i] = e.deleted;
     }
     a.n = n;
-    if (ops_rd_done(c, h, r))
-        goto out_free;
     ts_store_dataset_list(s->store, prune_collect_cb, &a);
     for (size_t i = 0; i < a.ngone; i++) {
         int rc = ts_store_dataset_delete_ex(s->store, a.gone[i], 1);
@@ -278,46 +262,27 @@ static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
                     a.gone[i]);
     }
     ops_reply_ok(c, h);
-out_free:
     free(a.names);
     free(a.incs);
     free(a.dead);
     free(a.gone);
 }
 
-void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    char name[TS_NAME_MAX + 1];
-    struct ts_dataset_policy p;
+    const struct tsd_req_repl_seal *a = &q->u.repl_seal;
+    const char *name = a->name; /* "" for the kinds without one */
     struct ts_log_rec log;
-    uint64_t seq, epoch, inc, *recs = NULL;
-    uint32_t pg, shard, crc, nrec;
-    uint8_t kind, have_crc;
+    uint64_t seq = a->seq, epoch = a->epoch, *recs = NULL;
+    uint32_t pg = a->pg, shard = a->shard;
+    uint8_t kind = a->kind;
     unsigned removed = 0;
     int rc;
 
-    kind = ts_rd_u8(r);
-    pg = ts_rd_u32(r);
-    seq = ts_rd_u64(r);
-    epoch = ts_rd_u64(r);
-    if (kind != TS_REPL_SEAL && kind != TS_REPL_BACKFILL && kind != TS_REPL_DELETE &&
-        kind != TS_REPL_ABORT) {
-        ts_rd_u16(r); /* empty name */
-        name[0] = '\0';
-    } else if (ops_rd_name_done(c, h, r, name, 0)) {
-        return;
-    }
-    rd_policy(r, &p, &inc);
-    shard = ts_rd_u32(r);
-    have_crc = ts_rd_u8(r);
-    crc = ts_rd_u32(r);
     if (kind == TS_REPL_ABORT) {
         /* The primary's upload of (name, shard) ended: so does ours, from this connection. */
         struct tsd_upload *u;
-        if (ops_parse_records(c, h, r, &recs, &nrec))
-            return;
-        free(recs);
         if ((u = ops_upload_find(c, name, shard))) {
             ts_shard_writer_abort(u->w);
             ops_upload_remove(c, u);
@@ -327,21 +292,19 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     }
     if (kind == TS_REPL_PRUNE) {
         if (!fenced(c, h, pg, "repl-seal"))
-            apply_prune(c, h, pg, r);
+            apply_prune(c, h, pg, &a->prune);
         return;
     }
-    if (ops_parse_records(c, h, r, &recs, &nrec))
-        return;
     if (fenced(c, h, pg, "repl-seal"))
-        goto out_free;
+        return;
     memset(&log, 0, sizeof(log));
     log.pg = pg;
     log.seq = seq;
     log.epoch = epoch;
     log.fence = h->epoch; /* the promise is checked again with the append, under its lock */
     snprintf(log.dataset, sizeof(log.dataset), "%s", name);
-    log.policy = p;
-    log.inc = inc;
+    log.policy = a->policy;
+    log.inc = a->inc;
     log.shard = shard;
     switch (kind) {
     case TS_REPL_NOOP:
@@ -373,7 +336,11 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
     }
     case TS_REPL_SEAL:
     case TS_REPL_BACKFILL:
-        rc = apply_seal(c, kind, name, shard, &p, have_crc, crc, recs, nrec, &log);
+        if (ops_records(c, h, &a->records, &recs))
+            return;
+        rc = apply_seal(c, kind, name, shard, &a->policy, a->have_crc, a->crc, recs, a->records.n,
+                        &log);
+        free(recs);
         break;
     default:
         rc = TS_EPROTO;
@@ -395,24 +362,20 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, struct t
             pg, (unsigned long long)epoch, (unsigned long long)seq);
     else
         ops_reply_store_error(c, h, rc, name[0] ? name : "(log)", shard);
-out_free:
-    free(recs);
 }
 
 /* ---- log comparison and peering ---------------------------------------------------------- */
 
-void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct ts_log_pos tail[TAIL_MAX];
     struct ts_pg_state st;
     uint64_t applied = 0, oldest = 0;
-    uint32_t pg = ts_rd_u32(r);
+    uint32_t pg = q->u.pg_info.pg;
     size_t ntail = 0;
     struct ts_wr w;
     int rc;
 
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_peer_map_check(c, h);
     rc = ts_store_pg_applied(c->w->srv->store, pg, &applied, &oldest);
     if (!rc)
@@ -437,18 +400,15 @@ void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
     tsd_reply_send(c, h, &w);
 }
 
-void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct ts_pg_state st;
-    uint32_t pg = ts_rd_u32(r);
-    uint64_t epoch = ts_rd_u64(r);
-    char from[64];
+    uint32_t pg = q->u.pg_query.pg;
+    uint64_t epoch = q->u.pg_query.epoch;
+    const char *from = q->u.pg_query.from;
     struct ts_wr w;
     int rc;
 
-    ts_rd_str(r, from, sizeof(from));
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_peer_map_check(c, h);
     rc = ts_store_pg_promise(c->w->srv->store, pg, epoch, &st);
     if (rc == TS_ESTALE) {
@@ -465,39 +425,26 @@ void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
     tsd_reply_send(c, h, &w);
 }
 
-void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
-    char acting[TS_PG_MAX_ACTING][64];
-    uint32_t pg = ts_rd_u32(r);
-    uint64_t epoch = ts_rd_u64(r), head_epoch, head_seq;
-    uint8_t phase = ts_rd_u8(r), wq = ts_rd_u8(r), n = ts_rd_u8(r), member;
+    const struct tsd_req_pg_activate *a = &q->u.pg_activate;
+    uint32_t pg = a->pg;
+    uint64_t epoch = a->epoch;
     struct ts_wr w;
     int rc, recorded = 0;
 
-    if (n > TS_PG_MAX_ACTING) {
-        tsd_reply_error(c, h, TS_EPROTO, "pg-activate: %u members (at most %d)", n,
-                        TS_PG_MAX_ACTING);
-        return;
-    }
-    for (unsigned i = 0; i < n; i++)
-        ts_rd_str(r, acting[i], sizeof(acting[i]));
-    head_epoch = ts_rd_u64(r);
-    head_seq = ts_rd_u64(r);
-    member = ts_rd_u8(r);
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_peer_map_check(c, h);
-    if (phase == 1) {
+    if (a->phase == 1) {
         /* The interval started: a fact; older than what this node knows changes nothing. */
-        rc = ts_store_pg_commit(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n);
+        rc = ts_store_pg_commit(c->w->srv->store, pg, epoch, a->wq, a->acting, a->n);
         if (rc)
             tsd_reply_error(c, h, rc, "pg-activate PG %u (commit): %s", pg, ts_strerror(rc));
         else
             ops_reply_ok(c, h);
         return;
     }
-    rc = ts_store_pg_prepare(c->w->srv->store, pg, epoch, wq, (const char(*)[64])acting, n, member,
-                             head_epoch, head_seq, &recorded);
+    rc = ts_store_pg_prepare(c->w->srv->store, pg, epoch, a->wq, a->acting, a->n, a->member,
+                             a->head_epoch, a->head_seq, &recorded);
     if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "pg-activate PG %u at epoch %llu: a newer epoch was promised here",
                         pg, (unsigned long long)epoch);
@@ -512,18 +459,14 @@ void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
     tsd_reply_send(c, h, &w);
 }
 
-void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    uint32_t pg = ts_rd_u32(r);
-    uint64_t epoch = ts_rd_u64(r);
-    char node[64];
-    uint8_t recheck;
+    uint32_t pg = q->u.pg_pull.pg;
+    uint64_t epoch = q->u.pg_pull.epoch;
+    const char *node = q->u.pg_pull.node;
+    uint8_t recheck = q->u.pg_pull.recheck;
 
-    ts_rd_str(r, node, sizeof(node));
-    recheck = ts_rd_u8(r);
-    if (ops_rd_done(c, h, r))
-        return;
     if (!s->repl || !node[0]) {
         tsd_reply_error(c, h, TS_EINVAL, "pg-pull: this node is not in a cluster");
         return;
@@ -536,13 +479,11 @@ void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
 
 /* ---- maps -------------------------------------------------------------------------------- */
 
-void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
     struct ts_wr w;
 
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_reply_begin(&w);
     pthread_rwlock_rdlock(&s->map_lock);
     if (s->map) {
@@ -556,20 +497,14 @@ void tsd_op_map_get(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_
     tsd_reply_send(c, h, &w);
 }
 
-void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    struct ts_map *m = NULL;
+    const struct ts_map *m = q->u.map_push.map; /* decoded and validated; freed by the caller */
     char why[300];
     struct ts_wr w;
-    int rc = ts_map_decode(r, &m);
+    int rc;
 
-    if (rc || ts_rd_done(r)) {
-        ts_map_free(m);
-        tsd_reply_error(c, h, TS_EPROTO, "map-push: malformed or invalid map (%s)",
-                        r->err ? ts_strerror(r->err) : "trailing bytes");
-        return;
-    }
     rc = tsd_map_install_why(s, m, why, sizeof(why));
     if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
@@ -581,23 +516,20 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts
         ts_wr_u64(&w, atomic_load(&s->epoch));
         tsd_reply_send(c, h, &w);
     }
-    ts_map_free(m);
 }
 
 /* PG_INVENTORY: what this node holds of a PG (scrub on a replica compares it with ours). Only
  * the PG's active primary answers: anyone else's inventory may be short. */
-void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
-    uint32_t pg = ts_rd_u32(r);
-    uint8_t rank = ts_rd_u8(r), wq;
+    uint32_t pg = q->u.pg_inventory.pg;
+    uint8_t rank = q->u.pg_inventory.rank, wq;
     uint64_t count = 0, digest = 0, epoch, applied = 0, oldest;
     char why[200];
     struct ts_wr w;
     int rc;
 
-    if (ops_rd_done(c, h, r))
-        return;
     if (!s->repl || pg >= s->npg) {
         tsd_reply_error(c, h, TS_EINVAL, "pg-inventory %u: no such PG here", pg);
         return;

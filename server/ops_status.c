@@ -105,15 +105,13 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
     json_object_object_add(rep, "pgs_not_confirmed", json_object_new_int64((int64_t)unclean));
 }
 
-void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r)
+void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
     struct tsd_stats st;
     json_object *root, *stats, *ops, *ds, *lis;
     struct ts_wr w;
 
-    if (ops_rd_done(c, h, r))
-        return;
     tsd_stats_sum(s, &st);
     root = json_object_new_object();
     json_object_object_add(root, "node", json_object_new_string(s->cfg->node_id));

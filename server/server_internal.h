@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "config.h"
+#include "requests.h"
 #include "ts_common.h"
 #include "ts_proto.h"
 #include "ts_map.h"
@@ -117,8 +118,10 @@ struct tsd_conn {
     struct event *budget_ev;
 };
 
-/* The request handlers as the connection layer reaches them (filled by ops.c). */
-typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h, struct ts_rd *r);
+/* The request handlers as the connection layer reaches them (filled by ops.c). A handler gets
+ * its request decoded (requests.h); a payload that does not decode never reaches it. */
+typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                            const struct tsd_req *q);
 struct tsd_ops {
     tsd_handler (*handler_for)(unsigned opcode); /* known opcodes only */
     void (*uploads_abort)(struct tsd_conn *c);

@@ -1,12 +1,14 @@
 /*
- * Fuzz target for the frame parser and the payload decoders (common/proto.c).
+ * Fuzz target for the frame parser (common/proto.c), the server's request decoders
+ * (server/requests.c, the very code tesserad runs before a handler) and the client's reply
+ * decoding.
  *
  * Each input is treated as bytes arriving on a connection: the header is parsed at several
  * payload limits and every prefix of it; when a header parses, its payload is decoded the way
- * a server decodes a request (or a client a reply, when the REPLY flag is set), from a copy of
- * exactly the payload's size so that a sanitizer sees any read past its end. Because random
- * bytes almost never carry a valid header CRC, each input is also tried with its CRC (and
- * then its length) repaired, which lets the fuzzer reach the decoders.
+ * the server decodes a request (tsd_req_decode), or a client a reply when the REPLY flag is
+ * set, from a copy of exactly the payload's size so that a sanitizer sees any read past its
+ * end. Because random bytes almost never carry a valid header CRC, each input is also tried
+ * with its CRC (and then its length) repaired, which lets the fuzzer reach the decoders.
  *
  * Invariants (a violation aborts):
  *   - ts_frame_parse returns 0, TS_HDR_LEN, TS_EPROTO or TS_ETOOBIG, and 0 only for a short
@@ -14,12 +16,21 @@
  *   - for a whole header the result is exactly the one docs/protocol.md gives (computed here
  *     independently), at every limit, and does not depend on the bytes after the header;
  *   - a header that parsed re-encodes to the identical TS_HDR_LEN bytes;
- *   - the reader never moves past its length; a decode that succeeds consumed exactly the
- *     payload, and re-encoding a decoded request gives back the identical payload.
+ *   - a request decode returns 0, TS_EPROTO, TS_ENAME or TS_ENOMEM, the same with or without
+ *     room for its message, and a message when it fails; what it hands out is sound (valid
+ *     names, strings as long as the wire says, views that lie inside the payload);
+ *   - a request that decodes was consumed exactly: this file's own encoder (written from
+ *     docs/protocol.md, independent of the decoder) turns the decoded struct back into the
+ *     identical payload. (The one exception: a MAP_PUSH map whose strings hold a NUL, which a
+ *     C string ends; it must then decode again to the same map.)
+ *   - the reply reader never moves past its length, and a reply that decodes was consumed
+ *     exactly.
  *
  * Built twice (tests/fuzz/CMakeLists.txt): as the libFuzzer target fuzz_frame, and linked with
  * smoke_main.c into fuzz_frame_smoke, a deterministic driver that runs in ctest.
  */
+#include "requests.h"
+#include "ts_map.h"
 #include "ts_proto.h"
 
 #include <stdio.h>
@@ -40,7 +51,7 @@ int fuzz_frame_decode(const uint8_t *frame, size_t size);
 
 #define STR_CAP (UINT16_MAX + 1) /* room for the longest str the wire can carry */
 #define SCRUB_MAX_ERRORS 1000
-#define HELLO_NAME_CAP 64 /* the server's buffer for the client name (longer: TS_EPROTO) */
+#define MSG_CAP 192 /* the server's buffer for a decode failure's message */
 
 static size_t rd_left(const struct ts_rd *r)
 {
@@ -48,246 +59,383 @@ static size_t rd_left(const struct ts_rd *r)
     return r->len - r->off;
 }
 
-/* ---- requests: decoded as the server does, then re-encoded ---------------------------- */
+/* ---- requests: decoded by the server's decoder, re-encoded here ---------------------------- */
 
-struct req {
-    uint16_t version;
-    char str[HELLO_NAME_CAP]; /* HELLO client name */
-    size_t str_len;
-    char name[TS_NAME_MAX + 1];
-    int all_datasets; /* SCRUB with an empty name */
-    int framed;       /* the payload was consumed exactly */
-    uint8_t core, fringe, min_core, have_crc;
-    uint32_t chunk_size, shard, index, crc, length, nrecords;
-    uint64_t size, offset;
-    const uint8_t *data;
-    uint64_t *records;
-};
-
-/*
- * The reader's string outputs go to arrays of exactly the size given to it, on the stack, so
- * that a sanitizer sees a write past them (a field of struct req would hide it).
- */
-
-/* A str whose bytes are kept with their length (they may hold NULs). */
-static void rd_str_len(struct ts_rd *r, char *dst, size_t *len)
+/* [q, q+n) lies inside [p, p+len). */
+static int inside(const uint8_t *p, size_t len, const uint8_t *q, size_t n)
 {
-    char out[HELLO_NAME_CAP];
-    size_t before = r->off;
-
-    *len = rd_left(r) >= 2 ? ts_get_le16(r->p + r->off) : 0;
-    ts_rd_str(r, out, sizeof(out));
-    CHECK(r->err || r->off == before + 2 + *len);
-    CHECK(r->err || (*len < sizeof(out) && out[*len] == '\0'));
-    CHECK(!r->err || out[0] == '\0');
-    memcpy(dst, out, sizeof(out));
+    return q && q >= p && (size_t)(q - p) <= len && n <= len - (size_t)(q - p);
 }
 
-static int rd_name(struct ts_rd *r, char *dst)
+/* A string the decoder copied out: as long as the wire said, terminated, within its buffer. */
+static void check_str(const char *s, size_t cap, uint16_t len)
 {
-    char out[TS_NAME_MAX + 1];
-    int rc = ts_rd_name(r, out);
-
-    CHECK(rc == 0 || rc == TS_EPROTO || rc == TS_ENAME);
-    CHECK(rc != 0 || (ts_name_valid(out) && strlen(out) <= TS_NAME_MAX));
-    memcpy(dst, out, sizeof(out));
-    return rc;
+    CHECK(len < cap);
+    CHECK(s[len] == '\0');
 }
 
-/*
- * Decodes a request body in the order server/ops.c does: the name first (an invalid one is
- * answered at once), then the fixed fields, then ts_rd_done(), then content checks. Returns 0
- * or the status the server would reply with; q->framed says the payload was consumed exactly.
- */
-static int decode_request(uint8_t op, struct ts_rd *r, struct req *q)
+static void check_name(const char *name, int may_be_empty)
 {
-    int rc;
+    CHECK(strlen(name) <= TS_NAME_MAX);
+    CHECK(ts_name_valid(name) || (may_be_empty && name[0] == '\0'));
+}
 
-    switch (op) {
+static void wr_name(struct ts_wr *w, const char *name)
+{
+    ts_wr_str(w, name); /* a valid name has no NUL: strlen is its length */
+}
+
+/* A str with its bytes (which may hold NULs) and its length on the wire. */
+static void wr_str_len(struct ts_wr *w, const char *s, uint16_t len)
+{
+    ts_wr_u16(w, len);
+    ts_wr_bytes(w, s, len);
+}
+
+static void wr_chunk(struct ts_wr *w, const struct tsd_chunk *k)
+{
+    ts_wr_u32(w, k->shard);
+    ts_wr_u32(w, k->idx);
+    ts_wr_u64(w, k->size);
+    ts_wr_u32(w, k->crc);
+    ts_wr_u32(w, k->len);
+    ts_wr_bytes(w, k->data, k->len);
+}
+
+static void wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uint64_t inc)
+{
+    ts_wr_u8(w, p->core);
+    ts_wr_u8(w, p->fringe);
+    ts_wr_u8(w, p->min_core);
+    ts_wr_u32(w, p->chunk_size);
+    ts_wr_u64(w, inc);
+}
+
+static void wr_u64s(struct ts_wr *w, const struct tsd_u64s *v)
+{
+    ts_wr_u32(w, v->n);
+    for (uint32_t i = 0; i < v->n; i++)
+        ts_wr_u64(w, tsd_u64s_at(v, i));
+}
+
+/* REPL_SEAL kind 8's list, read back with the server's own accessor. */
+static void wr_prune(struct ts_wr *w, const struct tsd_prune_list *l)
+{
+    size_t off = 0;
+
+    ts_wr_u32(w, l->n);
+    for (uint32_t i = 0; i < l->n; i++) {
+        struct tsd_prune_entry e;
+        size_t next = tsd_prune_entry_at(l, off, &e);
+
+        CHECK(next > off && next <= l->len);
+        check_str(e.name, sizeof(e.name), e.name_len);
+        wr_str_len(w, e.name, e.name_len);
+        ts_wr_u64(w, e.inc);
+        ts_wr_u8(w, e.deleted);
+        off = next;
+    }
+    CHECK(off == l->len);
+}
+
+/* Encodes a decoded request the way docs/protocol.md lays it out. */
+static void encode_request(struct ts_wr *w, const struct tsd_req *q)
+{
+    switch (q->op) {
     case TS_OP_HELLO:
-        q->version = ts_rd_u16(r);
-        rd_str_len(r, q->str, &q->str_len);
-        if ((rc = ts_rd_done(r)) != 0)
-            return rc;
-        q->framed = 1;
-        return q->version == TS_PROTO_VERSION ? 0 : TS_ENOTSUP;
-    case TS_OP_DATASET_CREATE:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
-        q->core = ts_rd_u8(r);
-        q->fringe = ts_rd_u8(r);
-        q->min_core = ts_rd_u8(r);
-        q->chunk_size = ts_rd_u32(r);
+        ts_wr_u16(w, q->u.hello.version);
+        wr_str_len(w, q->u.hello.name, q->u.hello.name_len);
         break;
+    case TS_OP_DATASET_CREATE: {
+        const struct tsd_req_dataset_create *a = &q->u.dataset_create;
+        wr_name(w, a->name);
+        ts_wr_u8(w, a->policy.core);
+        ts_wr_u8(w, a->policy.fringe);
+        ts_wr_u8(w, a->policy.min_core);
+        ts_wr_u32(w, a->policy.chunk_size);
+        if (a->has_inc)
+            ts_wr_u64(w, a->inc);
+        break;
+    }
     case TS_OP_DATASET_LIST:
     case TS_OP_STATUS:
+    case TS_OP_MAP_GET:
         break;
     case TS_OP_DATASET_STAT:
+        wr_name(w, q->u.dataset_stat.name);
+        break;
     case TS_OP_DATASET_SEAL:
+        wr_name(w, q->u.dataset_seal.name);
+        if (q->u.dataset_seal.has_flags)
+            ts_wr_u8(w, q->u.dataset_seal.flags);
+        break;
     case TS_OP_DATASET_DELETE:
-    case TS_OP_SHARD_LIST:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
+        wr_name(w, q->u.dataset_delete.name);
         break;
     case TS_OP_SHARD_WRITE:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
-        q->shard = ts_rd_u32(r);
-        q->index = ts_rd_u32(r);
-        q->size = ts_rd_u64(r);
-        q->crc = ts_rd_u32(r);
-        q->length = ts_rd_u32(r);
-        q->data = ts_rd_bytes(r, q->length);
-        CHECK(r->err || q->data == r->p + r->off - q->length);
-        if ((rc = ts_rd_done(r)) != 0)
-            return rc;
-        q->framed = 1;
-        /* The chunk's CRC is verified before anything is stored. */
-        return ts_crc32c(0, q->data, q->length) == q->crc ? 0 : TS_ECORRUPT;
+        wr_name(w, q->u.shard_write.name);
+        wr_chunk(w, &q->u.shard_write.chunk);
+        break;
     case TS_OP_SHARD_SEAL:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
-        q->shard = ts_rd_u32(r);
-        q->have_crc = ts_rd_u8(r);
-        q->crc = ts_rd_u32(r);
-        q->nrecords = ts_rd_u32(r);
-        if (r->err)
-            return r->err;
-        /* The count must match the bytes present, before anything is allocated for it. */
-        if ((uint64_t)q->nrecords * 8 != rd_left(r))
-            return TS_EPROTO;
-        q->records = malloc((q->nrecords ? q->nrecords : 1) * sizeof(uint64_t));
-        if (!q->records)
-            return TS_ENOMEM;
-        for (uint32_t i = 0; i < q->nrecords; i++)
-            q->records[i] = ts_rd_u64(r);
-        CHECK(!r->err);
+        wr_name(w, q->u.shard_seal.name);
+        ts_wr_u32(w, q->u.shard_seal.shard);
+        ts_wr_u8(w, q->u.shard_seal.have_crc);
+        ts_wr_u32(w, q->u.shard_seal.crc);
+        wr_u64s(w, &q->u.shard_seal.records);
         break;
     case TS_OP_READ:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
-        q->shard = ts_rd_u32(r);
-        q->offset = ts_rd_u64(r);
-        q->length = ts_rd_u32(r);
-        if ((rc = ts_rd_done(r)) != 0)
-            return rc;
-        q->framed = 1;
-        return q->length > TS_MAX_READ ? TS_ETOOBIG : 0;
+        wr_name(w, q->u.read.name);
+        ts_wr_u32(w, q->u.read.shard);
+        ts_wr_u64(w, q->u.read.off);
+        ts_wr_u32(w, q->u.read.len);
+        break;
     case TS_OP_SHARD_STAT:
-        if ((rc = rd_name(r, q->name)) != 0)
-            return rc;
-        q->shard = ts_rd_u32(r);
+        wr_name(w, q->u.shard_stat.name);
+        ts_wr_u32(w, q->u.shard_stat.shard);
+        break;
+    case TS_OP_SHARD_LIST:
+        wr_name(w, q->u.shard_list.name);
         break;
     case TS_OP_SCRUB:
-        /* An empty name means every dataset; anything else must be a valid name. */
-        if (rd_left(r) >= 2 && ts_get_le16(r->p + r->off) == 0) {
-            ts_rd_u16(r);
-            q->all_datasets = 1;
-        } else if ((rc = rd_name(r, q->name)) != 0) {
-            return rc;
-        }
+        wr_name(w, q->u.scrub.name); /* "" (every dataset) is a zero length */
+        break;
+    case TS_OP_MAP_PUSH:
+        ts_map_encode(w, q->u.map_push.map);
+        break;
+    case TS_OP_REPL_WRITE:
+        wr_name(w, q->u.repl_write.name);
+        wr_ds_fields(w, &q->u.repl_write.policy, q->u.repl_write.inc);
+        wr_chunk(w, &q->u.repl_write.chunk);
+        break;
+    case TS_OP_REPL_SEAL: {
+        const struct tsd_req_repl_seal *a = &q->u.repl_seal;
+        int named = a->kind == TS_REPL_SEAL || a->kind == TS_REPL_BACKFILL ||
+                    a->kind == TS_REPL_DELETE || a->kind == TS_REPL_ABORT;
+        ts_wr_u8(w, a->kind);
+        ts_wr_u32(w, a->pg);
+        ts_wr_u64(w, a->seq);
+        ts_wr_u64(w, a->epoch);
+        if (named)
+            wr_name(w, a->name);
+        else
+            ts_wr_u16(w, a->unnamed); /* a u16 in the name's place, no bytes after it */
+        wr_ds_fields(w, &a->policy, a->inc);
+        ts_wr_u32(w, a->shard);
+        ts_wr_u8(w, a->have_crc);
+        ts_wr_u32(w, a->crc);
+        if (a->kind == TS_REPL_PRUNE)
+            wr_prune(w, &a->prune);
+        else
+            wr_u64s(w, &a->records);
+        break;
+    }
+    case TS_OP_PG_INFO:
+        ts_wr_u32(w, q->u.pg_info.pg);
+        break;
+    case TS_OP_PG_QUERY:
+        ts_wr_u32(w, q->u.pg_query.pg);
+        ts_wr_u64(w, q->u.pg_query.epoch);
+        wr_str_len(w, q->u.pg_query.from, q->u.pg_query.from_len);
+        break;
+    case TS_OP_PG_ACTIVATE: {
+        const struct tsd_req_pg_activate *a = &q->u.pg_activate;
+        ts_wr_u32(w, a->pg);
+        ts_wr_u64(w, a->epoch);
+        ts_wr_u8(w, a->phase);
+        ts_wr_u8(w, a->wq);
+        ts_wr_u8(w, a->n);
+        for (unsigned i = 0; i < a->n; i++)
+            wr_str_len(w, a->acting[i], a->acting_len[i]);
+        ts_wr_u64(w, a->head_epoch);
+        ts_wr_u64(w, a->head_seq);
+        ts_wr_u8(w, a->member);
+        break;
+    }
+    case TS_OP_PG_PULL:
+        ts_wr_u32(w, q->u.pg_pull.pg);
+        ts_wr_u64(w, q->u.pg_pull.epoch);
+        wr_str_len(w, q->u.pg_pull.node, q->u.pg_pull.node_len);
+        ts_wr_u8(w, q->u.pg_pull.recheck);
+        break;
+    case TS_OP_PG_INVENTORY:
+        ts_wr_u32(w, q->u.pg_inventory.pg);
+        ts_wr_u8(w, q->u.pg_inventory.rank);
         break;
     default:
-        return TS_ENOTSUP;
+        CHECK(!"a request opcode the encoder does not know");
     }
-    if ((rc = ts_rd_done(r)) != 0)
-        return rc;
-    q->framed = 1;
+}
+
+/* What the decoder hands out is sound: names valid, strings as long as the wire said, the
+ * views into the payload inside it, counts within their bounds. */
+static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
+{
+    switch (q->op) {
+    case TS_OP_HELLO:
+        check_str(q->u.hello.name, sizeof(q->u.hello.name), q->u.hello.name_len);
+        break;
+    case TS_OP_DATASET_CREATE:
+        check_name(q->u.dataset_create.name, 0);
+        CHECK(q->u.dataset_create.has_inc || q->u.dataset_create.inc == 0);
+        break;
+    case TS_OP_DATASET_STAT:
+        check_name(q->u.dataset_stat.name, 0);
+        break;
+    case TS_OP_DATASET_SEAL:
+        check_name(q->u.dataset_seal.name, 0);
+        CHECK(q->u.dataset_seal.has_flags || q->u.dataset_seal.flags == 0);
+        break;
+    case TS_OP_DATASET_DELETE:
+        check_name(q->u.dataset_delete.name, 0);
+        break;
+    case TS_OP_SHARD_WRITE:
+        check_name(q->u.shard_write.name, 0);
+        CHECK(inside(p, len, q->u.shard_write.chunk.data, q->u.shard_write.chunk.len));
+        break;
+    case TS_OP_SHARD_SEAL:
+        check_name(q->u.shard_seal.name, 0);
+        CHECK(inside(p, len, q->u.shard_seal.records.p, 8 * (size_t)q->u.shard_seal.records.n));
+        break;
+    case TS_OP_READ:
+        check_name(q->u.read.name, 0);
+        break;
+    case TS_OP_SHARD_STAT:
+        check_name(q->u.shard_stat.name, 0);
+        break;
+    case TS_OP_SHARD_LIST:
+        check_name(q->u.shard_list.name, 0);
+        break;
+    case TS_OP_SCRUB:
+        check_name(q->u.scrub.name, 1);
+        break;
+    case TS_OP_MAP_PUSH: {
+        const struct ts_map *m = q->u.map_push.map;
+        CHECK(m && m->n >= 1 && m->n <= TS_MAP_MAX_NODES);
+        CHECK(m->pg_count >= 1 && m->pg_count <= TS_MAP_MAX_PGS);
+        break;
+    }
+    case TS_OP_REPL_WRITE:
+        check_name(q->u.repl_write.name, 0);
+        CHECK(inside(p, len, q->u.repl_write.chunk.data, q->u.repl_write.chunk.len));
+        break;
+    case TS_OP_REPL_SEAL: {
+        const struct tsd_req_repl_seal *a = &q->u.repl_seal;
+        int named = a->kind == TS_REPL_SEAL || a->kind == TS_REPL_BACKFILL ||
+                    a->kind == TS_REPL_DELETE || a->kind == TS_REPL_ABORT;
+        check_name(a->name, !named);
+        CHECK(named || a->name[0] == '\0');
+        if (a->kind == TS_REPL_PRUNE) {
+            CHECK(inside(p, len, a->prune.p, a->prune.len));
+            CHECK(a->prune.n <= a->prune.len / TSD_PRUNE_ENTRY_MIN);
+        } else {
+            CHECK(inside(p, len, a->records.p, 8 * (size_t)a->records.n));
+        }
+        break;
+    }
+    case TS_OP_PG_QUERY:
+        check_str(q->u.pg_query.from, sizeof(q->u.pg_query.from), q->u.pg_query.from_len);
+        break;
+    case TS_OP_PG_ACTIVATE:
+        CHECK(q->u.pg_activate.n <= TSD_PG_MAX_ACTING);
+        for (unsigned i = 0; i < q->u.pg_activate.n; i++)
+            check_str(q->u.pg_activate.acting[i], sizeof(q->u.pg_activate.acting[i]),
+                      q->u.pg_activate.acting_len[i]);
+        break;
+    case TS_OP_PG_PULL:
+        check_str(q->u.pg_pull.node, sizeof(q->u.pg_pull.node), q->u.pg_pull.node_len);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Whether a map on the wire (one that decoded) has a string holding a NUL byte. */
+static int map_wire_has_nul(const uint8_t *p, size_t len)
+{
+    struct ts_rd r;
+    uint32_t n;
+
+    ts_rd_init(&r, p, len);
+    ts_rd_u64(&r);
+    ts_rd_u32(&r);
+    n = ts_rd_u32(&r);
+    for (uint32_t i = 0; i < n && !r.err; i++) {
+        for (int k = 0; k < 5; k++) { /* id, addr, tls_addr, (u32 weight), domain */
+            uint16_t sl;
+            const uint8_t *b;
+
+            if (k == 3) {
+                ts_rd_u32(&r);
+                continue;
+            }
+            sl = ts_rd_u16(&r);
+            b = ts_rd_bytes(&r, sl);
+            if (b && memchr(b, 0, sl))
+                return 1;
+        }
+        ts_rd_u8(&r);
+    }
+    CHECK(!r.err);
     return 0;
 }
 
-static void wr_name(struct ts_wr *w, const struct req *q)
+static int maps_equal(const struct ts_map *a, const struct ts_map *b)
 {
-    ts_wr_str(w, q->name);
-}
-
-/* Encodes a decoded request the way a client would. */
-static void encode_request(uint8_t op, struct ts_wr *w, const struct req *q)
-{
-    switch (op) {
-    case TS_OP_HELLO:
-        ts_wr_u16(w, q->version);
-        ts_wr_u16(w, (uint16_t)q->str_len);
-        ts_wr_bytes(w, q->str, q->str_len);
-        break;
-    case TS_OP_DATASET_CREATE:
-        wr_name(w, q);
-        ts_wr_u8(w, q->core);
-        ts_wr_u8(w, q->fringe);
-        ts_wr_u8(w, q->min_core);
-        ts_wr_u32(w, q->chunk_size);
-        break;
-    case TS_OP_DATASET_STAT:
-    case TS_OP_DATASET_SEAL:
-    case TS_OP_DATASET_DELETE:
-    case TS_OP_SHARD_LIST:
-        wr_name(w, q);
-        break;
-    case TS_OP_SHARD_WRITE:
-        wr_name(w, q);
-        ts_wr_u32(w, q->shard);
-        ts_wr_u32(w, q->index);
-        ts_wr_u64(w, q->size);
-        ts_wr_u32(w, q->crc);
-        ts_wr_u32(w, q->length);
-        ts_wr_bytes(w, q->data, q->length);
-        break;
-    case TS_OP_SHARD_SEAL:
-        wr_name(w, q);
-        ts_wr_u32(w, q->shard);
-        ts_wr_u8(w, q->have_crc);
-        ts_wr_u32(w, q->crc);
-        ts_wr_u32(w, q->nrecords);
-        for (uint32_t i = 0; i < q->nrecords; i++)
-            ts_wr_u64(w, q->records[i]);
-        break;
-    case TS_OP_READ:
-        wr_name(w, q);
-        ts_wr_u32(w, q->shard);
-        ts_wr_u64(w, q->offset);
-        ts_wr_u32(w, q->length);
-        break;
-    case TS_OP_SHARD_STAT:
-        wr_name(w, q);
-        ts_wr_u32(w, q->shard);
-        break;
-    case TS_OP_SCRUB:
-        ts_wr_str(w, q->all_datasets ? "" : q->name);
-        break;
-    default:
-        break;
+    if (a->epoch != b->epoch || a->pg_count != b->pg_count || a->n != b->n)
+        return 0;
+    for (size_t i = 0; i < a->n; i++) {
+        const struct ts_map_node *x = &a->nodes[i], *y = &b->nodes[i];
+        if (strcmp(x->id, y->id) || strcmp(x->addr, y->addr) || strcmp(x->tls_addr, y->tls_addr) ||
+            strcmp(x->domain, y->domain) || x->weight != y->weight || x->state != y->state)
+            return 0;
     }
+    return 1;
 }
 
 static int check_request(uint8_t op, const uint8_t *p, size_t len)
 {
-    struct req q = {0};
-    struct ts_rd r;
-    int rc;
+    char *msg = malloc(MSG_CAP); /* exactly its size: a write past it is seen */
+    struct tsd_req q, again;
+    struct ts_wr w;
+    int rc, rc2;
 
-    ts_rd_init(&r, p, len);
-    rc = decode_request(op, &r, &q);
-    CHECK(r.off <= len);
-    CHECK(rc == 0 || rc == TS_EPROTO || rc == TS_ENAME || rc == TS_ETOOBIG || rc == TS_ECORRUPT ||
-          rc == TS_ENOTSUP || rc == TS_ENOMEM);
-    CHECK(rc != 0 || q.framed);
-    if (q.framed) {
-        /* Well-framed: the encoding is canonical, so it must come back byte for byte. */
-        struct ts_wr w;
+    CHECK(msg);
+    msg[0] = '\0';
+    rc = tsd_req_decode(op, p, len, &q, msg, MSG_CAP);
+    CHECK(rc == 0 || rc == TS_EPROTO || rc == TS_ENAME || rc == TS_ENOMEM);
+    CHECK(q.op == op);
+    /* The same answer without room for a message (and nothing written to it). */
+    rc2 = tsd_req_decode(op, p, len, &again, NULL, 0);
+    CHECK(rc2 == rc);
+    if (rc2 == 0)
+        tsd_req_free(&again);
+    if (rc) {
+        CHECK(memchr(msg, '\0', MSG_CAP) != NULL);
+        CHECK(msg[0] != '\0');
+        free(msg);
+        return rc;
+    }
+    free(msg);
 
-        CHECK(r.off == len);
-        CHECK(r.err == 0);
-        if (q.name[0])
-            CHECK(ts_name_valid(q.name));
-        ts_wr_init(&w);
-        encode_request(op, &w, &q);
-        CHECK(w.err == 0);
+    check_decoded(&q, p, len);
+    /* Consumed exactly: the decoded struct encodes back to the identical payload. */
+    ts_wr_init(&w);
+    encode_request(&w, &q);
+    CHECK(w.err == 0);
+    if (op == TS_OP_MAP_PUSH && map_wire_has_nul(p, len)) {
+        /* C strings end at the NUL: what re-encodes must decode to the same map. */
+        struct tsd_req back;
+        CHECK(w.len < len);
+        CHECK(tsd_req_decode(op, w.buf, w.len, &back, NULL, 0) == 0);
+        CHECK(maps_equal(q.u.map_push.map, back.u.map_push.map));
+        tsd_req_free(&back);
+    } else {
         CHECK(w.len == len);
         CHECK(len == 0 || memcmp(w.buf, p, len) == 0);
-        ts_wr_fini(&w);
     }
-    free(q.records);
-    return rc;
+    ts_wr_fini(&w);
+    tsd_req_free(&q);
+    return 0;
 }
 
 /* ---- replies: decoded as the client does -------------------------------------------- */

@@ -6,12 +6,15 @@
  *   fuzz_frame_smoke --corpus DIR               writes the seed frames to DIR (for libFuzzer)
  *   fuzz_frame_smoke FILE...                    replays inputs (e.g. a libFuzzer crash-* file)
  *
- * The seeds are valid frames built with the codec's writer: a request and a success reply for
- * every opcode, plus error replies. Each must decode cleanly (that checks the fuzz target's
- * decoders against the codec); then each mutation applies one to four edits chosen from bit
+ * The seeds are valid frames built with the codec's writer: a request for every opcode (with
+ * the optional trailing fields and every REPL_SEAL body layout), a success reply for every
+ * client opcode, plus error replies. Each must decode cleanly (that checks the server's
+ * decoders and the fuzz target's reply decoding against the codec); then each mutation
+ * applies one to four edits chosen from bit
  * flips, interesting byte and integer values, truncations, insertions, deletions, splices
  * with another seed and random header lengths, from a fixed-seed PRNG.
  */
+#include "ts_map.h"
 #include "ts_proto.h"
 
 #include <errno.h>
@@ -24,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int fuzz_frame_decode(const uint8_t *frame, size_t size);
 
 #define MAX_INPUT 8192
-#define MAX_SEEDS 64
+#define MAX_SEEDS 96
 
 struct seed {
     uint8_t *buf;
@@ -52,6 +55,134 @@ static void add_seed(struct ts_wr *w, uint8_t op, uint16_t flags, const char *wh
     seeds[nseeds].what = what;
     nseeds++;
     ts_wr_begin_frame(w);
+}
+
+/* The dataset fields of REPL_WRITE and REPL_SEAL. */
+static void wr_ds_fields(struct ts_wr *w)
+{
+    ts_wr_u8(w, 3);
+    ts_wr_u8(w, 1);
+    ts_wr_u8(w, 2);
+    ts_wr_u32(w, 1u << 20);
+    ts_wr_u64(w, 1700000000000000000ull);
+}
+
+/* REPL_SEAL's fixed part: kind, PG, seq, epoch, name (or a zero u16), dataset fields, shard,
+ * have CRC, CRC. */
+static void wr_repl_seal_head(struct ts_wr *w, uint8_t kind, const char *name)
+{
+    ts_wr_u8(w, kind);
+    ts_wr_u32(w, 17);
+    ts_wr_u64(w, 42);
+    ts_wr_u64(w, 3);
+    ts_wr_str(w, name);
+    wr_ds_fields(w);
+    ts_wr_u32(w, 5);
+    ts_wr_u8(w, 1);
+    ts_wr_u32(w, 0xdeadbeefu);
+}
+
+/* The request variants beyond one per client opcode: optional trailing fields, maps and the
+ * node-to-node requests. */
+static void build_request_seeds(struct ts_wr *w, const char *name, const uint8_t *data, size_t len)
+{
+    struct ts_map_node nodes[2] = {
+        {.id = "n1", .addr = "127.0.0.1:7101", .weight = 100, .domain = "rack-a"},
+        {.id = "n2",
+         .addr = "127.0.0.1:7102",
+         .tls_addr = "127.0.0.1:7202",
+         .weight = 50,
+         .state = TS_NODE_DOWN},
+    };
+    struct ts_map map = {.epoch = 9, .pg_count = 64, .n = 2, .nodes = nodes};
+
+    ts_wr_str(w, name);
+    ts_wr_u8(w, 3);
+    ts_wr_u8(w, 1);
+    ts_wr_u8(w, 0);
+    ts_wr_u32(w, 1u << 20);
+    ts_wr_u64(w, 1700000000000000000ull);
+    add_seed(w, TS_OP_DATASET_CREATE, 0, "dataset-create with incarnation");
+    ts_wr_str(w, name);
+    ts_wr_u8(w, TS_SEAL_LOCAL_ONLY);
+    add_seed(w, TS_OP_DATASET_SEAL, 0, "dataset-seal local-only");
+    add_seed(w, TS_OP_MAP_GET, 0, "map-get");
+    ts_map_encode(w, &map);
+    add_seed(w, TS_OP_MAP_PUSH, 0, "map-push");
+
+    ts_wr_str(w, name);
+    wr_ds_fields(w);
+    ts_wr_u32(w, 5);
+    ts_wr_u32(w, 0);
+    ts_wr_u64(w, len);
+    ts_wr_u32(w, ts_crc32c(0, data, len));
+    ts_wr_u32(w, (uint32_t)len);
+    ts_wr_bytes(w, data, len);
+    add_seed(w, TS_OP_REPL_WRITE, 0, "repl-write");
+    wr_repl_seal_head(w, TS_REPL_SEAL, name);
+    ts_wr_u32(w, 2);
+    ts_wr_u64(w, 0);
+    ts_wr_u64(w, 60);
+    add_seed(w, TS_OP_REPL_SEAL, 0, "repl-seal seal");
+    wr_repl_seal_head(w, TS_REPL_NOOP, "");
+    ts_wr_u32(w, 0);
+    add_seed(w, TS_OP_REPL_SEAL, 0, "repl-seal no-op");
+    wr_repl_seal_head(w, TS_REPL_DELETE, name);
+    ts_wr_u32(w, 0);
+    add_seed(w, TS_OP_REPL_SEAL, 0, "repl-seal delete");
+    wr_repl_seal_head(w, TS_REPL_PRUNE, "");
+    ts_wr_u32(w, 3);
+    ts_wr_str(w, name);
+    ts_wr_u64(w, 1700000000000000000ull);
+    ts_wr_u8(w, 0);
+    ts_wr_str(w, "gone");
+    ts_wr_u64(w, 1600000000000000000ull);
+    ts_wr_u8(w, 1);
+    ts_wr_str(w, "");
+    ts_wr_u64(w, 0);
+    ts_wr_u8(w, 1);
+    add_seed(w, TS_OP_REPL_SEAL, 0, "repl-seal prune");
+    wr_repl_seal_head(w, TS_REPL_ABORT, name);
+    ts_wr_u32(w, 0);
+    add_seed(w, TS_OP_REPL_SEAL, 0, "repl-seal abort");
+
+    ts_wr_u32(w, 17);
+    add_seed(w, TS_OP_PG_INFO, 0, "pg-info");
+    ts_wr_u32(w, 17);
+    ts_wr_u64(w, 9);
+    ts_wr_str(w, "n1");
+    add_seed(w, TS_OP_PG_QUERY, 0, "pg-query");
+    ts_wr_u32(w, 17);
+    ts_wr_u64(w, 9);
+    ts_wr_u8(w, 0);
+    ts_wr_u8(w, 2);
+    ts_wr_u8(w, 3);
+    ts_wr_str(w, "n1");
+    ts_wr_str(w, "n2");
+    ts_wr_str(w, "n3");
+    ts_wr_u64(w, 8);
+    ts_wr_u64(w, 41);
+    ts_wr_u8(w, 1);
+    add_seed(w, TS_OP_PG_ACTIVATE, 0, "pg-activate");
+    ts_wr_u32(w, 17); /* commit, with the largest acting set (8: one more is refused) */
+    ts_wr_u64(w, 9);
+    ts_wr_u8(w, 1);
+    ts_wr_u8(w, 5);
+    ts_wr_u8(w, 8);
+    for (int i = 0; i < 8; i++)
+        ts_wr_str(w, i % 2 ? "node-b" : "n");
+    ts_wr_u64(w, 0);
+    ts_wr_u64(w, 0);
+    ts_wr_u8(w, 0);
+    add_seed(w, TS_OP_PG_ACTIVATE, 0, "pg-activate commit, 8 members");
+    ts_wr_u32(w, 17);
+    ts_wr_u64(w, 9);
+    ts_wr_str(w, "n2");
+    ts_wr_u8(w, 1);
+    add_seed(w, TS_OP_PG_PULL, 0, "pg-pull");
+    ts_wr_u32(w, 17);
+    ts_wr_u8(w, 2);
+    add_seed(w, TS_OP_PG_INVENTORY, 0, "pg-inventory");
 }
 
 static void build_seeds(void)
@@ -140,6 +271,7 @@ static void build_seeds(void)
     ts_wr_str(&w, ds.name);
     add_seed(&w, TS_OP_SCRUB, 0, "scrub");
     add_seed(&w, TS_OP_STATUS, 0, "status");
+    build_request_seeds(&w, ds.name, data, sizeof(data));
 
     /* Success replies. */
     ts_wr_u32(&w, 0);
@@ -241,10 +373,11 @@ static size_t below(size_t n) /* 0..n-1; 0 when n is 0 */
 
 static uint64_t interesting(size_t len)
 {
-    /* Counts and name lengths, u16 edges, 64 KiB + 1; 64 MiB (+1), u32 and u64 edges. */
-    static const uint64_t small[] = {0,    1,      2,      7,      8,       127,
-                                     128,  129,    255,    256,    1000,    1001,
-                                     4096, 0x7fff, 0x8000, 0xffff, 0x10000, 0x10001};
+    /* Counts (8 and 9: PG_ACTIVATE's acting set) and name lengths, u16 edges, 64 KiB + 1;
+     * 64 MiB (+1), u32 and u64 edges. */
+    static const uint64_t small[] = {0,      1,      2,      7,       8,      9,    127,
+                                     128,    129,    255,    256,     1000,   1001, 4096,
+                                     0x7fff, 0x8000, 0xffff, 0x10000, 0x10001};
     static const uint64_t large[] = {0x4000000,  0x4000001,   0x7fffffff, 0x80000000,
                                      0xffffffff, 0x100000000, INT64_MAX,  UINT64_MAX};
     size_t ns = sizeof(small) / sizeof(small[0]), nl = sizeof(large) / sizeof(large[0]);
