@@ -32,6 +32,7 @@
 
 #include "tessera/errno.h"
 #include "tessera/log.h"
+#include "tessera/plan.h"
 #include "tessera/types.h"
 
 #ifdef __cplusplus
