@@ -33,6 +33,7 @@
 #include "tessera/errno.h"
 #include "tessera/log.h"
 #include "tessera/plan.h"
+#include "tessera/records.h"
 #include "tessera/types.h"
 
 #ifdef __cplusplus
