@@ -139,18 +139,20 @@ static void test_webdataset_tar(void **state)
     static uint8_t buf[64 << 10];
     const char *names[] = {"train/000.jpg", "train/000.cls",  "train/001.jpg",
                            "train/001.cls", "train/001.json", "train/002.jpg"};
+    static uint8_t payload[2000];
     size_t len = 0, starts[3] = {0}, k = 0;
     struct offs o;
     char why[256], prev[64] = "";
     uint64_t at;
 
+    memset(payload, 'p', sizeof(payload));
     for (int i = 0; i < 6; i++) {
         char key[64];
         snprintf(key, sizeof(key), "%.9s", names[i]);
         if (strcmp(key, prev))
             starts[k++] = len;
         snprintf(prev, sizeof(prev), "%s", key);
-        len += tar_member(buf + len, names[i], "payload-bytes", 13 + (size_t)i * 300);
+        len += tar_member(buf + len, names[i], payload, 13 + (size_t)i * 300);
     }
     memset(buf + len, 0, 1024); /* end of archive */
     len += 1024;
