@@ -1,7 +1,8 @@
 /*
- * Storage internals shared by the files of the storage module (store.c: datasets, shards,
- * chunks; pglog.c: per-PG operation log and peering state). Not installed, not used outside
- * storage/.
+ * Storage internals shared by the files of the storage module (store.c lists them: open and
+ * close, on-disk layout, engine helpers, datasets, shard records and writes, reads, the cache
+ * arena, scrub; pglog.c: per-PG operation log and peering state). Not installed, not used
+ * outside storage/.
  */
 #ifndef TS_STORE_INTERNAL_H
 #define TS_STORE_INTERNAL_H
@@ -12,8 +13,27 @@
 #include "cache.h"
 #include "ts_store.h"
 
+/* layout.c: column families, keys and records (see there for the layout). */
 enum { CF_DEFAULT, CF_META, CF_CHUNKS, CF_OPLOG, CF_COUNT };
 extern const char *const ts_store_cf_names[CF_COUNT];
+
+#define DS_REC_LEN 40
+#define SHARD_REC_LEN 40
+#define CHUNK_REC_LEN 8
+#define REC_VERSION 1
+
+/* Each writes a key into k and returns its length. */
+size_t key_ds(uint8_t *k, const char *name);
+size_t key_id(uint8_t *k, char tag, uint64_t id);
+size_t key_shard(uint8_t *k, char tag, uint64_t id, uint32_t shard);
+size_t key_chunkrec(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
+size_t key_chunk(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
+void ds_encode(uint8_t *b, const struct ts_dataset_info *d);
+int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_info *d);
+void shard_encode(uint8_t *b, const struct ts_shard_info *si);
+int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si);
+
+#define DS_BUCKETS 1024 /* buckets of the dataset-record cache (s->dstab) */
 
 struct writer_slot {
     uint64_t dsid;
@@ -71,10 +91,21 @@ struct ts_store {
     uint64_t wal_damage_ns; /* when a damaged WAL was last found at open (0: never) */
 };
 
+/* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */
+struct shard_entry;
+struct ts_read_ctx {
+    ts_store *s;
+    uint64_t dsid;
+    struct ts_shard_info info;
+    const uint32_t *crcs;   /* NULL while the shard is incomplete: per-chunk records are used */
+    struct shard_entry *se; /* holds crcs */
+    int nocache;            /* scrub: always read and verify what is on disk */
+};
+
 /* engine_open.c: opens s->db (see there for what a damaged WAL does); s->ro_meta must exist. */
 int engine_open(ts_store *s);
 
-/* RocksDB's char **errptr to a TS_E* code (logged); 0 when err is NULL. Frees err. */
+/* engine.c: RocksDB's char **errptr to a TS_E* code (logged); 0 when err is NULL. Frees err. */
 int from_rocksdb(char *err, const char *what);
 /* A meta value into a malloc'ed buffer (rocksdb_free); TS_ENOENT if absent. */
 int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size_t *vlen);
@@ -83,6 +114,56 @@ int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what);
 int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
               int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen),
               void *arg);
+
+/* arena.c: the cache arena. arena_init() is optional (fd -1 without it); arena_alloc()
+ * returns an offset for len bytes, or -1; arena_release() hole-punches the slot first. */
+int arena_init(struct arena *a);
+void arena_fini(struct arena *a);
+int64_t arena_alloc(struct arena *a, size_t len);
+void arena_release(struct arena *a, int64_t off, size_t len);
+
+/* dataset_cache.c: a dataset's record by name (through the cache), its name by id ('I'). */
+int dataset_get(ts_store *s, const char *name, struct ts_dataset_info *d);
+/* Forgets a cached dataset record (after seal or delete). */
+void ds_invalidate(ts_store *s, const char *name);
+/* Empties the cache (s->dslock held, or the store being closed). */
+void ds_clear_locked(ts_store *s);
+/* name has room for TS_NAME_MAX + 1 bytes. */
+int id_name(ts_store *s, uint64_t dsid, char *name);
+
+/* shard.c: a shard's record (and, if crcs and complete, its malloc'ed CRC list); the walk
+ * over dataset dsid's shard records, counting them into d if not NULL, calling cb if not NULL. */
+int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si,
+              uint32_t **crcs);
+int shard_scan(ts_store *s, uint64_t dsid, struct ts_dataset_info *d,
+               int (*cb)(void *arg, const struct ts_shard_info *info), void *arg);
+/* Adds to b the deletion of a shard's chunk records and chunks. */
+void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uint32_t shard);
+
+/* A shard writer (shard_write.c); the writer table (writers.c) marks it superseded. */
+struct ts_shard_writer {
+    ts_store *s;
+    uint64_t dsid;
+    uint32_t shard;
+    uint32_t chunk_size;
+    uint64_t expect_size;
+    uint64_t bytes;
+    uint32_t next;
+    uint32_t crc;
+    int short_seen; /* a chunk shorter than chunk_size was written: it must be the last */
+    uint32_t *crcs;
+    uint32_t cap;
+    _Atomic int superseded; /* a newer upload of the shard (or its dataset's delete) took over */
+};
+
+/* writers.c, under s->lock: whether dataset dsid (any_shard) or its shard has a writer;
+ * writers_supersede() makes them give way (see there) and returns how many. */
+int writer_active(ts_store *s, uint64_t dsid, int any_shard, uint32_t shard);
+size_t writers_supersede(ts_store *s, uint64_t dsid, int any_shard, uint32_t shard);
+
+/* read.c: a read context by dataset id; nocache (scrub) reads and verifies what is on disk. */
+int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplete, int nocache,
+                 ts_read_ctx **out);
 
 /* space.c: sizes the memtables and the WAL for the filesystem and sets the reserve (before
  * the database is opened). */

@@ -1,0 +1,359 @@
+/*
+ * Reads: read contexts over a shard, chunk reads verified against their CRC32C, the cache of
+ * verified chunks (in the arena when there is one) and of complete shards' records, range
+ * reads.
+ */
+#include "store_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FAC "storage"
+
+/*
+ * A verified chunk shared by readers through the cache: either the pinned engine buffer, or
+ * (cache arena on) a copy in the arena, a memfd that the server can sendfile() from.
+ */
+struct chunk_entry {
+    struct ts_cache_entry base;
+    ts_store *s;
+    rocksdb_pinnableslice_t *pin; /* NULL when the bytes live in the arena */
+    const uint8_t *data;
+    size_t len;
+    uint32_t crc;
+    int64_t arena_off; /* -1: not in the arena */
+    uint32_t *sub;     /* CRC32C per TS_SUB_BLOCK of the verified bytes (cached entries) */
+};
+
+/* A complete shard's record with its CRC list (immutable once complete). */
+struct shard_entry {
+    struct ts_cache_entry base;
+    struct ts_shard_info info;
+    uint32_t crcs[];
+};
+
+/* ---- reads ------------------------------------------------------------------------------- */
+
+static void shard_entry_destroy(struct ts_cache_entry *e)
+{
+    free(e);
+}
+
+/* The complete shard's cached record, or its current record read from the engine. */
+int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplete, int nocache,
+                 ts_read_ctx **out)
+{
+    ts_read_ctx *r = calloc(1, sizeof(*r));
+    struct ts_cache_entry *ce;
+    uint32_t *crcs = NULL;
+    int rc;
+
+    if (!r)
+        return TS_ENOMEM;
+    r->s = s;
+    r->dsid = dsid;
+    r->nocache = nocache;
+    ce = ts_cache_get(s->ccache, dsid, shard, TS_CACHE_SHARD);
+    if (ce) {
+        r->se = (struct shard_entry *)ce;
+        r->info = r->se->info;
+        r->crcs = r->se->crcs;
+        *out = r;
+        return 0;
+    }
+    rc = shard_get(s, dsid, shard, &r->info, &crcs);
+    if (rc == 0 && r->info.state != TS_SHARD_COMPLETE && !allow_incomplete)
+        rc = TS_EINCOMPLETE;
+    if (rc == 0 && r->info.state == TS_SHARD_COMPLETE) {
+        struct shard_entry *se = malloc(sizeof(*se) + 4 * (size_t)r->info.nchunks);
+        if (!se) {
+            rc = TS_ENOMEM;
+        } else {
+            memset(&se->base, 0, sizeof(se->base));
+            se->base.dsid = dsid;
+            se->base.shard = shard;
+            se->base.idx = TS_CACHE_SHARD;
+            se->base.bytes = sizeof(*se) + 4 * (size_t)r->info.nchunks;
+            se->base.refs = 1;
+            se->base.destroy = shard_entry_destroy;
+            se->info = r->info;
+            if (r->info.nchunks)
+                memcpy(se->crcs, crcs, 4 * (size_t)r->info.nchunks);
+            r->se = (struct shard_entry *)ts_cache_insert(s->ccache, &se->base);
+            r->crcs = r->se->crcs;
+        }
+    }
+    free(crcs);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int allow_incomplete,
+                       ts_read_ctx **out)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    if (!s || !out)
+        return TS_EINVAL;
+    *out = NULL;
+    rc = dataset_get(s, dataset, &d);
+    if (rc)
+        return rc;
+    return read_open_id(s, d.id, shard, allow_incomplete, 0, out);
+}
+
+const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r)
+{
+    return &r->info;
+}
+
+static void chunk_entry_destroy(struct ts_cache_entry *e)
+{
+    struct chunk_entry *ce = (struct chunk_entry *)e;
+    if (ce->pin)
+        rocksdb_pinnableslice_destroy(ce->pin);
+    if (ce->arena_off >= 0)
+        arena_release(&ce->s->arena, ce->arena_off, ce->len);
+    free(ce->sub);
+    free(ce);
+}
+
+static void chunk_ref_fill(ts_store *s, struct chunk_entry *ce, struct ts_chunk_ref *out)
+{
+    out->data = ce->data;
+    out->len = ce->len;
+    out->crc = ce->crc;
+    out->pin = &ce->base;
+    out->fd = ce->arena_off >= 0 ? s->arena.fd : -1;
+    out->file_off = ce->arena_off >= 0 ? (uint64_t)ce->arena_off : 0;
+    out->sub = ce->sub;
+}
+
+int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)
+{
+    if (!ref->sub || !len)
+        return 0; /* read from the engine and verified whole just now */
+    for (size_t b = off / TS_SUB_BLOCK; b <= (off + len - 1) / TS_SUB_BLOCK; b++) {
+        size_t bo = b * TS_SUB_BLOCK, bl = TS_MIN((size_t)TS_SUB_BLOCK, ref->len - bo);
+        if (ts_crc32c(0, ref->data + bo, bl) != ref->sub[b])
+            return TS_ECORRUPT;
+    }
+    return 0;
+}
+
+void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx)
+{
+    ts_cache_remove(r->s->ccache, r->dsid, r->info.shard, idx);
+}
+
+int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
+{
+    ts_store *s = r->s;
+    uint8_t k[17];
+    uint32_t want, expect_len;
+    rocksdb_pinnableslice_t *pin;
+    struct chunk_entry *ce;
+    struct ts_cache_entry *hit;
+    char *err = NULL;
+    const char *v;
+    size_t vlen;
+
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    if (idx >= r->info.nchunks)
+        return TS_ERANGE;
+    if (r->crcs && !r->nocache) {
+        hit = ts_cache_get(s->ccache, r->dsid, r->info.shard, idx);
+        if (hit) {
+            chunk_ref_fill(s, (struct chunk_entry *)hit, out);
+            return 0;
+        }
+    }
+    if (r->crcs) {
+        want = r->crcs[idx];
+        expect_len = idx + 1 < r->info.nchunks
+                         ? r->info.chunk_size
+                         : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
+    } else {
+        char *cv;
+        size_t cvlen;
+        int rc = meta_get(s, k, key_chunkrec(k, r->dsid, r->info.shard, idx), &cv, &cvlen);
+        if (rc)
+            return rc == TS_ENOENT ? TS_ECORRUPT : rc;
+        if (cvlen != CHUNK_REC_LEN) {
+            rocksdb_free(cv);
+            return TS_ECORRUPT;
+        }
+        want = ts_get_le32((const uint8_t *)cv);
+        expect_len = ts_get_le32((const uint8_t *)cv + 4);
+        rocksdb_free(cv);
+    }
+    pin = rocksdb_get_pinned_cf(s->db, s->ro_chunk, s->cf[CF_CHUNKS], (const char *)k,
+                                key_chunk(k, r->dsid, r->info.shard, idx), &err);
+    if (err)
+        return from_rocksdb(err, "chunk read");
+    if (!pin) {
+        /* Gone because the dataset was deleted meanwhile, or lost: corruption. */
+        char *nv = NULL;
+        size_t nvlen = 0;
+        int nrc = meta_get(s, k, key_id(k, 'I', r->dsid), &nv, &nvlen);
+        if (nrc == TS_ENOENT)
+            return TS_ENOENT;
+        if (nrc == 0)
+            rocksdb_free(nv);
+        TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u is missing", idx, r->info.shard);
+        return TS_ECORRUPT;
+    }
+    v = rocksdb_pinnableslice_value(pin, &vlen);
+    if (vlen != expect_len || ts_crc32c(0, v, vlen) != want) {
+        TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
+                 r->info.shard, (unsigned long long)r->dsid);
+        rocksdb_pinnableslice_destroy(pin);
+        return TS_ECORRUPT;
+    }
+    ce = malloc(sizeof(*ce));
+    if (!ce) {
+        rocksdb_pinnableslice_destroy(pin);
+        return TS_ENOMEM;
+    }
+    memset(&ce->base, 0, sizeof(ce->base));
+    ce->base.dsid = r->dsid;
+    ce->base.shard = r->info.shard;
+    ce->base.idx = idx;
+    ce->base.bytes = vlen + sizeof(*ce);
+    ce->base.refs = 1;
+    ce->base.destroy = chunk_entry_destroy;
+    ce->s = s;
+    ce->pin = pin;
+    ce->data = (const uint8_t *)v;
+    ce->len = vlen;
+    ce->crc = want;
+    ce->arena_off = -1;
+    ce->sub = NULL;
+    /* Only verified chunks of complete (immutable) shards are shared. */
+    if (r->crcs && !r->nocache) {
+        int64_t off;
+        /* CRCs per sub-block of the verified bytes: a partial read of the cached copy checks
+         * what it touches (cheaply) before it is sent. */
+        size_t nsub = (vlen + TS_SUB_BLOCK - 1) / TS_SUB_BLOCK;
+        ce->sub = malloc((nsub ? nsub : 1) * sizeof(*ce->sub));
+        if (!ce->sub) {
+            rocksdb_pinnableslice_destroy(pin);
+            free(ce);
+            return TS_ENOMEM;
+        }
+        for (size_t b = 0; b < nsub; b++)
+            ce->sub[b] = ts_crc32c(0, v + b * TS_SUB_BLOCK,
+                                   TS_MIN((size_t)TS_SUB_BLOCK, vlen - b * TS_SUB_BLOCK));
+        off = arena_alloc(&s->arena, vlen);
+        if (off >= 0) {
+            /* One copy on a miss; hits are then served from the arena (sendfile). */
+            memcpy(s->arena.base + off, v, vlen);
+            rocksdb_pinnableslice_destroy(pin);
+            ce->pin = NULL;
+            ce->data = s->arena.base + off;
+            ce->arena_off = off;
+        }
+        hit = ts_cache_insert(s->ccache, &ce->base);
+    } else {
+        hit = &ce->base;
+    }
+    chunk_ref_fill(s, (struct chunk_entry *)hit, out);
+    return 0;
+}
+
+int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uint32_t *len)
+{
+    if (!r->crcs)
+        return TS_EINCOMPLETE;
+    if (idx >= r->info.nchunks)
+        return TS_ERANGE;
+    *crc = r->crcs[idx];
+    *len = idx + 1 < r->info.nchunks
+               ? r->info.chunk_size
+               : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
+    return 0;
+}
+
+void ts_chunk_pin_release(void *pin)
+{
+    ts_cache_unref(pin);
+}
+
+void ts_chunk_ref_release(struct ts_chunk_ref *ref)
+{
+    if (ref && ref->pin) {
+        ts_cache_unref(ref->pin);
+        ref->pin = NULL;
+        ref->data = NULL;
+    }
+}
+
+void ts_read_ctx_close(ts_read_ctx *r)
+{
+    if (!r)
+        return;
+    if (r->se)
+        ts_cache_unref(&r->se->base);
+    free(r);
+}
+
+void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
+{
+    struct ts_cache_stats cs;
+    ts_cache_stats(s->ccache, &cs);
+    out->hits = cs.hits;
+    out->misses = cs.misses;
+    out->evictions = cs.evictions;
+    out->bytes = cs.bytes;
+    out->entries = cs.entries;
+    out->budget = cs.budget;
+}
+
+int ts_store_read(ts_store *s, const char *dataset, uint32_t shard, uint64_t off, size_t len,
+                  void *buf, size_t *out_len)
+{
+    ts_read_ctx *r;
+    uint8_t *dst = buf;
+    size_t done = 0;
+    int rc;
+
+    if (!buf && len)
+        return TS_EINVAL;
+    if (out_len)
+        *out_len = 0;
+    rc = ts_store_read_open(s, dataset, shard, 0, &r);
+    if (rc)
+        return rc;
+    if (off > r->info.size) {
+        rc = TS_ERANGE;
+        goto out_close;
+    }
+    if (len > r->info.size - off)
+        len = (size_t)(r->info.size - off);
+    while (done < len) {
+        uint64_t pos = off + done;
+        uint32_t idx = (uint32_t)(pos / r->info.chunk_size);
+        size_t in = (size_t)(pos % r->info.chunk_size);
+        struct ts_chunk_ref ref;
+        size_t n;
+
+        rc = ts_read_ctx_chunk(r, idx, &ref);
+        if (rc)
+            goto out_close;
+        n = TS_MIN(ref.len - in, len - done);
+        memcpy(dst + done, ref.data + in, n);
+        ts_chunk_ref_release(&ref);
+        done += n;
+    }
+    if (out_len)
+        *out_len = done;
+out_close:
+    ts_read_ctx_close(r);
+    return rc;
+}

@@ -1,0 +1,127 @@
+/*
+ * Scrub (every chunk of a dataset or of the store read back from disk and checked against its
+ * CRC32C) and chunk repair (a damaged chunk rewritten with a replica's verified copy).
+ */
+#include "store_internal.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+#define FAC "storage"
+
+struct scrub_arg {
+    ts_store *s;
+    const _Atomic int *cancel;
+    uint64_t only_id; /* 0: all datasets */
+    void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc);
+    void *arg;
+    struct ts_scrub_report *rep;
+};
+
+static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen)
+{
+    struct scrub_arg *a = arg;
+    ts_read_ctx *r;
+    char name[TS_NAME_MAX + 1] = "?";
+    uint64_t dsid;
+    uint32_t shard;
+    int rc;
+
+    if (klen != 13)
+        return 0;
+    if (a->cancel && atomic_load(a->cancel))
+        return TS_ECANCELED;
+    dsid = ts_get_be64(k + 1);
+    shard = ts_get_be32(k + 9);
+    if (a->only_id && dsid != a->only_id)
+        return 0;
+    id_name(a->s, dsid, name);
+    rc = read_open_id(a->s, dsid, shard, 1, 1, &r);
+    if (rc) {
+        a->rep->corrupt++;
+        if (a->cb)
+            a->cb(a->arg, name, shard, UINT32_MAX, rc);
+        return 0;
+    }
+    a->rep->shards++;
+    for (uint32_t i = 0; i < r->info.nchunks; i++) {
+        struct ts_chunk_ref ref;
+        rc = ts_read_ctx_chunk(r, i, &ref);
+        a->rep->chunks++;
+        if (rc == 0) {
+            a->rep->bytes += ref.len;
+            ts_chunk_ref_release(&ref);
+        } else {
+            a->rep->corrupt++;
+            if (a->cb)
+                a->cb(a->arg, name, shard, i, rc);
+        }
+    }
+    ts_read_ctx_close(r);
+    return 0;
+}
+
+int ts_store_scrub(ts_store *s, const char *dataset,
+                   void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc),
+                   void *arg, struct ts_scrub_report *report)
+{
+    return ts_store_scrub_ex(s, dataset, cb, arg, report, NULL);
+}
+
+int ts_store_scrub_ex(ts_store *s, const char *dataset,
+                      void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
+                                 int rc),
+                      void *arg, struct ts_scrub_report *report, const _Atomic int *cancel)
+{
+    struct ts_scrub_report local;
+    struct scrub_arg a = {s, cancel, 0, cb, arg, report ? report : &local};
+    struct ts_dataset_info d;
+    uint8_t prefix[9];
+    size_t plen = 1;
+    int rc;
+
+    if (!s)
+        return TS_EINVAL;
+    memset(a.rep, 0, sizeof(*a.rep));
+    prefix[0] = 'S';
+    if (dataset) {
+        rc = dataset_get(s, dataset, &d);
+        if (rc)
+            return rc;
+        a.only_id = d.id;
+        plen = key_id(prefix, 'S', d.id);
+    }
+    rc = meta_scan(s, prefix, plen, scrub_shard_cb, &a);
+    if (rc == 0)
+        TS_INFO(FAC, "scrub %s: %llu shards, %llu chunks, %llu corrupt", dataset ? dataset : "all",
+                (unsigned long long)a.rep->shards, (unsigned long long)a.rep->chunks,
+                (unsigned long long)a.rep->corrupt);
+    return rc;
+}
+
+int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint32_t idx,
+                          const void *data, size_t len)
+{
+    ts_read_ctx *r;
+    uint32_t crc, clen;
+    uint8_t k[16];
+    char *err = NULL;
+    int rc;
+
+    rc = ts_store_read_open(s, dataset, shard, 0, &r);
+    if (rc)
+        return rc;
+    rc = ts_read_ctx_chunk_crc(r, idx, &crc, &clen);
+    if (rc == 0 && (clen != len || ts_crc32c(0, data, len) != crc))
+        rc = TS_ECORRUPT;
+    if (rc == 0) {
+        rocksdb_put_cf(s->db, s->wo, s->cf[CF_CHUNKS], (const char *)k,
+                       key_chunk(k, r->dsid, shard, idx), data, len, &err);
+        rc = from_rocksdb(err, "chunk repair");
+    }
+    if (rc == 0)
+        TS_WARN(FAC, 0, "repaired chunk %u of %s/%u (%zu bytes) from a replica", idx, dataset,
+                shard, len);
+    ts_read_ctx_close(r);
+    return rc;
+}

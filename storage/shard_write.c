@@ -1,0 +1,308 @@
+/*
+ * Shard writes: a writer's begin (registered in the writer table, one writer per shard; a
+ * takeover supersedes the one left open), put, seal (with its log record) and abort.
+ */
+#include "store_internal.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FAC "storage"
+
+#define MAX_SHARD_CHUNKS (1u << 30)
+
+/* ---- shard writes ------------------------------------------------------------------------ */
+
+static void writer_unregister(ts_store *s, ts_shard_writer *w)
+{
+    pthread_mutex_lock(&s->lock);
+    for (size_t i = 0; i < s->nwriters; i++) {
+        if (s->writers[i].w == w) {
+            s->writers[i] = s->writers[--s->nwriters];
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
+                         ts_shard_writer **out)
+{
+    return ts_store_shard_begin_ex(s, dataset, shard, expect_size, 0, out);
+}
+
+int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
+                            int takeover, ts_shard_writer **out)
+{
+    struct ts_dataset_info d;
+    struct ts_shard_info si;
+    ts_shard_writer *w = NULL;
+    uint8_t k[13], rec[SHARD_REC_LEN];
+    rocksdb_writebatch_t *b;
+    int rc;
+
+    if (!s || !out)
+        return TS_EINVAL;
+    *out = NULL;
+    pthread_mutex_lock(&s->lock);
+    rc = dataset_get(s, dataset, &d);
+    if (rc)
+        goto out_unlock;
+    if (d.state == TS_DS_SEALED) {
+        rc = TS_ESEALED;
+        goto out_unlock;
+    }
+    if (expect_size != TS_SIZE_UNKNOWN && expect_size &&
+        (expect_size - 1) / d.policy.chunk_size >= MAX_SHARD_CHUNKS) {
+        rc = TS_ETOOBIG; /* refused up front, not after 2^30 chunks */
+        goto out_unlock;
+    }
+    if (takeover && writers_supersede(s, d.id, 0, shard))
+        TS_INFO(FAC, "shard %s/%u: a newer upload takes over from one left open", dataset, shard);
+    if (writer_active(s, d.id, 0, shard)) {
+        rc = TS_EBUSY;
+        goto out_unlock;
+    }
+    rc = shard_get(s, d.id, shard, &si, NULL);
+    if (rc == 0 && si.state == TS_SHARD_COMPLETE) {
+        rc = TS_EEXIST;
+        goto out_unlock;
+    }
+    if (rc != 0 && rc != TS_ENOENT)
+        goto out_unlock;
+    if (s->nwriters == s->capwriters) {
+        size_t cap = s->capwriters ? 2 * s->capwriters : 16;
+        struct writer_slot *nw = realloc(s->writers, cap * sizeof(*nw));
+        if (!nw) {
+            rc = TS_ENOMEM;
+            goto out_unlock;
+        }
+        s->writers = nw;
+        s->capwriters = cap;
+    }
+    w = calloc(1, sizeof(*w));
+    if (!w) {
+        rc = TS_ENOMEM;
+        goto out_unlock;
+    }
+    w->s = s;
+    w->dsid = d.id;
+    w->shard = shard;
+    w->chunk_size = d.policy.chunk_size;
+    w->expect_size = expect_size;
+
+    memset(&si, 0, sizeof(si));
+    si.state = TS_SHARD_WRITING;
+    si.chunk_size = w->chunk_size;
+    si.expect_size = expect_size;
+    shard_encode(rec, &si);
+    b = rocksdb_writebatch_create();
+    shard_range_delete(s, b, d.id, shard); /* an abandoned upload of this shard, if any */
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
+                                 key_shard(k, 'R', d.id, shard));
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'S', d.id, shard),
+                              (const char *)rec, sizeof(rec));
+    rc = batch_write(s, b, "shard begin");
+    rocksdb_writebatch_destroy(b);
+    if (rc) {
+        free(w);
+        goto out_unlock;
+    }
+    s->writers[s->nwriters].dsid = d.id;
+    s->writers[s->nwriters].shard = shard;
+    s->writers[s->nwriters].w = w;
+    s->nwriters++;
+    *out = w;
+out_unlock:
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size_t len,
+                        uint32_t crc)
+{
+    ts_store *s;
+    struct ts_shard_info si;
+    uint8_t kc[16], kr[17], ks[13], crec[CHUNK_REC_LEN], srec[SHARD_REC_LEN];
+    rocksdb_writebatch_t *b;
+    uint32_t got;
+    int rc;
+
+    if (!w || (!data && len))
+        return TS_EINVAL;
+    s = w->s;
+    if (atomic_load(&w->superseded))
+        return TS_ESTALE;
+    if (idx != w->next)
+        return TS_EINVAL;
+    if (len == 0 || len > w->chunk_size || w->short_seen)
+        return TS_EINVAL;
+    if (w->next >= MAX_SHARD_CHUNKS)
+        return TS_ETOOBIG; /* a shard of 2^30 chunks is far past any sane size */
+    if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes + len > w->expect_size)
+        return TS_ETOOBIG;
+    if (ts_space_admit(s, len, NULL, 0) != 0)
+        return TS_ENOSPC; /* nothing written: the filesystem keeps its reserve */
+    got = ts_crc32c(0, data, len);
+    if (got != crc) {
+        TS_WARN(FAC, TS_ECORRUPT, "chunk %u of shard %u arrived corrupt (crc %08x, sent %08x)", idx,
+                w->shard, got, crc);
+        return TS_ECORRUPT;
+    }
+    if (w->next == w->cap) {
+        uint32_t cap = w->cap ? 2 * w->cap : 64;
+        uint32_t *nc = realloc(w->crcs, 4 * (size_t)cap);
+        if (!nc)
+            return TS_ENOMEM;
+        w->crcs = nc;
+        w->cap = cap;
+    }
+
+    memset(&si, 0, sizeof(si));
+    si.state = TS_SHARD_WRITING;
+    si.chunk_size = w->chunk_size;
+    si.expect_size = w->expect_size;
+    si.size = w->bytes + len;
+    si.nchunks = idx + 1;
+    si.crc = ts_crc32c(w->crc, data, len);
+    shard_encode(srec, &si);
+    ts_put_le32(crec, crc);
+    ts_put_le32(crec + 4, (uint32_t)len);
+
+    b = rocksdb_writebatch_create();
+    rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
+                              key_chunk(kc, w->dsid, w->shard, idx), data, len);
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)kr,
+                              key_chunkrec(kr, w->dsid, w->shard, idx), (const char *)crec,
+                              sizeof(crec));
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
+                              key_shard(ks, 'S', w->dsid, w->shard), (const char *)srec,
+                              sizeof(srec));
+    rc = batch_write(s, b, "chunk write");
+    rocksdb_writebatch_destroy(b);
+    if (rc)
+        return rc;
+    w->crcs[idx] = crc;
+    w->next++;
+    w->bytes += len;
+    w->crc = si.crc;
+    if (len < w->chunk_size)
+        w->short_seen = 1;
+    return 0;
+}
+
+uint64_t ts_shard_writer_bytes(const ts_shard_writer *w)
+{
+    return w ? w->bytes : 0;
+}
+
+uint32_t ts_shard_writer_next(const ts_shard_writer *w)
+{
+    return w ? w->next : 0;
+}
+
+int ts_shard_writer_seal(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                         const uint64_t *records, uint32_t nrecords)
+{
+    return ts_shard_writer_seal_log(w, have_crc, expect_crc, records, nrecords, NULL);
+}
+
+int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                             const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log)
+{
+    ts_store *s;
+    struct ts_shard_info si;
+    uint8_t ks[13], lo[17], hi[17];
+    uint8_t *rec = NULL, *ridx = NULL;
+    size_t reclen;
+    rocksdb_writebatch_t *b;
+    int rc;
+
+    if (!w || (nrecords && !records))
+        return TS_EINVAL;
+    s = w->s;
+    if (atomic_load(&w->superseded))
+        return TS_ESTALE;
+    if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes != w->expect_size) {
+        TS_WARN(FAC, TS_EINCOMPLETE, "shard %u: %llu of %llu bytes received", w->shard,
+                (unsigned long long)w->bytes, (unsigned long long)w->expect_size);
+        return TS_EINCOMPLETE;
+    }
+    if (have_crc && expect_crc != w->crc) {
+        TS_WARN(FAC, TS_ECORRUPT, "shard %u: crc %08x, sender says %08x", w->shard, w->crc,
+                expect_crc);
+        return TS_ECORRUPT;
+    }
+    for (uint32_t i = 0; i < nrecords; i++)
+        if (records[i] > w->bytes || (i && records[i] < records[i - 1]))
+            return TS_EINVAL;
+
+    memset(&si, 0, sizeof(si));
+    si.state = TS_SHARD_COMPLETE;
+    si.chunk_size = w->chunk_size;
+    si.expect_size = w->expect_size;
+    si.size = w->bytes;
+    si.nchunks = w->next;
+    si.crc = w->crc;
+    si.nrecords = nrecords;
+    reclen = SHARD_REC_LEN + 4 * (size_t)w->next;
+    rec = malloc(reclen);
+    if (nrecords)
+        ridx = malloc(8 * (size_t)nrecords);
+    if (!rec || (nrecords && !ridx)) {
+        rc = TS_ENOMEM;
+        goto out_free;
+    }
+    shard_encode(rec, &si);
+    for (uint32_t i = 0; i < w->next; i++)
+        ts_put_le32(rec + SHARD_REC_LEN + 4 * i, w->crcs[i]);
+    for (uint32_t i = 0; i < nrecords; i++)
+        ts_put_le64(ridx + 8 * i, records[i]);
+
+    b = rocksdb_writebatch_create();
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
+                              key_shard(ks, 'S', w->dsid, w->shard), (const char *)rec, reclen);
+    if (nrecords)
+        rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
+                                  key_shard(ks, 'R', w->dsid, w->shard), (const char *)ridx,
+                                  8 * (size_t)nrecords);
+    /* The CRC list now lives in the shard record; drop the per-chunk records. */
+    key_chunkrec(lo, w->dsid, w->shard, 0);
+    key_chunkrec(hi, w->dsid, w->shard, UINT32_MAX);
+    rocksdb_writebatch_delete_range_cf(b, s->cf[CF_META], (const char *)lo, 17, (const char *)hi,
+                                       17);
+    if (log) {
+        log->type = TS_LOG_SEAL;
+        log->size = si.size;
+        log->crc = si.crc;
+        log->nchunks = si.nchunks;
+        rc = ts_pglog_begin(s, log, b);
+        if (rc) {
+            rocksdb_writebatch_destroy(b);
+            goto out_free;
+        }
+    }
+    rc = batch_write(s, b, "shard seal");
+    if (log)
+        ts_pglog_end(s);
+    rocksdb_writebatch_destroy(b);
+    if (rc)
+        goto out_free;
+    writer_unregister(s, w);
+    free(w->crcs);
+    free(w);
+out_free:
+    free(rec);
+    free(ridx);
+    return rc;
+}
+
+void ts_shard_writer_abort(ts_shard_writer *w)
+{
+    if (!w)
+        return;
+    writer_unregister(w->s, w);
+    free(w->crcs);
+    free(w);
+}
