@@ -15,7 +15,7 @@
  *   'N'                      -> next dataset id
  *   'S' id shard(be32)       -> shard record (+ per-chunk CRC list once complete)
  *   'C' id shard idx(be32)   -> chunk record (crc, len) while the shard is being written
- *   'R' id shard             -> record index (le64 offsets)
+ *   'R' id shard             -> record index (le64 offsets, then the u32 CRC32C of them)
  * chunks keys: id shard(be32) idx(be32) -> chunk bytes
  */
 #include "store_internal.h"

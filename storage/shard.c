@@ -127,11 +127,25 @@ int ts_store_shard_records(ts_store *s, const char *dataset, uint32_t shard, uin
     rc = meta_get(s, k, key_shard(k, 'R', d.id, shard), &v, &vlen);
     if (rc)
         return rc == TS_ENOENT ? TS_ECORRUPT : rc;
-    if (vlen != 8 * (size_t)si.nrecords) {
+    /* le64 offsets, then their CRC32C (an index written before it had one: offsets only). */
+    if ((vlen != 8 * (size_t)si.nrecords && vlen != 8 * (size_t)si.nrecords + 4) ||
+        (vlen % 8 == 4 &&
+         ts_crc32c(0, v, vlen - 4) != ts_get_le32((const uint8_t *)v + vlen - 4))) {
         rocksdb_free(v);
+        TS_ERROR(FAC, TS_ECORRUPT, "%s/%u: its record index fails its CRC32C", dataset, shard);
         return TS_ECORRUPT;
     }
-    *offsets = malloc(vlen);
+    for (uint32_t i = 0; i < si.nrecords; i++) {
+        uint64_t at = ts_get_le64((const uint8_t *)v + 8 * i);
+        if (at > si.size || (i && at < ts_get_le64((const uint8_t *)v + 8 * (i - 1)))) {
+            rocksdb_free(v);
+            TS_ERROR(FAC, TS_ECORRUPT,
+                     "%s/%u: its record index is out of order or past the shard's end", dataset,
+                     shard);
+            return TS_ECORRUPT;
+        }
+    }
+    *offsets = malloc(8 * (size_t)si.nrecords);
     if (!*offsets) {
         rocksdb_free(v);
         return TS_ENOMEM;

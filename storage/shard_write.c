@@ -249,7 +249,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     reclen = SHARD_REC_LEN + 4 * (size_t)w->next;
     rec = malloc(reclen);
     if (nrecords)
-        ridx = malloc(8 * (size_t)nrecords);
+        ridx = malloc(8 * (size_t)nrecords + 4);
     if (!rec || (nrecords && !ridx)) {
         rc = TS_ENOMEM;
         goto out_free;
@@ -259,6 +259,8 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         ts_put_le32(rec + SHARD_REC_LEN + 4 * i, w->crcs[i]);
     for (uint32_t i = 0; i < nrecords; i++)
         ts_put_le64(ridx + 8 * i, records[i]);
+    if (nrecords) /* the index carries its own CRC32C (checked by ts_store_shard_records) */
+        ts_put_le32(ridx + 8 * (size_t)nrecords, ts_crc32c(0, ridx, 8 * (size_t)nrecords));
 
     b = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
@@ -266,7 +268,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     if (nrecords)
         rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                                   key_shard(ks, 'R', w->dsid, w->shard), (const char *)ridx,
-                                  8 * (size_t)nrecords);
+                                  8 * (size_t)nrecords + 4);
     /* The CRC list now lives in the shard record; drop the per-chunk records. */
     key_chunkrec(lo, w->dsid, w->shard, 0);
     key_chunkrec(hi, w->dsid, w->shard, UINT32_MAX);

@@ -283,6 +283,39 @@ static void test_delete_and_list(void **state)
     assert_int_equal(n, 2);
 }
 
+/* Flips byte `at` of the value of key k in column family cfi (1 meta, 2 chunks) of the
+ * (closed) store at path, behind the store's back. */
+static void flip_byte(const char *path, int cfi, const uint8_t *k, size_t klen, size_t at)
+{
+    const char *names[] = {"default", "meta", "chunks", "oplog"};
+    rocksdb_options_t *o = rocksdb_options_create();
+    const rocksdb_options_t *opts[4] = {o, o, o, o};
+    rocksdb_column_family_handle_t *cf[4];
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    char *err = NULL, *v;
+    size_t vlen;
+    rocksdb_t *db;
+
+    rocksdb_options_set_enable_blob_files(o, 1);
+    db = rocksdb_open_column_families(o, path, 4, names, opts, cf, &err);
+    assert_null(err);
+    v = rocksdb_get_cf(db, ro, cf[cfi], (const char *)k, klen, &vlen, &err);
+    assert_null(err);
+    assert_non_null(v);
+    assert_true(at < vlen);
+    v[at] ^= 0x40;
+    rocksdb_put_cf(db, wo, cf[cfi], (const char *)k, klen, v, vlen, &err);
+    assert_null(err);
+    rocksdb_free(v);
+    for (int i = 0; i < 4; i++)
+        rocksdb_column_family_handle_destroy(cf[i]);
+    rocksdb_close(db);
+    rocksdb_readoptions_destroy(ro);
+    rocksdb_writeoptions_destroy(wo);
+    rocksdb_options_destroy(o);
+}
+
 static void test_records_and_reopen(void **state)
 {
     struct fx *f = *state;
@@ -307,6 +340,21 @@ static void test_records_and_reopen(void **state)
     assert_memory_equal(got, recs, sizeof(recs));
     free(got);
     check_range(f->s, "rec", 0, 11, 0, 1000, 1000);
+    /* The index carries its own CRC32C: a flipped byte of it is found, never handed out. */
+    {
+        struct ts_dataset_info di;
+        uint8_t k[13] = {'R'};
+        assert_int_equal(ts_store_dataset_stat(f->s, "rec", &di), 0);
+        ts_put_be64(k + 1, di.id);
+        ts_put_be32(k + 9, 0);
+        ts_store_close(f->s);
+        f->s = NULL;
+        flip_byte(f->dir, 1, k, sizeof(k), 9);
+        assert_int_equal(fx_open(f), 0);
+        got = NULL;
+        assert_int_equal(ts_store_shard_records(f->s, "rec", 0, &got, &n), TS_ECORRUPT);
+        assert_null(got);
+    }
 }
 
 /* Seals shard `shard` of ds with log entry (epoch, seq) of pg (seq 0: the next one). */
@@ -496,37 +544,12 @@ static void test_pg_iter(void **state)
 static void flip_chunk_byte(const char *path, uint64_t dsid, uint32_t shard, uint32_t idx,
                             size_t at)
 {
-    const char *names[] = {"default", "meta", "chunks", "oplog"};
-    rocksdb_options_t *o = rocksdb_options_create();
-    const rocksdb_options_t *opts[4] = {o, o, o, o};
-    rocksdb_column_family_handle_t *cf[4];
-    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
-    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
-    char *err = NULL, *v;
-    size_t vlen;
     uint8_t k[16];
-    rocksdb_t *db;
 
-    rocksdb_options_set_enable_blob_files(o, 1);
-    db = rocksdb_open_column_families(o, path, 4, names, opts, cf, &err);
-    assert_null(err);
     ts_put_be64(k, dsid);
     ts_put_be32(k + 8, shard);
     ts_put_be32(k + 12, idx);
-    v = rocksdb_get_cf(db, ro, cf[2], (const char *)k, 16, &vlen, &err);
-    assert_null(err);
-    assert_non_null(v);
-    assert_true(at < vlen);
-    v[at] ^= 0x40;
-    rocksdb_put_cf(db, wo, cf[2], (const char *)k, 16, v, vlen, &err);
-    assert_null(err);
-    rocksdb_free(v);
-    for (int i = 0; i < 4; i++)
-        rocksdb_column_family_handle_destroy(cf[i]);
-    rocksdb_close(db);
-    rocksdb_readoptions_destroy(ro);
-    rocksdb_writeoptions_destroy(wo);
-    rocksdb_options_destroy(o);
+    flip_byte(path, 2, k, sizeof(k), at);
 }
 
 struct bad_chunk {
