@@ -314,6 +314,19 @@ static void pax_done(tessera_recscan *s)
 /* ---- the loop ---------------------------------------------------------------------------------
  */
 
+/* Collects up to s->need bytes of a header or footer into s->head; 1 once it is whole. */
+static int take_head(tessera_recscan *s, const uint8_t **p, size_t *len)
+{
+    size_t n = TS_MIN(*len, s->need - s->have);
+
+    memcpy(s->head + s->have, *p, n);
+    s->have += n;
+    s->pos += n;
+    *p += n;
+    *len -= n;
+    return s->have == s->need;
+}
+
 static int head_done(tessera_recscan *s, tessera_record_cb cb, void *arg)
 {
     const uint8_t *h = s->head;
@@ -393,13 +406,7 @@ int tessera_recscan_feed(tessera_recscan *s, const void *buf, size_t len, tesser
         case P_HEAD:
             if (s->have == 0 && s->fmt != TESSERA_FMT_TAR && (rc = emit(s, s->pos, cb, arg)) != 0)
                 return rc;
-            n = TS_MIN(len, s->need - s->have);
-            memcpy(s->head + s->have, p, n);
-            s->have += n;
-            s->pos += n;
-            p += n;
-            len -= n;
-            if (s->have == s->need && (rc = head_done(s, cb, arg)) != 0)
+            if (take_head(s, &p, &len) && (rc = head_done(s, cb, arg)) != 0)
                 return rc;
             break;
         case P_BODY:
@@ -414,13 +421,7 @@ int tessera_recscan_feed(tessera_recscan *s, const void *buf, size_t len, tesser
                 body_done(s);
             break;
         case P_TAIL:
-            n = TS_MIN(len, s->need - s->have);
-            memcpy(s->head + s->have, p, n);
-            s->have += n;
-            s->pos += n;
-            p += n;
-            len -= n;
-            if (s->have == 4) {
+            if (take_head(s, &p, &len)) {
                 if (tf_mask(s->crc) != ts_get_le32(s->head))
                     return fail(s,
                                 "TFRecord %llu at offset %llu: the CRC of its data does not "

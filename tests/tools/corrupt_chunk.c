@@ -67,14 +67,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "corrupt_chunk: delete: %s\n", err);
             return 1;
         }
-        for (int i = 0; i < 4; i++)
-            rocksdb_column_family_handle_destroy(cf[i]);
-        rocksdb_close(db);
-        rocksdb_readoptions_destroy(ro);
-        rocksdb_writeoptions_destroy(wo);
-        rocksdb_options_destroy(o);
         printf("dropped the record of shard %s/%s\n", argv[2], argv[3]);
-        return 0;
+        goto out;
     }
     put_be(key, id, 8);
     put_be(key + 8, strtoul(argv[3], NULL, 0), 4);
@@ -92,12 +86,13 @@ int main(int argc, char **argv)
         return 1;
     }
     rocksdb_free(v);
+    printf("flipped byte %zu of chunk %s of %s/%s\n", at, argv[4], argv[2], argv[3]);
+out:
     for (int i = 0; i < 4; i++)
         rocksdb_column_family_handle_destroy(cf[i]);
     rocksdb_close(db);
     rocksdb_readoptions_destroy(ro);
     rocksdb_writeoptions_destroy(wo);
     rocksdb_options_destroy(o);
-    printf("flipped byte %zu of chunk %s of %s/%s\n", at, argv[4], argv[2], argv[3]);
     return 0;
 }

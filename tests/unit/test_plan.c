@@ -16,11 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static tessera_plan *mk(uint64_t n, uint32_t rank, uint32_t world, int assign, int rem, int shuffle,
-                        uint64_t seed, uint64_t epoch)
+static struct tessera_plan_opts opts(uint64_t n, uint32_t rank, uint32_t world, int assign, int rem,
+                                     int shuffle, uint64_t seed, uint64_t epoch)
 {
     struct tessera_plan_opts o;
-    tessera_plan *p = NULL;
 
     tessera_plan_opts_init(&o);
     o.units = n;
@@ -32,6 +31,15 @@ static tessera_plan *mk(uint64_t n, uint32_t rank, uint32_t world, int assign, i
     o.seed = seed;
     o.epoch = epoch;
     o.window = 3;
+    return o;
+}
+
+static tessera_plan *mk(uint64_t n, uint32_t rank, uint32_t world, int assign, int rem, int shuffle,
+                        uint64_t seed, uint64_t epoch)
+{
+    struct tessera_plan_opts o = opts(n, rank, world, assign, rem, shuffle, seed, epoch);
+    tessera_plan *p = NULL;
+
     assert_int_equal(tessera_plan_new(&p, &o), 0);
     return p;
 }
@@ -234,18 +242,10 @@ static void mark(tessera_plan **ps, uint32_t world, const uint64_t *from, const 
 static tessera_plan *resumed(const void *st, size_t len, uint64_t n, uint32_t rank, uint32_t world,
                              int assign, int shuffle)
 {
-    struct tessera_plan_opts o;
+    struct tessera_plan_opts o =
+        opts(n, rank, world, assign, TESSERA_REMAINDER_UNEVEN, shuffle, 7, 1);
     tessera_plan *p = NULL;
 
-    tessera_plan_opts_init(&o);
-    o.units = n;
-    o.rank = rank;
-    o.world = world;
-    o.assign = assign;
-    o.shuffle = shuffle;
-    o.seed = 7;
-    o.epoch = 1;
-    o.window = 3;
     assert_int_equal(tessera_plan_resume(&p, &o, st, len), 0);
     return p;
 }
