@@ -193,6 +193,18 @@ static void sample_key(const char *path, char *key, size_t cap)
     snprintf(key, cap, "%.*s", (int)(dot ? dot - path : (ptrdiff_t)strlen(path)), path);
 }
 
+/* A member's header is done: skip its data (padded to whole blocks), then the next header. */
+static void member_body(tessera_recscan *s, uint64_t size)
+{
+    s->member_start = UINT64_MAX;
+    s->longname[0] = '\0';
+    s->left = (size + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
+    if (s->left)
+        s->ph = P_BODY;
+    else
+        begin_head(s);
+}
+
 static int tar_header(tessera_recscan *s, tessera_record_cb cb, void *arg)
 {
     const uint8_t *h = s->head;
@@ -250,12 +262,7 @@ static int tar_header(tessera_recscan *s, tessera_record_cb cb, void *arg)
     case '5': /* directory */
     case '2': /* symlink */
     case '1': /* hard link */
-        s->member_start = UINT64_MAX;
-        s->longname[0] = '\0';
-        s->left = ((uint64_t)size + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
-        s->ph = s->left ? P_BODY : P_HEAD;
-        if (!s->left)
-            begin_head(s);
+        member_body(s, (uint64_t)size);
         return 0;
     default:
         break;
@@ -276,12 +283,7 @@ static int tar_header(tessera_recscan *s, tessera_record_cb cb, void *arg)
         if (rc)
             return rc;
     }
-    s->member_start = UINT64_MAX;
-    s->longname[0] = '\0';
-    s->left = ((uint64_t)size + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
-    s->ph = s->left ? P_BODY : P_HEAD;
-    if (!s->left)
-        begin_head(s);
+    member_body(s, (uint64_t)size);
     return 0;
 }
 
