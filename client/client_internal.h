@@ -131,7 +131,7 @@ int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
 
 /* ---- sub-connections (cluster mode) ----------------------------------------------------------
  *
- * In cluster mode the handle the caller holds is a router (client/cluster.c): it has no
+ * In cluster mode the handle the caller holds is a router (client/cluster*.c): it has no
  * connection of its own, keeps the cluster map, and routes every call over sub-connections,
  * one plain single-node handle per node, opened lazily. A sub-connection never asks for the
  * map and never routes; the public calls on it behave as on a single-node handle.
@@ -185,7 +185,7 @@ void ts_client_set_error(tessera_client *c, const char *fmt, ...)
 /* Per-request timeout of a handle (ms; < 0: none). */
 int ts_client_timeout(const tessera_client *c);
 
-/* ---- the router (client/cluster.c) ----------------------------------------------------------
+/* ---- the router (client/cluster*.c) ---------------------------------------------------------
  *
  * Every ts_cl_* function implements the public call of the same name for a router handle c
  * (c's message was cleared already); cl is c's cluster state.

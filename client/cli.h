@@ -1,0 +1,81 @@
+/*
+ * tessera CLI internals: the context a command works with, the commands (cli_data.c,
+ * cli_admin.c, cli_status.c) that the command table in cli.c names, and the output helpers
+ * they share (cli_print.c). Not installed.
+ */
+#ifndef TS_CLI_H
+#define TS_CLI_H
+
+#include <stdint.h>
+
+#include <json-c/json.h>
+
+#include "cli_util.h"
+#include "client_internal.h"
+
+/* What a command works with. */
+struct ctx {
+    tessera_client *c;
+    const char *server;
+    int json;
+    int timeout_set;
+    int argc;
+    char **argv;
+    /* dataset create */
+    struct ts_dataset_policy policy;
+    int min_core_set;
+    /* get */
+    const char *output;
+    uint64_t offset, length;
+    int length_set;
+    /* pg, status */
+    const char *dataset;
+    uint64_t shard;
+    int shard_set;
+    const char *node;
+    int server_set; /* -s or $TESSERA_SERVER */
+    /* a local failure, in words (instead of a TS_E* line) */
+    char local[512];
+};
+
+/* ---- output helpers (cli_print.c) ----------------------------------------------------------- */
+
+/* Prints a JSON document (pretty) and releases it. */
+void json_print(struct json_object *o);
+struct json_object *json_u64(uint64_t v);
+/* Seconds, printed with 3 decimals. */
+struct json_object *json_secs(double secs);
+/* a when v is 0, else b. */
+const char *pick(int v, const char *a, const char *b);
+struct json_object *dataset_json(const struct ts_dataset_info *d);
+struct json_object *shard_json(const struct ts_shard_info *s);
+/* "key:  value" lines with the values lined up. */
+void kv_print(const char *const *kv, size_t n);
+void dataset_print(const struct ts_dataset_info *d);
+
+/* ---- commands: 0 or TS_E* (a local failure explained in x->local) ---------------------------- */
+
+/* cli_data.c */
+int cmd_dataset_stat(struct ctx *x);
+int cmd_dataset_create(struct ctx *x);
+int cmd_dataset_ls(struct ctx *x);
+int cmd_dataset_seal(struct ctx *x);
+int cmd_dataset_rm(struct ctx *x);
+int cmd_shard_ls(struct ctx *x);
+int cmd_shard_stat(struct ctx *x);
+int cmd_put(struct ctx *x);
+int cmd_get(struct ctx *x);
+
+/* cli_admin.c */
+int cmd_scrub(struct ctx *x);
+int cmd_map_show(struct ctx *x);
+/* `map push FILE` without -s: connect to the first node of the file that is up. */
+void map_push_seed(struct ctx *x, const struct tessera_opts *o);
+int cmd_map_push(struct ctx *x);
+int cmd_failover(struct ctx *x);
+int cmd_pg(struct ctx *x);
+
+/* cli_status.c */
+int cmd_status(struct ctx *x);
+
+#endif

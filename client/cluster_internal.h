@@ -1,0 +1,145 @@
+/*
+ * libtessera internals of the router (cluster mode): its state (struct ts_cluster), the peers
+ * it talks to, submitted reads, replica selection and fan-outs, and the functions that the
+ * router's files (cluster.c, cluster_place.c, cluster_read.c, cluster_put.c,
+ * cluster_dataset.c, cluster_admin.c) share. Not installed.
+ */
+#ifndef TS_CLUSTER_INTERNAL_H
+#define TS_CLUSTER_INTERNAL_H
+
+#include "client_internal.h"
+
+#define MAX_TRIES 3     /* attempts of one call across map changes */
+#define MAX_REPLICAS 32 /* of one PG that a read may try */
+#define WHY_LEN 1024
+#define NO_PEER SIZE_MAX
+
+/* A node we talk to, by id and address (a map change keeps its connection). */
+struct peer {
+    char id[64];
+    char addr[128];
+    tessera_client *conn;   /* NULL until first needed, or after it failed */
+    uint64_t failed_ns;     /* when connecting to it or its connection last failed */
+    uint64_t checked_epoch; /* the highest reply epoch we already asked it the map for */
+    unsigned reads;         /* submitted reads in flight on conn */
+};
+
+struct policy {
+    char name[TS_NAME_MAX + 1];
+    uint8_t core, fringe;
+};
+
+/* Which replicas a read tried, and why they failed. */
+struct sel {
+    uint32_t start; /* rotation: which replica to try first */
+    int spread;     /* 0: the primary first */
+    size_t tried[MAX_REPLICAS];
+    size_t ntried;
+    unsigned adopted; /* newer maps adopted while the read went on */
+    int rc;           /* what to report once no replica is left */
+    char why[WHY_LEN];
+};
+
+/* A submitted read (tessera_read_submit) of the router. */
+struct cop {
+    uint64_t id;
+    int inflight; /* on peers[peer] as sub_op; else finished with rc, got */
+    int retry;    /* finished with a failure another replica may not have */
+    size_t peer;
+    uint64_t sub_op;
+    int rc;
+    size_t got;
+    char *msg; /* the message of a failed read */
+    char name[TS_NAME_MAX + 1];
+    uint32_t shard;
+    uint64_t off;
+    size_t len;
+    void *buf;
+    struct sel sel;
+};
+
+struct ts_cluster {
+    tessera_client *c; /* the router: its message */
+    struct ts_map *map;
+    uint64_t epoch; /* map->epoch (0: no map); sub-connections' requests carry it */
+    struct peer *peers;
+    size_t npeers, cappeers;
+    size_t seed; /* the peer the handle was opened on, or NO_PEER */
+    struct policy *pols;
+    size_t npols, cappols;
+    struct cop **cops; /* by id */
+    size_t ncops, capcops;
+    uint64_t next_op;
+    uint64_t salt;
+    const struct tessera_opts *o; /* the router's options (strings owned by it) */
+    int timeout_ms;
+};
+/*
+ * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with
+ * with_down those that are down too; never those that are out), and what failed on them.
+ */
+struct fan {
+    size_t *peers; /* peer indexes */
+    int *states;   /* their map states */
+    size_t n;
+    int absent_last;   /* a failure saying the data is absent gives way to another failure */
+    int first;         /* the failure to report */
+    char why[WHY_LEN]; /* every failure */
+};
+
+/* ---- small helpers (cluster.c) -------------------------------------------------------------- */
+
+/* Sets the router's message. */
+void ts_cl_err(struct ts_cluster *cl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Appends "; "-separated text to why[WHY_LEN]. */
+void ts_cl_why_add(char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+uint64_t ts_cl_mix64(uint64_t x);
+/* The replica does not have the data (yet): weaker news than a failure. */
+int ts_cl_absent(int rc);
+/* The connection to the node broke or never came up. */
+int ts_cl_lost(int rc);
+
+/* ---- peers, the map, fan-outs (cluster.c) --------------------------------------------------- */
+
+/* The peer of node i of map m. */
+int ts_cl_node_peer(struct ts_cluster *cl, const struct ts_map *m, size_t i, size_t *out);
+/* Connecting to the peer or its connection failed a moment ago. */
+int ts_cl_recently_failed(const struct peer *pe);
+/* The connection to peer p, opened if needed (probe: a short connect timeout). */
+int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client **out);
+/* Takes m; adopts it when it is newer than ours. 1 when adopted. */
+int ts_cl_adopt(struct ts_cluster *cl, struct ts_map *m);
+/* After a call on peer p: adopts a newer map the node has. 1 when one was adopted. */
+int ts_cl_check(struct ts_cluster *cl, size_t p);
+/* After a call on peer p's connection sub that returned rc: its message to msg[cap] (or the
+ * router's), then ts_cl_check. rc. */
+int ts_cl_peer_done(struct ts_cluster *cl, size_t p, tessera_client *sub, int rc, char *msg,
+                    size_t cap);
+/* Asks every node but peer `skip` for its map and adopts the newest. 1 when one was newer. */
+int ts_cl_refresh(struct ts_cluster *cl, size_t skip);
+void ts_cl_fan_end(struct fan *f);
+int ts_cl_fan_begin(struct ts_cluster *cl, struct fan *f, int with_down, int absent_last);
+/* Peer p failed with rc, the router's message saying why. */
+void ts_cl_fan_fail(struct ts_cluster *cl, struct fan *f, size_t p, int rc);
+/* No node answered: every failure goes into the router's message; the code to return. */
+int ts_cl_fan_none(struct ts_cluster *cl, const struct fan *f);
+/* Replica p failed the read with rc (msg: why). 1 when another replica should be tried. */
+int ts_cl_sel_fail(struct ts_cluster *cl, struct sel *s, size_t p, int rc, const char *msg,
+                   const char *name, uint32_t shard, uint64_t off);
+/* Collects in-flight read k from its replica (waits for it). */
+void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k);
+
+/* ---- placement and replica selection (cluster_place.c) -------------------------------------- */
+
+void ts_cl_policy_forget(struct ts_cluster *cl, const char *name);
+int ts_cl_policy_keep(struct ts_cluster *cl, const char *name, const struct ts_dataset_policy *p);
+void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
+                    uint64_t off, int spread);
+/* The next replica to read from and its connection; when none is left, the read's error. */
+int ts_cl_sel_next(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
+                   uint64_t off, size_t *out, tessera_client **sub);
+/* Replica p (connection sub) failed a call with rc: 1 when another replica should be tried. */
+int ts_cl_sel_retry(struct ts_cluster *cl, struct sel *s, size_t p, tessera_client *sub, int rc,
+                    const char *name, uint32_t shard, uint64_t off);
+
+#endif

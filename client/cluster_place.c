@@ -1,0 +1,189 @@
+/*
+ * libtessera in cluster mode: placement and replica selection. The dataset's replica counts
+ * (DATASET_STAT, cached per dataset), the replicas of a shard under the current map, and the
+ * order in which a read tries them (a rotation spread by PG, shard and offset region and a
+ * per-handle salt; replicas that failed a moment ago last).
+ */
+#include "cluster_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "ts_map.h"
+
+#define FAC "client"
+
+/* ---- placement ------------------------------------------------------------------------------ */
+
+void ts_cl_policy_forget(struct ts_cluster *cl, const char *name)
+{
+    for (size_t i = 0; i < cl->npols; i++) {
+        if (strcmp(cl->pols[i].name, name) == 0) {
+            cl->pols[i] = cl->pols[--cl->npols];
+            return;
+        }
+    }
+}
+
+int ts_cl_policy_keep(struct ts_cluster *cl, const char *name, const struct ts_dataset_policy *p)
+{
+    struct policy *v;
+
+    ts_cl_policy_forget(cl, name);
+    v = ts_grow(cl->pols, cl->npols, &cl->cappols, sizeof(*v), 8);
+    if (!v)
+        return TS_ENOMEM;
+    cl->pols = v;
+    snprintf(cl->pols[cl->npols].name, sizeof(cl->pols[0].name), "%s", name);
+    cl->pols[cl->npols].core = p->core;
+    cl->pols[cl->npols].fringe = p->fringe;
+    cl->npols++;
+    return 0;
+}
+
+/*
+ * The dataset's replica counts: cached, else DATASET_STAT from the nodes in order[0..n) (the
+ * PG's replicas: they have the dataset if anyone has), first answer wins.
+ */
+static int policy_get(struct ts_cluster *cl, const char *name, const int *order, size_t n,
+                      unsigned *replicas)
+{
+    struct fan f = {.absent_last = 1}; /* the failures only */
+    struct ts_dataset_info d;
+    int rc;
+
+    for (size_t i = 0; i < cl->npols; i++) {
+        if (strcmp(cl->pols[i].name, name) == 0) {
+            *replicas = (unsigned)cl->pols[i].core + cl->pols[i].fringe;
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        tessera_client *sub;
+        size_t p;
+        rc = ts_cl_node_peer(cl, cl->map, (size_t)order[i], &p);
+        if (rc)
+            return rc;
+        rc = ts_cl_peer_conn(cl, p, 0, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, p, sub, tessera_dataset_stat(sub, name, &d), NULL, 0);
+        if (!rc) {
+            *replicas = (unsigned)d.policy.core + d.policy.fringe;
+            return ts_cl_policy_keep(cl, name, &d.policy);
+        }
+        ts_cl_fan_fail(cl, &f, p, rc);
+    }
+    ts_cl_err(cl, "dataset %s: %s", name, f.why[0] ? f.why : "no node is up");
+    return f.first ? f.first : TS_EUNAVAIL;
+}
+
+/*
+ * The replicas of (name, shard) under the current map: node indexes in order[], the count
+ * in *n (at least 1); *pg its PG.
+ */
+static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int *order, size_t *n,
+                    uint32_t *pg)
+{
+    unsigned want;
+    size_t k;
+    int rc;
+
+    *pg = ts_map_pg_of(cl->map, name, shard);
+    k = ts_map_pg_order(cl->map, *pg, order, MAX_REPLICAS);
+    if (k == 0) {
+        ts_cl_err(cl, "no node is up in the cluster map (epoch %llu)",
+                  (unsigned long long)cl->epoch);
+        return TS_EUNAVAIL;
+    }
+    rc = policy_get(cl, name, order, k, &want);
+    if (rc)
+        return rc;
+    *n = TS_MAX(1u, TS_MIN((size_t)want, k));
+    return 0;
+}
+
+/* ---- replica selection ------------------------------------------------------------------------
+ */
+
+void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
+                    uint64_t off, int spread)
+{
+    uint64_t h = ts_crc32c(0, name, strlen(name));
+
+    memset(s, 0, sizeof(*s));
+    s->spread = spread;
+    /* The same 64 MiB region of a shard goes to the same replica from this handle (its
+     * cache stays warm); different handles start at different replicas. */
+    s->start = (uint32_t)ts_cl_mix64(cl->salt ^ ts_cl_mix64(h << 32 ^ shard) ^ (off >> 26));
+}
+
+static int sel_tried(const struct sel *s, size_t p)
+{
+    for (size_t i = 0; i < s->ntried; i++)
+        if (s->tried[i] == p)
+            return 1;
+    return 0;
+}
+
+/*
+ * The next replica to read from and its connection: replicas not tried yet, from the
+ * rotation's start, those that failed a moment ago last. Replicas that cannot be connected
+ * to are skipped (and reported). When none is left: the read's error, with every failure
+ * named in the router's message.
+ */
+int ts_cl_sel_next(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
+                   uint64_t off, size_t *out, tessera_client **sub)
+{
+    int order[MAX_REPLICAS];
+    size_t n, p;
+    unsigned adopted;
+    uint32_t pg;
+    int rc;
+
+again:
+    adopted = s->adopted;
+    rc = replicas(cl, name, shard, order, &n, &pg);
+    if (rc)
+        return rc;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t k = 0; k < n; k++) {
+            size_t i = s->spread ? (s->start + k) % n : k;
+            rc = ts_cl_node_peer(cl, cl->map, (size_t)order[i], &p);
+            if (rc)
+                return rc;
+            if (sel_tried(s, p) || ts_cl_recently_failed(&cl->peers[p]) != pass)
+                continue;
+            if (s->ntried < MAX_REPLICAS)
+                s->tried[s->ntried++] = p;
+            rc = ts_cl_peer_conn(cl, p, 0, sub);
+            if (!rc) {
+                *out = p;
+                return 0;
+            }
+            ts_cl_sel_fail(cl, s, p, rc, tessera_client_error(cl->c), name, shard, off);
+            if (s->adopted != adopted)
+                goto again;
+        }
+    }
+    if (!s->rc)
+        s->rc = TS_EUNAVAIL;
+    ts_cl_err(cl, "no replica of %s/%u could serve it (PG %u, map epoch %llu): %s", name, shard, pg,
+              (unsigned long long)cl->epoch, s->why[0] ? s->why : "none is up");
+    return s->rc;
+}
+
+/*
+ * Replica p (connection sub) failed a call with rc: 1 when another replica should be tried
+ * (ts_cl_sel_fail), else 0 with the replica's message in the router's.
+ */
+int ts_cl_sel_retry(struct ts_cluster *cl, struct sel *s, size_t p, tessera_client *sub, int rc,
+                    const char *name, uint32_t shard, uint64_t off)
+{
+    char msg[512];
+
+    snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+    if (ts_cl_sel_fail(cl, s, p, rc, msg, name, shard, off))
+        return 1;
+    ts_cl_err(cl, "%s: %s", cl->peers[p].id, msg);
+    return 0;
+}

@@ -1,0 +1,201 @@
+/*
+ * libtessera in cluster mode: reads. tessera_read goes to one replica and moves on to the next
+ * on a failure another replica may not have; submitted reads (tessera_read_submit) are kept
+ * by the router (struct cop), resubmitted to another replica when theirs fails, and collected
+ * by tessera_wait / tessera_wait_any across the sub-connections.
+ */
+#include "cluster_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- reads ---------------------------------------------------------------------------------- */
+
+int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+               uint64_t off, size_t len, void *buf, size_t *out_len)
+{
+    struct sel s;
+    tessera_client *sub;
+    size_t p;
+    int rc;
+
+    ts_cl_sel_init(cl, &s, name, shard, off, 1);
+    for (;;) {
+        rc = ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub);
+        if (rc)
+            return rc;
+        rc = tessera_read(sub, name, shard, off, len, buf, out_len);
+        if (!rc) {
+            ts_cl_check(cl, p);
+            return 0;
+        }
+        if (!ts_cl_sel_retry(cl, &s, p, sub, rc, name, shard, off))
+            return rc;
+    }
+}
+
+static struct cop *cop_find(struct ts_cluster *cl, uint64_t id, size_t *at)
+{
+    size_t lo = 0, hi = cl->ncops;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (cl->cops[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < cl->ncops && cl->cops[lo]->id == id) {
+        *at = lo;
+        return cl->cops[lo];
+    }
+    return NULL;
+}
+
+static void cop_remove(struct ts_cluster *cl, size_t at)
+{
+    struct cop *k = cl->cops[at];
+
+    memmove(&cl->cops[at], &cl->cops[at + 1], (cl->ncops - at - 1) * sizeof(cl->cops[0]));
+    cl->ncops--;
+    free(k->msg);
+    free(k);
+}
+
+/* Sends read k to the next replica that takes it; else k's final error. */
+static int cop_submit(struct ts_cluster *cl, struct cop *k)
+{
+    tessera_client *sub;
+    size_t p;
+    int rc;
+
+    for (;;) {
+        rc = ts_cl_sel_next(cl, &k->sel, k->name, k->shard, k->off, &p, &sub);
+        if (rc)
+            return rc;
+        rc = tessera_read_submit(sub, k->name, k->shard, k->off, k->len, k->buf, &k->sub_op);
+        if (!rc) {
+            k->inflight = 1;
+            k->retry = 0;
+            k->peer = p;
+            cl->peers[p].reads++;
+            return 0;
+        }
+        if (!ts_cl_sel_retry(cl, &k->sel, p, sub, rc, k->name, k->shard, k->off))
+            return rc;
+    }
+}
+
+/* A finished read k: resubmitted to another replica if it should be (0), else final (1). */
+static int cop_settle(struct ts_cluster *cl, struct cop *k)
+{
+    int rc;
+
+    if (k->inflight)
+        return 0;
+    if (!k->rc || !k->retry)
+        return 1;
+    rc = cop_submit(cl, k);
+    if (!rc)
+        return 0;
+    k->rc = rc;
+    k->retry = 0;
+    free(k->msg);
+    k->msg = strdup(tessera_client_error(cl->c));
+    return 1;
+}
+
+/* Reports final read k to the caller and forgets it. */
+static int cop_result(struct ts_cluster *cl, size_t at, uint64_t *op, size_t *out_len)
+{
+    struct cop *k = cl->cops[at];
+    int rc = k->rc;
+
+    if (op)
+        *op = k->id;
+    if (out_len)
+        *out_len = rc ? 0 : k->got;
+    if (rc && k->msg)
+        ts_cl_err(cl, "%s", k->msg);
+    cop_remove(cl, at);
+    return rc;
+}
+
+int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                      uint64_t off, size_t len, void *buf, uint64_t *op)
+{
+    struct cop **v, *k;
+    int rc;
+
+    v = ts_grow(cl->cops, cl->ncops, &cl->capcops, sizeof(*v), 64);
+    if (!v)
+        return TS_ENOMEM;
+    cl->cops = v;
+    k = calloc(1, sizeof(*k));
+    if (!k)
+        return TS_ENOMEM;
+    snprintf(k->name, sizeof(k->name), "%s", name);
+    k->shard = shard;
+    k->off = off;
+    k->len = len;
+    k->buf = buf;
+    ts_cl_sel_init(cl, &k->sel, name, shard, off, 1);
+    rc = cop_submit(cl, k);
+    if (rc) {
+        free(k);
+        return rc;
+    }
+    k->id = cl->next_op++;
+    cl->cops[cl->ncops++] = k;
+    *op = k->id;
+    return 0;
+}
+
+int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len)
+{
+    struct cop *k;
+    size_t at;
+
+    k = cop_find(cl, op, &at);
+    if (!k)
+        return TS_ENOENT;
+    for (;;) {
+        if (k->inflight)
+            ts_cl_cop_collect(cl, k);
+        if (cop_settle(cl, k))
+            break;
+    }
+    return cop_result(cl, at, NULL, out_len);
+}
+
+int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_t *out_len)
+{
+    tessera_client **v;
+    size_t nv;
+    int rc;
+
+    if (cl->ncops == 0)
+        return TS_ENOENT;
+    for (;;) {
+        for (size_t i = 0; i < cl->ncops; i++)
+            if (cop_settle(cl, cl->cops[i]))
+                return cop_result(cl, i, op, out_len);
+        v = calloc(cl->npeers, sizeof(*v));
+        if (!v)
+            return TS_ENOMEM;
+        nv = 0;
+        for (size_t p = 0; p < cl->npeers; p++)
+            if (cl->peers[p].reads && cl->peers[p].conn)
+                v[nv++] = cl->peers[p].conn;
+        rc = ts_conns_wait(v, nv, cl->timeout_ms);
+        free(v);
+        if (rc)
+            return rc == TS_ENOENT ? TS_EINTERNAL : rc;
+        for (size_t i = 0; i < cl->ncops; i++) {
+            struct cop *k = cl->cops[i];
+            if (k->inflight && ts_conn_op_done(cl->peers[k->peer].conn, k->sub_op) == 1)
+                ts_cl_cop_collect(cl, k);
+        }
+    }
+}

@@ -1,0 +1,171 @@
+/*
+ * libtessera internals of the single-node handle: the handle itself (struct tessera_client),
+ * its request records and receive state, and the engine functions that the files of the
+ * client (request.c, recv.c, conn.c, open.c, ops.c, read.c, put.c) share. Not installed; the
+ * router (cluster*.c) and the tests see only client_internal.h.
+ */
+#ifndef TS_CLIENT_CONN_H
+#define TS_CLIENT_CONN_H
+
+#include "client_internal.h"
+
+struct ts_req {
+    struct ts_req *next_tx; /* send queue; also the free list */
+    uint64_t id;
+    uint8_t op;
+    uint8_t user;    /* a tessera_read_submit read: kept until tessera_wait* */
+    uint8_t queued;  /* on the send queue or sent */
+    uint8_t sent;    /* every byte handed to the transport */
+    uint8_t replied; /* the reply was received (or the connection failed) */
+    uint8_t done;    /* sent and replied: the caller may look */
+    uint16_t hflags; /* request header flags (TS_F_VERIFY) */
+    int rc;          /* of a READ: its result; of others: 0 or why no reply came */
+    uint64_t seq;    /* completion order (tessera_wait_any reports the earliest) */
+    struct ts_wr w;  /* header + fields; the buffer is kept across reuse */
+    const uint8_t *data;
+    size_t data_len;
+    size_t tx_off;  /* bytes of w and data sent */
+    uint8_t *reply; /* non-READ: the whole payload */
+    size_t reply_len;
+    /* READ */
+    uint8_t *dst;
+    size_t cap;
+    uint64_t rd_off;
+    size_t got;
+    uint64_t shard_size;
+    char *msg; /* the server's message for a refused READ */
+};
+
+enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
+
+/* A frame header and the fixed head of a READ reply that may follow it: what one receive asks
+ * for when a new frame begins. */
+#define RX_STAGE (TS_HDR_LEN + TS_READ_HEAD_LEN)
+#define RX_TABLE_KEEP 4096 /* piece table bytes kept for the next reply (512 pieces) */
+
+/*
+ * The receive side. A new frame is received into stage, together with the head of a READ
+ * reply that may follow the header, but never further: the piece table and the data of a
+ * READ reply are received straight into their places (the data into the caller's buffer), in
+ * one receive for both. When a frame is shorter than that head, stage holds the start of the
+ * next frame, which is taken from there first (it is never READ data: that begins after a
+ * whole head).
+ */
+struct rx {
+    enum rx_state state;
+    uint8_t stage[RX_STAGE];
+    size_t soff, slen; /* stage[soff, slen) was received but not consumed yet */
+    size_t have;       /* bytes of the current target received (READ: of the data) */
+    struct ts_frame_hdr h;
+    struct ts_req *req; /* NULL: a connection-level error reply (request id 0) */
+    uint8_t *body;
+    size_t body_len;
+    uint8_t rhead[TS_READ_HEAD_LEN];
+    size_t rhead_len;
+    struct ts_read_head rd;
+    uint8_t *table; /* the piece table; kept across replies (table_cap bytes) */
+    size_t table_cap;
+    size_t tlen, thave; /* its bytes, received */
+    uint32_t pdone;     /* pieces verified */
+    size_t pdoff;       /* their bytes */
+    size_t drain_left;
+    int drain_rc;
+};
+
+struct tessera_client {
+    struct ts_cluster *cl; /* cluster mode: a router with no connection of its own */
+    struct ts_transport *t;
+    int broken;      /* 0, or the code that ended the connection */
+    uint64_t frames; /* reply frame headers received intact */
+    uint64_t next_id;
+    uint64_t done_seq;
+    uint64_t epoch;
+    int role;
+    uint32_t max_frame;
+    int timeout_ms;
+    unsigned max_inflight;
+    unsigned inflight;
+    struct ts_req **live; /* requests queued or awaiting tessera_wait, in id order */
+    size_t nlive, caplive;
+    struct ts_req *free_reqs;
+    struct ts_req *tx_head, *tx_tail;
+    struct rx rx;
+    unsigned awaiting; /* requests queued whose reply has not arrived */
+    int rx_more;       /* a receive may find bytes: no receive came back short since the last
+                          wait that said the transport is readable */
+    uint8_t *scratch;
+    const uint64_t *epoch_ref; /* a sub-connection: requests carry the router's map epoch */
+    uint64_t seen_epoch;       /* the highest epoch a reply carried */
+    struct ts_map *stale_map;  /* the newest map a TS_ESTALE reply carried, until taken */
+    struct tessera_opts opts;  /* a top-level handle: how it was opened (strings in optbuf) */
+    char *optbuf;
+    char node[256];
+    char err[512];
+};
+
+/* ---- messages and checks at entry (request.c) ----------------------------------------------- */
+
+/* A malformed reply: the call fails with TS_EPROTO and says why. */
+int ts_proto_err(struct tessera_client *c, const char *what);
+/* A refusal with status rc was decoded from r (left after the message): a TS_ESTALE reply
+ * carries the node's map there; keep the newest for the router (ts_conn_take_stale_map). */
+void ts_note_stale(struct tessera_client *c, struct ts_rd *r, int rc);
+/* Checks common to every call: a usable handle, a clean message slot. */
+int ts_enter(tessera_client *c);
+/* A valid dataset name, else TS_ENAME with a message. */
+int ts_name_check(tessera_client *c, const char *name);
+/* ts_enter() for a call on a dataset: a valid name too. */
+int ts_enter_name(tessera_client *c, const char *name);
+/* ts_enter() for the calls that only a connection takes, never a router. */
+int ts_enter_conn(tessera_client *c);
+
+/* ---- request records (request.c) ------------------------------------------------------------ */
+
+struct ts_req *ts_req_new(struct tessera_client *c, uint8_t op);
+/* A new request whose body starts with the dataset name. */
+struct ts_req *ts_req_name(struct tessera_client *c, uint8_t op, const char *name);
+/* The index in c->live of request id, or SIZE_MAX. */
+size_t ts_live_find(const struct tessera_client *c, uint64_t id);
+/* Back to the handle's free list (NULL is a no-op). */
+void ts_req_free(struct tessera_client *c, struct ts_req *r);
+/* Releases r and its buffers for good. */
+void ts_req_destroy(struct ts_req *r);
+/* Sent and answered: the request is the caller's again. */
+void ts_req_finish(struct tessera_client *c, struct ts_req *r);
+
+/* ---- receiving (recv.c) --------------------------------------------------------------------- */
+
+/* Ready for the next frame; what stage holds of it (and the table buffer) is kept. */
+void ts_rx_reset(struct tessera_client *c);
+/* Receives what is there, up to a budget; 0 or TS_E*. */
+int ts_rx_some(struct tessera_client *c, int *progress);
+
+/* ---- the engine (conn.c) -------------------------------------------------------------------- */
+
+/* The connection is gone (or no longer trusted): every request still in flight completes
+ * with rc, and later calls get TS_ECONNRESET. */
+void ts_fail_conn(struct tessera_client *c, int rc);
+/* Hands what the send queue holds to the transport without blocking; 0 or TS_E*. */
+int ts_tx_step(struct tessera_client *c, int *progress);
+
+typedef int (*ts_pump_cond)(const struct tessera_client *c, const void *arg);
+/* Conditions for ts_pump: request arg is done; some submitted read is done. */
+int ts_cond_done(const struct tessera_client *c, const void *arg);
+int ts_cond_any_user(const struct tessera_client *c, const void *arg);
+/* Sends and receives until cond holds (at most the handle's timeout); 0 when it holds, else
+ * the code that broke the connection. */
+int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg);
+/* Queues r with its data tail (borrowed until r is done) once fewer than max_inflight
+ * requests are in flight. On failure r is still the caller's to free. */
+int ts_req_send(struct tessera_client *c, struct ts_req *r, const void *data, size_t len);
+/* A request-reply round trip. On success the reply body is in *body (pointing into r, which
+ * the caller frees after decoding); on failure r is freed and the server's message is in
+ * c->err. */
+int ts_call(struct tessera_client *c, struct ts_req *r, struct ts_rd *body);
+/* A round trip whose reply carries nothing after the status; r is freed either way. */
+int ts_call_status(struct tessera_client *c, struct ts_req *r);
+/* A request with just a dataset name as its body; the reply body is in *body. */
+int ts_call_name(struct tessera_client *c, uint8_t op, const char *name, struct ts_req **out,
+                 struct ts_rd *body);
+
+#endif

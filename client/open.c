@@ -1,0 +1,371 @@
+/*
+ * libtessera: opening and closing handles. Connecting (address, transport), HELLO, keeping
+ * the options, and the cluster map that decides between a single-node handle and a router;
+ * closing; and what an open handle tells (role, node, epoch, error, the sub-connection
+ * accessors the router uses).
+ */
+#include "conn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ts_map.h"
+
+#define FAC "client"
+#define DEFAULT_TIMEOUT_MS 30000
+#define DEFAULT_MAX_INFLIGHT 64u
+
+/* ---- open / close ---------------------------------------------------------------------------- */
+
+void tessera_opts_init(struct tessera_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->address = TS_DEFAULT_ADDRESS;
+    o->timeout_ms = DEFAULT_TIMEOUT_MS;
+    o->max_inflight = DEFAULT_MAX_INFLIGHT;
+}
+
+static int hello(struct tessera_client *c, const char *client_name)
+{
+    struct ts_hello_reply h;
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    r = ts_req_new(c, TS_OP_HELLO);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u16(&r->w, TS_PROTO_VERSION);
+    ts_wr_str(&r->w, client_name && client_name[0] ? client_name : "libtessera");
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    rc = ts_hello_decode(&body, &h);
+    ts_req_free(c, r);
+    if (rc)
+        return ts_proto_err(c, "HELLO");
+    if (h.version != TS_PROTO_VERSION) {
+        ts_client_set_error(c, "the server speaks protocol version %u, this library %u", h.version,
+                            TS_PROTO_VERSION);
+        return TS_ENOTSUP;
+    }
+    snprintf(c->node, sizeof(c->node), "%s", h.node);
+    c->role = h.role;
+    c->max_frame = h.max_frame ? h.max_frame : TS_MAX_CHUNK + 4096;
+    if (h.epoch > c->epoch)
+        c->epoch = h.epoch;
+    TS_DEBUG(FAC, "connected to node %s as %s (max frame %u, epoch %llu)", c->node,
+             ts_role_name(c->role), c->max_frame, (unsigned long long)c->epoch);
+    return 0;
+}
+
+/* Keeps a copy of the options (and their strings) in a top-level handle. */
+static int opts_keep(struct tessera_client *c, const struct tessera_opts *o)
+{
+    const char *src[] = {o->address, o->tls_ca,          o->tls_cert,
+                         o->tls_key, o->tls_server_name, o->client_name};
+    const char **dst[] = {&c->opts.address, &c->opts.tls_ca,          &c->opts.tls_cert,
+                          &c->opts.tls_key, &c->opts.tls_server_name, &c->opts.client_name};
+    size_t len = 0, off = 0;
+
+    c->opts = *o;
+    for (size_t i = 0; i < TS_ARRAY_SIZE(src); i++)
+        len += src[i] ? strlen(src[i]) + 1 : 0;
+    c->optbuf = malloc(len ? len : 1);
+    if (!c->optbuf)
+        return TS_ENOMEM;
+    for (size_t i = 0; i < TS_ARRAY_SIZE(src); i++) {
+        if (!src[i])
+            continue;
+        memcpy(c->optbuf + off, src[i], strlen(src[i]) + 1);
+        *dst[i] = c->optbuf + off;
+        off += strlen(src[i]) + 1;
+    }
+    return 0;
+}
+
+/*
+ * Asks the node for its cluster map. None (epoch 0, or a server without MAP_GET, or a role
+ * that may not ask): a single node, *map NULL.
+ */
+static int seed_map(struct tessera_client *c, struct ts_map **map)
+{
+    uint64_t epoch;
+    int rc;
+
+    *map = NULL;
+    rc = ts_conn_map_get(c, map, &epoch);
+    if (rc == TS_ENOTSUP || rc == TS_EPERM) {
+        TS_DEBUG(FAC, "node %s gives no cluster map (%s): single-node mode", c->node,
+                 ts_errname(rc));
+        c->err[0] = '\0';
+        return 0;
+    }
+    return rc;
+}
+
+/* A router handle over the seed's cluster: it takes seed and map. */
+static int make_router(struct tessera_client **out, struct tessera_client *seed, struct ts_map *map)
+{
+    struct tessera_client *r;
+    int rc;
+
+    *out = NULL;
+    r = calloc(1, sizeof(*r));
+    if (!r) {
+        rc = TS_ENOMEM;
+        goto out_free_seed;
+    }
+    r->role = seed->role;
+    r->max_frame = seed->max_frame;
+    r->timeout_ms = seed->timeout_ms;
+    r->max_inflight = seed->max_inflight;
+    r->epoch = map->epoch;
+    snprintf(r->node, sizeof(r->node), "%s", seed->node);
+    r->opts = seed->opts; /* the strings stay in seed->optbuf: move them */
+    r->optbuf = seed->optbuf;
+    seed->optbuf = NULL;
+    ts_rx_reset(r);
+    rc = ts_cl_create(&r->cl, r, seed, map, &r->opts);
+    if (rc) {
+        tessera_client_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+
+out_free_seed:
+    ts_map_free(map);
+    tessera_client_close(seed);
+    return rc;
+}
+
+/* HELLO on a connected transport (taken on success and failure alike); then, for a
+ * top-level handle (sub == 0), the cluster map decides between a single-node handle and a
+ * router. */
+static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts_transport *t,
+                   const uint64_t *epoch_ref, int sub, char *err, size_t errlen)
+{
+    /* Plain TCP to a TLS port: the server drops the connection or answers with a TLS alert. */
+    int plain = t->ops == &ts_transport_tcp;
+    struct tessera_client *c;
+    struct ts_map *map = NULL;
+    int rc;
+
+    *out = NULL;
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        t->ops->close(t);
+        return TS_ENOMEM;
+    }
+    c->t = t;
+    c->next_id = 1;
+    c->timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms;
+    c->max_inflight = o->max_inflight ? o->max_inflight : DEFAULT_MAX_INFLIGHT;
+    c->max_frame = TS_SMALL_PAYLOAD;
+    c->epoch_ref = epoch_ref;
+    ts_rx_reset(c);
+    rc = hello(c, o->client_name);
+    if (rc)
+        goto out_close;
+    if (sub) {
+        *out = c;
+        return 0;
+    }
+    rc = opts_keep(c, o);
+    if (rc)
+        goto out_close;
+    rc = seed_map(c, &map);
+    if (rc)
+        goto out_close;
+    if (!map) {
+        *out = c;
+        return 0;
+    }
+    TS_INFO(FAC, "node %s is in a cluster: map epoch %llu, %zu nodes, %u PGs", c->node,
+            (unsigned long long)map->epoch, map->n, map->pg_count);
+    rc = make_router(out, c, map);
+    if (rc && err && errlen)
+        snprintf(err, errlen, "cluster map of %s: %s", o->address ? o->address : "the seed",
+                 ts_strerror(rc));
+    return rc;
+
+out_close:
+    if (err && errlen && plain && c->frames == 0 && (rc == TS_ECONNRESET || rc == TS_EPROTO))
+        snprintf(err, errlen, "HELLO: %s (is this a TLS port? use --tls-ca)",
+                 rc == TS_EPROTO ? "the server's reply is not a tessera frame"
+                                 : "the server closed the connection without a reply");
+    else if (err && errlen)
+        snprintf(err, errlen, "%s: %s", c->role || c->node[0] ? "MAP_GET" : "HELLO",
+                 c->err[0] ? c->err : ts_strerror(rc));
+    tessera_client_close(c);
+    return rc;
+}
+
+int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
+                             struct ts_transport *t, char *err, size_t errlen)
+{
+    return open_on(out, o, t, NULL, 0, err, errlen);
+}
+
+/* Connects to o->address and opens a handle on it (sub: a sub-connection). */
+static int open_addr(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
+                     int sub, char *err, size_t errlen)
+{
+    struct tessera_opts defaults;
+    const struct ts_transport_ops *ops;
+    struct ts_conn_params p;
+    struct ts_transport *t;
+    struct ts_addr a;
+    char why[160];
+    int rc;
+
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out)
+        return TS_EINVAL;
+    *out = NULL;
+    if (!o) {
+        tessera_opts_init(&defaults);
+        o = &defaults;
+    }
+    if (ts_addr_parse_why(o->address, &a, why, sizeof(why)) != 0) {
+        if (err && errlen)
+            snprintf(err, errlen, "bad address '%s': %s", o->address, why);
+        TS_WARN(FAC, TS_EINVAL, "bad address '%s': %s", o->address, why);
+        return TS_EINVAL;
+    }
+    /* TLS is chosen by tls_ca alone: a certificate without it must not mean plain TCP. */
+    if ((o->tls_cert || o->tls_key) && !o->tls_ca) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s", TS_CERT_NEEDS_CA);
+        TS_WARN(FAC, TS_EINVAL, "%s", TS_CERT_NEEDS_CA);
+        return TS_EINVAL;
+    }
+    ops = a.ops ? a.ops : o->tls_ca ? &ts_transport_tls : &ts_transport_tcp;
+    p = (struct ts_conn_params){
+        .host = a.host,
+        .port = a.port,
+        .tls_ca = o->tls_ca,
+        .tls_cert = o->tls_cert,
+        .tls_key = o->tls_key,
+        .tls_server_name = o->tls_server_name,
+        .timeout_ms = o->timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : o->timeout_ms,
+        .err = err,
+        .errlen = errlen,
+    };
+    rc = ops->connect(&t, &p);
+    if (rc) {
+        TS_WARN(FAC, rc, "cannot connect to %s:%s over %s%s%s", a.host, a.port, ops->name,
+                err && err[0] ? ": " : "", err && err[0] ? err : "");
+        return rc;
+    }
+    return open_on(out, o, t, epoch_ref, sub, err, errlen);
+}
+
+int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen)
+{
+    return open_addr(out, o, NULL, 0, err, errlen);
+}
+
+int ts_conn_open(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
+                 char *err, size_t errlen)
+{
+    return open_addr(out, o, epoch_ref, 1, err, errlen);
+}
+
+int tessera_client_open(tessera_client **out, const struct tessera_opts *o)
+{
+    return ts_client_open_ex(out, o, NULL, 0);
+}
+
+void tessera_client_close(tessera_client *c)
+{
+    struct ts_req *r;
+
+    if (!c)
+        return;
+    ts_cl_free(c->cl);
+    if (c->t)
+        c->t->ops->close(c->t);
+    for (size_t i = 0; i < c->nlive; i++)
+        ts_req_destroy(c->live[i]);
+    while ((r = c->free_reqs)) {
+        c->free_reqs = r->next_tx;
+        ts_req_destroy(r);
+    }
+    free(c->live);
+    free(c->rx.body);
+    free(c->rx.table);
+    free(c->scratch);
+    ts_map_free(c->stale_map);
+    free(c->optbuf);
+    free(c);
+}
+
+/* ---- sub-connections ------------------------------------------------------------------------ */
+
+void ts_conn_attach(tessera_client *c, const uint64_t *epoch_ref)
+{
+    c->epoch_ref = epoch_ref;
+}
+
+int ts_conn_broken(const tessera_client *c)
+{
+    return c->broken;
+}
+
+uint64_t ts_conn_seen_epoch(const tessera_client *c)
+{
+    return c->seen_epoch;
+}
+
+struct ts_map *ts_conn_take_stale_map(tessera_client *c)
+{
+    struct ts_map *m = c->stale_map;
+
+    c->stale_map = NULL;
+    return m;
+}
+
+struct ts_cluster *ts_client_cluster(const tessera_client *c)
+{
+    return c ? c->cl : NULL;
+}
+
+const struct tessera_opts *ts_client_opts(const tessera_client *c)
+{
+    return &c->opts;
+}
+
+int ts_client_timeout(const tessera_client *c)
+{
+    return c->timeout_ms;
+}
+
+void ts_client_set_timeout(tessera_client *c, int timeout_ms)
+{
+    c->timeout_ms = timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : timeout_ms;
+    if (c->cl)
+        ts_cl_set_timeout(c->cl, c->timeout_ms);
+}
+
+uint64_t tessera_client_epoch(const tessera_client *c)
+{
+    return c && c->cl ? ts_cl_epoch(c->cl) : 0;
+}
+
+int tessera_client_role(const tessera_client *c)
+{
+    return c ? c->role : 0;
+}
+
+const char *tessera_client_error(const tessera_client *c)
+{
+    return c ? c->err : "";
+}
+
+const char *tessera_client_node(const tessera_client *c)
+{
+    return c ? c->node : "";
+}

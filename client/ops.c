@@ -1,0 +1,443 @@
+/*
+ * libtessera: the small request-reply operations of a single-node handle: datasets (create,
+ * list, stat, seal, delete), shards (stat, list), MAP_GET and MAP_PUSH, SCRUB and STATUS. On a
+ * router handle each hands over to its ts_cl_* twin in the router (cluster*.c).
+ */
+#include "conn.h"
+
+#include <stdlib.h>
+
+#include "ts_map.h"
+
+#define FAC "client"
+
+/* ---- maps ----------------------------------------------------------------------------------- */
+
+int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch)
+{
+    struct ts_req *r;
+    struct ts_rd body, peek;
+    uint32_t n;
+    int rc;
+
+    *out = NULL;
+    *epoch = 0;
+    rc = ts_enter_conn(c);
+    if (rc)
+        return rc;
+    r = ts_req_new(c, TS_OP_MAP_GET);
+    if (!r)
+        return TS_ENOMEM;
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    peek = body;
+    *epoch = ts_rd_u64(&peek);
+    (void)ts_rd_u32(&peek);
+    n = ts_rd_u32(&peek);
+    if (peek.err)
+        rc = ts_proto_err(c, "MAP_GET");
+    else if (n > 0 && (ts_map_decode(&body, out) != 0 || ts_rd_done(&body) != 0))
+        rc = ts_proto_err(c, "MAP_GET map");
+    if (rc) {
+        ts_map_free(*out);
+        *out = NULL;
+        *epoch = 0;
+    }
+    ts_req_free(c, r);
+    return rc;
+}
+
+int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    *epoch = 0;
+    rc = ts_enter_conn(c);
+    if (rc)
+        return rc;
+    r = ts_req_new(c, TS_OP_MAP_PUSH);
+    if (!r)
+        return TS_ENOMEM;
+    ts_map_encode(&r->w, m);
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    *epoch = ts_rd_u64(&body);
+    if (body.err)
+        rc = ts_proto_err(c, "MAP_PUSH");
+    ts_req_free(c, r);
+    return rc;
+}
+
+/* ---- datasets ------------------------------------------------------------------------------- */
+
+int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
+{
+    static const struct ts_dataset_policy def = {1, 0, 1, 0};
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (!p)
+        p = &def;
+    if (c->cl)
+        return ts_cl_dataset_create(c, c->cl, name, p);
+    return ts_client_dataset_create_inc(c, name, p, 0);
+}
+
+int ts_client_dataset_create_inc(tessera_client *c, const char *name,
+                                 const struct ts_dataset_policy *p, uint64_t incarnation)
+{
+    struct ts_req *r = ts_req_name(c, TS_OP_DATASET_CREATE, name);
+
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u8(&r->w, p->core);
+    ts_wr_u8(&r->w, p->fringe);
+    ts_wr_u8(&r->w, p->min_core);
+    ts_wr_u32(&r->w, p->chunk_size);
+    if (incarnation)
+        ts_wr_u64(&r->w, incarnation);
+    return ts_call_status(c, r);
+}
+
+/* A list request, and the entries of its reply: how one is decoded, and what a malformed list
+ * is called. */
+struct list_kind {
+    uint8_t op;
+    size_t size; /* of a decoded entry */
+    size_t min;  /* bytes of an entry on the wire, at least (bounds the count) */
+    int (*decode)(struct ts_rd *r, void *entry);
+    const char *bad_count, *bad_entry;
+};
+
+static int dataset_entry(struct ts_rd *r, void *entry)
+{
+    return ts_rd_dataset_info(r, entry);
+}
+
+static int shard_entry(struct ts_rd *r, void *entry)
+{
+    return ts_rd_shard_info(r, entry);
+}
+
+static const struct list_kind dataset_list = {TS_OP_DATASET_LIST,   sizeof(struct ts_dataset_info),
+                                              TS_DATASET_INFO_MIN,  dataset_entry,
+                                              "DATASET_LIST count", "DATASET_LIST entry"};
+static const struct list_kind shard_list = {TS_OP_SHARD_LIST,   sizeof(struct ts_shard_info),
+                                            TS_SHARD_INFO_LEN,  shard_entry,
+                                            "SHARD_LIST count", "SHARD_LIST entry"};
+
+/*
+ * A list request (with name: its body is the dataset name) and its reply (a u32 count, then
+ * the entries) decoded into *out, a calloc'ed array of *n entries (NULL when there are none).
+ */
+static int list_call(tessera_client *c, const struct list_kind *kind, const char *name, void **out,
+                     size_t *n)
+{
+    struct ts_rd body;
+    struct ts_req *r;
+    uint8_t *v = NULL;
+    uint32_t k;
+    int rc;
+
+    if (name) {
+        rc = ts_call_name(c, kind->op, name, &r, &body);
+    } else {
+        r = ts_req_new(c, kind->op);
+        if (!r)
+            return TS_ENOMEM;
+        rc = ts_call(c, r, &body);
+    }
+    if (rc)
+        return rc;
+    k = ts_rd_u32(&body);
+    if (body.err || k > (body.len - body.off) / kind->min) {
+        rc = ts_proto_err(c, kind->bad_count);
+        goto out_free;
+    }
+    if (k) {
+        v = calloc(k, kind->size);
+        if (!v) {
+            rc = TS_ENOMEM;
+            goto out_free;
+        }
+    }
+    for (uint32_t i = 0; i < k; i++) {
+        if (kind->decode(&body, v + i * kind->size)) {
+            rc = ts_proto_err(c, kind->bad_entry);
+            goto out_free_list;
+        }
+    }
+    ts_req_free(c, r);
+    *out = v;
+    *n = k;
+    return 0;
+
+out_free_list:
+    free(v);
+out_free:
+    ts_req_free(c, r);
+    return rc;
+}
+
+/* The start of a list call (the caller has emptied *out): a usable handle, outputs given. */
+static int list_begin(tessera_client *c, int have_out, size_t *n)
+{
+    int rc;
+
+    if (n)
+        *n = 0;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    return have_out && n ? 0 : TS_EINVAL;
+}
+
+int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
+{
+    void *v;
+    int rc;
+
+    if (out)
+        *out = NULL;
+    rc = list_begin(c, out != NULL, n);
+
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_cl_dataset_list(c, c->cl, out, n);
+    rc = list_call(c, &dataset_list, NULL, &v, n);
+    if (!rc)
+        *out = v;
+    return rc;
+}
+
+int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!out)
+        return TS_EINVAL;
+    if (c->cl)
+        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_stat(c, c->cl, name, out);
+    rc = ts_call_name(c, TS_OP_DATASET_STAT, name, &r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_dataset_info(&body, out))
+        rc = ts_proto_err(c, "DATASET_STAT");
+    ts_req_free(c, r);
+    return rc;
+}
+
+static int simple_name_op(tessera_client *c, uint8_t op, const char *name)
+{
+    struct ts_req *r;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    r = ts_req_name(c, op, name);
+    if (!r)
+        return TS_ENOMEM;
+    return ts_call_status(c, r);
+}
+
+int tessera_dataset_seal(tessera_client *c, const char *name)
+{
+    if (c && c->cl) {
+        c->err[0] = '\0';
+        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_seal(c, c->cl, name);
+    }
+    return simple_name_op(c, TS_OP_DATASET_SEAL, name);
+}
+
+int tessera_dataset_delete(tessera_client *c, const char *name)
+{
+    if (c && c->cl) {
+        c->err[0] = '\0';
+        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_delete(c, c->cl, name);
+    }
+    return simple_name_op(c, TS_OP_DATASET_DELETE, name);
+}
+
+int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
+{
+    struct ts_req *r;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return TS_EINVAL;
+    r = ts_req_name(c, TS_OP_DATASET_SEAL, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u8(&r->w, flags);
+    return ts_call_status(c, r);
+}
+
+/* ---- shards --------------------------------------------------------------------------------- */
+
+int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
+                       struct ts_shard_info *out)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!out)
+        return TS_EINVAL;
+    rc = ts_name_check(c, name);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_cl_shard_stat(c, c->cl, name, shard, out);
+    r = ts_req_name(c, TS_OP_SHARD_STAT, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, out))
+        rc = ts_proto_err(c, "SHARD_STAT");
+    ts_req_free(c, r);
+    return rc;
+}
+
+int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
+{
+    void *v;
+    int rc;
+
+    if (out)
+        *out = NULL;
+    rc = list_begin(c, out != NULL, n);
+
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_name_check(c, name) ? TS_ENAME : ts_cl_shard_list(c, c->cl, name, out, n);
+    rc = list_call(c, &shard_list, name, &v, n);
+    if (!rc)
+        *out = v;
+    return rc;
+}
+
+/* ---- maintenance ------------------------------------------------------------------------------
+ */
+
+int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
+                  void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
+                             int rc),
+                  void *arg)
+{
+    struct ts_scrub_report tmp;
+    char ds[TS_NAME_MAX + 1];
+    struct ts_req *r;
+    struct ts_rd body;
+    uint32_t n;
+    int rc;
+
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (name) {
+        rc = ts_name_check(c, name);
+        if (rc)
+            return rc;
+    }
+    if (!rep)
+        rep = &tmp;
+    memset(rep, 0, sizeof(*rep));
+    if (c->cl)
+        return ts_cl_scrub(c, c->cl, name, rep, cb, arg);
+    r = ts_req_new(c, TS_OP_SCRUB);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_str(&r->w, name ? name : "");
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    rep->shards = ts_rd_u64(&body);
+    rep->chunks = ts_rd_u64(&body);
+    rep->bytes = ts_rd_u64(&body);
+    rep->corrupt = ts_rd_u64(&body);
+    n = ts_rd_u32(&body);
+    for (uint32_t i = 0; i < n && !body.err; i++) {
+        uint32_t shard, chunk;
+        int code;
+        ts_rd_str(&body, ds, sizeof(ds));
+        shard = ts_rd_u32(&body);
+        chunk = ts_rd_u32(&body);
+        code = (int32_t)ts_rd_u32(&body);
+        if (!body.err && cb)
+            cb(arg, ds, shard, chunk, code);
+    }
+    if (!body.err && body.off < body.len) { /* a cluster node's comparison with primaries */
+        rep->pgs_compared = ts_rd_u32(&body);
+        rep->pgs_differing = ts_rd_u32(&body);
+        rep->missing = ts_rd_u64(&body);
+        rep->pgs_unchecked = ts_rd_u32(&body);
+    }
+    if (body.err)
+        rc = ts_proto_err(c, "SCRUB");
+    ts_req_free(c, r);
+    return rc;
+}
+
+int tessera_status(tessera_client *c, char **json)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    const uint8_t *p;
+    uint16_t n;
+    int rc;
+
+    if (json)
+        *json = NULL;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!json)
+        return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_status(c, c->cl, json);
+    r = ts_req_new(c, TS_OP_STATUS);
+    if (!r)
+        return TS_ENOMEM;
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    n = ts_rd_u16(&body);
+    p = ts_rd_bytes(&body, n);
+    if (!p) {
+        rc = ts_proto_err(c, "STATUS");
+        goto out_free;
+    }
+    *json = malloc((size_t)n + 1);
+    if (!*json) {
+        rc = TS_ENOMEM;
+        goto out_free;
+    }
+    memcpy(*json, p, n);
+    (*json)[n] = '\0';
+out_free:
+    ts_req_free(c, r);
+    return rc;
+}

@@ -1,0 +1,326 @@
+/*
+ * libtessera: uploads. tessera_put and tessera_put_fd send a shard as SHARD_WRITE chunks,
+ * a window of them in flight, then seal it (SHARD_SEAL with the shard's CRC32C and record
+ * index); a put whose shard exists already with the same bytes is confirmed.
+ */
+#include "conn.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define FAC "client"
+#define PUT_WINDOW_BYTES (32u << 20) /* upload bytes in flight */
+
+/* ---- uploads -------------------------------------------------------------------------------- */
+
+struct put {
+    const char *name;
+    uint32_t shard;
+    uint32_t chunk;    /* the dataset's chunk size */
+    uint64_t declared; /* shard size, or TS_SIZE_UNKNOWN */
+    uint32_t index;    /* next chunk index */
+    uint64_t bytes;    /* bytes queued so far */
+    uint32_t crc;      /* of all of them */
+    struct ts_req **win;
+    uint32_t nwin;  /* ring size */
+    uint32_t head;  /* oldest request in flight */
+    uint32_t count; /* requests in flight */
+    int rc;         /* first failure */
+};
+
+static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_t shard,
+                     uint64_t declared)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    memset(p, 0, sizeof(*p));
+    p->name = name;
+    p->shard = shard;
+    p->declared = declared;
+    rc = tessera_dataset_stat(c, name, &d);
+    if (rc)
+        return rc;
+    p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+    if (declared != TS_SIZE_UNKNOWN && declared && (declared - 1) / p->chunk >= (1u << 30)) {
+        /* Refused before a byte is sent: the server stores at most 2^30 chunks a shard. */
+        ts_client_set_error(c, "%s/%u: %llu bytes make more than 2^30 chunks of %u bytes", name,
+                            shard, (unsigned long long)declared, p->chunk);
+        return TS_ETOOBIG;
+    }
+    p->nwin = TS_MAX(2u, PUT_WINDOW_BYTES / p->chunk);
+    p->nwin = TS_MIN(p->nwin, c->max_inflight);
+    p->win = calloc(p->nwin, sizeof(*p->win));
+    return p->win ? 0 : TS_ENOMEM;
+}
+
+/* Collects the oldest chunk's acknowledgement. */
+static void put_collect(tessera_client *c, struct put *p)
+{
+    struct ts_req *r = p->win[p->head];
+    char scratch[sizeof(c->err)];
+    uint32_t expect = p->index - p->count;
+    struct ts_rd body;
+    int rc;
+
+    rc = ts_pump(c, ts_cond_done, r);
+    rc = rc ? rc : r->rc;
+    if (!rc) {
+        ts_rd_init(&body, r->reply, r->reply_len);
+        /* Keep the first refusal's message: later ones are usually its echo. */
+        rc = ts_reply_status(&body, p->rc ? scratch : c->err, sizeof(scratch));
+        ts_note_stale(c, &body, rc);
+        if (!rc) {
+            uint32_t idx = ts_rd_u32(&body);
+            (void)ts_rd_u64(&body);
+            if (body.err || idx != expect)
+                rc = p->rc ? TS_EPROTO : ts_proto_err(c, "SHARD_WRITE acknowledges another chunk");
+        }
+    }
+    if (rc && !p->rc) {
+        p->rc = rc;
+        TS_WARN(FAC, rc, "upload of %s/%u: chunk %u failed", p->name, p->shard, expect);
+    }
+    ts_req_free(c, r);
+    p->win[p->head] = NULL;
+    p->head = (p->head + 1) % p->nwin;
+    p->count--;
+}
+
+/* Waits until the window has room for another chunk; the first failure so far. */
+static int put_room(tessera_client *c, struct put *p)
+{
+    while (p->count == p->nwin)
+        put_collect(c, p);
+    return p->rc;
+}
+
+/* Queues one chunk (data borrowed until it is acknowledged). */
+static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len)
+{
+    uint32_t crc = ts_crc32c(0, data, len);
+    struct ts_req *r;
+    int rc;
+
+    r = ts_req_name(c, TS_OP_SHARD_WRITE, p->name);
+    if (!r)
+        return p->rc = TS_ENOMEM;
+    ts_wr_u32(&r->w, p->shard);
+    ts_wr_u32(&r->w, p->index);
+    ts_wr_u64(&r->w, p->declared);
+    ts_wr_u32(&r->w, crc);
+    ts_wr_u32(&r->w, len);
+    rc = ts_req_send(c, r, data, len);
+    if (rc) {
+        ts_req_free(c, r);
+        return p->rc = rc;
+    }
+    p->win[(p->head + p->count) % p->nwin] = r;
+    p->count++;
+    p->index++;
+    p->bytes += len;
+    p->crc = ts_crc32c(p->crc, data, len);
+    return 0;
+}
+
+/* SHARD_SEAL with the shard's CRC32C and record index; *info from the reply. */
+static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32_t crc,
+                     const uint64_t *records, uint32_t nrecords, struct ts_shard_info *info)
+{
+    struct ts_req *r = ts_req_name(c, TS_OP_SHARD_SEAL, name);
+    struct ts_rd body;
+    int rc;
+
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u8(&r->w, 1);
+    ts_wr_u32(&r->w, crc);
+    ts_wr_u32(&r->w, nrecords);
+    for (uint32_t i = 0; i < nrecords; i++)
+        ts_wr_u64(&r->w, records[i]);
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    if (ts_rd_shard_info(&body, info))
+        rc = ts_proto_err(c, "SHARD_SEAL");
+    ts_req_free(c, r);
+    return rc;
+}
+
+/* Collects every outstanding acknowledgement, then seals; frees the window. */
+static int put_end(tessera_client *c, struct put *p, const uint64_t *records, uint32_t nrecords)
+{
+    struct ts_shard_info info;
+    int rc;
+
+    while (p->count)
+        put_collect(c, p);
+    free(p->win);
+    p->win = NULL;
+    if (p->rc)
+        return p->rc;
+    rc = seal_call(c, p->name, p->shard, p->crc, records, nrecords, &info);
+    if (!rc)
+        TS_DEBUG(FAC, "sealed %s/%u: %llu bytes, %u chunks, crc %08x", p->name, p->shard,
+                 (unsigned long long)info.size, info.nchunks, info.crc);
+    return rc;
+}
+
+/*
+ * The shard exists already (TS_EEXIST at chunk 0): a retry of a put whose answer was lost, or
+ * another shard. The same bytes: SHARD_SEAL with their CRC, answered once the shard is as
+ * durable as a fresh seal; other bytes: TS_EEXIST saying so.
+ */
+static int put_exists(tessera_client *c, const char *name, uint32_t shard, const void *buf,
+                      size_t len, const uint64_t *records, uint32_t nrecords)
+{
+    struct ts_shard_info si;
+    uint32_t crc = ts_crc32c(0, buf, len);
+    int rc;
+
+    rc = tessera_shard_stat(c, name, shard, &si);
+    if (rc)
+        return rc == TS_ENOENT ? TS_EEXIST : rc;
+    if (si.state != TS_SHARD_COMPLETE || si.size != len || si.crc != crc) {
+        ts_client_set_error(
+            c,
+            "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
+            "%zu bytes, %08x)",
+            name, shard, (unsigned long long)si.size, si.crc, len, crc);
+        return TS_EEXIST;
+    }
+    rc = seal_call(c, name, shard, crc, records, nrecords, &si);
+    if (!rc)
+        TS_INFO(FAC, "%s/%u was sealed already with these bytes: put confirmed", name, shard);
+    return rc;
+}
+
+int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+                const uint64_t *records, uint32_t nrecords)
+{
+    const uint8_t *src = buf;
+    struct put p;
+    size_t off = 0;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if ((!buf && len) || (!records && nrecords))
+        return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_put(c, c->cl, name, shard, buf, len, records, nrecords, -1, 0);
+    rc = put_begin(c, &p, name, shard, len);
+    if (rc)
+        goto out_end;
+    do { /* an empty shard is one empty chunk */
+        uint32_t n = (uint32_t)TS_MIN((size_t)p.chunk, len - off);
+        if (put_room(c, &p) || put_chunk(c, &p, src + off, n))
+            break;
+        off += n;
+    } while (off < len);
+out_end:
+    if (!p.win)
+        return rc ? rc : p.rc;
+    rc = put_end(c, &p, records, nrecords);
+    if (rc == TS_EEXIST)
+        rc = put_exists(c, name, shard, buf, len, records, nrecords);
+    return rc;
+}
+
+/* Fills buf with up to len bytes from fd (a file or a pipe); the count, or TS_E*. */
+static long read_full(int fd, uint8_t *buf, size_t len)
+{
+    size_t got = 0;
+    ssize_t n;
+
+    while (got < len) {
+        n = read(fd, buf + got, len - got);
+        if (n == 0)
+            break;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                struct pollfd pfd = {.fd = fd, .events = POLLIN};
+                (void)poll(&pfd, 1, -1);
+                continue;
+            }
+            return ts_from_errno(errno);
+        }
+        got += (size_t)n;
+    }
+    return (long)got;
+}
+
+int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size)
+{
+    uint8_t **bufs = NULL;
+    struct put p;
+    uint32_t slot;
+    long n;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (fd < 0)
+        return TS_EINVAL;
+    if (c->cl)
+        return ts_cl_put(c, c->cl, name, shard, NULL, 0, NULL, 0, fd, size);
+    rc = put_begin(c, &p, name, shard, size);
+    if (rc)
+        goto out_free;
+    /* One buffer per window slot: a buffer is reused once its chunk is acknowledged. */
+    bufs = calloc(p.nwin, sizeof(*bufs));
+    if (!bufs) {
+        p.rc = TS_ENOMEM;
+        goto out_end;
+    }
+    for (;;) {
+        uint64_t left = size == TS_SIZE_UNKNOWN ? p.chunk : size - p.bytes;
+        size_t want = (size_t)TS_MIN((uint64_t)p.chunk, left);
+        if (put_room(c, &p))
+            break;
+        slot = (p.head + p.count) % p.nwin;
+        if (!bufs[slot] && !(bufs[slot] = malloc(p.chunk))) {
+            p.rc = TS_ENOMEM;
+            break;
+        }
+        n = read_full(fd, bufs[slot], want);
+        if (n < 0) {
+            ts_client_set_error(c, "cannot read the input: %s", ts_strerror((int)n));
+            p.rc = (int)n;
+            break;
+        }
+        if (size != TS_SIZE_UNKNOWN && (size_t)n < want) {
+            ts_client_set_error(c, "the input ended after %llu of %llu bytes",
+                                (unsigned long long)(p.bytes + (uint64_t)n),
+                                (unsigned long long)size);
+            p.rc = TS_EIO;
+            break;
+        }
+        if (n == 0 && p.index > 0)
+            break;
+        if (p.index == UINT32_MAX) {
+            ts_client_set_error(c, "a shard has at most 2^32 chunks");
+            p.rc = TS_ETOOBIG;
+            break;
+        }
+        if (put_chunk(c, &p, bufs[slot], (uint32_t)n))
+            break;
+        if ((size_t)n < want || (size != TS_SIZE_UNKNOWN && p.bytes == size))
+            break;
+    }
+out_end:
+    rc = put_end(c, &p, NULL, 0);
+out_free:
+    if (bufs)
+        for (uint32_t i = 0; i < p.nwin; i++)
+            free(bufs[i]);
+    free(bufs);
+    return rc;
+}

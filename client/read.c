@@ -1,0 +1,259 @@
+/*
+ * libtessera: reads. tessera_read keeps a window of READ requests in flight over the range;
+ * tessera_read_submit queues one read collected by tessera_wait / tessera_wait_any. A read
+ * whose bytes fail their CRC32C is read once more from the node's store (flag VERIFY).
+ */
+#include "conn.h"
+
+#include <stdio.h>
+
+#define FAC "client"
+#define READ_WINDOW 4 /* TESSERA_MAX_READ requests in flight per tessera_read */
+
+/* ---- reads ---------------------------------------------------------------------------------- */
+
+static int read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf)
+{
+    int rc = ts_name_check(c, name);
+
+    if (rc)
+        return rc;
+    if ((!buf && len) || len > UINT64_MAX - off) {
+        ts_client_set_error(c, "bad read range or buffer");
+        return TS_EINVAL;
+    }
+    return 0;
+}
+
+static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                      void *buf, int user, uint16_t hflags, struct ts_req **out)
+{
+    struct ts_req *r;
+    int rc;
+
+    *out = NULL;
+    r = ts_req_name(c, TS_OP_READ, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u64(&r->w, off);
+    ts_wr_u32(&r->w, (uint32_t)len);
+    r->user = (uint8_t)user;
+    r->hflags = hflags;
+    r->dst = buf;
+    r->cap = len;
+    r->rd_off = off;
+    rc = ts_req_send(c, r, NULL, 0);
+    if (rc) {
+        ts_req_free(c, r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* A finished READ: its status, with the server's message (if any) as the handle's error. */
+static int read_result(tessera_client *c, struct ts_req *r, size_t *out_len)
+{
+    if (out_len)
+        *out_len = r->rc ? 0 : r->got;
+    if (r->rc && r->msg)
+        snprintf(c->err, sizeof(c->err), "%s", r->msg);
+    return r->rc;
+}
+
+/* A read of one node: a window of READ requests in flight over the range. */
+static int read_window(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                       size_t len, void *buf, size_t *out_len, uint16_t hflags)
+{
+    struct ts_req *win[READ_WINDOW];
+    uint8_t *dst = buf;
+    size_t npieces, next = 0, done = 0, total = 0, got = 0;
+    uint64_t size = UINT64_MAX;
+    int rc, first = 0, ended = 0;
+
+    npieces = len ? (len - 1) / TESSERA_MAX_READ + 1 : 1;
+    while (done < npieces) {
+        /* Keep a window of requests in flight; none past a known end of the shard. */
+        while (!first && !ended && next < npieces && next - done < READ_WINDOW) {
+            uint64_t poff = off + (uint64_t)next * TESSERA_MAX_READ;
+            size_t plen = TS_MIN(len - next * (size_t)TESSERA_MAX_READ, (size_t)TESSERA_MAX_READ);
+            if (next > 0 && poff >= size)
+                break;
+            rc = read_queue(c, name, shard, poff, plen, dst + next * (size_t)TESSERA_MAX_READ, 0,
+                            hflags, &win[next % READ_WINDOW]);
+            if (rc) {
+                first = rc;
+                break;
+            }
+            next++;
+        }
+        if (done == next)
+            break;
+        struct ts_req *r = win[done % READ_WINDOW];
+        rc = ts_pump(c, ts_cond_done, r);
+        if (!first && !ended) {
+            rc = rc ? rc : read_result(c, r, &got);
+            if (rc == TS_ERANGE && done > 0 && r->rd_off >= size) {
+                ended = 1; /* the shard ended exactly where this piece begins */
+                c->err[0] = '\0';
+            } else if (rc) {
+                first = rc;
+            } else {
+                size = r->shard_size;
+                total += got;
+                ended = got < r->cap; /* the shard ends inside this piece */
+            }
+        }
+        ts_req_free(c, r);
+        done++;
+        if (done == next && (first || ended))
+            break;
+    }
+    if (first)
+        return first;
+    if (out_len)
+        *out_len = total;
+    return 0;
+}
+
+int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                 void *buf, size_t *out_len)
+{
+    int rc;
+
+    if (out_len)
+        *out_len = 0;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    rc = read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_cl_read(c, c->cl, name, shard, off, len, buf, out_len);
+    rc = read_window(c, name, shard, off, len, buf, out_len, 0);
+    if (rc == TS_ECORRUPT && !c->broken) {
+        /* Bytes that failed their CRC (or a node that found its copy bad): once more, read
+         * from the store; the node drops the cached copies of the range first. */
+        TS_WARN(FAC, rc, "%s/%u: %s; reading it again from the node's store", name, shard,
+                c->err[0] ? c->err : ts_strerror(rc));
+        c->err[0] = '\0';
+        rc = read_window(c, name, shard, off, len, buf, out_len, TS_F_VERIFY);
+    }
+    return rc;
+}
+
+int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                        size_t len, void *buf, uint64_t *op)
+{
+    struct ts_req *r;
+    int rc, progress = 0;
+
+    if (op)
+        *op = 0;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!op)
+        return TS_EINVAL;
+    rc = read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    if (len > TESSERA_MAX_READ) {
+        ts_client_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
+        return TS_EINVAL;
+    }
+    if (c->cl)
+        return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
+    rc = read_queue(c, name, shard, off, len, buf, 1, 0, &r);
+    if (rc)
+        return rc;
+    *op = r->id;
+    /* Get the request on its way now; its outcome is reported by tessera_wait*. */
+    rc = ts_tx_step(c, &progress);
+    if (rc < 0)
+        ts_fail_conn(c, rc);
+    return 0;
+}
+
+/*
+ * A submitted READ that failed its CRC (or whose node found its copy bad), read once more from
+ * the node's store (flag VERIFY), into the same buffer, as tessera_read does. Its name and shard
+ * come back from the request's own frame.
+ */
+static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len)
+{
+    int rc = read_result(c, r, out_len);
+    char name[TS_NAME_MAX + 1];
+    struct ts_rd rd;
+    uint32_t shard;
+
+    if (rc != TS_ECORRUPT || c->broken || (r->hflags & TS_F_VERIFY))
+        return rc;
+    ts_rd_init(&rd, r->w.buf + TS_HDR_LEN, r->w.len - TS_HDR_LEN);
+    ts_rd_str(&rd, name, sizeof(name));
+    shard = ts_rd_u32(&rd);
+    if (rd.err)
+        return rc;
+    TS_WARN(FAC, rc, "%s/%u: %s; reading it again from the node's store", name, shard,
+            c->err[0] ? c->err : ts_strerror(rc));
+    c->err[0] = '\0';
+    return read_window(c, name, shard, r->rd_off, r->cap, r->dst, out_len, TS_F_VERIFY);
+}
+
+int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
+{
+    struct ts_req *r;
+    size_t i;
+    int rc;
+
+    if (out_len)
+        *out_len = 0;
+    if (!c)
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    if (c->cl)
+        return ts_cl_wait(c, c->cl, op, out_len);
+    i = ts_live_find(c, op);
+    if (i == SIZE_MAX || !c->live[i]->user)
+        return TS_ENOENT;
+    r = c->live[i];
+    (void)ts_pump(c, ts_cond_done, r); /* a failed connection completes r with its code */
+    rc = submitted_result(c, r, out_len);
+    ts_req_free(c, r);
+    return rc;
+}
+
+int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
+{
+    struct ts_req *r = NULL;
+    int rc, any = 0;
+
+    if (op)
+        *op = 0;
+    if (out_len)
+        *out_len = 0;
+    if (!c)
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    if (c->cl)
+        return ts_cl_wait_any(c, c->cl, op, out_len);
+    for (size_t i = 0; i < c->nlive && !any; i++)
+        any = c->live[i]->user;
+    if (!any)
+        return TS_ENOENT;
+    (void)ts_pump(c, ts_cond_any_user, NULL);
+    for (size_t i = 0; i < c->nlive; i++) {
+        struct ts_req *q = c->live[i];
+        if (q->user && q->done && (!r || q->seq < r->seq))
+            r = q;
+    }
+    if (!r)
+        return c->broken ? c->broken : TS_EINTERNAL;
+    if (op)
+        *op = r->id;
+    rc = submitted_result(c, r, out_len);
+    ts_req_free(c, r);
+    return rc;
+}
