@@ -38,6 +38,7 @@ enum opt_id {
     O_DATASET,
     O_SHARD,
     O_NODE,
+    O_SHARDS,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -71,6 +72,16 @@ static const struct cli_opt pg_opts[] = {
 
 static const struct cli_opt status_opts[] = {
     {"node", 0, 1, O_NODE},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt ingest_opts[] = {
+    {"dataset", 0, 1, O_DATASET},
+    {"shards", 0, 1, O_SHARDS},
+    {"core", 0, 1, O_CORE},
+    {"fringe", 0, 1, O_FRINGE},
+    {"min-core", 0, 1, O_MIN_CORE},
+    {"chunk-size", 0, 1, O_CHUNK},
     {NULL, 0, 0, 0},
 };
 
@@ -111,6 +122,15 @@ static const struct cmd cmds[] = {
      "Uploads FILE ('-': standard input, read to its end) as shard SHARD of dataset NAME and\n"
      "seals the shard. Every chunk carries its CRC32C; the server acknowledges each once it\n"
      "is durable. A FILE that changes size during the upload fails it (nothing is sealed).",
+     0},
+    {NULL, "ingest", 2, 1 << 20, 1, ingest_opts, cmd_ingest,
+     "FORMAT PATH... --dataset NAME [--shards N] [--core N] [--fringe N] [--min-core N]",
+     "Uploads record files (FORMAT: tfrecord, tar or webdataset, jsonl, len32, len64) as shards\n"
+     "with their record index: each file one shard, or with --shards N the records of all\n"
+     "files split into N shards of contiguous records (the first R mod N get one more). Every\n"
+     "file is checked first: a malformed one is refused (file, offset, reason) and nothing of\n"
+     "it is uploaded. Shards already sealed with the same bytes are skipped: run it again to\n"
+     "resume. Creates the dataset if needed (--core/--fringe/--min-core/--chunk-size).",
      0},
     {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
      "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
@@ -367,6 +387,7 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             x->dataset = val;
             break;
         case O_SHARD:
+        case O_SHARDS:
             if (cli_parse_uint(val, UINT32_MAX, &x->shard) != 0) {
                 snprintf(msg, sizeof(msg), "--shard: '%s' is not a shard number (0 to %u)", val,
                          UINT32_MAX);

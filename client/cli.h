@@ -66,6 +66,9 @@ int cmd_shard_stat(struct ctx *x);
 int cmd_put(struct ctx *x);
 int cmd_get(struct ctx *x);
 
+/* cli_ingest.c */
+int cmd_ingest(struct ctx *x);
+
 /* cli_admin.c */
 int cmd_scrub(struct ctx *x);
 int cmd_map_show(struct ctx *x);

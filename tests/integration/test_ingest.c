@@ -1,0 +1,210 @@
+/*
+ * `tessera ingest` as a user runs it, against a real tesserad: TFRecord files split into N
+ * shards of contiguous records (floor(R/N) + (i < R mod N) each, none lost, none twice, byte for
+ * byte, with their record index); run again, every shard is found sealed and skipped (resume);
+ * a damaged file is refused with its name and reason and nothing of it is uploaded; JSON lines
+ * one shard per file.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "tessera/tessera.h"
+#include "ts_common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#ifndef TESSERA_CLI_PATH
+#error "TESSERA_CLI_PATH must be defined by the build"
+#endif
+
+static struct tsd_proc D;
+static char dir[600];
+
+static uint32_t tf_mask(uint32_t crc)
+{
+    return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+/* Writes a TFRecord file of n records (record k holds k+base repeated) and appends every
+ * record's framed bytes to all (*alen). */
+static void write_tfrecords(const char *path, int n, int base, uint8_t *all, size_t *alen)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    for (int k = 0; k < n; k++) {
+        uint8_t data[300], h[12], t[4];
+        size_t len = 20 + (size_t)((k + base) * 37 % 250);
+        memset(data, 'a' + (k + base) % 26, len);
+        ts_put_le64(h, len);
+        ts_put_le32(h + 8, tf_mask(ts_crc32c(0, h, 8)));
+        ts_put_le32(t, tf_mask(ts_crc32c(0, data, len)));
+        fwrite(h, 1, 12, f);
+        fwrite(data, 1, len, f);
+        fwrite(t, 1, 4, f);
+        memcpy(all + *alen, h, 12);
+        memcpy(all + *alen + 12, data, len);
+        memcpy(all + *alen + 12 + len, t, 4);
+        *alen += 16 + len;
+    }
+    fclose(f);
+}
+
+/* Runs the CLI with args against D; its exit status; its stderr into err (cap bytes). */
+static int cli(const char *args, char *err, size_t cap)
+{
+    char cmd[4096], errpath[700];
+    FILE *f;
+    int st;
+
+    snprintf(errpath, sizeof(errpath), "%s/cli.err", dir);
+    snprintf(cmd, sizeof(cmd), "cd %s && %s -s %s %s >/dev/null 2>%s", dir, TESSERA_CLI_PATH,
+             D.addr, args, errpath);
+    st = system(cmd);
+    if (err) {
+        size_t n = 0;
+        f = fopen(errpath, "r");
+        if (f) {
+            n = fread(err, 1, cap - 1, f);
+            fclose(f);
+        }
+        err[n] = '\0';
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int setup(void **state)
+{
+    const char *tmp = getenv("TMPDIR");
+
+    (void)state;
+    snprintf(dir, sizeof(dir), "%s/tessera-ingest-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir))
+        return -1;
+    return tsd_start(&D, NULL);
+}
+
+static int teardown(void **state)
+{
+    char cmd[700];
+    (void)state;
+    tsd_stop(&D);
+    tsd_cleanup(&D);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static tessera_client *client(void)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+
+    tessera_opts_init(&o);
+    o.address = D.addr;
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    return c;
+}
+
+static void test_tfrecord_split_and_resume(void **state)
+{
+    static uint8_t all[64 << 10], back[64 << 10];
+    size_t alen = 0, at = 0;
+    char path[700], err[4096], args[2048];
+    const int per_file[] = {7, 8, 10}; /* R = 25 over N = 4 shards: 7, 6, 6, 6 */
+    tessera_client *c;
+    int base = 0;
+
+    (void)state;
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/f%d.tfrecord", dir, i);
+        write_tfrecords(path, per_file[i], base, all, &alen);
+        base += per_file[i];
+    }
+    snprintf(args, sizeof(args),
+             "ingest tfrecord f0.tfrecord f1.tfrecord f2.tfrecord "
+             "--dataset tf --shards 4");
+    assert_int_equal(cli(args, err, sizeof(err)), 0);
+    c = client();
+    for (uint32_t s = 0; s < 4; s++) {
+        struct ts_shard_info si;
+        size_t n;
+        assert_int_equal(tessera_shard_stat(c, "tf", s, &si), 0);
+        assert_int_equal(si.nrecords, s == 0 ? 7 : 6);
+        assert_int_equal(tessera_read(c, "tf", s, 0, si.size, back, &n), 0);
+        assert_int_equal(n, si.size);
+        assert_memory_equal(back, all + at, n); /* contiguous records, in order */
+        at += n;
+    }
+    assert_int_equal(at, alen); /* none lost, none twice */
+    /* Again: every shard is already sealed with these bytes. */
+    assert_int_equal(cli(args, err, sizeof(err)), 0);
+    assert_non_null(strstr(err, "25/25 records"));
+    tessera_client_close(c);
+}
+
+static void test_damaged_file_refused(void **state)
+{
+    char path[700], err[4096];
+    FILE *f;
+    struct ts_dataset_info di;
+    tessera_client *c;
+    size_t alen = 0;
+    static uint8_t all[64 << 10];
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/bad.tfrecord", dir);
+    write_tfrecords(path, 5, 100, all, &alen);
+    f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 12 + 5, SEEK_SET); /* a data byte of record 0 */
+    fputc('#', f);
+    fclose(f);
+    assert_true(cli("ingest tfrecord f0.tfrecord bad.tfrecord --dataset tf2", err, sizeof(err)) !=
+                0);
+    fprintf(stderr, "  %s", err);
+    assert_non_null(strstr(err, "bad.tfrecord"));
+    assert_non_null(strstr(err, "CRC of its data"));
+    assert_non_null(strstr(err, "nothing of it was uploaded"));
+    c = client();
+    assert_int_equal(tessera_dataset_stat(c, "tf2", &di), TS_ENOENT); /* nothing at all */
+    tessera_client_close(c);
+}
+
+static void test_jsonl_one_shard_per_file(void **state)
+{
+    char path[700], err[4096];
+    struct ts_shard_info si;
+    tessera_client *c;
+    FILE *f;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/a.jsonl", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"x\": 1}\n{\"x\": 2}\n\n{\"x\": 3}\n", f);
+    fclose(f);
+    assert_int_equal(cli("ingest jsonl a.jsonl --dataset js", err, sizeof(err)), 0);
+    c = client();
+    assert_int_equal(tessera_shard_stat(c, "js", 0, &si), 0);
+    assert_int_equal(si.nrecords, 3);
+    tessera_client_close(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tfrecord_split_and_resume),
+        cmocka_unit_test(test_damaged_file_refused),
+        cmocka_unit_test(test_jsonl_one_shard_per_file),
+    };
+    int rc = cmocka_run_group_tests_name("ingest", tests, setup, teardown);
+    if (rc)
+        tsd_dump_log(&D);
+    return rc;
+}
