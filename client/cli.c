@@ -39,6 +39,12 @@ enum opt_id {
     O_SHARD,
     O_NODE,
     O_SHARDS,
+    O_SEED,
+    O_EPOCH,
+    O_ASSIGN,
+    O_REMAINDER,
+    O_SHUFFLE,
+    O_WINDOW,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -85,6 +91,16 @@ static const struct cli_opt ingest_opts[] = {
     {NULL, 0, 0, 0},
 };
 
+static const struct cli_opt plan_opts[] = {
+    {"seed", 0, 1, O_SEED},
+    {"epoch", 0, 1, O_EPOCH},
+    {"assign", 0, 1, O_ASSIGN},
+    {"remainder", 0, 1, O_REMAINDER},
+    {"shuffle", 0, 1, O_SHUFFLE},
+    {"window", 0, 1, O_WINDOW},
+    {NULL, 0, 0, 0},
+};
+
 static const struct cli_opt no_opts[] = {{NULL, 0, 0, 0}};
 
 struct cmd {
@@ -122,6 +138,13 @@ static const struct cmd cmds[] = {
      "Uploads FILE ('-': standard input, read to its end) as shard SHARD of dataset NAME and\n"
      "seals the shard. Every chunk carries its CRC32C; the server acknowledges each once it\n"
      "is durable. A FILE that changes size during the upload fails it (nothing is sealed).",
+     0},
+    {NULL, "plan", 3, 4, 0, plan_opts, cmd_plan,
+     "UNITS RANK WORLD [COUNT] [--seed S] [--epoch E] [--assign contiguous|strided]\n"
+     "          [--remainder uneven|drop|pad] [--shuffle none|global|window] [--window G]",
+     "Shows which of UNITS units rank RANK of WORLD reads in an epoch, in order (the first\n"
+     "COUNT, default 20), as libtessera's plans compute them (docs/client.md \"Plans\").\n"
+     "Needs no server.",
      0},
     {NULL, "ingest", 2, 1 << 20, 1, ingest_opts, cmd_ingest,
      "FORMAT PATH... --dataset NAME [--shards N] [--core N] [--fringe N] [--min-core N]",
@@ -398,6 +421,44 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_NODE:
             x->node = val;
             break;
+        case O_SEED:
+        case O_EPOCH:
+        case O_WINDOW:
+            if (cli_parse_uint(val, o->id == O_WINDOW ? UINT32_MAX : UINT64_MAX, &v) != 0) {
+                snprintf(msg, sizeof(msg), "--%s: '%s' is not a number", o->name, val);
+                return usage_error(msg, k);
+            }
+            if (o->id == O_SEED)
+                x->plan.seed = v;
+            else if (o->id == O_EPOCH)
+                x->plan.epoch = v;
+            else
+                x->plan.window = (uint32_t)v;
+            break;
+        case O_ASSIGN:
+        case O_REMAINDER:
+        case O_SHUFFLE: {
+            static const char *const words[3][3] = {{"contiguous", "strided", NULL},
+                                                    {"uneven", "drop", "pad"},
+                                                    {"none", "global", "window"}};
+            int which = o->id == O_ASSIGN ? 0 : o->id == O_REMAINDER ? 1 : 2, got = -1;
+            for (int w = 0; w < 3; w++)
+                if (words[which][w] && !strcmp(val, words[which][w]))
+                    got = w;
+            if (got < 0) {
+                snprintf(msg, sizeof(msg), "--%s: '%s' is not one of %s|%s%s%s", o->name, val,
+                         words[which][0], words[which][1], words[which][2] ? "|" : "",
+                         words[which][2] ? words[which][2] : "");
+                return usage_error(msg, k);
+            }
+            if (o->id == O_ASSIGN)
+                x->plan.assign = got;
+            else if (o->id == O_REMAINDER)
+                x->plan.remainder = got;
+            else
+                x->plan.shuffle = got;
+            break;
+        }
         case O_LENGTH:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->length))
                 return EXIT_USAGE;
@@ -463,6 +524,7 @@ int main(int argc, char **argv)
     tessera_opts_init(&opts);
     opts.client_name = "tessera-cli";
     x.policy.core = 1;
+    tessera_plan_opts_init(&x.plan);
     env = getenv("TESSERA_SERVER");
     x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
     x.server_set = env && env[0];
@@ -477,7 +539,7 @@ int main(int argc, char **argv)
     if (k->run == cmd_map_push && !x.server_set)
         map_push_seed(&x, &opts); /* no -s: the first node of the map file */
     opts.address = x.server;
-    rc = ts_client_open_ex(&x.c, &opts, err, sizeof(err));
+    rc = k->run == cmd_plan ? 0 : ts_client_open_ex(&x.c, &opts, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "tessera: cannot connect to %s: %s (%s)%s%s\n", x.server, ts_strerror(rc),
                 ts_errname(rc), err[0] ? ": " : "", err);

@@ -34,6 +34,8 @@ struct ctx {
     int shard_set;
     const char *node;
     int server_set; /* -s or $TESSERA_SERVER */
+    /* plan */
+    struct tessera_plan_opts plan;
     /* a local failure, in words (instead of a TS_E* line) */
     char local[512];
 };
@@ -68,6 +70,8 @@ int cmd_get(struct ctx *x);
 
 /* cli_ingest.c */
 int cmd_ingest(struct ctx *x);
+/* `plan`: computed locally, no connection. */
+int cmd_plan(struct ctx *x);
 
 /* cli_admin.c */
 int cmd_scrub(struct ctx *x);

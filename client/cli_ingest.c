@@ -255,3 +255,35 @@ out:
     free(f);
     return rc;
 }
+
+int cmd_plan(struct ctx *x)
+{
+    struct tessera_plan_opts *o = &x->plan;
+    tessera_plan *p = NULL;
+    uint64_t v[4] = {0, 0, 0, 20}, len, unit;
+    int rc;
+
+    for (int i = 0; i < x->argc; i++)
+        if (cli_parse_uint(x->argv[i], i == 1 || i == 2 ? UINT32_MAX : UINT64_MAX, &v[i]) != 0) {
+            snprintf(x->local, sizeof(x->local), "'%s' is not a number", x->argv[i]);
+            return TS_EINVAL;
+        }
+    o->units = v[0];
+    o->rank = (uint32_t)v[1];
+    o->world = (uint32_t)v[2];
+    rc = tessera_plan_new(&p, o);
+    if (rc) {
+        snprintf(x->local, sizeof(x->local),
+                 "not a plan (rank must be below world, world 1 or more, window 1 or more)");
+        return rc;
+    }
+    len = tessera_plan_len(p);
+    printf("rank %u of %u reads %llu of %llu units:", o->rank, o->world, (unsigned long long)len,
+           (unsigned long long)o->units);
+    for (uint64_t k = 0; k < len && k < v[3]; k++)
+        if (tessera_plan_unit(p, k, &unit) == 0)
+            printf(" %llu", (unsigned long long)unit);
+    printf("%s\n", len > v[3] ? " ..." : "");
+    tessera_plan_free(p);
+    return 0;
+}
