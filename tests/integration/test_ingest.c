@@ -79,6 +79,21 @@ static int cli(const char *args, char *err, size_t cap)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* `tessera plan` (no server needed) prints what the library's plan says. */
+static void test_plan_command(void **state)
+{
+    char cmd[1024], out[512] = "";
+    FILE *f;
+
+    (void)state;
+    snprintf(cmd, sizeof(cmd), "%s plan 10 3 4 --assign strided --remainder pad", TESSERA_CLI_PATH);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(out, sizeof(out), f));
+    assert_int_equal(pclose(f), 0);
+    assert_string_equal(out, "rank 3 of 4 reads 3 of 10 units: 3 7 1\n");
+}
+
 static int setup(void **state)
 {
     const char *tmp = getenv("TMPDIR");
@@ -202,6 +217,7 @@ int main(void)
         cmocka_unit_test(test_tfrecord_split_and_resume),
         cmocka_unit_test(test_damaged_file_refused),
         cmocka_unit_test(test_jsonl_one_shard_per_file),
+        cmocka_unit_test(test_plan_command),
     };
     int rc = cmocka_run_group_tests_name("ingest", tests, setup, teardown);
     if (rc)
