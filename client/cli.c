@@ -45,6 +45,7 @@ enum opt_id {
     O_REMAINDER,
     O_SHUFFLE,
     O_WINDOW,
+    O_RANGE,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -101,6 +102,12 @@ static const struct cli_opt plan_opts[] = {
     {NULL, 0, 0, 0},
 };
 
+static const struct cli_opt records_opts[] = {
+    {"range", 0, 1, O_RANGE},
+    {"output", 'o', 1, O_OUTPUT},
+    {NULL, 0, 0, 0},
+};
+
 static const struct cli_opt no_opts[] = {{NULL, 0, 0, 0}};
 
 struct cmd {
@@ -138,6 +145,11 @@ static const struct cmd cmds[] = {
      "Uploads FILE ('-': standard input, read to its end) as shard SHARD of dataset NAME and\n"
      "seals the shard. Every chunk carries its CRC32C; the server acknowledges each once it\n"
      "is durable. A FILE that changes size during the upload fails it (nothing is sealed).",
+     0},
+    {NULL, "records", 1, 1, 1, records_opts, cmd_records, "NAME [--range A:B] [-o FILE]",
+     "Lists a dataset's records (number, shard, offset, length), counted over its complete\n"
+     "shards in shard order by their record indexes; --range A:B: records A to B-1 (either may\n"
+     "be left out). With -o FILE (or -): writes the records' bytes instead, read and verified.",
      0},
     {NULL, "plan", 3, 4, 0, plan_opts, cmd_plan,
      "UNITS RANK WORLD [COUNT] [--seed S] [--epoch E] [--assign contiguous|strided]\n"
@@ -420,6 +432,9 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_NODE:
             x->node = val;
+            break;
+        case O_RANGE:
+            x->range = val;
             break;
         case O_SEED:
         case O_EPOCH:

@@ -36,6 +36,8 @@ struct ctx {
     int server_set; /* -s or $TESSERA_SERVER */
     /* plan */
     struct tessera_plan_opts plan;
+    /* records */
+    const char *range;
     /* a local failure, in words (instead of a TS_E* line) */
     char local[512];
 };
@@ -72,6 +74,8 @@ int cmd_get(struct ctx *x);
 int cmd_ingest(struct ctx *x);
 /* `plan`: computed locally, no connection. */
 int cmd_plan(struct ctx *x);
+/* cli_records.c */
+int cmd_records(struct ctx *x);
 
 /* cli_admin.c */
 int cmd_scrub(struct ctx *x);

@@ -206,6 +206,8 @@ int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *nam
                        struct ts_dataset_info *out);
 int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *name);
 int ts_cl_dataset_delete(tessera_client *c, struct ts_cluster *cl, const char *name);
+int ts_cl_shard_records(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                        uint64_t **offsets, uint32_t *n);
 int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                      struct ts_shard_info *out);
 int ts_cl_shard_list(tessera_client *c, struct ts_cluster *cl, const char *name,

@@ -366,6 +366,29 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
 
 /* ---- shards --------------------------------------------------------------------------------- */
 
+int ts_cl_shard_records(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                        uint64_t **offsets, uint32_t *n)
+{
+    struct sel s;
+    tessera_client *sub;
+    size_t p;
+    int rc;
+
+    ts_cl_sel_init(cl, &s, name, shard, 0, 0);
+    for (;;) {
+        rc = ts_cl_sel_next(cl, &s, name, shard, 0, &p, &sub);
+        if (rc)
+            return rc;
+        rc = tessera_shard_records(sub, name, shard, offsets, n);
+        if (!rc) {
+            ts_cl_check(cl, p);
+            return 0;
+        }
+        if (!ts_cl_sel_retry(cl, &s, p, sub, rc, name, shard, 0))
+            return rc;
+    }
+}
+
 int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                      struct ts_shard_info *out)
 {

@@ -290,6 +290,53 @@ int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
 
 /* ---- shards --------------------------------------------------------------------------------- */
 
+int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
+                          uint32_t *n)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    uint32_t count;
+    int rc;
+
+    if (offsets)
+        *offsets = NULL;
+    if (n)
+        *n = 0;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!offsets || !n)
+        return TS_EINVAL;
+    rc = ts_name_check(c, name);
+    if (rc)
+        return rc;
+    if (c->cl)
+        return ts_cl_shard_records(c, c->cl, name, shard, offsets, n);
+    r = ts_req_name(c, TS_OP_SHARD_RECORDS, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    count = ts_rd_u32(&body);
+    if (!body.err && (size_t)count * 8 != body.len - body.off)
+        body.err = TS_EPROTO;
+    if (!body.err && count) {
+        *offsets = malloc((size_t)count * sizeof(uint64_t));
+        if (!*offsets)
+            rc = TS_ENOMEM;
+        for (uint32_t i = 0; *offsets && i < count; i++)
+            (*offsets)[i] = ts_rd_u64(&body);
+        if (*offsets)
+            *n = count;
+    }
+    if (body.err)
+        rc = ts_proto_err(c, "SHARD_RECORDS");
+    ts_req_free(c, r);
+    return rc;
+}
+
 int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
                        struct ts_shard_info *out)
 {

@@ -766,6 +766,29 @@ static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, cons
     tsd_reply_send(c, h, &w);
 }
 
+/* SHARD_RECORDS: a complete shard's record index (ascending offsets; checked by its CRC). */
+static void op_shard_records(struct tsd_conn *c, const struct ts_frame_hdr *h,
+                             const struct tsd_req *q)
+{
+    const char *name = q->u.shard_records.name;
+    uint32_t shard = q->u.shard_records.shard, n = 0;
+    uint64_t *recs = NULL;
+    struct ts_wr w;
+    int rc;
+
+    rc = ts_store_shard_records(c->w->srv->store, name, shard, &recs, &n);
+    if (rc) {
+        ops_reply_store_error(c, h, rc, name, shard);
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_u32(&w, n);
+    for (uint32_t i = 0; i < n; i++)
+        ts_wr_u64(&w, recs[i]);
+    free(recs);
+    tsd_reply_send(c, h, &w);
+}
+
 struct shard_list_arg {
     struct ts_wr *w;
     uint32_t n;
@@ -924,6 +947,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_PG_ACTIVATE] = tsd_op_pg_activate,
     [TS_OP_PG_PULL] = tsd_op_pg_pull,
     [TS_OP_PG_INVENTORY] = tsd_op_pg_inventory,
+    [TS_OP_SHARD_RECORDS] = op_shard_records,
 };
 
 static tsd_handler handler_for(unsigned opcode)

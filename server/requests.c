@@ -358,6 +358,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
     case TS_OP_SHARD_STAT:
         rc = dec_shard_stat(&d, &q->u.shard_stat);
         break;
+    case TS_OP_SHARD_RECORDS:
+        rc = dec_shard_stat(&d, &q->u.shard_records);
+        break;
     case TS_OP_SHARD_LIST:
         rc = dec_dataset(&d, &q->u.shard_list);
         break;

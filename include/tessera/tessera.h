@@ -83,6 +83,10 @@ int tessera_dataset_delete(tessera_client *c, const char *name);
 int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
                        struct ts_shard_info *out);
 int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n);
+/* The record index of a complete shard: *n ascending byte offsets where its records start
+ * (malloc'ed in *offsets; none: NULL and 0). TS_EINCOMPLETE while it is being written. */
+int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
+                          uint32_t *n);
 
 /*
  * Uploads a whole shard from memory and seals it: chunks are pipelined (no copy of buf),

@@ -190,6 +190,7 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         ts_wr_u32(w, q->u.read.len);
         break;
     case TS_OP_SHARD_STAT:
+    case TS_OP_SHARD_RECORDS:
         wr_name(w, q->u.shard_stat.name);
         ts_wr_u32(w, q->u.shard_stat.shard);
         break;
@@ -300,6 +301,7 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
         check_name(q->u.read.name, 0);
         break;
     case TS_OP_SHARD_STAT:
+    case TS_OP_SHARD_RECORDS:
         check_name(q->u.shard_stat.name, 0);
         break;
     case TS_OP_SHARD_LIST:
@@ -495,6 +497,11 @@ static int decode_reply_body(uint8_t op, struct ts_rd *r)
         n = rd_count(r, 42);
         for (uint32_t i = 0; i < n && !r->err; i++)
             check_dataset_info(r);
+        break;
+    case TS_OP_SHARD_RECORDS:
+        n = rd_count(r, 8);
+        for (uint32_t i = 0; i < n && !r->err; i++)
+            ts_rd_u64(r);
         break;
     case TS_OP_DATASET_STAT:
         check_dataset_info(r);

@@ -265,6 +265,9 @@ static void build_seeds(void)
     ts_wr_u32(&w, 5);
     add_seed(&w, TS_OP_SHARD_STAT, 0, "shard-stat");
     ts_wr_str(&w, ds.name);
+    ts_wr_u32(&w, 5);
+    add_seed(&w, TS_OP_SHARD_RECORDS, 0, "shard-records");
+    ts_wr_str(&w, ds.name);
     add_seed(&w, TS_OP_SHARD_LIST, 0, "shard-list");
     ts_wr_str(&w, "");
     add_seed(&w, TS_OP_SCRUB, 0, "scrub-all");
