@@ -290,6 +290,18 @@ int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
 
 /* ---- shards --------------------------------------------------------------------------------- */
 
+/* A request of op naming (name, shard) on this connection; its reply's body in *body (free *r
+ * with ts_req_free once read). */
+static int shard_call(tessera_client *c, uint8_t op, const char *name, uint32_t shard,
+                      struct ts_req **r, struct ts_rd *body)
+{
+    *r = ts_req_name(c, op, name);
+    if (!*r)
+        return TS_ENOMEM;
+    ts_wr_u32(&(*r)->w, shard);
+    return ts_call(c, *r, body);
+}
+
 int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
                           uint32_t *n)
 {
@@ -312,11 +324,7 @@ int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, u
         return rc;
     if (c->cl)
         return ts_cl_shard_records(c, c->cl, name, shard, offsets, n);
-    r = ts_req_name(c, TS_OP_SHARD_RECORDS, name);
-    if (!r)
-        return TS_ENOMEM;
-    ts_wr_u32(&r->w, shard);
-    rc = ts_call(c, r, &body);
+    rc = shard_call(c, TS_OP_SHARD_RECORDS, name, shard, &r, &body);
     if (rc)
         return rc;
     count = ts_rd_u32(&body);
@@ -354,11 +362,7 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
         return rc;
     if (c->cl)
         return ts_cl_shard_stat(c, c->cl, name, shard, out);
-    r = ts_req_name(c, TS_OP_SHARD_STAT, name);
-    if (!r)
-        return TS_ENOMEM;
-    ts_wr_u32(&r->w, shard);
-    rc = ts_call(c, r, &body);
+    rc = shard_call(c, TS_OP_SHARD_STAT, name, shard, &r, &body);
     if (rc)
         return rc;
     if (ts_rd_shard_info(&body, out))
