@@ -46,6 +46,41 @@ static int rec_add(void *arg, uint64_t off)
     return 0;
 }
 
+/* Every record of a JSON lines file must be one JSON value (json-c); TS_EINVAL naming the
+ * first that is not. */
+static int check_json_lines(struct ctx *x, const struct in_file *f)
+{
+    json_tokener *tok = json_tokener_new();
+    int rc = 0;
+
+    if (!tok)
+        return TS_ENOMEM;
+    for (uint64_t r = 0; r < f->nrec && !rc; r++) {
+        uint64_t a = f->rec[r], b = r + 1 < f->nrec ? f->rec[r + 1] : f->size;
+        json_object *o;
+        enum json_tokener_error e;
+        while (b > a && f->map[b - 1] && strchr(" \t\r\n", f->map[b - 1]))
+            b--;
+        json_tokener_reset(tok);
+        o = json_tokener_parse_ex(tok, (const char *)f->map + a, (int)(b - a));
+        e = json_tokener_get_error(tok);
+        if (!o && e == json_tokener_continue)
+            e = json_tokener_error_parse_eof;
+        if (e != json_tokener_success || (o && (uint64_t)tok->char_offset != b - a)) {
+            snprintf(x->local, sizeof(x->local),
+                     "%s is not valid jsonl: record %llu at offset %llu is not one JSON value "
+                     "(%s); nothing of it was uploaded",
+                     f->path, (unsigned long long)r, (unsigned long long)a,
+                     e != json_tokener_success ? json_tokener_error_desc(e)
+                                               : "more follows the value");
+            rc = TS_EINVAL;
+        }
+        json_object_put(o);
+    }
+    json_tokener_free(tok);
+    return rc;
+}
+
 /* Maps and scans one file; 0, or an error explained in x->local. */
 static int scan_file(struct ctx *x, int fmt, struct in_file *f)
 {
@@ -83,6 +118,8 @@ static int scan_file(struct ctx *x, int fmt, struct in_file *f)
         rc = TS_EINVAL;
     }
     tessera_recscan_free(s);
+    if (!rc && fmt == TESSERA_FMT_JSONL)
+        rc = check_json_lines(x, f);
     return rc;
 }
 

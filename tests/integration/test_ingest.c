@@ -242,6 +242,16 @@ static void test_jsonl_one_shard_per_file(void **state)
     c = client();
     assert_int_equal(tessera_shard_stat(c, "js", 0, &si), 0);
     assert_int_equal(si.nrecords, 3);
+    /* A line that is not JSON: refused, naming the record, nothing uploaded. */
+    snprintf(path, sizeof(path), "%s/b.jsonl", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"x\": 1}\n{\"x\": 2,\n{\"x\": 3}\n", f);
+    fclose(f);
+    assert_true(cli("ingest jsonl b.jsonl --dataset js2", err, sizeof(err)) != 0);
+    fprintf(stderr, "  %s", err);
+    assert_non_null(strstr(err, "record 1 at offset 9"));
+    assert_int_equal(tessera_shard_stat(c, "js2", 0, &si), TS_ENOENT);
     tessera_client_close(c);
 }
 
