@@ -89,6 +89,26 @@ int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, u
                           uint32_t *n);
 
 /*
+ * A dataset's records as plan units (tessera/plan.h): its complete shards in shard order, each
+ * with its record count. Record u of the dataset is record u - first[i] of shard[i]. For a plan
+ * over records, set units = total, group_sizes = count, ngroups = nshards (the WINDOW shuffle
+ * then keeps a window of shards open at a time).
+ */
+struct tessera_dataset_records {
+    uint32_t nshards;
+    uint32_t *shard; /* shard numbers, ascending */
+    uint64_t *count; /* records of each */
+    uint64_t *first; /* dataset record number of each one's first record */
+    uint64_t total;  /* records in the dataset */
+};
+int tessera_dataset_records(tessera_client *c, const char *name,
+                            struct tessera_dataset_records **out);
+void tessera_dataset_records_free(struct tessera_dataset_records *r); /* NULL ok */
+/* Record u of the dataset: its shard and its number within the shard. TS_ERANGE past total. */
+int tessera_dataset_record_at(const struct tessera_dataset_records *r, uint64_t u, uint32_t *shard,
+                              uint64_t *index);
+
+/*
  * Uploads a whole shard from memory and seals it: chunks are pipelined (no copy of buf),
  * each acknowledged once durable; then SHARD_SEAL with the whole-shard CRC32C. records is an
  * optional record index (ascending byte offsets), nrecords 0 for none.

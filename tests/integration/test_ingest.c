@@ -197,6 +197,72 @@ static void test_tfrecord_split_and_resume(void **state)
     tessera_client_close(c);
 }
 
+/* A plan over the records of the ingested dataset (WINDOW shuffle over its shards, 3 ranks):
+ * every record is read exactly once, located through the dataset's record map and its shard's
+ * index, and holds the input's bytes. */
+static void test_plan_over_records(void **state)
+{
+    static uint8_t all[64 << 10], got[4096];
+    size_t alen = 0, at = 0;
+    uint64_t offs_in[64];
+    int seen[25] = {0}, nin = 0;
+    struct tessera_dataset_records *dr;
+    tessera_client *c = client();
+    char path[700];
+
+    (void)state;
+    /* The same records test_tfrecord_split_and_resume wrote, in the same order. */
+    for (int i = 0, base = 0; i < 3; i++) {
+        const int per_file[] = {7, 8, 10};
+        snprintf(path, sizeof(path), "%s/again%d.tfrecord", dir, i);
+        write_tfrecords(path, per_file[i], base, all, &alen);
+        base += per_file[i];
+    }
+    while (at < alen) {
+        offs_in[nin++] = at;
+        at += 16 + ts_get_le64(all + at);
+    }
+    offs_in[nin] = alen;
+    assert_int_equal(nin, 25);
+    assert_int_equal(tessera_dataset_records(c, "tf", &dr), 0);
+    assert_true(dr->total == 25 && dr->nshards == 4);
+    for (uint32_t rank = 0; rank < 3; rank++) {
+        struct tessera_plan_opts o;
+        tessera_plan *p;
+        tessera_plan_opts_init(&o);
+        o.units = dr->total;
+        o.group_sizes = dr->count;
+        o.ngroups = dr->nshards;
+        o.shuffle = TESSERA_SHUFFLE_WINDOW;
+        o.window = 2;
+        o.seed = 5;
+        o.rank = rank;
+        o.world = 3;
+        assert_int_equal(tessera_plan_new(&p, &o), 0);
+        for (uint64_t k = 0; k < tessera_plan_len(p); k++) {
+            uint64_t u, idx, *recs, end;
+            uint32_t shard, nr;
+            struct ts_shard_info si;
+            size_t n;
+            assert_int_equal(tessera_plan_unit(p, k, &u), 0);
+            assert_int_equal(tessera_dataset_record_at(dr, u, &shard, &idx), 0);
+            assert_int_equal(tessera_shard_records(c, "tf", shard, &recs, &nr), 0);
+            assert_int_equal(tessera_shard_stat(c, "tf", shard, &si), 0);
+            end = idx + 1 < nr ? recs[idx + 1] : si.size;
+            assert_int_equal(tessera_read(c, "tf", shard, recs[idx], end - recs[idx], got, &n), 0);
+            assert_int_equal(n, offs_in[u + 1] - offs_in[u]);
+            assert_memory_equal(got, all + offs_in[u], n);
+            seen[u]++;
+            free(recs);
+        }
+        tessera_plan_free(p);
+    }
+    for (int u = 0; u < 25; u++)
+        assert_int_equal(seen[u], 1);
+    tessera_dataset_records_free(dr);
+    tessera_client_close(c);
+}
+
 static void test_damaged_file_refused(void **state)
 {
     char path[700], err[4096];
@@ -259,6 +325,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tfrecord_split_and_resume),
+        cmocka_unit_test(test_plan_over_records),
         cmocka_unit_test(test_damaged_file_refused),
         cmocka_unit_test(test_jsonl_one_shard_per_file),
         cmocka_unit_test(test_plan_command),

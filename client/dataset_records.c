@@ -1,0 +1,91 @@
+/*
+ * A dataset's records as plan units (tessera_dataset_records, include/tessera/tessera.h): the
+ * shard list with record counts, and record number -> (shard, index) by binary search over the
+ * shards' first record numbers. Memory per shard, never per record.
+ */
+#include "tessera/tessera.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int by_shard(const void *a, const void *b)
+{
+    uint32_t x = ((const struct ts_shard_info *)a)->shard,
+             y = ((const struct ts_shard_info *)b)->shard;
+    return x < y ? -1 : x > y;
+}
+
+void tessera_dataset_records_free(struct tessera_dataset_records *r)
+{
+    if (!r)
+        return;
+    free(r->shard);
+    free(r->count);
+    free(r->first);
+    free(r);
+}
+
+int tessera_dataset_records(tessera_client *c, const char *name,
+                            struct tessera_dataset_records **out)
+{
+    struct tessera_dataset_records *r;
+    struct ts_shard_info *v = NULL;
+    size_t n = 0;
+    int rc;
+
+    if (!out)
+        return TS_EINVAL;
+    *out = NULL;
+    rc = tessera_shard_list(c, name, &v, &n);
+    if (rc)
+        return rc;
+    qsort(v, n, sizeof(*v), by_shard);
+    r = calloc(1, sizeof(*r));
+    if (r) {
+        r->shard = calloc(n ? n : 1, sizeof(*r->shard));
+        r->count = calloc(n ? n : 1, sizeof(*r->count));
+        r->first = calloc(n ? n : 1, sizeof(*r->first));
+    }
+    if (!r || !r->shard || !r->count || !r->first) {
+        tessera_dataset_records_free(r);
+        free(v);
+        return TS_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].state != TS_SHARD_COMPLETE)
+            continue; /* only what a job can read */
+        r->shard[r->nshards] = v[i].shard;
+        r->count[r->nshards] = v[i].nrecords;
+        r->first[r->nshards] = r->total;
+        r->total += v[i].nrecords;
+        r->nshards++;
+    }
+    free(v);
+    *out = r;
+    return 0;
+}
+
+int tessera_dataset_record_at(const struct tessera_dataset_records *r, uint64_t u, uint32_t *shard,
+                              uint64_t *index)
+{
+    size_t lo = 0, hi;
+
+    if (!r || !shard || !index)
+        return TS_EINVAL;
+    if (u >= r->total)
+        return TS_ERANGE;
+    /* The last shard whose first record is <= u and that has records. */
+    hi = r->nshards;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->first[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    while (r->count[lo] == 0 || u - r->first[lo] >= r->count[lo])
+        lo++; /* past shards without records */
+    *shard = r->shard[lo];
+    *index = u - r->first[lo];
+    return 0;
+}
