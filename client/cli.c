@@ -46,6 +46,12 @@ enum opt_id {
     O_SHUFFLE,
     O_WINDOW,
     O_RANGE,
+    O_UNIT,
+    O_WINDOW_UNITS,
+    O_WINDOW_BYTES,
+    O_CONNECTIONS,
+    O_DEPTH,
+    O_COUNT,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -99,6 +105,23 @@ static const struct cli_opt plan_opts[] = {
     {"remainder", 0, 1, O_REMAINDER},
     {"shuffle", 0, 1, O_SHUFFLE},
     {"window", 0, 1, O_WINDOW},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt read_opts[] = {
+    {"seed", 0, 1, O_SEED},
+    {"epoch", 0, 1, O_EPOCH},
+    {"assign", 0, 1, O_ASSIGN},
+    {"remainder", 0, 1, O_REMAINDER},
+    {"shuffle", 0, 1, O_SHUFFLE},
+    {"window", 0, 1, O_WINDOW},
+    {"unit", 0, 1, O_UNIT},
+    {"window-units", 0, 1, O_WINDOW_UNITS},
+    {"window-bytes", 0, 1, O_WINDOW_BYTES},
+    {"connections", 0, 1, O_CONNECTIONS},
+    {"depth", 0, 1, O_DEPTH},
+    {"count", 0, 1, O_COUNT},
+    {"output", 'o', 1, O_OUTPUT},
     {NULL, 0, 0, 0},
 };
 
@@ -157,6 +180,16 @@ static const struct cmd cmds[] = {
      "Shows which of UNITS units rank RANK of WORLD reads in an epoch, in order (the first\n"
      "COUNT, default 20), as libtessera's plans compute them (docs/client.md \"Plans\").\n"
      "Needs no server.",
+     0},
+    {NULL, "read", 1, 3, 1, read_opts, cmd_read,
+     "NAME [RANK WORLD] [--unit shard|record] [plan options as for 'plan'] [--count K]\n"
+     "          [--window-units N] [--window-bytes B] [--connections N] [--depth N] [-o FILE]",
+     "Reads rank RANK of WORLD's plan of dataset NAME (default: rank 0 of 1) as a training job\n"
+     "does, with libtessera's reader (docs/client.md \"Readers\"): units read ahead in a window,\n"
+     "over several connections, every byte verified, failed reads retried on other replicas.\n"
+     "Prints the units and bytes read, the rate, the data stall (time spent waiting for data),\n"
+     "retries and which node served what. --count K: stop after K units. -o FILE (or -): the\n"
+     "units' bytes in plan order.",
      0},
     {NULL, "ingest", 2, 1 << 20, 1, ingest_opts, cmd_ingest,
      "FORMAT PATH... --dataset NAME [--shards N] [--core N] [--fringe N] [--min-core N]",
@@ -474,6 +507,34 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
                 x->plan.shuffle = got;
             break;
         }
+        case O_UNIT:
+            if (strcmp(val, "shard") && strcmp(val, "record")) {
+                snprintf(msg, sizeof(msg), "--unit: '%s' is not one of shard|record", val);
+                return usage_error(msg, k);
+            }
+            x->rd.unit = !strcmp(val, "shard") ? TESSERA_UNIT_SHARD : TESSERA_UNIT_RECORD;
+            break;
+        case O_WINDOW_BYTES:
+            if (opt_size(k, o->name, val, UINT64_MAX, &x->rd.window_bytes))
+                return EXIT_USAGE;
+            break;
+        case O_WINDOW_UNITS:
+        case O_CONNECTIONS:
+        case O_DEPTH:
+        case O_COUNT:
+            if (cli_parse_uint(val, o->id == O_COUNT ? UINT64_MAX : UINT32_MAX, &v) != 0 || !v) {
+                snprintf(msg, sizeof(msg), "--%s: '%s' is not a number above 0", o->name, val);
+                return usage_error(msg, k);
+            }
+            if (o->id == O_WINDOW_UNITS)
+                x->rd.window_units = (uint32_t)v;
+            else if (o->id == O_CONNECTIONS)
+                x->rd.connections = (uint32_t)v;
+            else if (o->id == O_DEPTH)
+                x->rd.depth = (uint32_t)v;
+            else
+                x->count = v;
+            break;
         case O_LENGTH:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->length))
                 return EXIT_USAGE;
@@ -540,6 +601,8 @@ int main(int argc, char **argv)
     opts.client_name = "tessera-cli";
     x.policy.core = 1;
     tessera_plan_opts_init(&x.plan);
+    tessera_reader_opts_init(&x.rd);
+    x.opts = &opts;
     env = getenv("TESSERA_SERVER");
     x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
     x.server_set = env && env[0];

@@ -12,6 +12,7 @@
 
 #include "cli_util.h"
 #include "client_internal.h"
+#include "tessera/reader.h"
 
 /* What a command works with. */
 struct ctx {
@@ -38,6 +39,10 @@ struct ctx {
     struct tessera_plan_opts plan;
     /* records */
     const char *range;
+    /* read: the reader's options (the plan's come from plan above), the connection's */
+    struct tessera_reader_opts rd;
+    uint64_t count;
+    const struct tessera_opts *opts;
     /* a local failure, in words (instead of a TS_E* line) */
     char local[512];
 };
@@ -76,6 +81,8 @@ int cmd_ingest(struct ctx *x);
 int cmd_plan(struct ctx *x);
 /* cli_records.c */
 int cmd_records(struct ctx *x);
+/* cli_read.c */
+int cmd_read(struct ctx *x);
 
 /* cli_admin.c */
 int cmd_scrub(struct ctx *x);

@@ -175,6 +175,10 @@ int ts_conn_op_done(const tessera_client *c, uint64_t op);
  * 0, or TS_ENOENT when no connection has a read in flight.
  */
 int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms);
+/* The node that served the submitted read tessera_wait / tessera_wait_any last returned. */
+const char *ts_client_served(const tessera_client *c);
+/* Submitted reads the handle sent to another replica after theirs failed (0: a single node). */
+uint64_t ts_client_resubmits(const tessera_client *c);
 /* The router state of a handle in cluster mode, else NULL. */
 struct ts_cluster *ts_client_cluster(const tessera_client *c);
 /* The options a top-level handle was opened with (strings owned by the handle). */

@@ -73,6 +73,8 @@ struct ts_cluster {
     uint64_t salt;
     const struct tessera_opts *o; /* the router's options (strings owned by it) */
     int timeout_ms;
+    char served[64];    /* the node that served the submitted read last collected */
+    uint64_t resubmits; /* submitted reads sent to another replica after theirs failed */
 };
 /*
  * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with

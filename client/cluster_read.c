@@ -96,6 +96,7 @@ static int cop_settle(struct ts_cluster *cl, struct cop *k)
         return 0;
     if (!k->rc || !k->retry)
         return 1;
+    cl->resubmits++;
     rc = cop_submit(cl, k);
     if (!rc)
         return 0;
@@ -118,6 +119,8 @@ static int cop_result(struct ts_cluster *cl, size_t at, uint64_t *op, size_t *ou
         *out_len = rc ? 0 : k->got;
     if (rc && k->msg)
         ts_cl_err(cl, "%s", k->msg);
+    if (!rc)
+        snprintf(cl->served, sizeof(cl->served), "%s", cl->peers[k->peer].id);
     cop_remove(cl, at);
     return rc;
 }
@@ -198,4 +201,18 @@ int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_
                 ts_cl_cop_collect(cl, k);
         }
     }
+}
+
+const char *ts_client_served(const tessera_client *c)
+{
+    const struct ts_cluster *cl = ts_client_cluster(c);
+
+    return cl ? cl->served : tessera_client_node(c);
+}
+
+uint64_t ts_client_resubmits(const tessera_client *c)
+{
+    const struct ts_cluster *cl = ts_client_cluster(c);
+
+    return cl ? cl->resubmits : 0;
 }

@@ -22,6 +22,7 @@ void tessera_dataset_records_free(struct tessera_dataset_records *r)
     free(r->shard);
     free(r->count);
     free(r->first);
+    free(r->bytes);
     free(r);
 }
 
@@ -45,8 +46,9 @@ int tessera_dataset_records(tessera_client *c, const char *name,
         r->shard = calloc(n ? n : 1, sizeof(*r->shard));
         r->count = calloc(n ? n : 1, sizeof(*r->count));
         r->first = calloc(n ? n : 1, sizeof(*r->first));
+        r->bytes = calloc(n ? n : 1, sizeof(*r->bytes));
     }
-    if (!r || !r->shard || !r->count || !r->first) {
+    if (!r || !r->shard || !r->count || !r->first || !r->bytes) {
         tessera_dataset_records_free(r);
         free(v);
         return TS_ENOMEM;
@@ -57,6 +59,7 @@ int tessera_dataset_records(tessera_client *c, const char *name,
         r->shard[r->nshards] = v[i].shard;
         r->count[r->nshards] = v[i].nrecords;
         r->first[r->nshards] = r->total;
+        r->bytes[r->nshards] = v[i].size;
         r->total += v[i].nrecords;
         r->nshards++;
     }

@@ -100,6 +100,7 @@ struct tessera_dataset_records {
     uint64_t *count; /* records of each */
     uint64_t *first; /* dataset record number of each one's first record */
     uint64_t total;  /* records in the dataset */
+    uint64_t *bytes; /* bytes of each shard */
 };
 int tessera_dataset_records(tessera_client *c, const char *name,
                             struct tessera_dataset_records **out);

@@ -1,0 +1,300 @@
+/*
+ * The plan reader, the caller's side (include/tessera/reader.h): opening (the dataset's units,
+ * the plan, the connections), handing units over in plan order, stats, closing. The threads
+ * that read are in reader_worker.c, record indexes in reader_index.c.
+ */
+#include "reader_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEF_WINDOW_UNITS 32
+#define DEF_WINDOW_BYTES (256ull << 20)
+#define DEF_CONNECTIONS 2
+#define DEF_DEPTH 8
+#define DEF_RETRIES 3
+#define DEF_INDEX_SHARDS 64
+#define MAX_CONNECTIONS 64
+
+void tessera_reader_opts_init(struct tessera_reader_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    tessera_plan_opts_init(&o->plan);
+    o->window_units = DEF_WINDOW_UNITS;
+    o->window_bytes = DEF_WINDOW_BYTES;
+    o->connections = DEF_CONNECTIONS;
+    o->depth = DEF_DEPTH;
+    o->retries = DEF_RETRIES;
+    o->index_shards = DEF_INDEX_SHARDS;
+}
+
+static void say(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void say(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || !errlen)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* The connection options, with their strings copied (the reader reconnects later). */
+static int copy_opts(struct tessera_reader *r, const struct tessera_opts *o)
+{
+    const char *const src[] = {o->address, o->tls_ca,          o->tls_cert,
+                               o->tls_key, o->tls_server_name, o->client_name};
+    const char **dst[] = {&r->copts.address, &r->copts.tls_ca,          &r->copts.tls_cert,
+                          &r->copts.tls_key, &r->copts.tls_server_name, &r->copts.client_name};
+    size_t len = 0, off = 0;
+
+    r->copts = *o;
+    for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); i++)
+        len += src[i] ? strlen(src[i]) + 1 : 0;
+    r->copt_strings = malloc(len ? len : 1);
+    if (!r->copt_strings)
+        return TS_ENOMEM;
+    for (size_t i = 0; i < sizeof(src) / sizeof(src[0]); i++) {
+        if (!src[i])
+            continue;
+        memcpy(r->copt_strings + off, src[i], strlen(src[i]) + 1);
+        *dst[i] = r->copt_strings + off;
+        off += strlen(src[i]) + 1;
+    }
+    return 0;
+}
+
+static int check_opts(const struct tessera_reader_opts *o, char *err, size_t errlen)
+{
+    if (!o->dataset || !o->dataset[0] || strlen(o->dataset) > TS_NAME_MAX) {
+        say(err, errlen, "a reader needs a dataset name");
+        return TS_EINVAL;
+    }
+    if (o->unit != TESSERA_UNIT_SHARD && o->unit != TESSERA_UNIT_RECORD) {
+        say(err, errlen, "unknown unit kind %d (shard or record)", o->unit);
+        return TS_EINVAL;
+    }
+    if (!o->window_units || !o->window_bytes || !o->connections ||
+        o->connections > MAX_CONNECTIONS || !o->depth || !o->index_shards) {
+        say(err, errlen,
+            "window_units, window_bytes, depth and index_shards must be > 0, connections 1 to %d",
+            MAX_CONNECTIONS);
+        return TS_EINVAL;
+    }
+    if (o->alloc && !o->free_fn) {
+        say(err, errlen, "caller-owned buffers need free_fn as well as alloc");
+        return TS_EINVAL;
+    }
+    return 0;
+}
+
+/* The plan over the dataset's units (resumed when a state was given). */
+static int make_plan(struct tessera_reader *r, char *err, size_t errlen)
+{
+    struct tessera_plan_opts po = r->o.plan;
+    int rc;
+
+    po.units = r->o.unit == TESSERA_UNIT_SHARD ? r->recs->nshards : r->recs->total;
+    po.group_sizes = NULL;
+    po.ngroups = 0;
+    if (r->o.unit == TESSERA_UNIT_RECORD && po.shuffle == TESSERA_SHUFFLE_WINDOW) {
+        po.group_sizes = r->recs->count;
+        po.ngroups = r->recs->nshards;
+    }
+    if (r->o.resume)
+        rc = tessera_plan_resume(&r->plan, &po, r->o.resume, r->o.resume_len);
+    else
+        rc = tessera_plan_new(&r->plan, &po);
+    if (rc)
+        say(err, errlen, "%s: %s",
+            r->o.resume ? "the saved position does not fit this plan"
+                        : "these options make no plan",
+            ts_strerror(rc));
+    else
+        r->len = tessera_plan_len(r->plan);
+    return rc;
+}
+
+int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
+                        const struct tessera_reader_opts *o, char *err, size_t errlen)
+{
+    struct tessera_reader *r;
+    tessera_client *c = NULL;
+    int rc;
+
+    if (!out || !copts || !o)
+        return TS_EINVAL;
+    *out = NULL;
+    rc = check_opts(o, err, errlen);
+    if (rc)
+        return rc;
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return TS_ENOMEM;
+    r->o = *o;
+    snprintf(r->dataset, sizeof(r->dataset), "%s", o->dataset);
+    r->o.dataset = r->dataset;
+    r->fail_k = UINT64_MAX;
+    pthread_mutex_init(&r->m, NULL);
+    pthread_cond_init(&r->ready, NULL);
+    pthread_cond_init(&r->space, NULL);
+    r->slots = calloc(o->window_units, sizeof(*r->slots));
+    r->index = calloc(o->index_shards, sizeof(*r->index));
+    rc = !r->slots || !r->index ? TS_ENOMEM : copy_opts(r, copts);
+    for (uint32_t e = 0; !rc && e < o->index_shards; e++)
+        r->index[e].i = UINT32_MAX;
+    if (!rc)
+        rc = ts_client_open_ex(&c, &r->copts, err, errlen);
+    if (!rc) {
+        rc = tessera_dataset_records(c, r->dataset, &r->recs);
+        if (rc)
+            say(err, errlen, "%s: %s", r->dataset,
+                tessera_client_error(c)[0] ? tessera_client_error(c) : ts_strerror(rc));
+    }
+    if (!rc)
+        rc = make_plan(r, err, errlen);
+    if (!rc) {
+        rc = ts_reader_workers_start(r, c, err, errlen);
+        c = NULL;
+    }
+    if (rc) {
+        tessera_client_close(c);
+        tessera_reader_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+/* The caller is done with the unit it holds (lock held). */
+static void release_held(struct tessera_reader *r)
+{
+    free(r->held);
+    r->held = NULL;
+}
+
+int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
+{
+    struct slot *s;
+    uint64_t t0 = 0;
+    int rc;
+
+    if (!r || !u)
+        return TS_EINVAL;
+    memset(u, 0, sizeof(*u));
+    pthread_mutex_lock(&r->m);
+    release_held(r);
+    if (r->err || r->consumed == r->len) {
+        rc = r->err;
+        pthread_mutex_unlock(&r->m);
+        return rc;
+    }
+    s = ts_reader_slot(r, r->consumed);
+    if (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED)) {
+        t0 = ts_now_mono_ns();
+        r->st.stalls++;
+        while (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED))
+            pthread_cond_wait(&r->ready, &r->m);
+        r->st.stall_ns += ts_now_mono_ns() - t0;
+    }
+    if (s->state == SLOT_FAILED) {
+        r->err = s->rc;
+        snprintf(r->errmsg, sizeof(r->errmsg), "%s", s->msg);
+        pthread_mutex_unlock(&r->m);
+        return r->err;
+    }
+    u->k = s->k;
+    u->unit = s->unit;
+    u->shard = s->shard;
+    u->record = s->record;
+    u->offset = s->offset;
+    u->data = s->buf;
+    u->len = s->len;
+    snprintf(r->held_node, sizeof(r->held_node), "%s", s->node);
+    u->node = r->held_node;
+    if (!r->o.alloc)
+        r->held = s->buf;
+    r->ahead -= s->len;
+    r->st.units++;
+    r->st.bytes += s->len;
+    if (s->node[0])
+        ts_reader_count_node(r, s->node, s->len);
+    s->buf = NULL;
+    s->state = SLOT_FREE;
+    r->consumed++;
+    pthread_cond_broadcast(&r->space);
+    pthread_mutex_unlock(&r->m);
+    return 1;
+}
+
+uint64_t tessera_reader_len(const tessera_reader *r)
+{
+    return r ? r->len : 0;
+}
+
+uint64_t tessera_reader_consumed(const tessera_reader *r)
+{
+    uint64_t n;
+
+    if (!r)
+        return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&r->m);
+    n = r->consumed;
+    pthread_mutex_unlock((pthread_mutex_t *)&r->m);
+    return n;
+}
+
+const tessera_plan *tessera_reader_plan(const tessera_reader *r)
+{
+    return r ? r->plan : NULL;
+}
+
+void tessera_reader_stats(tessera_reader *r, struct tessera_reader_stats *st)
+{
+    if (!r || !st)
+        return;
+    pthread_mutex_lock(&r->m);
+    *st = r->st;
+    pthread_mutex_unlock(&r->m);
+}
+
+const char *tessera_reader_error(const tessera_reader *r)
+{
+    if (!r)
+        return "";
+    return r->err ? r->errmsg : "";
+}
+
+void tessera_reader_close(tessera_reader *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->m);
+    r->stop = 1;
+    pthread_cond_broadcast(&r->space);
+    pthread_mutex_unlock(&r->m);
+    ts_reader_workers_stop(r);
+    release_held(r);
+    for (uint32_t i = 0; r->slots && i < r->o.window_units; i++) {
+        struct slot *s = &r->slots[i];
+        if (!s->buf)
+            continue;
+        if (r->o.alloc)
+            r->o.free_fn(r->o.alloc_arg, s->buf);
+        else
+            free(s->buf);
+    }
+    free(r->slots);
+    ts_reader_index_free(r);
+    tessera_dataset_records_free(r->recs);
+    tessera_plan_free(r->plan);
+    free(r->copt_strings);
+    pthread_cond_destroy(&r->ready);
+    pthread_cond_destroy(&r->space);
+    pthread_mutex_destroy(&r->m);
+    free(r);
+}

@@ -1,0 +1,103 @@
+/*
+ * libtessera internals of the plan reader (include/tessera/reader.h): the reader's shared
+ * state, which the caller's side (reader.c) and the connection threads (reader_worker.c)
+ * share under one mutex, and the record index cache (reader_index.c). Not installed.
+ */
+#ifndef TS_READER_INTERNAL_H
+#define TS_READER_INTERNAL_H
+
+#include <pthread.h>
+
+#include "client_internal.h"
+#include "tessera/reader.h"
+
+enum slot_state {
+    SLOT_FREE = 0,
+    SLOT_CLAIMED, /* a connection is finding out where the unit lies */
+    SLOT_WAITING, /* its size is known; waiting for room in the byte window */
+    SLOT_READING,
+    SLOT_DONE,
+    SLOT_FAILED,
+};
+
+/* A unit in the window: plan position k lives in slot k % window_units. */
+struct slot {
+    enum slot_state state;
+    uint64_t k, unit;
+    uint32_t shard;
+    uint64_t record, offset;
+    size_t len;
+    uint8_t *buf;
+    uint32_t pieces_left; /* pieces not read yet */
+    uint32_t attempts;    /* times a piece of it was read again */
+    int rc;
+    char msg[512];
+    char node[64]; /* who served it (the last piece) */
+};
+
+/* The record indexes of recently read shards (record units), least recently used dropped. */
+struct index_entry {
+    uint32_t i;     /* shard position in the dataset's records; UINT32_MAX: empty */
+    uint64_t *offs; /* the record start offsets */
+    uint32_t n;
+    uint64_t used;
+};
+
+struct ts_worker;
+
+struct tessera_reader {
+    struct tessera_reader_opts o;
+    char dataset[TS_NAME_MAX + 1];
+    struct tessera_opts copts; /* strings point into the caller's, copied below */
+    char *copt_strings;
+    struct tessera_dataset_records *recs;
+    tessera_plan *plan;
+    uint64_t len;
+
+    pthread_mutex_t m;
+    pthread_cond_t ready; /* a slot finished */
+    pthread_cond_t space; /* the caller took a unit, or the reader stops */
+    int stop;
+    struct slot *slots;  /* window_units of them */
+    uint64_t next_claim; /* the next plan position a connection takes */
+    uint64_t next_admit; /* the next plan position the byte window admits (in order) */
+    uint64_t consumed;   /* the next plan position the caller takes */
+    uint64_t ahead;      /* bytes of admitted units the caller has not taken */
+    uint64_t fail_k;     /* the first failed position; UINT64_MAX: none */
+    int err;             /* the error the caller got (sticky) */
+    char errmsg[600];
+
+    struct index_entry *index;
+    uint64_t index_clock;
+
+    struct ts_worker *workers;
+    uint32_t nworkers;
+
+    uint8_t *held; /* library-owned: the buffer of the unit the caller holds */
+    char held_node[64];
+    struct tessera_reader_stats st;
+};
+
+/* A reader's slot for plan position k. */
+static inline struct slot *ts_reader_slot(struct tessera_reader *r, uint64_t k)
+{
+    return &r->slots[k % r->o.window_units];
+}
+
+/* Threads (reader_worker.c): first (taken) and connections - 1 more opened, a thread on
+ * each. On failure the caller still stops them (ts_reader_workers_stop). */
+int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, char *err,
+                            size_t errlen);
+/* Stops and joins them (r->stop must be set and broadcast), closes the connections. */
+void ts_reader_workers_stop(struct tessera_reader *r);
+/* Adds one served unit to the per-node stats (lock held). */
+void ts_reader_count_node(struct tessera_reader *r, const char *node, size_t len);
+
+/* Record indexes (reader_index.c). The byte range [*off, *off + *len) of record `index` of the
+ * dataset's shard at position i, fetching the shard's index over c on a miss. 0 or TS_E* with
+ * a message in msg[cap]. Takes r->m itself (call it unlocked). */
+int ts_reader_record_range(struct tessera_reader *r, tessera_client *c, uint32_t i, uint64_t index,
+                           uint64_t *off, size_t *len, char *msg, size_t cap);
+void ts_reader_index_free(struct tessera_reader *r);
+
+#endif

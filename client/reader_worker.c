@@ -1,0 +1,433 @@
+/*
+ * The plan reader's connections: one thread per connection (a libtessera handle of its own,
+ * a router on a cluster). Each thread takes the next plan position while the window has room,
+ * finds where the unit lies (its shard, or its record through the record index), waits until
+ * the byte window admits it (the unit the caller waits for always is), and submits its reads
+ * (pieces of at most TESSERA_MAX_READ) straight into the unit's buffer, keeping up to `depth`
+ * reads in flight. A failed piece is sent again (over a new connection when the old one broke)
+ * up to `retries` times per unit; then the unit fails, naming its dataset, shard and record.
+ */
+#include "reader_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define BACKOFF_MS 50 /* before a piece is sent again over a new connection, doubling */
+
+/* A read of part of a unit. */
+struct piece {
+    uint64_t op;
+    uint64_t k;
+    uint64_t off;
+    size_t len;
+    uint8_t *dst;
+};
+
+struct ts_worker {
+    struct tessera_reader *r;
+    tessera_client *c;
+    pthread_t th;
+    int started;
+    struct piece *inf; /* in flight */
+    size_t ninf, capinf;
+    struct piece *redo; /* to send again */
+    size_t nredo, capredo;
+    int has_pend; /* a unit claimed and placed, waiting for the byte window */
+    uint64_t pend_k;
+    uint64_t resubmits_seen; /* of the handle's router */
+};
+
+/* ---- bookkeeping under the lock ------------------------------------------------------------ */
+
+static int retryable(int rc)
+{
+    switch (rc) {
+    case TS_ECONNRESET:
+    case TS_ECONNREFUSED:
+    case TS_ETIMEDOUT:
+    case TS_ECORRUPT:
+    case TS_EUNAVAIL:
+    case TS_EBUSY:
+    case TS_ESTALE:
+    case TS_EIO:
+    case TS_ESHUTDOWN:
+    case TS_EPROTO:
+    case TS_ETLS:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Unit k failed for good (lock held): the caller gets rc and what says which unit it was. */
+static void slot_fail(struct tessera_reader *r, struct slot *s, int rc, const char *why)
+{
+    if (s->state == SLOT_FAILED)
+        return;
+    s->state = SLOT_FAILED;
+    s->rc = rc;
+    if (r->o.unit == TESSERA_UNIT_RECORD)
+        snprintf(s->msg, sizeof(s->msg), "%s shard %u record %llu (unit %llu): %s: %s", r->dataset,
+                 s->shard, (unsigned long long)s->record, (unsigned long long)s->unit,
+                 ts_errname(rc), why && why[0] ? why : ts_strerror(rc));
+    else
+        snprintf(s->msg, sizeof(s->msg), "%s shard %u (unit %llu): %s: %s", r->dataset, s->shard,
+                 (unsigned long long)s->unit, ts_errname(rc),
+                 why && why[0] ? why : ts_strerror(rc));
+    if (s->k < r->fail_k)
+        r->fail_k = s->k;
+    pthread_cond_broadcast(&r->ready);
+}
+
+static int push(struct piece **v, size_t *n, size_t *cap, const struct piece *p)
+{
+    struct piece *g = ts_grow(*v, *n, cap, sizeof(**v), 16);
+
+    if (!g)
+        return TS_ENOMEM;
+    *v = g;
+    g[(*n)++] = *p;
+    return 0;
+}
+
+/* What the router resubmitted since we last looked counts as retries (lock held). */
+static void note_resubmits(struct ts_worker *w)
+{
+    uint64_t n = ts_client_resubmits(w->c);
+
+    if (n > w->resubmits_seen)
+        w->r->st.retries += n - w->resubmits_seen;
+    w->resubmits_seen = n;
+}
+
+/* ---- placing a unit -------------------------------------------------------------------------- */
+
+/* Where plan position s->k lies (unlocked: the slot is this thread's while CLAIMED). */
+static int place(struct ts_worker *w, struct slot *s)
+{
+    struct tessera_reader *r = w->r;
+    const struct tessera_dataset_records *d = r->recs;
+    uint64_t u;
+    int rc;
+
+    rc = tessera_plan_unit(r->plan, s->k, &u);
+    if (rc) {
+        snprintf(s->msg, sizeof(s->msg), "the plan has no position %llu", (unsigned long long)s->k);
+        return rc;
+    }
+    s->unit = u;
+    if (r->o.unit == TESSERA_UNIT_SHARD) {
+        s->shard = d->shard[u];
+        s->record = 0;
+        s->offset = 0;
+        s->len = (size_t)d->bytes[u];
+        return 0;
+    }
+    /* The last shard whose first record is <= u and that has records. */
+    size_t lo = 0, hi = d->nshards;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->first[mid] <= u)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    while (lo < d->nshards && (d->count[lo] == 0 || u - d->first[lo] >= d->count[lo]))
+        lo++;
+    if (lo == d->nshards)
+        return TS_ERANGE;
+    s->shard = d->shard[lo];
+    s->record = u - d->first[lo];
+    return ts_reader_record_range(r, w->c, (uint32_t)lo, s->record, &s->offset, &s->len, s->msg,
+                                  sizeof(s->msg));
+}
+
+/* ---- reading ------------------------------------------------------------------------------- */
+
+static void piece_failed(struct ts_worker *w, const struct piece *p, int rc, const char *why);
+
+static void piece_send(struct ts_worker *w, struct piece *p)
+{
+    struct tessera_reader *r = w->r;
+    uint32_t shard = ts_reader_slot(r, p->k)->shard; /* fixed while the slot is READING */
+    int rc;
+
+    rc = tessera_read_submit(w->c, r->dataset, shard, p->off, p->len, p->dst, &p->op);
+    if (!rc)
+        rc = push(&w->inf, &w->ninf, &w->capinf, p);
+    if (rc)
+        piece_failed(w, p, rc, tessera_client_error(w->c));
+}
+
+/* Unit k was admitted: its buffer, then its pieces on their way (unlocked). */
+static void unit_start(struct ts_worker *w, uint64_t k)
+{
+    struct tessera_reader *r = w->r;
+    struct slot *s = ts_reader_slot(r, k);
+    size_t npieces = s->len ? (s->len - 1) / TESSERA_MAX_READ + 1 : 0;
+    uint8_t *buf;
+
+    buf = r->o.alloc ? r->o.alloc(r->o.alloc_arg, s->len) : malloc(s->len ? s->len : 1);
+    pthread_mutex_lock(&r->m);
+    s->buf = buf;
+    s->pieces_left = (uint32_t)npieces;
+    if (!buf)
+        slot_fail(r, s, TS_ENOMEM, "no buffer for it");
+    else if (npieces == 0) {
+        s->state = SLOT_DONE;
+        pthread_cond_broadcast(&r->ready);
+    }
+    pthread_mutex_unlock(&r->m);
+    if (!buf)
+        return;
+    for (size_t i = 0; i < npieces; i++) {
+        struct piece p = {0};
+        p.k = k;
+        p.off = s->offset + i * (uint64_t)TESSERA_MAX_READ;
+        p.len = TS_MIN(s->len - i * (size_t)TESSERA_MAX_READ, (size_t)TESSERA_MAX_READ);
+        p.dst = buf + i * (size_t)TESSERA_MAX_READ;
+        piece_send(w, &p);
+    }
+}
+
+/* Piece p failed with rc (unlocked): sent again while its unit has attempts left. */
+static void piece_failed(struct ts_worker *w, const struct piece *p, int rc, const char *why)
+{
+    struct tessera_reader *r = w->r;
+    struct slot *s = ts_reader_slot(r, p->k);
+
+    pthread_mutex_lock(&r->m);
+    note_resubmits(w);
+    if (s->state == SLOT_READING && retryable(rc) && s->attempts < r->o.retries && !r->stop &&
+        push(&w->redo, &w->nredo, &w->capredo, p) == 0) {
+        s->attempts++;
+        r->st.retries++;
+    } else {
+        slot_fail(r, s, rc, why);
+    }
+    pthread_mutex_unlock(&r->m);
+}
+
+/* Collects one finished read of the connection (unlocked). */
+static void collect(struct ts_worker *w)
+{
+    struct tessera_reader *r = w->r;
+    struct piece p;
+    uint64_t op = 0;
+    size_t got = 0, i;
+    char why[512];
+    int rc;
+
+    rc = tessera_wait_any(w->c, &op, &got);
+    for (i = 0; i < w->ninf && w->inf[i].op != op; i++)
+        ;
+    if (i == w->ninf) { /* nothing the connection knows of: every read in flight failed */
+        snprintf(why, sizeof(why), "%s", tessera_client_error(w->c));
+        while (w->ninf) {
+            p = w->inf[--w->ninf];
+            piece_failed(w, &p, rc ? rc : TS_EINTERNAL, why);
+        }
+        return;
+    }
+    p = w->inf[i];
+    w->inf[i] = w->inf[--w->ninf];
+    if (!rc && got != p.len) {
+        snprintf(why, sizeof(why), "%zu bytes came back of the %zu at offset %llu", got, p.len,
+                 (unsigned long long)p.off);
+        rc = TS_EPROTO;
+    } else {
+        snprintf(why, sizeof(why), "%s", rc ? tessera_client_error(w->c) : "");
+    }
+    if (rc) {
+        piece_failed(w, &p, rc, why);
+        return;
+    }
+    pthread_mutex_lock(&r->m);
+    struct slot *s = ts_reader_slot(r, p.k);
+    note_resubmits(w);
+    if (s->state == SLOT_READING) {
+        snprintf(s->node, sizeof(s->node), "%s", ts_client_served(w->c));
+        if (--s->pieces_left == 0) {
+            s->state = SLOT_DONE;
+            pthread_cond_broadcast(&r->ready);
+        }
+    }
+    pthread_mutex_unlock(&r->m);
+}
+
+/* Sends the pieces waiting to go again (unlocked); a new connection first if this one broke. */
+static void redo(struct ts_worker *w)
+{
+    struct tessera_reader *r = w->r;
+    struct piece *v = w->redo;
+    size_t n = w->nredo;
+    char err[512] = "";
+    int rc = 0;
+
+    if (ts_conn_broken(w->c)) {
+        uint32_t a = ts_reader_slot(r, v[0].k)->attempts;
+        struct timespec ts = {0, (long)BACKOFF_MS * 1000000L << TS_MIN(a, 4u)};
+        tessera_client *c = NULL;
+
+        nanosleep(&ts, NULL);
+        rc = ts_client_open_ex(&c, &r->copts, err, sizeof(err));
+        if (!rc) {
+            tessera_client_close(w->c);
+            w->c = c;
+            w->resubmits_seen = 0;
+            pthread_mutex_lock(&r->m);
+            r->st.reconnects++;
+            pthread_mutex_unlock(&r->m);
+        }
+    }
+    w->redo = NULL;
+    w->nredo = w->capredo = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (rc)
+            piece_failed(w, &v[i], rc, err);
+        else
+            piece_send(w, &v[i]);
+    }
+    free(v);
+}
+
+/* ---- the thread ------------------------------------------------------------------------------ */
+
+/* The window has room for the next plan position (lock held). */
+static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
+{
+    return !w->has_pend && w->ninf < r->o.depth && r->next_claim < r->len &&
+           r->next_claim < r->fail_k && r->next_claim - r->consumed < r->o.window_units;
+}
+
+/*
+ * Unit k may be read now (lock held): units are admitted in plan order, each once the bytes
+ * ahead of the caller leave room for it, or alone when it does not fit the window at all.
+ * Whatever holds the window's bytes is before k, so the caller frees it by reading on.
+ */
+static int admits(const struct tessera_reader *r, uint64_t k, size_t len)
+{
+    return k == r->next_admit && (r->ahead + len <= r->o.window_bytes || r->ahead == 0);
+}
+
+static void *worker_main(void *arg)
+{
+    struct ts_worker *w = arg;
+    struct tessera_reader *r = w->r;
+
+    pthread_mutex_lock(&r->m);
+    while (!r->stop) {
+        struct slot *s;
+        if (w->nredo && !(ts_conn_broken(w->c) && w->ninf)) {
+            pthread_mutex_unlock(&r->m);
+            redo(w);
+        } else if (w->has_pend && admits(r, w->pend_k, ts_reader_slot(r, w->pend_k)->len)) {
+            s = ts_reader_slot(r, w->pend_k);
+            s->state = SLOT_READING;
+            r->next_admit++;
+            pthread_cond_broadcast(&r->space); /* the next one may be another thread's */
+            r->ahead += s->len;
+            if (r->ahead > r->st.ahead_bytes_max)
+                r->st.ahead_bytes_max = r->ahead;
+            w->has_pend = 0;
+            pthread_mutex_unlock(&r->m);
+            unit_start(w, s->k);
+        } else if (may_claim(r, w)) {
+            uint64_t k = r->next_claim++;
+            s = ts_reader_slot(r, k);
+            memset(s, 0, sizeof(*s));
+            s->state = SLOT_CLAIMED;
+            s->k = k;
+            pthread_mutex_unlock(&r->m);
+            int rc = place(w, s);
+            pthread_mutex_lock(&r->m);
+            if (rc) {
+                char why[sizeof(s->msg)];
+                snprintf(why, sizeof(why), "%s", s->msg);
+                slot_fail(r, s, rc, why);
+            } else {
+                s->state = SLOT_WAITING;
+                w->has_pend = 1;
+                w->pend_k = k;
+            }
+            continue;
+        } else if (w->ninf) {
+            pthread_mutex_unlock(&r->m);
+            collect(w);
+        } else {
+            pthread_cond_wait(&r->space, &r->m);
+            continue;
+        }
+        pthread_mutex_lock(&r->m);
+    }
+    pthread_mutex_unlock(&r->m);
+    return NULL;
+}
+
+/* ---- start and stop ------------------------------------------------------------------------ */
+
+void ts_reader_count_node(struct tessera_reader *r, const char *node, size_t len)
+{
+    struct tessera_reader_stats *st = &r->st;
+    size_t i;
+
+    for (i = 0; i < st->nnodes && strcmp(st->nodes[i].node, node) != 0; i++)
+        ;
+    if (i == st->nnodes) {
+        if (st->nnodes == TESSERA_READER_MAX_NODES)
+            return;
+        snprintf(st->nodes[i].node, sizeof(st->nodes[i].node), "%s", node);
+        st->nnodes++;
+    }
+    st->nodes[i].units++;
+    st->nodes[i].bytes += len;
+}
+
+int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, char *err,
+                            size_t errlen)
+{
+    int rc = 0;
+
+    r->workers = calloc(r->o.connections, sizeof(*r->workers));
+    if (!r->workers) {
+        tessera_client_close(first);
+        return TS_ENOMEM;
+    }
+    r->nworkers = r->o.connections;
+    for (uint32_t i = 0; i < r->nworkers; i++) {
+        struct ts_worker *w = &r->workers[i];
+        w->r = r;
+        if (i == 0)
+            w->c = first;
+        else if (!rc)
+            rc = ts_client_open_ex(&w->c, &r->copts, err, errlen);
+    }
+    for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
+        if (pthread_create(&r->workers[i].th, NULL, worker_main, &r->workers[i]) != 0) {
+            if (err && errlen)
+                snprintf(err, errlen, "cannot start a reader thread");
+            rc = TS_ENOMEM;
+            break;
+        }
+        r->workers[i].started = 1;
+    }
+    return rc;
+}
+
+void ts_reader_workers_stop(struct tessera_reader *r)
+{
+    for (uint32_t i = 0; i < r->nworkers; i++) {
+        struct ts_worker *w = &r->workers[i];
+        if (w->started)
+            pthread_join(w->th, NULL);
+        /* Reads still in flight are abandoned with the connection, before their buffers go. */
+        tessera_client_close(w->c);
+        free(w->inf);
+        free(w->redo);
+    }
+    free(r->workers);
+    r->workers = NULL;
+    r->nworkers = 0;
+}

@@ -1,0 +1,125 @@
+/*
+ * Readers: one rank's plan (tessera/plan.h) over a dataset, read ahead and returned in plan
+ * order; docs/client.md "Readers".
+ *
+ * A reader opens its own connections (handles of libtessera, each driven by a thread of the
+ * reader), builds the plan from the dataset (its complete shards, or their records), and keeps
+ * a bounded window of units in flight: at most window_units units and window_bytes bytes read
+ * ahead of the caller (a single unit larger than window_bytes is read alone, when it is next).
+ * Each unit lands once, in its own buffer, and is handed to the caller without a copy.
+ *
+ * Failover: on a cluster every read goes to one replica and, when that replica fails (an error,
+ * a timeout, a checksum mismatch, a lost connection), to the next. A unit that still failed is
+ * read again from the start, up to `retries` times, over a fresh connection when its
+ * connection broke. A unit no replica could serve is an error naming the dataset, the shard
+ * and the record; the reader stops there.
+ *
+ * Resume: tessera_reader_consumed() is how many units this rank took; the ranks' counts make
+ * the job's position with tessera_plan_state() on tessera_reader_plan(), and a reader opened
+ * with that state (at any world size) reads exactly what is left.
+ *
+ * A reader is used by one thread at a time (its own threads are internal).
+ */
+#ifndef TESSERA_READER_H
+#define TESSERA_READER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tessera/plan.h"
+#include "tessera/tessera.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum tessera_unit_kind {
+    TESSERA_UNIT_SHARD = 0,  /* a unit is a whole complete shard */
+    TESSERA_UNIT_RECORD = 1, /* a unit is one record of the shards' record indexes */
+};
+
+struct tessera_reader_opts {
+    const char *dataset;
+    int unit; /* enum tessera_unit_kind */
+    /* seed, epoch, rank, world, assign, remainder, shuffle, window. The reader fills in units
+     * and group_sizes (records: each shard is a group) from the dataset. */
+    struct tessera_plan_opts plan;
+    const void *resume; /* a tessera_plan_state to continue from; NULL: the epoch's start */
+    size_t resume_len;
+    uint32_t window_units; /* units read ahead of the caller at most; default 32 */
+    uint64_t window_bytes; /* bytes read ahead at most; default 256 MiB */
+    uint32_t connections;  /* connections (and threads) reading at once; default 2 */
+    uint32_t depth;        /* reads in flight per connection; default 8 */
+    uint32_t retries;      /* times a failed unit is read again; default 3 */
+    uint32_t index_shards; /* record units: record indexes kept in memory (shards); default 64 */
+    /*
+     * Caller-owned buffers: when alloc is set, each unit is read into alloc(arg, len) (len may
+     * be 0) and belongs to the caller once tessera_reader_next returned it; free_fn(arg, p)
+     * releases buffers the caller never received (close, a failed unit). Both are called from
+     * the reader's threads, several at once. NULL: the reader owns
+     * the buffers, and a returned unit's data stays valid until the next tessera_reader_next
+     * or tessera_reader_close.
+     */
+    void *(*alloc)(void *arg, size_t len);
+    void (*free_fn)(void *arg, void *p);
+    void *alloc_arg;
+};
+
+/* One unit as returned. */
+struct tessera_unit {
+    uint64_t k;      /* its position in this rank's plan (0, 1, ...) */
+    uint64_t unit;   /* its number in the dataset's units */
+    uint32_t shard;  /* the shard it is (or is in) */
+    uint64_t record; /* record units: its record number within the shard; else 0 */
+    uint64_t offset; /* its first byte within the shard */
+    void *data;
+    size_t len;
+    const char *node; /* the node that served it (valid while the reader is open) */
+};
+
+#define TESSERA_READER_MAX_NODES 64
+
+struct tessera_reader_node {
+    char node[64];
+    uint64_t units, bytes;
+};
+
+struct tessera_reader_stats {
+    uint64_t units, bytes;    /* returned to the caller */
+    uint64_t stall_ns;        /* time the caller spent in tessera_reader_next waiting for data */
+    uint64_t stalls;          /* calls that had to wait */
+    uint64_t retries;         /* reads tried again: on another replica, or the unit once more */
+    uint64_t reconnects;      /* connections opened again after one broke */
+    uint64_t index_loads;     /* record indexes fetched (record units) */
+    uint64_t ahead_bytes_max; /* the most bytes held ahead of the caller at once */
+    size_t nnodes;            /* which node served what (the first TESSERA_READER_MAX_NODES) */
+    struct tessera_reader_node nodes[TESSERA_READER_MAX_NODES];
+};
+
+typedef struct tessera_reader tessera_reader;
+
+void tessera_reader_opts_init(struct tessera_reader_opts *o);
+/*
+ * Opens copts->address (with its TLS options) o->connections times, reads the dataset's shard
+ * list and builds the plan. TS_ENOENT for an unknown dataset, TS_EINVAL for options that make
+ * no plan (or a state that does not fit them); err[errlen] (may be NULL) says why.
+ */
+int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
+                        const struct tessera_reader_opts *o, char *err, size_t errlen);
+/* The next unit in plan order, waiting for it: 1 with *u, 0 at the end of the plan, or TS_E*
+ * (the reader's message in tessera_reader_error; later calls return the same). */
+int tessera_reader_next(tessera_reader *r, struct tessera_unit *u);
+/* Units this rank's plan holds, and units returned so far. */
+uint64_t tessera_reader_len(const tessera_reader *r);
+uint64_t tessera_reader_consumed(const tessera_reader *r);
+/* The plan being read (for tessera_plan_state). */
+const tessera_plan *tessera_reader_plan(const tessera_reader *r);
+void tessera_reader_stats(tessera_reader *r, struct tessera_reader_stats *st);
+const char *tessera_reader_error(const tessera_reader *r);
+/* Stops the threads, closes the connections, frees what the caller does not own. NULL ok. */
+void tessera_reader_close(tessera_reader *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
