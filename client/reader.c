@@ -231,6 +231,24 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     return 1;
 }
 
+int tessera_reader_keep(tessera_reader *r)
+{
+    int rc;
+
+    if (!r)
+        return TS_EINVAL;
+    pthread_mutex_lock(&r->m);
+    rc = r->held ? 0 : TS_ENOENT;
+    r->held = NULL; /* the caller's now */
+    pthread_mutex_unlock(&r->m);
+    return rc;
+}
+
+void tessera_buffer_free(void *data)
+{
+    free(data);
+}
+
 uint64_t tessera_reader_len(const tessera_reader *r)
 {
     return r ? r->len : 0;

@@ -109,6 +109,15 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
 /* The next unit in plan order, waiting for it: 1 with *u, 0 at the end of the plan, or TS_E*
  * (the reader's message in tessera_reader_error; later calls return the same). */
 int tessera_reader_next(tessera_reader *r, struct tessera_unit *u);
+/*
+ * Keeps the unit tessera_reader_next returned last (library-owned buffers): its data stays
+ * valid after the next call and after close, until tessera_buffer_free(data). For callers
+ * that hold units longer than one step (a Python array over the bytes, a batch being built).
+ * 0, or TS_ENOENT when no unit is held.
+ */
+int tessera_reader_keep(tessera_reader *r);
+/* Releases a buffer kept with tessera_reader_keep. NULL ok. */
+void tessera_buffer_free(void *data);
 /* Units this rank's plan holds, and units returned so far. */
 uint64_t tessera_reader_len(const tessera_reader *r);
 uint64_t tessera_reader_consumed(const tessera_reader *r);

@@ -261,6 +261,31 @@ static void test_caller_owned_buffers(void **state)
     assert_int_equal(pool.live, 0);
 }
 
+/* Kept units outlive the next call and the reader. */
+static void test_kept_units(void **state)
+{
+    struct tessera_reader_opts ro;
+    struct tessera_opts co;
+    struct tessera_unit u, kept[3];
+
+    client_opts(&co);
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "recs";
+    ro.unit = TESSERA_UNIT_RECORD;
+    tessera_reader *r = open_reader(&co, &ro);
+    assert_int_equal(tessera_reader_keep(r), TS_ENOENT); /* nothing returned yet */
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(tessera_reader_next(r, &kept[i]), 1);
+        assert_int_equal(tessera_reader_keep(r), 0);
+    }
+    assert_int_equal(tessera_reader_next(r, &u), 1);
+    tessera_reader_close(r);
+    for (int i = 0; i < 3; i++) {
+        assert_true(rec_ok(kept[i].shard, kept[i].record, kept[i].data, kept[i].len));
+        tessera_buffer_free(kept[i].data);
+    }
+}
+
 /* Shard units, one shard larger than a single read (TESSERA_MAX_READ): whole, byte for byte. */
 static void test_shard_units_large(void **state)
 {
@@ -639,6 +664,7 @@ int main(void)
     const struct CMUnitTest node_tests[] = {
         cmocka_unit_test(test_records_in_plan_order),
         cmocka_unit_test(test_caller_owned_buffers),
+        cmocka_unit_test(test_kept_units),
         cmocka_unit_test(test_shard_units_large),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_resume_4_3_5),
