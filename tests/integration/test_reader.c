@@ -4,7 +4,8 @@
  * the byte window bounds what is read ahead; caller-owned buffers; a unit no replica can serve
  * is an error naming its shard and record; a 4-rank read of a 5-node cluster survives a kill -9
  * of a replica; a job saved at 4 ranks, resumed at 3, saved again and resumed at 5 reads every
- * record exactly once.
+ * record exactly once; with one replica corrupt, one node stopped and one dead, every record
+ * still comes back right.
  */
 #include "harness.h"
 
@@ -16,8 +17,10 @@
 #include "tessera/reader.h"
 #include "tessera/tessera.h"
 #include "ts_common.h"
+#include "ts_map.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -659,6 +662,100 @@ static void test_kill9_during_4_rank_read(void **state)
     free(seen);
 }
 
+/* Node index of each replica of ds/shard (the map's order: primary first). */
+static int replicas(const char *ds, uint32_t shard, int *out)
+{
+    struct ts_map *m = NULL;
+    int order[8], n = 0;
+
+    for (int i = 0; i < CL.n && !m; i++)
+        if (tsd_alive(&CL.node[i]))
+            m = raw_map_get(CL.node[i].addr);
+    assert_non_null(m);
+    size_t k = ts_map_pg_order(m, ts_map_pg_of(m, ds, shard), order, 8);
+    for (size_t i = 0; i < k && i < 3; i++)
+        out[n++] = tsd_cluster_find(&CL, m->nodes[order[i]].id);
+    ts_map_free(m);
+    return n;
+}
+
+/*
+ * Replica faults are passed over without the caller seeing them: one replica of a shard
+ * serves a corrupt chunk (bytes flipped in its store), another node stops answering (SIGSTOP:
+ * its reads time out), and a third is still dead from the test before. Every unit comes back
+ * right, and the reader counted the retries.
+ */
+static void test_replica_faults_passed_over(void **state)
+{
+    const uint64_t total = total_of(CL_SHARDS, nrec_cluster);
+    struct tessera_reader_opts ro;
+    struct tessera_reader_stats st;
+    struct tessera_opts co;
+    struct tessera_unit u;
+    int rep[3], bad = -1, stopped = -1, seed = -1, rc;
+    uint32_t shard = 0;
+    uint64_t n = 0;
+    char cmd[1200];
+
+    /* A shard with a live replica to corrupt and another live one to read it from. */
+    for (shard = 0; shard < CL_SHARDS && bad < 0; shard++) {
+        int k = replicas("train", shard, rep), live = 0;
+        for (int i = 0; i < k; i++)
+            live += tsd_alive(&CL.node[rep[i]]);
+        if (live >= 2)
+            for (int i = 0; i < k && bad < 0; i++)
+                if (tsd_alive(&CL.node[rep[i]]))
+                    bad = rep[i];
+    }
+    shard--;
+    assert_true(bad >= 0);
+    assert_int_equal(tsd_stop(&CL.node[bad]), 0);
+    snprintf(cmd, sizeof(cmd), "%s %s train %u 0 10 >/dev/null", CORRUPT_CHUNK_PATH,
+             CL.node[bad].data, shard);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(tsd_start(&CL.node[bad], NULL), 0);
+    /* Stop a node that is neither the corrupt one nor the shard's last good replica. */
+    int k = replicas("train", shard, rep);
+    for (int i = 0; i < CL.n && stopped < 0; i++) {
+        int in_set = 0;
+        for (int j = 0; j < k; j++)
+            in_set |= rep[j] == i;
+        if (i != bad && !in_set && tsd_alive(&CL.node[i]))
+            stopped = i;
+    }
+    for (int i = 0; i < CL.n && seed < 0; i++)
+        if (i != stopped && tsd_alive(&CL.node[i]))
+            seed = i;
+    assert_true(stopped >= 0 && seed >= 0);
+    assert_int_equal(kill(CL.node[stopped].pid, SIGSTOP), 0);
+
+    tessera_opts_init(&co);
+    co.address = CL.node[seed].addr;
+    co.timeout_ms = 1500;
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "train";
+    ro.unit = TESSERA_UNIT_RECORD;
+    ro.plan.shuffle = TESSERA_SHUFFLE_WINDOW;
+    ro.plan.window = 4;
+    ro.connections = 3;
+    tessera_reader *r = open_reader(&co, &ro);
+    while ((rc = tessera_reader_next(r, &u)) == 1) {
+        assert_true(rec_ok(u.shard, u.record, u.data, u.len));
+        assert_string_not_equal(u.node, CL.id[stopped]);
+        n++;
+    }
+    if (rc)
+        fprintf(stderr, "reader: %s\n", tessera_reader_error(r));
+    assert_int_equal(rc, 0);
+    assert_int_equal(n, total);
+    tessera_reader_stats(r, &st);
+    fprintf(stderr, "corrupt replica %s (shard %u), stopped %s: retries %llu, stall %.1f ms\n",
+            CL.id[bad], shard, CL.id[stopped], (unsigned long long)st.retries, st.stall_ns / 1e6);
+    assert_true(st.retries >= 1);
+    tessera_reader_close(r);
+    kill(CL.node[stopped].pid, SIGCONT);
+}
+
 int main(void)
 {
     const struct CMUnitTest node_tests[] = {
@@ -673,6 +770,7 @@ int main(void)
     };
     const struct CMUnitTest cluster_tests[] = {
         cmocka_unit_test(test_kill9_during_4_rank_read),
+        cmocka_unit_test(test_replica_faults_passed_over),
     };
     int rc = cmocka_run_group_tests_name("reader_node", node_tests, setup_node, teardown_node);
     rc += cmocka_run_group_tests_name("reader_cluster", cluster_tests, setup_cluster,
