@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define DEF_WINDOW_UNITS 32
+#define DEF_WINDOW_UNITS 64
 #define DEF_WINDOW_BYTES (256ull << 20)
 #define DEF_CONNECTIONS 2
-#define DEF_DEPTH 8
+#define DEF_DEPTH 32
 #define DEF_RETRIES 3
 #define DEF_INDEX_SHARDS 64
 #define MAX_CONNECTIONS 64
@@ -197,8 +197,10 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     if (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED)) {
         t0 = ts_now_mono_ns();
         r->st.stalls++;
+        r->caller_waits = 1;
         while (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED))
             pthread_cond_wait(&r->ready, &r->m);
+        r->caller_waits = 0;
         r->st.stall_ns += ts_now_mono_ns() - t0;
     }
     if (s->state == SLOT_FAILED) {
@@ -226,7 +228,7 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     s->buf = NULL;
     s->state = SLOT_FREE;
     r->consumed++;
-    pthread_cond_broadcast(&r->space);
+    ts_reader_wake_threads(r);
     pthread_mutex_unlock(&r->m);
     return 1;
 }

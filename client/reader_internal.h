@@ -58,6 +58,8 @@ struct tessera_reader {
     pthread_cond_t ready; /* a slot finished */
     pthread_cond_t space; /* the caller took a unit, or the reader stops */
     int stop;
+    int caller_waits;    /* the caller sleeps on ready, for plan position consumed */
+    uint32_t idle;       /* threads sleeping on space */
     struct slot *slots;  /* window_units of them */
     uint64_t next_claim; /* the next plan position a connection takes */
     uint64_t next_admit; /* the next plan position the byte window admits (in order) */
@@ -82,6 +84,20 @@ struct tessera_reader {
 static inline struct slot *ts_reader_slot(struct tessera_reader *r, uint64_t k)
 {
     return &r->slots[k % r->o.window_units];
+}
+
+/* Slot s finished (lock held): wakes the caller if it waits for exactly this one. */
+static inline void ts_reader_wake_caller(struct tessera_reader *r, const struct slot *s)
+{
+    if (r->caller_waits && s->k == r->consumed)
+        pthread_cond_signal(&r->ready);
+}
+
+/* Room in the window or the next admission (lock held): wakes the threads that sleep. */
+static inline void ts_reader_wake_threads(struct tessera_reader *r)
+{
+    if (r->idle)
+        pthread_cond_broadcast(&r->space);
 }
 
 /* Threads (reader_worker.c): first (taken) and connections - 1 more opened, a thread on

@@ -78,7 +78,7 @@ static void slot_fail(struct tessera_reader *r, struct slot *s, int rc, const ch
                  why && why[0] ? why : ts_strerror(rc));
     if (s->k < r->fail_k)
         r->fail_k = s->k;
-    pthread_cond_broadcast(&r->ready);
+    ts_reader_wake_caller(r, s);
 }
 
 static int push(struct piece **v, size_t *n, size_t *cap, const struct piece *p)
@@ -177,7 +177,7 @@ static void unit_start(struct ts_worker *w, uint64_t k)
         slot_fail(r, s, TS_ENOMEM, "no buffer for it");
     else if (npieces == 0) {
         s->state = SLOT_DONE;
-        pthread_cond_broadcast(&r->ready);
+        ts_reader_wake_caller(r, s);
     }
     pthread_mutex_unlock(&r->m);
     if (!buf)
@@ -251,7 +251,7 @@ static void collect(struct ts_worker *w)
         snprintf(s->node, sizeof(s->node), "%s", ts_client_served(w->c));
         if (--s->pieces_left == 0) {
             s->state = SLOT_DONE;
-            pthread_cond_broadcast(&r->ready);
+            ts_reader_wake_caller(r, s);
         }
     }
     pthread_mutex_unlock(&r->m);
@@ -327,7 +327,7 @@ static void *worker_main(void *arg)
             s = ts_reader_slot(r, w->pend_k);
             s->state = SLOT_READING;
             r->next_admit++;
-            pthread_cond_broadcast(&r->space); /* the next one may be another thread's */
+            ts_reader_wake_threads(r); /* the next one may be another thread's */
             r->ahead += s->len;
             if (r->ahead > r->st.ahead_bytes_max)
                 r->st.ahead_bytes_max = r->ahead;
@@ -357,7 +357,9 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&r->m);
             collect(w);
         } else {
+            r->idle++;
             pthread_cond_wait(&r->space, &r->m);
+            r->idle--;
             continue;
         }
         pthread_mutex_lock(&r->m);

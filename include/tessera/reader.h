@@ -46,10 +46,10 @@ struct tessera_reader_opts {
     struct tessera_plan_opts plan;
     const void *resume; /* a tessera_plan_state to continue from; NULL: the epoch's start */
     size_t resume_len;
-    uint32_t window_units; /* units read ahead of the caller at most; default 32 */
+    uint32_t window_units; /* units read ahead of the caller at most; default 64 */
     uint64_t window_bytes; /* bytes read ahead at most; default 256 MiB */
     uint32_t connections;  /* connections (and threads) reading at once; default 2 */
-    uint32_t depth;        /* reads in flight per connection; default 8 */
+    uint32_t depth;        /* reads in flight per connection; default 32 */
     uint32_t retries;      /* times a failed unit is read again; default 3 */
     uint32_t index_shards; /* record units: record indexes kept in memory (shards); default 64 */
     /*
