@@ -246,11 +246,6 @@ int tessera_reader_keep(tessera_reader *r)
     return rc;
 }
 
-void tessera_buffer_free(void *data)
-{
-    free(data);
-}
-
 uint64_t tessera_reader_len(const tessera_reader *r)
 {
     return r ? r->len : 0;

@@ -116,8 +116,7 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u);
  * 0, or TS_ENOENT when no unit is held.
  */
 int tessera_reader_keep(tessera_reader *r);
-/* Releases a buffer kept with tessera_reader_keep. NULL ok. */
-void tessera_buffer_free(void *data);
+/* (A kept buffer is released with tessera_buffer_free, tessera/tessera.h.) */
 /* Units this rank's plan holds, and units returned so far. */
 uint64_t tessera_reader_len(const tessera_reader *r);
 uint64_t tessera_reader_consumed(const tessera_reader *r);

@@ -168,6 +168,16 @@ int tessera_map_push_file(tessera_client *c, const char *path, uint64_t *new_epo
  */
 int tessera_failover(tessera_client *c, uint32_t pg, uint64_t *new_epoch);
 
+/* ---- for language bindings -------------------------------------------------------------- */
+
+/* Releases memory the library returned to the caller (lists, status documents, record
+ * offsets, kept reader units): free() of the library's own C library. NULL ok. */
+void tessera_buffer_free(void *data);
+/* sizeof a public struct named without its "struct " ("tessera_opts", "ts_shard_info", ...),
+ * so that a binding that mirrors the structs (Python's ctypes) can check its layout; 0 for a
+ * name it does not know. */
+size_t tessera_abi_size(const char *type);
+
 #ifdef __cplusplus
 }
 #endif

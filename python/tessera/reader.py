@@ -1,0 +1,160 @@
+"""Reader: one rank's plan of a dataset read ahead over several connections, units returned in
+plan order (docs/client.md "Readers"). Iterating gives the units' bytes; with copy=False,
+memoryviews over the library's buffers, freed when the last view goes."""
+
+import ctypes
+
+from ._lib import (ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc, lib)
+from .client import Client, ConnectOptions
+from .plan import encode_state, plan_opts
+
+UNIT = {"shard": 0, "record": 1}
+
+
+class _Kept:
+    """Owns a buffer the reader let go of (tessera_reader_keep)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __del__(self):
+        lib().tessera_buffer_free(self.ptr)
+
+
+class Item:
+    """One unit: its bytes (or a memoryview) and where it came from."""
+
+    __slots__ = ("data", "k", "unit", "shard", "record", "offset", "node")
+
+    def __init__(self, data, u):
+        self.data = data
+        self.k, self.unit, self.shard = u.k, u.unit, u.shard
+        self.record, self.offset = u.record, u.offset
+        self.node = u.node.decode() if u.node else ""
+
+    def __repr__(self):
+        return (f"Item(k={self.k}, unit={self.unit}, shard={self.shard}, record={self.record}, "
+                f"{len(self.data)} bytes from {self.node or '-'})")
+
+
+class Reader:
+    """Reads rank `rank` of `world`'s plan of `dataset`.
+
+    connect: an address, a ConnectOptions or a Client (its options are used; the reader opens
+    connections of its own). unit: "record" or "shard". Plan options: seed, epoch, shuffle
+    ("none", "global", "window"), window (shards per shuffle window), assign ("contiguous",
+    "strided"), remainder ("uneven", "drop", "pad"). resume: a state from state(). Reader
+    options: window_units, window_bytes, connections, depth, retries (library defaults when
+    None). copy: True gives bytes; False memoryviews without a copy.
+    """
+
+    def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
+                 shuffle="none", window=16, assign="contiguous", remainder="uneven",
+                 resume=None, window_units=None, window_bytes=None, connections=None,
+                 depth=None, retries=None, copy=True):
+        if isinstance(connect, Client):
+            connect = connect.options
+        elif not isinstance(connect, ConnectOptions):
+            connect = ConnectOptions(connect)
+        if unit not in UNIT:
+            raise ValueError(f"unit must be 'record' or 'shard' (got {unit!r})")
+        self._h = None
+        self.dataset, self.rank, self.world, self.copy = dataset, rank, world, copy
+        o = ReaderOpts()
+        lib().tessera_reader_opts_init(ctypes.byref(o))
+        defaults = {k: getattr(o, k) for k in ("window_units", "window_bytes", "connections",
+                                               "depth", "retries")}
+        self._name = enc(dataset)
+        o.dataset = self._name
+        o.unit = UNIT[unit]
+        o.plan = plan_opts(0, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=shuffle,
+                           assign=assign, remainder=remainder, window=window)
+        if resume is not None:
+            self._resume = ctypes.create_string_buffer(bytes(resume), len(resume))
+            o.resume, o.resume_len = ctypes.cast(self._resume, c_void_p), len(resume)
+        for k, v in (("window_units", window_units), ("window_bytes", window_bytes),
+                     ("connections", connections), ("depth", depth), ("retries", retries)):
+            setattr(o, k, defaults[k] if v is None else v)
+        co = connect.struct()
+        err = ctypes.create_string_buffer(512)
+        h = c_void_p()
+        rc = lib().tessera_reader_open(ctypes.byref(h), ctypes.byref(co), ctypes.byref(o), err,
+                                       512)
+        check(rc, err.value.decode())
+        self._h = h
+        self._u = Unit()
+
+    def close(self):
+        if self._h:
+            lib().tessera_reader_close(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __len__(self):
+        """Units this rank's plan holds."""
+        return lib().tessera_reader_len(self._h)
+
+    @property
+    def consumed(self):
+        """Units returned so far."""
+        return lib().tessera_reader_consumed(self._h)
+
+    def next_item(self):
+        """The next unit as an Item, or None at the end of the plan. Raises TesseraError (with
+        the dataset, shard and record) for a unit no replica could serve."""
+        if not self._h:
+            raise ValueError("the reader is closed")
+        rc = lib().tessera_reader_next(self._h, ctypes.byref(self._u))
+        if rc == 0:
+            return None
+        if rc < 0:
+            raise TesseraError(rc, lib().tessera_reader_error(self._h).decode())
+        u = self._u
+        if self.copy:
+            data = ctypes.string_at(u.data, u.len)
+        else:
+            lib().tessera_reader_keep(self._h)
+            arr = (ctypes.c_uint8 * u.len).from_address(u.data)
+            arr._owner = _Kept(u.data)
+            data = memoryview(arr)
+        return Item(data, u)
+
+    def __iter__(self):
+        while True:
+            item = self.next_item()
+            if item is None:
+                return
+            yield item.data
+
+    def items(self):
+        while True:
+            item = self.next_item()
+            if item is None:
+                return
+            yield item
+
+    def state(self, consumed):
+        """The job's position (bytes) from every rank's consumed count, in rank order."""
+        return encode_state(lib().tessera_reader_plan(self._h), consumed)
+
+    def stats(self):
+        s = ReaderStats()
+        lib().tessera_reader_stats(self._h, ctypes.byref(s))
+        return {
+            "units": s.units, "bytes": s.bytes, "stall_s": s.stall_ns / 1e9, "stalls": s.stalls,
+            "retries": s.retries, "reconnects": s.reconnects, "index_loads": s.index_loads,
+            "ahead_bytes_max": s.ahead_bytes_max,
+            "served": {s.nodes[i].node.decode(): {"units": s.nodes[i].units,
+                                                  "bytes": s.nodes[i].bytes}
+                       for i in range(s.nnodes)},
+        }
