@@ -1,6 +1,7 @@
 /*
- * libtessera internals: the transport operations table, the request engine's pieces that the
- * unit tests reach, and the pure reply decoders. Not installed.
+ * libtessera internals: the transport operations table, the layers of the library (the public
+ * calls' internal twins in api.c, the connection layer's ts_conn_*, the router's ts_cl_*) and
+ * the pure reply decoders. Not installed; none of these symbols is exported (tessera.map).
  */
 #ifndef TS_CLIENT_INTERNAL_H
 #define TS_CLIENT_INTERNAL_H
@@ -111,7 +112,17 @@ int ts_addr_parse(const char *s, struct ts_addr *a);
 /* The same, saying why an address is refused in why[cap] (may be NULL). */
 int ts_addr_parse_why(const char *s, struct ts_addr *a, char *why, size_t cap);
 
-/* ---- opening over a given transport (tests) ---------------------------------------------------
+/* ---- the public calls' internal twins (api.c) ------------------------------------------------
+ *
+ * libtessera is three layers, each calling only the one below it:
+ *   api.c       the public calls of a handle: each checks its arguments once and goes to the
+ *               router (a handle in cluster mode) or to the connection (a single node);
+ *               opening a handle (which asks the node for its cluster map and makes a router
+ *               when it has one) and closing it.
+ *   cluster*.c  the router (ts_cl_*): keeps the map and routes every call over
+ *               sub-connections, one per node, with the ts_conn_* calls below.
+ *   the rest    the connection layer (ts_conn_*: open.c, ops.c, read.c, put.c over request.c,
+ *               recv.c, conn.c): one connection to one node; it never knows the router.
  */
 
 /* Why tessera_client_open refuses tls_cert/tls_key without tls_ca (TS_EINVAL). */
@@ -125,35 +136,71 @@ int ts_addr_parse_why(const char *s, struct ts_addr *a, char *why, size_t cap);
 int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen);
 /* Changes the per-request timeout of an open handle (< 0: none). */
 void ts_client_set_timeout(tessera_client *c, int timeout_ms);
-/* Like tessera_client_open, over t (taken on success and failure alike). */
+/* Like tessera_client_open, over t (taken on success and failure alike). Tests. */
 int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
                              struct ts_transport *t, char *err, size_t errlen);
+/* The node that served the submitted read tessera_wait / tessera_wait_any last returned. */
+const char *ts_client_served(const tessera_client *c);
+/* Submitted reads the handle sent to another replica after theirs failed (0: a single node). */
+uint64_t ts_client_resubmits(const tessera_client *c);
 
-/* ---- sub-connections (cluster mode) ----------------------------------------------------------
+/* ---- the connection layer (open.c, ops.c, read.c, put.c, conn.c) ------------------------------
  *
- * In cluster mode the handle the caller holds is a router (client/cluster*.c): it has no
- * connection of its own, keeps the cluster map, and routes every call over sub-connections,
- * one plain single-node handle per node, opened lazily. A sub-connection never asks for the
- * map and never routes; the public calls on it behave as on a single-node handle.
+ * One connection to one node: a single-node handle, or a sub-connection of the router (which
+ * never asks for the map and never routes). Each ts_conn_* call named after a public call
+ * does what that call does on a single node, argument checks included.
  */
 
 struct ts_map;
 struct ts_cluster;
 
 /*
+ * A top-level connection to o->address (connect, TLS, HELLO, the options kept) and its
+ * node's cluster map in *map (NULL: a single node; MAP_GET refused or unknown). Says why it
+ * failed into err[errlen].
+ */
+int ts_conn_open_seed(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                      char *err, size_t errlen);
+/* The same over t (taken on success and failure alike). */
+int ts_conn_open_transport(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                           struct ts_transport *t, char *err, size_t errlen);
+/*
  * Opens a sub-connection to o->address (connect, TLS, HELLO; no MAP_GET). Its requests carry
  * *epoch_ref (the router's map epoch) rather than the epoch of the replies.
  */
 int ts_conn_open(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
                  char *err, size_t errlen);
+/*
+ * A handle with no connection of its own (a router's): seed's node, role and limits, map
+ * epoch epoch, and seed's options, whose strings move over from seed. TS_ENOMEM leaves seed
+ * as it was.
+ */
+int ts_conn_shell(tessera_client **out, tessera_client *seed, uint64_t epoch);
+/* Closes the connection and frees the handle (NULL is a no-op). */
+void ts_conn_close(tessera_client *c);
 /* Makes an open single-node handle a sub-connection whose requests carry *epoch_ref. */
 void ts_conn_attach(tessera_client *c, const uint64_t *epoch_ref);
+
 /* The code that ended the connection, or 0 while it is usable. */
 int ts_conn_broken(const tessera_client *c);
 /* The highest map epoch any reply on the connection carried (HELLO included). */
 uint64_t ts_conn_seen_epoch(const tessera_client *c);
 /* The newest map a TS_ESTALE reply carried since the last call, or NULL; the caller frees it. */
 struct ts_map *ts_conn_take_stale_map(tessera_client *c);
+/* The options a top-level handle was opened with (strings owned by the handle). */
+const struct tessera_opts *ts_conn_opts(const tessera_client *c);
+/* Per-request timeout of a handle (ms; < 0: none). */
+int ts_conn_timeout(const tessera_client *c);
+/* Sets it (0: the default). */
+void ts_conn_set_timeout(tessera_client *c, int timeout_ms);
+/* What tessera_client_role / _error / _node say of a handle (NULL: 0, ""). */
+int ts_conn_role(const tessera_client *c);
+const char *ts_conn_error(const tessera_client *c);
+const char *ts_conn_node(const tessera_client *c);
+/* Sets the handle's message, as tessera_client_error() shows it. */
+void ts_conn_set_error(tessera_client *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /*
  * MAP_GET: *out the node's map (NULL when it has none: epoch 0, no nodes), *epoch its epoch.
  * 0 or TS_E* (an old server answers TS_ENOTSUP).
@@ -161,11 +208,42 @@ struct ts_map *ts_conn_take_stale_map(tessera_client *c);
 int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch);
 /* MAP_PUSH: *epoch the epoch now in force on the node. */
 int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch);
+
+/* The public calls of the same names, on one connection. */
+int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p);
+int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n);
+int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out);
+int ts_conn_dataset_seal(tessera_client *c, const char *name);
+int ts_conn_dataset_delete(tessera_client *c, const char *name);
+int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
+                          uint32_t *n);
+int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
+                       struct ts_shard_info *out);
+int ts_conn_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n);
+int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+                const uint64_t *records, uint32_t nrecords);
+int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size);
+int ts_conn_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+                 void *buf, size_t *out_len);
+int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                        size_t len, void *buf, uint64_t *op);
+int ts_conn_wait(tessera_client *c, uint64_t op, size_t *out_len);
+int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len);
+int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
+                  void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
+                             int rc),
+                  void *arg);
+int ts_conn_status(tessera_client *c, char **json);
+
+/* DATASET_CREATE on this handle's node with the incarnation every node of a cluster records
+ * for this creation (0: the node picks one; single node). No checks at entry. */
+int ts_conn_dataset_create_inc(tessera_client *c, const char *name,
+                               const struct ts_dataset_policy *p, uint64_t incarnation);
 /* DATASET_SEAL with the trailing flags byte (TS_SEAL_LOCAL_ONLY). */
-int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags);
+int ts_conn_dataset_seal_flags(tessera_client *c, const char *name, uint8_t flags);
 /* Submitted reads on the connection not collected yet. */
 size_t ts_conn_user_pending(const tessera_client *c);
-/* 1 when submitted read op has completed (tessera_wait returns at once), 0 while it is in
+/* 1 when submitted read op has completed (ts_conn_wait returns at once), 0 while it is in
  * flight, TS_ENOENT when the connection has no such read. */
 int ts_conn_op_done(const tessera_client *c, uint64_t op);
 /*
@@ -175,24 +253,14 @@ int ts_conn_op_done(const tessera_client *c, uint64_t op);
  * 0, or TS_ENOENT when no connection has a read in flight.
  */
 int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms);
-/* The node that served the submitted read tessera_wait / tessera_wait_any last returned. */
-const char *ts_client_served(const tessera_client *c);
-/* Submitted reads the handle sent to another replica after theirs failed (0: a single node). */
-uint64_t ts_client_resubmits(const tessera_client *c);
-/* The router state of a handle in cluster mode, else NULL. */
-struct ts_cluster *ts_client_cluster(const tessera_client *c);
-/* The options a top-level handle was opened with (strings owned by the handle). */
-const struct tessera_opts *ts_client_opts(const tessera_client *c);
-/* Sets the handle's message, as tessera_client_error() shows it. */
-void ts_client_set_error(tessera_client *c, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-/* Per-request timeout of a handle (ms; < 0: none). */
-int ts_client_timeout(const tessera_client *c);
 
 /* ---- the router (client/cluster*.c) ---------------------------------------------------------
  *
- * Every ts_cl_* function implements the public call of the same name for a router handle c
- * (c's message was cleared already); cl is c's cluster state.
+ * In cluster mode the handle the caller holds is a router: it has no connection of its own,
+ * keeps the cluster map, and routes every call over sub-connections, one per node, opened
+ * lazily. Every ts_cl_* function named after a public call implements it for a router handle
+ * c whose arguments api.c has checked (c's message was cleared already); cl is c's cluster
+ * state.
  */
 
 /* Takes seed (an open handle to one node, which becomes that node's sub-connection) and map. */
@@ -201,6 +269,9 @@ int ts_cl_create(struct ts_cluster **out, tessera_client *router, tessera_client
 void ts_cl_free(struct ts_cluster *cl);
 uint64_t ts_cl_epoch(const struct ts_cluster *cl);
 void ts_cl_set_timeout(struct ts_cluster *cl, int timeout_ms);
+const struct ts_map *ts_cl_map(const struct ts_cluster *cl);
+const char *ts_cl_served(const struct ts_cluster *cl);
+uint64_t ts_cl_resubmits(const struct ts_cluster *cl);
 
 int ts_cl_dataset_create(tessera_client *c, struct ts_cluster *cl, const char *name,
                          const struct ts_dataset_policy *p);
@@ -231,8 +302,14 @@ int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
                 void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk, int rc),
                 void *arg);
 int ts_cl_status(tessera_client *c, struct ts_cluster *cl, char **json);
+/* cl NULL: c is a single-node handle; a bare router of its own reaches the file's nodes. */
+int ts_cl_map_push_file(tessera_client *c, struct ts_cluster *cl, const char *path,
+                        uint64_t *new_epoch);
+int ts_cl_failover(tessera_client *c, struct ts_cluster *cl, uint32_t pg, uint64_t *new_epoch);
+/* STATUS of node i of the map (connecting to it if needed). */
+int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, char **json);
 
-/* ---- cluster views for the CLI -------------------------------------------------------------- */
+/* ---- cluster views for the CLI (api.c) ------------------------------------------------------ */
 
 /* The handle's cluster map; NULL on a single node. */
 const struct ts_map *ts_client_map(const tessera_client *c);
@@ -286,10 +363,5 @@ int ts_read_pieces_verify(const uint8_t *table, uint32_t n, const uint8_t *data,
 /* Bytes of a dataset info / shard info on the wire, at least (for bounding list counts). */
 #define TS_DATASET_INFO_MIN 42
 #define TS_SHARD_INFO_LEN 37
-
-/* DATASET_CREATE on this handle's node with the incarnation every node of a cluster records
- * for this creation (0: the node picks one; single node). */
-int ts_client_dataset_create_inc(tessera_client *c, const char *name,
-                                 const struct ts_dataset_policy *p, uint64_t incarnation);
 
 #endif

@@ -1,9 +1,14 @@
 /*
  * libtessera in cluster mode: the router.
  *
- * A handle opened on a node that has a cluster map becomes a router (open.c): it keeps the
+ * A handle opened on a node that has a cluster map becomes a router (api.c): it keeps the
  * map and sends every call to the nodes that hold its data, over sub-connections (plain
- * single-node handles, one per node) opened when first needed, with the same TLS options.
+ * single-node connections, one per node) opened when first needed, with the same TLS options.
+ *
+ * The router sits between the public calls and the connection layer: api.c checks a call's
+ * arguments and hands a router handle's call to its ts_cl_* function here; the router talks
+ * to the nodes only through the connection layer's ts_conn_* calls (client_internal.h), never
+ * through a public tessera_* call, so nothing below it calls back up.
  *
  * Placement (common/ts_map.h): shard -> PG by a stable hash, PG -> ordered replicas over the
  * nodes that are up (primary, other core replicas, fringe replicas). The dataset's policy
@@ -24,9 +29,10 @@
  * This file holds the router's state and what every routed call stands on: the nodes we talk
  * to (peers) and their connections, the map (adopting a newer one), fan-outs over the nodes,
  * the bookkeeping of a replica that failed a read (ts_cl_sel_fail, and ts_cl_cop_collect: a
- * broken connection's submitted reads are collected before it is replaced), and the router's
- * creation and release. The calls themselves are in cluster_read.c, cluster_put.c,
- * cluster_dataset.c and cluster_admin.c; placement and replica selection in cluster_place.c.
+ * broken connection's submitted reads are collected before it is replaced), the router's
+ * creation and release, and its epoch, timeout and map for api.c. The calls themselves are
+ * in cluster_read.c, cluster_put.c, cluster_dataset.c and cluster_admin.c; placement and
+ * replica selection in cluster_place.c.
  */
 #include "cluster_internal.h"
 
@@ -52,7 +58,7 @@ void ts_cl_err(struct ts_cluster *cl, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    ts_client_set_error(cl->c, "%s", buf);
+    ts_conn_set_error(cl->c, "%s", buf);
 }
 
 /* Appends "; "-separated text to why[WHY_LEN]. */
@@ -173,7 +179,7 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
         for (size_t i = 0; i < cl->ncops && cl->peers[p].reads; i++)
             if (cl->cops[i]->inflight && cl->cops[i]->peer == p)
                 ts_cl_cop_collect(cl, cl->cops[i]);
-        tessera_client_close(sub);
+        ts_conn_close(sub);
         cl->peers[p].conn = NULL;
     }
     if (cl->peers[p].conn) {
@@ -194,11 +200,11 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
                   err[0] ? err : ts_strerror(rc));
         return rc;
     }
-    ts_client_set_timeout(sub, cl->timeout_ms);
+    ts_conn_set_timeout(sub, cl->timeout_ms);
     cl->peers[p].failed_ns = 0;
-    if (strcmp(tessera_client_node(sub), cl->peers[p].id) != 0)
+    if (strcmp(ts_conn_node(sub), cl->peers[p].id) != 0)
         TS_WARN(FAC, 0, "%s answers as node '%s', the map says '%s'", cl->peers[p].addr,
-                tessera_client_node(sub), cl->peers[p].id);
+                ts_conn_node(sub), cl->peers[p].id);
     cl->peers[p].conn = sub;
     *out = sub;
     return 0;
@@ -256,9 +262,9 @@ int ts_cl_peer_done(struct ts_cluster *cl, size_t p, tessera_client *sub, int rc
                     size_t cap)
 {
     if (msg)
-        snprintf(msg, cap, "%s", tessera_client_error(sub));
+        snprintf(msg, cap, "%s", ts_conn_error(sub));
     else if (rc)
-        ts_cl_err(cl, "%s", tessera_client_error(sub));
+        ts_cl_err(cl, "%s", ts_conn_error(sub));
     ts_cl_check(cl, p);
     return rc;
 }
@@ -337,7 +343,7 @@ void ts_cl_fan_fail(struct ts_cluster *cl, struct fan *f, size_t p, int rc)
 {
     if (!f->first || (f->absent_last && ts_cl_absent(f->first) && !ts_cl_absent(rc)))
         f->first = rc;
-    ts_cl_why_add(f->why, "%s: %s", cl->peers[p].id, tessera_client_error(cl->c));
+    ts_cl_why_add(f->why, "%s: %s", cl->peers[p].id, ts_conn_error(cl->c));
 }
 
 /* No node answered: every failure goes into the router's message; the code to return. */
@@ -359,7 +365,7 @@ int ts_cl_create(struct ts_cluster **out, tessera_client *router, tessera_client
     cl = calloc(1, sizeof(*cl));
     if (!cl) {
         ts_map_free(map);
-        tessera_client_close(seed);
+        ts_conn_close(seed);
         return TS_ENOMEM;
     }
     cl->c = router;
@@ -368,17 +374,17 @@ int ts_cl_create(struct ts_cluster **out, tessera_client *router, tessera_client
     cl->epoch = map ? map->epoch : 0;
     cl->seed = NO_PEER;
     cl->next_op = 1;
-    cl->timeout_ms = ts_client_timeout(router);
+    cl->timeout_ms = ts_conn_timeout(router);
     cl->salt = ts_cl_mix64(ts_now_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)cl);
     if (seed) {
-        i = map ? ts_map_find(map, tessera_client_node(seed)) : -1;
+        i = map ? ts_map_find(map, ts_conn_node(seed)) : -1;
         if (i >= 0 && ts_cl_node_peer(cl, map, (size_t)i, &cl->seed) == 0) {
             cl->peers[cl->seed].conn = seed;
             ts_conn_attach(seed, &cl->epoch);
         } else {
             TS_WARN(FAC, 0, "the node opened, '%s', is not in its own cluster map",
-                    tessera_client_node(seed));
-            tessera_client_close(seed);
+                    ts_conn_node(seed));
+            ts_conn_close(seed);
         }
     }
     *out = cl;
@@ -390,7 +396,7 @@ void ts_cl_free(struct ts_cluster *cl)
     if (!cl)
         return;
     for (size_t i = 0; i < cl->npeers; i++)
-        tessera_client_close(cl->peers[i].conn);
+        ts_conn_close(cl->peers[i].conn);
     for (size_t i = 0; i < cl->ncops; i++) {
         free(cl->cops[i]->msg);
         free(cl->cops[i]);
@@ -412,14 +418,12 @@ void ts_cl_set_timeout(struct ts_cluster *cl, int timeout_ms)
     cl->timeout_ms = timeout_ms;
     for (size_t i = 0; i < cl->npeers; i++)
         if (cl->peers[i].conn)
-            ts_client_set_timeout(cl->peers[i].conn, timeout_ms);
+            ts_conn_set_timeout(cl->peers[i].conn, timeout_ms);
 }
 
-const struct ts_map *ts_client_map(const tessera_client *c)
+const struct ts_map *ts_cl_map(const struct ts_cluster *cl)
 {
-    struct ts_cluster *cl = ts_client_cluster(c);
-
-    return cl ? cl->map : NULL;
+    return cl->map;
 }
 
 /* ---- a replica that failed a read ----------------------------------------------------------- */
@@ -463,7 +467,7 @@ void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k)
     tessera_client *sub = cl->peers[k->peer].conn;
     const char *msg;
 
-    k->rc = tessera_wait(sub, k->sub_op, &k->got);
+    k->rc = ts_conn_wait(sub, k->sub_op, &k->got);
     k->inflight = 0;
     cl->peers[k->peer].reads--;
     free(k->msg);
@@ -472,7 +476,7 @@ void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k)
         ts_cl_check(cl, k->peer);
         return;
     }
-    msg = tessera_client_error(sub);
+    msg = ts_conn_error(sub);
     k->msg = malloc(strlen(msg) + sizeof(cl->peers[0].id) + 3);
     if (k->msg)
         sprintf(k->msg, "%s: %s", cl->peers[k->peer].id, msg);

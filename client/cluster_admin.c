@@ -1,7 +1,8 @@
 /*
  * libtessera in cluster mode: administration. Pushing a map file to every node it lists
- * (tessera_map_push_file, also from a single-node handle) and failing over a PG's primary
- * (tessera_failover).
+ * (tessera_map_push_file, also from a single-node handle: a bare router of its own) and
+ * failing over a PG's primary (tessera_failover). The public calls (api.c) check their
+ * arguments and come here; the nodes are reached over sub-connections (ts_conn_*).
  */
 #include "cluster_internal.h"
 
@@ -36,13 +37,13 @@ static int push_all(struct ts_cluster *cl, const struct ts_map *m, size_t skip_n
         rc = ts_cl_peer_conn(cl, p, !up, &sub);
         if (!rc) {
             rc = ts_conn_map_push(sub, m, &e);
-            msg = tessera_client_error(sub);
+            msg = ts_conn_error(sub);
             if (!rc && e != m->epoch) {
                 rc = TS_ESTALE;
                 msg = "it keeps a newer epoch";
             }
         } else {
-            msg = tessera_client_error(cl->c);
+            msg = ts_conn_error(cl->c);
         }
         if (!rc) {
             (*pushed)++;
@@ -57,24 +58,19 @@ static int push_all(struct ts_cluster *cl, const struct ts_map *m, size_t skip_n
     return first;
 }
 
-int tessera_map_push_file(tessera_client *c, const char *path, uint64_t *new_epoch)
+int ts_cl_map_push_file(tessera_client *c, struct ts_cluster *cl, const char *path,
+                        uint64_t *new_epoch)
 {
-    struct ts_cluster *cl, *bare = NULL;
+    struct ts_cluster *bare = NULL;
     struct ts_map *m = NULL, *got;
     char err[512], why[WHY_LEN] = "";
     uint64_t hi, e;
     size_t pushed;
     int rc;
 
-    if (new_epoch)
-        *new_epoch = 0;
-    if (!c || !path)
-        return TS_EINVAL;
-    ts_client_set_error(c, "%s", "");
-    cl = ts_client_cluster(c);
     if (!cl) {
         /* A single-node handle: connections to the file's nodes of its own. */
-        rc = ts_cl_create(&bare, c, NULL, NULL, ts_client_opts(c));
+        rc = ts_cl_create(&bare, c, NULL, NULL, ts_conn_opts(c));
         if (rc)
             return rc;
         cl = bare;
@@ -127,24 +123,13 @@ out_free:
     return rc;
 }
 
-int tessera_failover(tessera_client *c, uint32_t pg, uint64_t *new_epoch)
+int ts_cl_failover(tessera_client *c, struct ts_cluster *cl, uint32_t pg, uint64_t *new_epoch)
 {
-    struct ts_cluster *cl = ts_client_cluster(c);
     char why[WHY_LEN] = "";
     struct ts_map *m;
     int order[1], rc;
     size_t old, pushed;
 
-    if (new_epoch)
-        *new_epoch = 0;
-    if (!c)
-        return TS_EINVAL;
-    ts_client_set_error(c, "%s", "");
-    if (!cl) {
-        ts_client_set_error(c, "node %s has no cluster map: nothing to fail over",
-                            tessera_client_node(c));
-        return TS_EINVAL;
-    }
     ts_cl_refresh(cl, NO_PEER); /* the newest map any node has */
     if (pg >= cl->map->pg_count) {
         ts_cl_err(cl, "PG %u does not exist: the cluster has PGs 0 to %u", pg,

@@ -2,7 +2,8 @@
  * libtessera in cluster mode: dataset and shard calls, scrub and status. Creation, deletion
  * and sealing go to every node; stat and the lists are gathered from the nodes that are up and
  * merged; a shard's stat is asked of its replicas, the primary first; scrub adds the nodes'
- * reports up.
+ * reports up; status comes from one node (the seed, or any node the CLI names). Each node is
+ * asked with the connection layer's call of the same name (ts_conn_*) on its sub-connection.
  */
 #include "cluster_internal.h"
 
@@ -43,11 +44,11 @@ static int broadcast(struct ts_cluster *cl, const char *name, const struct ts_da
         rc = ts_cl_peer_conn(cl, p, f.states[i] != TS_NODE_UP, &sub);
         if (!rc)
             rc = ts_cl_peer_done(cl, p, sub,
-                                 pol ? ts_client_dataset_create_inc(sub, name, pol, inc)
-                                     : tessera_dataset_delete(sub, name),
+                                 pol ? ts_conn_dataset_create_inc(sub, name, pol, inc)
+                                     : ts_conn_dataset_delete(sub, name),
                                  msg, sizeof(msg));
         else
-            snprintf(msg, sizeof(msg), "%s", tessera_client_error(cl->c));
+            snprintf(msg, sizeof(msg), "%s", ts_conn_error(cl->c));
         if (!rc) {
             ok++;
         } else if (f.states[i] != TS_NODE_UP) {
@@ -123,8 +124,8 @@ static int gather_lists(struct ts_cluster *cl, const char *name, void **all, siz
         rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
         if (!rc)
             rc = ts_cl_peer_done(cl, f.peers[i], sub,
-                                 name ? tessera_shard_list(sub, name, &sv, &m)
-                                      : tessera_dataset_list(sub, &dv, &m),
+                                 name ? ts_conn_shard_list(sub, name, &sv, &m)
+                                      : ts_conn_dataset_list(sub, &dv, &m),
                                  NULL, 0);
         if (rc) {
             ts_cl_fan_fail(cl, &f, f.peers[i], rc);
@@ -248,7 +249,7 @@ int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *nam
         tessera_client *sub;
         rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
         if (!rc)
-            rc = ts_cl_peer_done(cl, f.peers[i], sub, tessera_dataset_stat(sub, name, &d), NULL, 0);
+            rc = ts_cl_peer_done(cl, f.peers[i], sub, ts_conn_dataset_stat(sub, name, &d), NULL, 0);
         if (rc) {
             ts_cl_fan_fail(cl, &f, f.peers[i], rc);
         } else if (!have) {
@@ -263,7 +264,7 @@ int ts_cl_dataset_stat(tessera_client *c, struct ts_cluster *cl, const char *nam
         return ts_cl_fan_none(cl, &f);
     ts_cl_policy_keep(cl, name, &out->policy);
     count_dataset(cl, name, out);
-    ts_client_set_error(c, "%s", "");
+    ts_conn_set_error(c, "%s", "");
     return 0;
 }
 
@@ -295,7 +296,7 @@ int ts_cl_dataset_list(tessera_client *c, struct ts_cluster *cl, struct ts_datas
     }
     for (size_t i = 0; i < k; i++)
         count_dataset(cl, all[i].name, &all[i]);
-    ts_client_set_error(c, "%s", "");
+    ts_conn_set_error(c, "%s", "");
     *out = all;
     *nout = k;
     return 0;
@@ -337,10 +338,10 @@ int ts_cl_dataset_seal(tessera_client *c, struct ts_cluster *cl, const char *nam
         rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
         if (!rc)
             rc = ts_cl_peer_done(cl, f.peers[i], sub,
-                                 ts_conn_dataset_seal(sub, name, TS_SEAL_LOCAL_ONLY), msg,
+                                 ts_conn_dataset_seal_flags(sub, name, TS_SEAL_LOCAL_ONLY), msg,
                                  sizeof(msg));
         else
-            snprintf(msg, sizeof(msg), "%s", tessera_client_error(cl->c));
+            snprintf(msg, sizeof(msg), "%s", ts_conn_error(cl->c));
         if (!rc) {
             ok++;
         } else if (rc == TS_ESEALED) {
@@ -379,7 +380,7 @@ int ts_cl_shard_records(tessera_client *c, struct ts_cluster *cl, const char *na
         rc = ts_cl_sel_next(cl, &s, name, shard, 0, &p, &sub);
         if (rc)
             return rc;
-        rc = tessera_shard_records(sub, name, shard, offsets, n);
+        rc = ts_conn_shard_records(sub, name, shard, offsets, n);
         if (!rc) {
             ts_cl_check(cl, p);
             return 0;
@@ -402,7 +403,7 @@ int ts_cl_shard_stat(tessera_client *c, struct ts_cluster *cl, const char *name,
         rc = ts_cl_sel_next(cl, &s, name, shard, 0, &p, &sub);
         if (rc)
             return rc;
-        rc = tessera_shard_stat(sub, name, shard, out);
+        rc = ts_conn_shard_stat(sub, name, shard, out);
         if (!rc) {
             ts_cl_check(cl, p);
             return 0;
@@ -420,7 +421,7 @@ int ts_cl_shard_list(tessera_client *c, struct ts_cluster *cl, const char *name,
 
     rc = shard_union(cl, name, out, n, &answered);
     if (!rc)
-        ts_client_set_error(c, "%s", "");
+        ts_conn_set_error(c, "%s", "");
     return rc;
 }
 
@@ -442,7 +443,7 @@ int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
         tessera_client *sub;
         rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
         if (!rc)
-            rc = ts_cl_peer_done(cl, f.peers[i], sub, tessera_scrub(sub, name, &r, cb, arg), NULL,
+            rc = ts_cl_peer_done(cl, f.peers[i], sub, ts_conn_scrub(sub, name, &r, cb, arg), NULL,
                                  0);
         if (rc) {
             ts_cl_fan_fail(cl, &f, f.peers[i], rc);
@@ -474,9 +475,9 @@ int ts_cl_status(tessera_client *c, struct ts_cluster *cl, char **json)
 
     /* The node the handle was opened on, else the first node that answers. */
     if (p != NO_PEER && ts_cl_peer_conn(cl, p, 0, &sub) == 0) {
-        rc = tessera_status(sub, json);
+        rc = ts_conn_status(sub, json);
         if (rc)
-            ts_cl_err(cl, "%s: %s", cl->peers[p].id, tessera_client_error(sub));
+            ts_cl_err(cl, "%s: %s", cl->peers[p].id, ts_conn_error(sub));
         return rc;
     }
     rc = TS_EUNAVAIL;
@@ -486,30 +487,28 @@ int ts_cl_status(tessera_client *c, struct ts_cluster *cl, char **json)
         rc = ts_cl_peer_conn(cl, p, 0, &sub);
         if (rc)
             continue;
-        rc = tessera_status(sub, json);
+        rc = ts_conn_status(sub, json);
         if (rc)
-            ts_cl_err(cl, "%s: %s", cl->peers[p].id, tessera_client_error(sub));
+            ts_cl_err(cl, "%s: %s", cl->peers[p].id, ts_conn_error(sub));
         return rc;
     }
     return rc;
 }
 
-int ts_client_node_status(tessera_client *c, size_t node, char **json)
+int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, char **json)
 {
-    struct ts_cluster *cl = ts_client_cluster(c);
     tessera_client *sub;
     size_t p;
     int rc;
 
-    *json = NULL;
-    if (!cl || node >= cl->map->n)
+    if (node >= cl->map->n)
         return TS_EINVAL;
-    ts_client_set_error(c, "%s", "");
+    ts_conn_set_error(c, "%s", "");
     rc = ts_cl_node_peer(cl, cl->map, node, &p);
     if (rc)
         return rc;
     rc = ts_cl_peer_conn(cl, p, cl->map->nodes[node].state != TS_NODE_UP, &sub);
     if (rc)
         return rc;
-    return ts_cl_peer_done(cl, p, sub, tessera_status(sub, json), NULL, 0);
+    return ts_cl_peer_done(cl, p, sub, ts_conn_status(sub, json), NULL, 0);
 }

@@ -2,7 +2,9 @@
  * libtessera internals of the router (cluster mode): its state (struct ts_cluster), the peers
  * it talks to, submitted reads, replica selection and fan-outs, and the functions that the
  * router's files (cluster.c, cluster_place.c, cluster_read.c, cluster_put.c,
- * cluster_dataset.c, cluster_admin.c) share. Not installed.
+ * cluster_dataset.c, cluster_admin.c) share. The router is entered from api.c only (the
+ * ts_cl_* calls of client_internal.h) and reaches the nodes only through the connection
+ * layer's ts_conn_* calls. Not installed.
  */
 #ifndef TS_CLUSTER_INTERNAL_H
 #define TS_CLUSTER_INTERNAL_H

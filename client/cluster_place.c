@@ -66,7 +66,7 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
             return rc;
         rc = ts_cl_peer_conn(cl, p, 0, &sub);
         if (!rc)
-            rc = ts_cl_peer_done(cl, p, sub, tessera_dataset_stat(sub, name, &d), NULL, 0);
+            rc = ts_cl_peer_done(cl, p, sub, ts_conn_dataset_stat(sub, name, &d), NULL, 0);
         if (!rc) {
             *replicas = (unsigned)d.policy.core + d.policy.fringe;
             return ts_cl_policy_keep(cl, name, &d.policy);
@@ -160,7 +160,7 @@ again:
                 *out = p;
                 return 0;
             }
-            ts_cl_sel_fail(cl, s, p, rc, tessera_client_error(cl->c), name, shard, off);
+            ts_cl_sel_fail(cl, s, p, rc, ts_conn_error(cl->c), name, shard, off);
             if (s->adopted != adopted)
                 goto again;
         }
@@ -181,7 +181,7 @@ int ts_cl_sel_retry(struct ts_cluster *cl, struct sel *s, size_t p, tessera_clie
 {
     char msg[512];
 
-    snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+    snprintf(msg, sizeof(msg), "%s", ts_conn_error(sub));
     if (ts_cl_sel_fail(cl, s, p, rc, msg, name, shard, off))
         return 1;
     ts_cl_err(cl, "%s: %s", cl->peers[p].id, msg);

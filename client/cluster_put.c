@@ -1,7 +1,8 @@
 /*
- * libtessera in cluster mode: writes. An upload goes to its PG's primary, retried under a
- * newer map (TS_ESTALE), while the primary is peering (TS_EBUSY), and once with the primary a
- * refreshed map names when it is unreachable.
+ * libtessera in cluster mode: writes. An upload goes to its PG's primary (ts_conn_put or
+ * ts_conn_put_fd on its sub-connection), retried under a newer map (TS_ESTALE), while the
+ * primary is peering (TS_EBUSY), and once with the primary a refreshed map names when it is
+ * unreachable.
  */
 #include "cluster_internal.h"
 
@@ -41,12 +42,12 @@ int ts_cl_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32
         unreachable = 0;
         rc = ts_cl_peer_conn(cl, p, 0, &sub);
         if (rc) {
-            snprintf(msg, sizeof(msg), "%s", tessera_client_error(c));
+            snprintf(msg, sizeof(msg), "%s", ts_conn_error(c));
             unreachable = 1;
         } else {
-            rc = fd < 0 ? tessera_put(sub, name, shard, buf, len, records, nrecords)
-                        : tessera_put_fd(sub, name, shard, fd, size);
-            snprintf(msg, sizeof(msg), "%s", tessera_client_error(sub));
+            rc = fd < 0 ? ts_conn_put(sub, name, shard, buf, len, records, nrecords)
+                        : ts_conn_put_fd(sub, name, shard, fd, size);
+            snprintf(msg, sizeof(msg), "%s", ts_conn_error(sub));
             adopted = ts_cl_check(cl, p);
             if (!rc)
                 return 0;

@@ -1,8 +1,10 @@
 /*
- * libtessera in cluster mode: reads. tessera_read goes to one replica and moves on to the next
- * on a failure another replica may not have; submitted reads (tessera_read_submit) are kept
- * by the router (struct cop), resubmitted to another replica when theirs fails, and collected
- * by tessera_wait / tessera_wait_any across the sub-connections.
+ * libtessera in cluster mode: reads. tessera_read goes to one replica (ts_conn_read on its
+ * sub-connection) and moves on to the next on a failure another replica may not have;
+ * submitted reads (tessera_read_submit) are kept by the router (struct cop), resubmitted to
+ * another replica when theirs fails, and collected by tessera_wait / tessera_wait_any across
+ * the sub-connections (ts_conn_wait, ts_conns_wait). Also what the router says of the reads
+ * it served (ts_cl_served, ts_cl_resubmits).
  */
 #include "cluster_internal.h"
 
@@ -25,7 +27,7 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
         rc = ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub);
         if (rc)
             return rc;
-        rc = tessera_read(sub, name, shard, off, len, buf, out_len);
+        rc = ts_conn_read(sub, name, shard, off, len, buf, out_len);
         if (!rc) {
             ts_cl_check(cl, p);
             return 0;
@@ -74,7 +76,7 @@ static int cop_submit(struct ts_cluster *cl, struct cop *k)
         rc = ts_cl_sel_next(cl, &k->sel, k->name, k->shard, k->off, &p, &sub);
         if (rc)
             return rc;
-        rc = tessera_read_submit(sub, k->name, k->shard, k->off, k->len, k->buf, &k->sub_op);
+        rc = ts_conn_read_submit(sub, k->name, k->shard, k->off, k->len, k->buf, &k->sub_op);
         if (!rc) {
             k->inflight = 1;
             k->retry = 0;
@@ -103,7 +105,7 @@ static int cop_settle(struct ts_cluster *cl, struct cop *k)
     k->rc = rc;
     k->retry = 0;
     free(k->msg);
-    k->msg = strdup(tessera_client_error(cl->c));
+    k->msg = strdup(ts_conn_error(cl->c));
     return 1;
 }
 
@@ -203,16 +205,12 @@ int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_
     }
 }
 
-const char *ts_client_served(const tessera_client *c)
+const char *ts_cl_served(const struct ts_cluster *cl)
 {
-    const struct ts_cluster *cl = ts_client_cluster(c);
-
-    return cl ? cl->served : tessera_client_node(c);
+    return cl->served;
 }
 
-uint64_t ts_client_resubmits(const tessera_client *c)
+uint64_t ts_cl_resubmits(const struct ts_cluster *cl)
 {
-    const struct ts_cluster *cl = ts_client_cluster(c);
-
-    return cl ? cl->resubmits : 0;
+    return cl->resubmits;
 }

@@ -1,11 +1,11 @@
 /*
- * libtessera: the connection engine. Requests are queued for sending (header and fields in a
- * buffer the request owns, then optionally a data tail borrowed from the caller) and matched
- * to replies by request id; the server may answer in any order. Everything is driven by
- * ts_pump(), which sends and receives without blocking and waits in the transport's wait()
- * until a condition holds, the connection fails, or the call's timeout passes; ts_conns_wait
- * drives several connections at once. On top: queueing a request (ts_req_send) and the
- * request-reply round trips (ts_call*).
+ * libtessera, the connection layer: the engine. Requests are queued for sending (header and
+ * fields in a buffer the request owns, then optionally a data tail borrowed from the caller)
+ * and matched to replies by request id; the server may answer in any order. Everything is
+ * driven by ts_pump(), which sends and receives without blocking and waits in the transport's
+ * wait() until a condition holds, the connection fails, or the call's timeout passes;
+ * ts_conns_wait drives several connections at once. On top: queueing a request
+ * (ts_req_send) and the request-reply round trips (ts_call*).
  */
 #include "conn.h"
 
@@ -28,7 +28,7 @@ void ts_fail_conn(struct tessera_client *c, int rc)
     c->broken = rc;
     why = c->t && c->t->ops->error ? c->t->ops->error(c->t) : NULL;
     if (why && !c->err[0])
-        ts_client_set_error(c, "%s", why);
+        ts_conn_set_error(c, "%s", why);
     TS_WARN(FAC, rc, "connection to %s failed%s%s", c->node[0] ? c->node : "the server",
             why ? ": " : "", why ? why : "");
     for (size_t i = 0; i < c->nlive; i++) {
@@ -160,7 +160,7 @@ int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg)
         if (deadline) {
             now = ts_now_mono_ns();
             if (now >= deadline) {
-                ts_client_set_error(c, "no reply within %d ms", c->timeout_ms);
+                ts_conn_set_error(c, "no reply within %d ms", c->timeout_ms);
                 ts_fail_conn(c, TS_ETIMEDOUT);
                 continue;
             }
@@ -225,7 +225,7 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
                 for (size_t i = 0; i < n; i++) {
                     if (v[i]->broken || !ts_conn_user_pending(v[i]))
                         continue;
-                    ts_client_set_error(v[i], "no reply within %d ms", timeout_ms);
+                    ts_conn_set_error(v[i], "no reply within %d ms", timeout_ms);
                     ts_fail_conn(v[i], TS_ETIMEDOUT);
                 }
                 continue;
@@ -286,8 +286,8 @@ int ts_req_send(struct tessera_client *c, struct ts_req *r, const void *data, si
         return r->w.err;
     payload = (uint64_t)(r->w.len - TS_HDR_LEN) + len;
     if (payload > TS_MIN(d->max_payload, c->max_frame)) {
-        ts_client_set_error(c, "a %s request of %llu bytes exceeds the limit of %u", d->name,
-                            (unsigned long long)payload, TS_MIN(d->max_payload, c->max_frame));
+        ts_conn_set_error(c, "a %s request of %llu bytes exceeds the limit of %u", d->name,
+                          (unsigned long long)payload, TS_MIN(d->max_payload, c->max_frame));
         return TS_ETOOBIG;
     }
     live = ts_grow(c->live, c->nlive, &c->caplive, sizeof(*live), 64);

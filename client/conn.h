@@ -1,8 +1,9 @@
 /*
- * libtessera internals of the single-node handle: the handle itself (struct tessera_client),
+ * libtessera internals of the connection layer: the handle itself (struct tessera_client),
  * its request records and receive state, and the engine functions that the files of the
- * client (request.c, recv.c, conn.c, open.c, ops.c, read.c, put.c) share. Not installed; the
- * router (cluster*.c) and the tests see only client_internal.h.
+ * connection layer (request.c, recv.c, conn.c, open.c, ops.c, read.c, put.c) share, with the
+ * checks at entry that the public calls (api.c) use too. Not installed; the router
+ * (cluster*.c) and the tests see only client_internal.h.
  */
 #ifndef TS_CLIENT_CONN_H
 #define TS_CLIENT_CONN_H
@@ -73,7 +74,8 @@ struct rx {
 };
 
 struct tessera_client {
-    struct ts_cluster *cl; /* cluster mode: a router with no connection of its own */
+    struct ts_cluster *cl; /* cluster mode: a router with no connection of its own (t NULL);
+                              set and read by api.c only, never by the connection layer */
     struct ts_transport *t;
     int broken;      /* 0, or the code that ended the connection */
     uint64_t frames; /* reply frame headers received intact */
@@ -116,8 +118,16 @@ int ts_enter(tessera_client *c);
 int ts_name_check(tessera_client *c, const char *name);
 /* ts_enter() for a call on a dataset: a valid name too. */
 int ts_enter_name(tessera_client *c, const char *name);
-/* ts_enter() for the calls that only a connection takes, never a router. */
+/* ts_enter() for the calls that only a connection takes: never a handle with no connection
+ * of its own (a router's). */
 int ts_enter_conn(tessera_client *c);
+/* A read's name, range and buffer (ts_conn_read, ts_conn_read_submit; read.c). */
+int ts_read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf);
+/* The start of a list call (the caller has emptied *out): a usable handle, outputs given
+ * (ops.c). */
+int ts_list_begin(tessera_client *c, int have_out, size_t *n);
+/* The policy of a dataset created without one (ops.c). */
+extern const struct ts_dataset_policy ts_policy_default;
 
 /* ---- request records (request.c) ------------------------------------------------------------ */
 

@@ -1,8 +1,10 @@
 /*
- * libtessera: opening and closing handles. Connecting (address, transport), HELLO, keeping
- * the options, and the cluster map that decides between a single-node handle and a router;
- * closing; and what an open handle tells (role, node, epoch, error, the sub-connection
- * accessors the router uses).
+ * libtessera, the connection layer: opening and closing a connection. Connecting (address,
+ * transport), HELLO, keeping the options of a top-level handle and asking its node for the
+ * cluster map (whether that makes a router is decided above, in api.c); closing; a handle
+ * with no connection of its own for the router to live in; and the accessors of a connection
+ * (role, node, message, epochs, timeout, options) that the public calls and the router use.
+ * Nothing here knows the router.
  */
 #include "conn.h"
 
@@ -45,8 +47,8 @@ static int hello(struct tessera_client *c, const char *client_name)
     if (rc)
         return ts_proto_err(c, "HELLO");
     if (h.version != TS_PROTO_VERSION) {
-        ts_client_set_error(c, "the server speaks protocol version %u, this library %u", h.version,
-                            TS_PROTO_VERSION);
+        ts_conn_set_error(c, "the server speaks protocol version %u, this library %u", h.version,
+                          TS_PROTO_VERSION);
         return TS_ENOTSUP;
     }
     snprintf(c->node, sizeof(c->node), "%s", h.node);
@@ -104,55 +106,20 @@ static int seed_map(struct tessera_client *c, struct ts_map **map)
     return rc;
 }
 
-/* A router handle over the seed's cluster: it takes seed and map. */
-static int make_router(struct tessera_client **out, struct tessera_client *seed, struct ts_map *map)
-{
-    struct tessera_client *r;
-    int rc;
-
-    *out = NULL;
-    r = calloc(1, sizeof(*r));
-    if (!r) {
-        rc = TS_ENOMEM;
-        goto out_free_seed;
-    }
-    r->role = seed->role;
-    r->max_frame = seed->max_frame;
-    r->timeout_ms = seed->timeout_ms;
-    r->max_inflight = seed->max_inflight;
-    r->epoch = map->epoch;
-    snprintf(r->node, sizeof(r->node), "%s", seed->node);
-    r->opts = seed->opts; /* the strings stay in seed->optbuf: move them */
-    r->optbuf = seed->optbuf;
-    seed->optbuf = NULL;
-    ts_rx_reset(r);
-    rc = ts_cl_create(&r->cl, r, seed, map, &r->opts);
-    if (rc) {
-        tessera_client_close(r);
-        return rc;
-    }
-    *out = r;
-    return 0;
-
-out_free_seed:
-    ts_map_free(map);
-    tessera_client_close(seed);
-    return rc;
-}
-
 /* HELLO on a connected transport (taken on success and failure alike); then, for a
- * top-level handle (sub == 0), the cluster map decides between a single-node handle and a
- * router. */
-static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts_transport *t,
-                   const uint64_t *epoch_ref, int sub, char *err, size_t errlen)
+ * top-level handle (map not NULL), its options are kept and its node's cluster map is asked
+ * for (*map, NULL on a single node). */
+static int open_on(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                   struct ts_transport *t, const uint64_t *epoch_ref, char *err, size_t errlen)
 {
     /* Plain TCP to a TLS port: the server drops the connection or answers with a TLS alert. */
     int plain = t->ops == &ts_transport_tcp;
     struct tessera_client *c;
-    struct ts_map *map = NULL;
     int rc;
 
     *out = NULL;
+    if (map)
+        *map = NULL;
     c = calloc(1, sizeof(*c));
     if (!c) {
         t->ops->close(t);
@@ -168,27 +135,16 @@ static int open_on(tessera_client **out, const struct tessera_opts *o, struct ts
     rc = hello(c, o->client_name);
     if (rc)
         goto out_close;
-    if (sub) {
-        *out = c;
-        return 0;
+    if (map) {
+        rc = opts_keep(c, o);
+        if (rc)
+            goto out_close;
+        rc = seed_map(c, map);
+        if (rc)
+            goto out_close;
     }
-    rc = opts_keep(c, o);
-    if (rc)
-        goto out_close;
-    rc = seed_map(c, &map);
-    if (rc)
-        goto out_close;
-    if (!map) {
-        *out = c;
-        return 0;
-    }
-    TS_INFO(FAC, "node %s is in a cluster: map epoch %llu, %zu nodes, %u PGs", c->node,
-            (unsigned long long)map->epoch, map->n, map->pg_count);
-    rc = make_router(out, c, map);
-    if (rc && err && errlen)
-        snprintf(err, errlen, "cluster map of %s: %s", o->address ? o->address : "the seed",
-                 ts_strerror(rc));
-    return rc;
+    *out = c;
+    return 0;
 
 out_close:
     if (err && errlen && plain && c->frames == 0 && (rc == TS_ECONNRESET || rc == TS_EPROTO))
@@ -198,19 +154,19 @@ out_close:
     else if (err && errlen)
         snprintf(err, errlen, "%s: %s", c->role || c->node[0] ? "MAP_GET" : "HELLO",
                  c->err[0] ? c->err : ts_strerror(rc));
-    tessera_client_close(c);
+    ts_conn_close(c);
     return rc;
 }
 
-int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
-                             struct ts_transport *t, char *err, size_t errlen)
+int ts_conn_open_transport(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                           struct ts_transport *t, char *err, size_t errlen)
 {
-    return open_on(out, o, t, NULL, 0, err, errlen);
+    return open_on(out, map, o, t, NULL, err, errlen);
 }
 
-/* Connects to o->address and opens a handle on it (sub: a sub-connection). */
-static int open_addr(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
-                     int sub, char *err, size_t errlen)
+/* Connects to o->address and opens a handle on it (map NULL: a sub-connection). */
+static int open_addr(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                     const uint64_t *epoch_ref, char *err, size_t errlen)
 {
     struct tessera_opts defaults;
     const struct ts_transport_ops *ops;
@@ -225,6 +181,8 @@ static int open_addr(tessera_client **out, const struct tessera_opts *o, const u
     if (!out)
         return TS_EINVAL;
     *out = NULL;
+    if (map)
+        *map = NULL;
     if (!o) {
         tessera_opts_init(&defaults);
         o = &defaults;
@@ -260,32 +218,49 @@ static int open_addr(tessera_client **out, const struct tessera_opts *o, const u
                 err && err[0] ? ": " : "", err && err[0] ? err : "");
         return rc;
     }
-    return open_on(out, o, t, epoch_ref, sub, err, errlen);
+    return open_on(out, map, o, t, epoch_ref, err, errlen);
 }
 
-int ts_client_open_ex(tessera_client **out, const struct tessera_opts *o, char *err, size_t errlen)
+int ts_conn_open_seed(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                      char *err, size_t errlen)
 {
-    return open_addr(out, o, NULL, 0, err, errlen);
+    return open_addr(out, map, o, NULL, err, errlen);
 }
 
 int ts_conn_open(tessera_client **out, const struct tessera_opts *o, const uint64_t *epoch_ref,
                  char *err, size_t errlen)
 {
-    return open_addr(out, o, epoch_ref, 1, err, errlen);
+    return open_addr(out, NULL, o, epoch_ref, err, errlen);
 }
 
-int tessera_client_open(tessera_client **out, const struct tessera_opts *o)
+int ts_conn_shell(tessera_client **out, tessera_client *seed, uint64_t epoch)
 {
-    return ts_client_open_ex(out, o, NULL, 0);
+    struct tessera_client *r;
+
+    *out = NULL;
+    r = calloc(1, sizeof(*r));
+    if (!r)
+        return TS_ENOMEM;
+    r->role = seed->role;
+    r->max_frame = seed->max_frame;
+    r->timeout_ms = seed->timeout_ms;
+    r->max_inflight = seed->max_inflight;
+    r->epoch = epoch;
+    snprintf(r->node, sizeof(r->node), "%s", seed->node);
+    r->opts = seed->opts; /* the strings stay in seed->optbuf: move them */
+    r->optbuf = seed->optbuf;
+    seed->optbuf = NULL;
+    ts_rx_reset(r);
+    *out = r;
+    return 0;
 }
 
-void tessera_client_close(tessera_client *c)
+void ts_conn_close(tessera_client *c)
 {
     struct ts_req *r;
 
     if (!c)
         return;
-    ts_cl_free(c->cl);
     if (c->t)
         c->t->ops->close(c->t);
     for (size_t i = 0; i < c->nlive; i++)
@@ -303,7 +278,7 @@ void tessera_client_close(tessera_client *c)
     free(c);
 }
 
-/* ---- sub-connections ------------------------------------------------------------------------ */
+/* ---- accessors ------------------------------------------------------------------------------ */
 
 void ts_conn_attach(tessera_client *c, const uint64_t *epoch_ref)
 {
@@ -328,44 +303,32 @@ struct ts_map *ts_conn_take_stale_map(tessera_client *c)
     return m;
 }
 
-struct ts_cluster *ts_client_cluster(const tessera_client *c)
-{
-    return c ? c->cl : NULL;
-}
-
-const struct tessera_opts *ts_client_opts(const tessera_client *c)
+const struct tessera_opts *ts_conn_opts(const tessera_client *c)
 {
     return &c->opts;
 }
 
-int ts_client_timeout(const tessera_client *c)
+int ts_conn_timeout(const tessera_client *c)
 {
     return c->timeout_ms;
 }
 
-void ts_client_set_timeout(tessera_client *c, int timeout_ms)
+void ts_conn_set_timeout(tessera_client *c, int timeout_ms)
 {
     c->timeout_ms = timeout_ms == 0 ? DEFAULT_TIMEOUT_MS : timeout_ms;
-    if (c->cl)
-        ts_cl_set_timeout(c->cl, c->timeout_ms);
 }
 
-uint64_t tessera_client_epoch(const tessera_client *c)
-{
-    return c && c->cl ? ts_cl_epoch(c->cl) : 0;
-}
-
-int tessera_client_role(const tessera_client *c)
+int ts_conn_role(const tessera_client *c)
 {
     return c ? c->role : 0;
 }
 
-const char *tessera_client_error(const tessera_client *c)
+const char *ts_conn_error(const tessera_client *c)
 {
     return c ? c->err : "";
 }
 
-const char *tessera_client_node(const tessera_client *c)
+const char *ts_conn_node(const tessera_client *c)
 {
     return c ? c->node : "";
 }

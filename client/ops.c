@@ -1,7 +1,9 @@
 /*
- * libtessera: the small request-reply operations of a single-node handle: datasets (create,
- * list, stat, seal, delete), shards (stat, list), MAP_GET and MAP_PUSH, SCRUB and STATUS. On a
- * router handle each hands over to its ts_cl_* twin in the router (cluster*.c).
+ * libtessera, the connection layer: the small request-reply operations of one connection:
+ * datasets (create, list, stat, seal, delete), shards (records, stat, list), MAP_GET and
+ * MAP_PUSH, SCRUB and STATUS. Each ts_conn_* call checks its arguments as the public call of
+ * the same name does on a single node: the public calls (api.c) on a single-node handle and
+ * the router (cluster*.c) on its sub-connections call them. Nothing here knows the router.
  */
 #include "conn.h"
 
@@ -74,23 +76,22 @@ int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
 
 /* ---- datasets ------------------------------------------------------------------------------- */
 
-int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
+const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0};
+
+int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
 {
-    static const struct ts_dataset_policy def = {1, 0, 1, 0};
     int rc;
 
     rc = ts_enter_name(c, name);
     if (rc)
         return rc;
     if (!p)
-        p = &def;
-    if (c->cl)
-        return ts_cl_dataset_create(c, c->cl, name, p);
-    return ts_client_dataset_create_inc(c, name, p, 0);
+        p = &ts_policy_default;
+    return ts_conn_dataset_create_inc(c, name, p, 0);
 }
 
-int ts_client_dataset_create_inc(tessera_client *c, const char *name,
-                                 const struct ts_dataset_policy *p, uint64_t incarnation)
+int ts_conn_dataset_create_inc(tessera_client *c, const char *name,
+                               const struct ts_dataset_policy *p, uint64_t incarnation)
 {
     struct ts_req *r = ts_req_name(c, TS_OP_DATASET_CREATE, name);
 
@@ -185,8 +186,7 @@ out_free:
     return rc;
 }
 
-/* The start of a list call (the caller has emptied *out): a usable handle, outputs given. */
-static int list_begin(tessera_client *c, int have_out, size_t *n)
+int ts_list_begin(tessera_client *c, int have_out, size_t *n)
 {
     int rc;
 
@@ -198,26 +198,24 @@ static int list_begin(tessera_client *c, int have_out, size_t *n)
     return have_out && n ? 0 : TS_EINVAL;
 }
 
-int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
+int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
 {
     void *v;
     int rc;
 
     if (out)
         *out = NULL;
-    rc = list_begin(c, out != NULL, n);
+    rc = ts_list_begin(c, out != NULL, n);
 
     if (rc)
         return rc;
-    if (c->cl)
-        return ts_cl_dataset_list(c, c->cl, out, n);
     rc = list_call(c, &dataset_list, NULL, &v, n);
     if (!rc)
         *out = v;
     return rc;
 }
 
-int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
+int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
 {
     struct ts_req *r;
     struct ts_rd body;
@@ -228,8 +226,6 @@ int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
         return rc;
     if (!out)
         return TS_EINVAL;
-    if (c->cl)
-        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_stat(c, c->cl, name, out);
     rc = ts_call_name(c, TS_OP_DATASET_STAT, name, &r, &body);
     if (rc)
         return rc;
@@ -253,25 +249,17 @@ static int simple_name_op(tessera_client *c, uint8_t op, const char *name)
     return ts_call_status(c, r);
 }
 
-int tessera_dataset_seal(tessera_client *c, const char *name)
+int ts_conn_dataset_seal(tessera_client *c, const char *name)
 {
-    if (c && c->cl) {
-        c->err[0] = '\0';
-        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_seal(c, c->cl, name);
-    }
     return simple_name_op(c, TS_OP_DATASET_SEAL, name);
 }
 
-int tessera_dataset_delete(tessera_client *c, const char *name)
+int ts_conn_dataset_delete(tessera_client *c, const char *name)
 {
-    if (c && c->cl) {
-        c->err[0] = '\0';
-        return ts_name_check(c, name) ? TS_ENAME : ts_cl_dataset_delete(c, c->cl, name);
-    }
     return simple_name_op(c, TS_OP_DATASET_DELETE, name);
 }
 
-int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
+int ts_conn_dataset_seal_flags(tessera_client *c, const char *name, uint8_t flags)
 {
     struct ts_req *r;
     int rc;
@@ -279,7 +267,7 @@ int ts_conn_dataset_seal(tessera_client *c, const char *name, uint8_t flags)
     rc = ts_enter_name(c, name);
     if (rc)
         return rc;
-    if (c->cl)
+    if (!c->t) /* a handle with no connection of its own (a router's) */
         return TS_EINVAL;
     r = ts_req_name(c, TS_OP_DATASET_SEAL, name);
     if (!r)
@@ -302,7 +290,7 @@ static int shard_call(tessera_client *c, uint8_t op, const char *name, uint32_t 
     return ts_call(c, *r, body);
 }
 
-int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
+int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
                           uint32_t *n)
 {
     struct ts_req *r;
@@ -322,8 +310,6 @@ int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, u
     rc = ts_name_check(c, name);
     if (rc)
         return rc;
-    if (c->cl)
-        return ts_cl_shard_records(c, c->cl, name, shard, offsets, n);
     rc = shard_call(c, TS_OP_SHARD_RECORDS, name, shard, &r, &body);
     if (rc)
         return rc;
@@ -345,7 +331,7 @@ int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, u
     return rc;
 }
 
-int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
+int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
                        struct ts_shard_info *out)
 {
     struct ts_req *r;
@@ -360,8 +346,6 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
     rc = ts_name_check(c, name);
     if (rc)
         return rc;
-    if (c->cl)
-        return ts_cl_shard_stat(c, c->cl, name, shard, out);
     rc = shard_call(c, TS_OP_SHARD_STAT, name, shard, &r, &body);
     if (rc)
         return rc;
@@ -371,19 +355,17 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
     return rc;
 }
 
-int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
+int ts_conn_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
 {
     void *v;
     int rc;
 
     if (out)
         *out = NULL;
-    rc = list_begin(c, out != NULL, n);
+    rc = ts_list_begin(c, out != NULL, n);
 
     if (rc)
         return rc;
-    if (c->cl)
-        return ts_name_check(c, name) ? TS_ENAME : ts_cl_shard_list(c, c->cl, name, out, n);
     rc = list_call(c, &shard_list, name, &v, n);
     if (!rc)
         *out = v;
@@ -393,7 +375,7 @@ int tessera_shard_list(tessera_client *c, const char *name, struct ts_shard_info
 /* ---- maintenance ------------------------------------------------------------------------------
  */
 
-int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
+int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
                   void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
                              int rc),
                   void *arg)
@@ -416,8 +398,6 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
     if (!rep)
         rep = &tmp;
     memset(rep, 0, sizeof(*rep));
-    if (c->cl)
-        return ts_cl_scrub(c, c->cl, name, rep, cb, arg);
     r = ts_req_new(c, TS_OP_SCRUB);
     if (!r)
         return TS_ENOMEM;
@@ -452,7 +432,7 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
     return rc;
 }
 
-int tessera_status(tessera_client *c, char **json)
+int ts_conn_status(tessera_client *c, char **json)
 {
     struct ts_req *r;
     struct ts_rd body;
@@ -467,8 +447,6 @@ int tessera_status(tessera_client *c, char **json)
         return rc;
     if (!json)
         return TS_EINVAL;
-    if (c->cl)
-        return ts_cl_status(c, c->cl, json);
     r = ts_req_new(c, TS_OP_STATUS);
     if (!r)
         return TS_ENOMEM;

@@ -1,7 +1,9 @@
 /*
- * libtessera: uploads. tessera_put and tessera_put_fd send a shard as SHARD_WRITE chunks,
- * a window of them in flight, then seal it (SHARD_SEAL with the shard's CRC32C and record
- * index); a put whose shard exists already with the same bytes is confirmed.
+ * libtessera, the connection layer: uploads to one connection. ts_conn_put and ts_conn_put_fd
+ * send a shard as SHARD_WRITE chunks, a window of them in flight, then seal it (SHARD_SEAL
+ * with the shard's CRC32C and record index); a put whose shard exists already with the same
+ * bytes is confirmed. The public calls (api.c) on a single-node handle and the router
+ * (cluster_put.c) on the primary's sub-connection call them; nothing here knows the router.
  */
 #include "conn.h"
 
@@ -40,14 +42,14 @@ static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_
     p->name = name;
     p->shard = shard;
     p->declared = declared;
-    rc = tessera_dataset_stat(c, name, &d);
+    rc = ts_conn_dataset_stat(c, name, &d);
     if (rc)
         return rc;
     p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
     if (declared != TS_SIZE_UNKNOWN && declared && (declared - 1) / p->chunk >= (1u << 30)) {
         /* Refused before a byte is sent: the server stores at most 2^30 chunks a shard. */
-        ts_client_set_error(c, "%s/%u: %llu bytes make more than 2^30 chunks of %u bytes", name,
-                            shard, (unsigned long long)declared, p->chunk);
+        ts_conn_set_error(c, "%s/%u: %llu bytes make more than 2^30 chunks of %u bytes", name,
+                          shard, (unsigned long long)declared, p->chunk);
         return TS_ETOOBIG;
     }
     p->nwin = TS_MAX(2u, PUT_WINDOW_BYTES / p->chunk);
@@ -181,11 +183,11 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
     uint32_t crc = ts_crc32c(0, buf, len);
     int rc;
 
-    rc = tessera_shard_stat(c, name, shard, &si);
+    rc = ts_conn_shard_stat(c, name, shard, &si);
     if (rc)
         return rc == TS_ENOENT ? TS_EEXIST : rc;
     if (si.state != TS_SHARD_COMPLETE || si.size != len || si.crc != crc) {
-        ts_client_set_error(
+        ts_conn_set_error(
             c,
             "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
             "%zu bytes, %08x)",
@@ -198,7 +200,7 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
     return rc;
 }
 
-int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
                 const uint64_t *records, uint32_t nrecords)
 {
     const uint8_t *src = buf;
@@ -211,8 +213,6 @@ int tessera_put(tessera_client *c, const char *name, uint32_t shard, const void 
         return rc;
     if ((!buf && len) || (!records && nrecords))
         return TS_EINVAL;
-    if (c->cl)
-        return ts_cl_put(c, c->cl, name, shard, buf, len, records, nrecords, -1, 0);
     rc = put_begin(c, &p, name, shard, len);
     if (rc)
         goto out_end;
@@ -256,7 +256,7 @@ static long read_full(int fd, uint8_t *buf, size_t len)
     return (long)got;
 }
 
-int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size)
+int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size)
 {
     uint8_t **bufs = NULL;
     struct put p;
@@ -269,8 +269,6 @@ int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
         return rc;
     if (fd < 0)
         return TS_EINVAL;
-    if (c->cl)
-        return ts_cl_put(c, c->cl, name, shard, NULL, 0, NULL, 0, fd, size);
     rc = put_begin(c, &p, name, shard, size);
     if (rc)
         goto out_free;
@@ -292,21 +290,21 @@ int tessera_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
         }
         n = read_full(fd, bufs[slot], want);
         if (n < 0) {
-            ts_client_set_error(c, "cannot read the input: %s", ts_strerror((int)n));
+            ts_conn_set_error(c, "cannot read the input: %s", ts_strerror((int)n));
             p.rc = (int)n;
             break;
         }
         if (size != TS_SIZE_UNKNOWN && (size_t)n < want) {
-            ts_client_set_error(c, "the input ended after %llu of %llu bytes",
-                                (unsigned long long)(p.bytes + (uint64_t)n),
-                                (unsigned long long)size);
+            ts_conn_set_error(c, "the input ended after %llu of %llu bytes",
+                              (unsigned long long)(p.bytes + (uint64_t)n),
+                              (unsigned long long)size);
             p.rc = TS_EIO;
             break;
         }
         if (n == 0 && p.index > 0)
             break;
         if (p.index == UINT32_MAX) {
-            ts_client_set_error(c, "a shard has at most 2^32 chunks");
+            ts_conn_set_error(c, "a shard has at most 2^32 chunks");
             p.rc = TS_ETOOBIG;
             break;
         }

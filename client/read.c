@@ -1,7 +1,9 @@
 /*
- * libtessera: reads. tessera_read keeps a window of READ requests in flight over the range;
- * tessera_read_submit queues one read collected by tessera_wait / tessera_wait_any. A read
- * whose bytes fail their CRC32C is read once more from the node's store (flag VERIFY).
+ * libtessera, the connection layer: reads of one connection. ts_conn_read keeps a window of
+ * READ requests in flight over the range; ts_conn_read_submit queues one read collected by
+ * ts_conn_wait / ts_conn_wait_any. A read whose bytes fail their CRC32C is read once more from
+ * the node's store (flag VERIFY). The public calls (api.c) on a single-node handle and the
+ * router (cluster_read.c) on its sub-connections call them; nothing here knows the router.
  */
 #include "conn.h"
 
@@ -12,14 +14,14 @@
 
 /* ---- reads ---------------------------------------------------------------------------------- */
 
-static int read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf)
+int ts_read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf)
 {
     int rc = ts_name_check(c, name);
 
     if (rc)
         return rc;
     if ((!buf && len) || len > UINT64_MAX - off) {
-        ts_client_set_error(c, "bad read range or buffer");
+        ts_conn_set_error(c, "bad read range or buffer");
         return TS_EINVAL;
     }
     return 0;
@@ -117,7 +119,7 @@ static int read_window(tessera_client *c, const char *name, uint32_t shard, uint
     return 0;
 }
 
-int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
+int ts_conn_read(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
                  void *buf, size_t *out_len)
 {
     int rc;
@@ -127,11 +129,9 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
     rc = ts_enter(c);
     if (rc)
         return rc;
-    rc = read_args(c, name, off, len, buf);
+    rc = ts_read_args(c, name, off, len, buf);
     if (rc)
         return rc;
-    if (c->cl)
-        return ts_cl_read(c, c->cl, name, shard, off, len, buf, out_len);
     rc = read_window(c, name, shard, off, len, buf, out_len, 0);
     if (rc == TS_ECORRUPT && !c->broken) {
         /* Bytes that failed their CRC (or a node that found its copy bad): once more, read
@@ -144,7 +144,7 @@ int tessera_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
     return rc;
 }
 
-int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
                         size_t len, void *buf, uint64_t *op)
 {
     struct ts_req *r;
@@ -157,20 +157,18 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
         return rc;
     if (!op)
         return TS_EINVAL;
-    rc = read_args(c, name, off, len, buf);
+    rc = ts_read_args(c, name, off, len, buf);
     if (rc)
         return rc;
     if (len > TESSERA_MAX_READ) {
-        ts_client_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
+        ts_conn_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
         return TS_EINVAL;
     }
-    if (c->cl)
-        return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
     rc = read_queue(c, name, shard, off, len, buf, 1, 0, &r);
     if (rc)
         return rc;
     *op = r->id;
-    /* Get the request on its way now; its outcome is reported by tessera_wait*. */
+    /* Get the request on its way now; its outcome is reported by ts_conn_wait*. */
     rc = ts_tx_step(c, &progress);
     if (rc < 0)
         ts_fail_conn(c, rc);
@@ -179,7 +177,7 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
 
 /*
  * A submitted READ that failed its CRC (or whose node found its copy bad), read once more from
- * the node's store (flag VERIFY), into the same buffer, as tessera_read does. Its name and shard
+ * the node's store (flag VERIFY), into the same buffer, as ts_conn_read does. Its name and shard
  * come back from the request's own frame.
  */
 static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len)
@@ -202,7 +200,7 @@ static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len
     return read_window(c, name, shard, r->rd_off, r->cap, r->dst, out_len, TS_F_VERIFY);
 }
 
-int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
+int ts_conn_wait(tessera_client *c, uint64_t op, size_t *out_len)
 {
     struct ts_req *r;
     size_t i;
@@ -213,8 +211,6 @@ int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
     if (!c)
         return TS_EINVAL;
     c->err[0] = '\0';
-    if (c->cl)
-        return ts_cl_wait(c, c->cl, op, out_len);
     i = ts_live_find(c, op);
     if (i == SIZE_MAX || !c->live[i]->user)
         return TS_ENOENT;
@@ -225,7 +221,7 @@ int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
     return rc;
 }
 
-int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
+int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
 {
     struct ts_req *r = NULL;
     int rc, any = 0;
@@ -237,8 +233,6 @@ int tessera_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
     if (!c)
         return TS_EINVAL;
     c->err[0] = '\0';
-    if (c->cl)
-        return ts_cl_wait_any(c, c->cl, op, out_len);
     for (size_t i = 0; i < c->nlive && !any; i++)
         any = c->live[i]->user;
     if (!any)

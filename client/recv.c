@@ -1,8 +1,8 @@
 /*
- * libtessera: the receive side of a connection. Frames are received into a small stage,
- * matched to their requests by id, and run through a state machine (header, small body, READ
- * head, READ piece table and data, drain); READ data lands straight in the caller's buffer and
- * each piece's CRC32C is verified as soon as its bytes are in.
+ * libtessera, the connection layer: the receive side of a connection. Frames are received
+ * into a small stage, matched to their requests by id, and run through a state machine
+ * (header, small body, READ head, READ piece table and data, drain); READ data lands straight
+ * in the caller's buffer and each piece's CRC32C is verified as soon as its bytes are in.
  */
 #include "conn.h"
 
@@ -236,7 +236,7 @@ static int rx_read_data(struct tessera_client *c, size_t n)
     }
     rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
     if (rc) {
-        ts_client_set_error(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
+        ts_conn_set_error(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
         free(r->msg);
         r->msg = strdup(c->err); /* for tessera_wait*, which report the read's own message */
         TS_ERROR(FAC, rc, "shard data corrupt in transit: piece %u of request %llu", x->pdone,

@@ -1,7 +1,8 @@
 /*
- * libtessera: what every call of a single-node handle starts from: its messages (set, a
- * malformed reply, the map a TS_ESTALE reply carries), the argument checks at entry, and the
- * request records (new, looked up by id, freed, finished).
+ * libtessera, the connection layer: what every call of a connection starts from: its messages
+ * (set, a malformed reply, the map a TS_ESTALE reply carries), the argument checks at entry
+ * (also used by the public calls in api.c before they go to the router), and the request
+ * records (new, looked up by id, freed, finished).
  */
 #include "conn.h"
 
@@ -16,7 +17,7 @@
 /* ---- small helpers ----------------------------------------------------------------------------
  */
 
-void ts_client_set_error(tessera_client *c, const char *fmt, ...)
+void ts_conn_set_error(tessera_client *c, const char *fmt, ...)
 {
     va_list ap;
 
@@ -28,7 +29,7 @@ void ts_client_set_error(tessera_client *c, const char *fmt, ...)
 /* A malformed reply: the call fails with TS_EPROTO and says why. */
 int ts_proto_err(struct tessera_client *c, const char *what)
 {
-    ts_client_set_error(c, "malformed reply from the server: %s", what);
+    ts_conn_set_error(c, "malformed reply from the server: %s", what);
     TS_WARN(FAC, TS_EPROTO, "malformed reply: %s", what);
     return TS_EPROTO;
 }
@@ -69,7 +70,7 @@ int ts_enter(tessera_client *c)
 int ts_name_check(tessera_client *c, const char *name)
 {
     if (!ts_name_valid(name)) {
-        ts_client_set_error(c, "'%s' is not a valid dataset name", name ? name : "(null)");
+        ts_conn_set_error(c, "'%s' is not a valid dataset name", name ? name : "(null)");
         return TS_ENAME;
     }
     return 0;
@@ -83,14 +84,15 @@ int ts_enter_name(tessera_client *c, const char *name)
     return rc ? rc : ts_name_check(c, name);
 }
 
-/* ts_enter() for the calls that only a connection takes, never a router. */
+/* ts_enter() for the calls that only a connection takes: never a handle with no connection
+ * of its own (a router's). */
 int ts_enter_conn(tessera_client *c)
 {
     int rc = ts_enter(c);
 
     if (rc)
         return rc;
-    return c->cl ? TS_EINVAL : 0;
+    return c->t ? 0 : TS_EINVAL;
 }
 
 void *ts_grow(void *v, size_t n, size_t *cap, size_t size, size_t first)
