@@ -28,6 +28,8 @@ void tessera_reader_opts_init(struct tessera_reader_opts *o)
     o->depth = DEF_DEPTH;
     o->retries = DEF_RETRIES;
     o->index_shards = DEF_INDEX_SHARDS;
+    o->split_block = 1;
+    o->split_n = 1;
 }
 
 static void say(char *err, size_t errlen, const char *fmt, ...)
@@ -85,11 +87,23 @@ static int check_opts(const struct tessera_reader_opts *o, char *err, size_t err
             MAX_CONNECTIONS);
         return TS_EINVAL;
     }
+    if (!o->split_block || !o->split_n || o->split_i >= o->split_n) {
+        say(err, errlen, "a split needs split_block >= 1 and split_i < split_n");
+        return TS_EINVAL;
+    }
     if (o->alloc && !o->free_fn) {
         say(err, errlen, "caller-owned buffers need free_fn as well as alloc");
         return TS_EINVAL;
     }
     return 0;
+}
+
+/* How many of a plan's len positions a split reader reads. */
+static uint64_t split_len(uint64_t len, const struct tessera_reader_opts *o)
+{
+    uint64_t b = o->split_block, cycle = b * o->split_n, rest = len % cycle, at = o->split_i * b;
+
+    return len / cycle * b + (rest > at ? TS_MIN(rest - at, b) : 0);
 }
 
 /* The plan over the dataset's units (resumed when a state was given). */
@@ -115,7 +129,7 @@ static int make_plan(struct tessera_reader *r, char *err, size_t errlen)
                         : "these options make no plan",
             ts_strerror(rc));
     else
-        r->len = tessera_plan_len(r->plan);
+        r->len = split_len(tessera_plan_len(r->plan), &r->o);
     return rc;
 }
 
@@ -209,7 +223,7 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
         pthread_mutex_unlock(&r->m);
         return r->err;
     }
-    u->k = s->k;
+    u->k = ts_reader_plan_pos(r, s->k);
     u->unit = s->unit;
     u->shard = s->shard;
     u->record = s->record;

@@ -80,7 +80,17 @@ struct tessera_reader {
     struct tessera_reader_stats st;
 };
 
-/* A reader's slot for plan position k. */
+/* The plan position of this reader's j-th unit (its split: blocks split_i, split_i + split_n,
+ * ... of split_block positions). */
+static inline uint64_t ts_reader_plan_pos(const struct tessera_reader *r, uint64_t j)
+{
+    uint64_t b = r->o.split_block, n = r->o.split_n;
+
+    return ((j / b) * n + r->o.split_i) * b + j % b;
+}
+
+/* A reader's slot for its j-th unit (slots, claims and the caller count this reader's units;
+ * the plan position is ts_reader_plan_pos). */
 static inline struct slot *ts_reader_slot(struct tessera_reader *r, uint64_t k)
 {
     return &r->slots[k % r->o.window_units];

@@ -104,7 +104,7 @@ static void note_resubmits(struct ts_worker *w)
 
 /* ---- placing a unit -------------------------------------------------------------------------- */
 
-/* Where plan position s->k lies (unlocked: the slot is this thread's while CLAIMED). */
+/* Where this reader's unit s->k lies (unlocked: the slot is this thread's while CLAIMED). */
 static int place(struct ts_worker *w, struct slot *s)
 {
     struct tessera_reader *r = w->r;
@@ -112,7 +112,7 @@ static int place(struct ts_worker *w, struct slot *s)
     uint64_t u;
     int rc;
 
-    rc = tessera_plan_unit(r->plan, s->k, &u);
+    rc = tessera_plan_unit(r->plan, ts_reader_plan_pos(r, s->k), &u);
     if (rc) {
         snprintf(s->msg, sizeof(s->msg), "the plan has no position %llu", (unsigned long long)s->k);
         return rc;

@@ -53,6 +53,13 @@ struct tessera_reader_opts {
     uint32_t retries;      /* times a failed unit is read again; default 3 */
     uint32_t index_shards; /* record units: record indexes kept in memory (shards); default 64 */
     /*
+     * Split among the workers of one rank (e.g. a DataLoader's): this reader reads only the
+     * blocks split_i, split_i + split_n, ... of split_block consecutive positions of the
+     * rank's plan (worker split_i of split_n; with split_block the batch size, batch j of the
+     * rank is worker j mod split_n's). Default 1, 1, 0: the whole plan.
+     */
+    uint32_t split_block, split_n, split_i;
+    /*
      * Caller-owned buffers: when alloc is set, each unit is read into alloc(arg, len) (len may
      * be 0) and belongs to the caller once tessera_reader_next returned it; free_fn(arg, p)
      * releases buffers the caller never received (close, a failed unit). Both are called from
@@ -67,7 +74,7 @@ struct tessera_reader_opts {
 
 /* One unit as returned. */
 struct tessera_unit {
-    uint64_t k;      /* its position in this rank's plan (0, 1, ...) */
+    uint64_t k;      /* its position in this rank's plan (0, 1, ... without a split) */
     uint64_t unit;   /* its number in the dataset's units */
     uint32_t shard;  /* the shard it is (or is in) */
     uint64_t record; /* record units: its record number within the shard; else 0 */
@@ -117,7 +124,8 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u);
  */
 int tessera_reader_keep(tessera_reader *r);
 /* (A kept buffer is released with tessera_buffer_free, tessera/tessera.h.) */
-/* Units this rank's plan holds, and units returned so far. */
+/* Units this reader reads (the rank's plan, or this worker's part of it), and units returned
+ * so far. */
 uint64_t tessera_reader_len(const tessera_reader *r);
 uint64_t tessera_reader_consumed(const tessera_reader *r);
 /* The plan being read (for tessera_plan_state). */

@@ -264,6 +264,59 @@ static void test_caller_owned_buffers(void **state)
     assert_int_equal(pool.live, 0);
 }
 
+/* A rank's plan split among 3 workers in blocks of 4 (a DataLoader with batch size 4): taking
+ * block j from worker j mod 3 in turn gives back exactly the rank's plan, in order. */
+static void test_split_workers(void **state)
+{
+    struct tessera_reader_opts ro;
+    struct tessera_opts co;
+    struct tessera_unit u;
+    tessera_reader *w[3];
+    uint64_t k = 0, want;
+    int live = 3;
+
+    client_opts(&co);
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "recs";
+    ro.unit = TESSERA_UNIT_RECORD;
+    ro.plan.rank = 1;
+    ro.plan.world = 2;
+    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    ro.plan.remainder = TESSERA_REMAINDER_PAD;
+    ro.split_block = 4;
+    ro.split_n = 3;
+    for (uint32_t i = 0; i < 3; i++) {
+        ro.split_i = i;
+        w[i] = open_reader(&co, &ro);
+    }
+    const tessera_plan *p = tessera_reader_plan(w[0]);
+    assert_int_equal(tessera_reader_len(w[0]) + tessera_reader_len(w[1]) + tessera_reader_len(w[2]),
+                     tessera_plan_len(p));
+    for (uint64_t j = 0; live; j++) {
+        tessera_reader *r = w[j % 3];
+        for (int b = 0; b < 4; b++) {
+            int rc = tessera_reader_next(r, &u);
+            if (rc == 0) {
+                live -= b == 0;
+                break;
+            }
+            assert_int_equal(rc, 1);
+            assert_int_equal(tessera_plan_unit(p, k, &want), 0);
+            assert_int_equal(u.k, k);
+            assert_int_equal(u.unit, want);
+            assert_true(rec_ok(u.shard, u.record, u.data, u.len));
+            k++;
+        }
+    }
+    assert_int_equal(k, tessera_plan_len(p));
+    for (int i = 0; i < 3; i++)
+        tessera_reader_close(w[i]);
+    ro.split_i = 3;
+    tessera_reader *r = NULL;
+    char err[256];
+    assert_int_equal(tessera_reader_open(&r, &co, &ro, err, sizeof(err)), TS_EINVAL);
+}
+
 /* Kept units outlive the next call and the reader. */
 static void test_kept_units(void **state)
 {
@@ -762,6 +815,7 @@ int main(void)
         cmocka_unit_test(test_records_in_plan_order),
         cmocka_unit_test(test_caller_owned_buffers),
         cmocka_unit_test(test_kept_units),
+        cmocka_unit_test(test_split_workers),
         cmocka_unit_test(test_shard_units_large),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_resume_4_3_5),
