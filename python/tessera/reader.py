@@ -47,13 +47,14 @@ class Reader:
     ("none", "global", "window"), window (shards per shuffle window), assign ("contiguous",
     "strided"), remainder ("uneven", "drop", "pad"). resume: a state from state(). Reader
     options: window_units, window_bytes, connections, depth, retries (library defaults when
-    None). copy: True gives bytes; False memoryviews without a copy.
+    None); split_block, split_n, split_i: this worker's part of the rank's plan (blocks i, i+n,
+    ... of split_block positions). copy: True gives bytes; False memoryviews without a copy.
     """
 
     def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
                  shuffle="none", window=16, assign="contiguous", remainder="uneven",
                  resume=None, window_units=None, window_bytes=None, connections=None,
-                 depth=None, retries=None, copy=True):
+                 depth=None, retries=None, split_block=1, split_n=1, split_i=0, copy=True):
         if isinstance(connect, Client):
             connect = connect.options
         elif not isinstance(connect, ConnectOptions):
@@ -77,6 +78,7 @@ class Reader:
         for k, v in (("window_units", window_units), ("window_bytes", window_bytes),
                      ("connections", connections), ("depth", depth), ("retries", retries)):
             setattr(o, k, defaults[k] if v is None else v)
+        o.split_block, o.split_n, o.split_i = split_block, split_n, split_i
         co = connect.struct()
         err = ctypes.create_string_buffer(512)
         h = c_void_p()

@@ -1,0 +1,243 @@
+"""PyTorch: tessera records as a torch IterableDataset (split by rank and by DataLoader worker,
+set_epoch, exact resume), a DataLoader that counts what it handed out so it can save and
+restore the position, a map-style Dataset over the record index, and a sampler with
+DistributedSampler's semantics over plans.
+
+Which records a rank reads is DistributedSampler's choice: rank r of W takes positions r, r+W,
+... of the epoch's order (shuffled by seed and epoch, or not), padded by repeating the order's
+start so every rank reads as many (drop_last=False), or cut to the largest multiple of W
+(drop_last=True). Within a rank, DataLoader worker w of n reads batches w, w+n, ... of the
+rank's list, so the loader's batches (taken from the workers in turn) are the rank's list in
+order: after k batches a rank consumed exactly its first k * batch_size records, whatever n
+was. That is what a state_dict records; a loader given it (any worker count, any world size)
+reads exactly the rest of the epoch.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader as _TorchLoader
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+from .client import Client, ConnectOptions
+from .plan import Plan
+from .reader import Reader
+
+
+def _dist_rank_world(rank, world):
+    if rank is not None and world is not None:
+        return rank, world
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return (rank or 0), (world or 1)
+
+
+def _opts(connect):
+    if isinstance(connect, Client):
+        return connect.options
+    return connect if isinstance(connect, ConnectOptions) else ConnectOptions(connect)
+
+
+class TesseraIterable(IterableDataset):
+    """The records of a tessera dataset for one rank (from torch.distributed when initialised,
+    else rank/world), split among the DataLoader's workers in blocks of batch_size.
+
+    shuffle: False (the dataset's order), True or "global" (a permutation of all records per
+    epoch), "window" (shards shuffled, records shuffled within windows of `window` shards).
+    drop_last as DistributedSampler's. transform(bytes) -> sample, applied in the worker.
+    reader: options for tessera.Reader (window_units, connections, ...).
+    """
+
+    def __init__(self, connect, dataset, *, batch_size=1, rank=None, world=None, shuffle=True,
+                 seed=0, window=16, drop_last=False, transform=None, copy=True, reader=None):
+        self.connect = _opts(connect)
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.rank, self.world = _dist_rank_world(rank, world)
+        self.shuffle = "global" if shuffle is True else ("none" if not shuffle else shuffle)
+        self.seed, self.window, self.drop_last = seed, window, drop_last
+        self.transform, self.copy = transform, copy
+        self.reader_options = dict(reader or {})
+        self.epoch = 0
+        self._resume = None       # the position this epoch resumes from (bytes), or None
+        self._resume_world = None
+        self._units = None
+        self.yielded = 0          # records yielded when iterated in this process
+
+    # ---- the plan ---------------------------------------------------------------------------
+
+    def _plan_options(self, rank, world):
+        return dict(rank=rank, world=world, seed=self.seed, epoch=self.epoch,
+                    shuffle=self.shuffle, window=self.window, assign="strided",
+                    remainder="drop" if self.drop_last else "pad")
+
+    def units(self):
+        """Records in the dataset (its complete shards)."""
+        if self._units is None:
+            with Client(self.connect) as c:
+                self._counts = [n for _, n in c.record_counts(self.dataset)]
+            self._units = sum(self._counts)
+        return self._units
+
+    def _plan(self, rank, world):
+        groups = self._counts if self.shuffle == "window" else None
+        self.units()
+        return Plan(self._units, resume=self._resume, group_sizes=groups,
+                    **self._plan_options(rank, world))
+
+    def rank_len(self, rank=None):
+        """Records rank `rank` (default: this one) reads this epoch (what is left of it after a
+        resume)."""
+        return len(self._plan(self.rank if rank is None else rank, self.world))
+
+    def __len__(self):
+        return self.rank_len()
+
+    def set_epoch(self, epoch):
+        """A new epoch: a new order (when shuffled), the same on every rank; starts afresh."""
+        self.epoch = epoch
+        self._resume = None
+        self.yielded = 0
+
+    # ---- iterating --------------------------------------------------------------------------
+
+    def __iter__(self):
+        info = get_worker_info()
+        n, i = (info.num_workers, info.id) if info else (1, 0)
+        opts = dict(self.reader_options)
+        opts.update(split_block=self.batch_size, split_n=n, split_i=i)
+        reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
+                        copy=self.copy, **self._plan_options(self.rank, self.world), **opts)
+        try:
+            for data in reader:
+                self.yielded += 1
+                yield self.transform(data) if self.transform else data
+        finally:
+            reader.close()
+
+    # ---- resume -----------------------------------------------------------------------------
+
+    def position(self, consumed):
+        """The job's position (bytes) once every rank consumed `consumed` records of this
+        epoch's list (ranks go in step: each consumed as many, or all it had)."""
+        plans = [self._plan(r, self.world) for r in range(self.world)]
+        return plans[0].state([min(consumed, len(p)) for p in plans])
+
+    def state_dict(self, consumed=None):
+        """Where the job is: epoch and position. consumed: records each rank consumed this epoch
+        (default: what this object yielded, right when iterated in this process; a
+        tessera.torch.DataLoader passes its own count)."""
+        consumed = self.yielded if consumed is None else consumed
+        return {"epoch": self.epoch, "seed": self.seed, "dataset": self.dataset,
+                "position": self.position(consumed)}
+
+    def load_state_dict(self, state):
+        """Continues the saved epoch from its position: the next iteration reads exactly what
+        the job had not read (at any world size and worker count)."""
+        if state.get("dataset") != self.dataset or state.get("seed") != self.seed:
+            raise ValueError("the state is of another dataset or seed")
+        self.epoch = state["epoch"]
+        self._resume = state["position"]
+        self.yielded = 0
+
+
+class DataLoader(_TorchLoader):
+    """torch's DataLoader over a TesseraIterable, counting the batches it handed out, with
+    state_dict() / load_state_dict() for exact resume. Its batch size is the dataset's."""
+
+    def __init__(self, dataset, **kwargs):
+        if not isinstance(dataset, TesseraIterable):
+            raise TypeError("tessera.torch.DataLoader reads a TesseraIterable")
+        kwargs.setdefault("batch_size", dataset.batch_size)
+        if kwargs["batch_size"] != dataset.batch_size:
+            raise ValueError("the loader's batch_size must be the dataset's")
+        super().__init__(dataset, **kwargs)
+        self._records = 0
+
+    def __iter__(self):
+        self._records = 0
+        for batch in super().__iter__():
+            self._records += len(batch) if hasattr(batch, "__len__") else self.batch_size
+            yield batch
+
+    def state_dict(self):
+        return self.dataset.state_dict(consumed=self._records)
+
+    def load_state_dict(self, state):
+        self.dataset.load_state_dict(state)
+        self._records = 0
+
+
+class TesseraRecords(Dataset):
+    """Map-style: record i of the dataset (its complete shards in shard order, by their record
+    indexes). Each process opens its own connection on first use."""
+
+    def __init__(self, connect, dataset, transform=None):
+        self.connect, self.dataset, self.transform = _opts(connect), dataset, transform
+        with Client(self.connect) as c:
+            counts = c.record_counts(dataset)
+        self._shards = [s for s, _ in counts]
+        self._first, t = [], 0
+        for _, n in counts:
+            self._first.append(t)
+            t += n
+        self._counts = [n for _, n in counts]
+        self._total = t
+        self._client = None
+        self._pid = None
+        self._index = {}
+
+    def __len__(self):
+        return self._total
+
+    def _conn(self):
+        import os
+        if self._client is None or self._pid != os.getpid():
+            self._client, self._pid, self._index = Client(self.connect), os.getpid(), {}
+        return self._client
+
+    def __getitem__(self, i):
+        import bisect
+        if i < 0:
+            i += self._total
+        if not 0 <= i < self._total:
+            raise IndexError(i)
+        s = bisect.bisect_right(self._first, i) - 1
+        while self._counts[s] == 0 or i - self._first[s] >= self._counts[s]:
+            s += 1
+        c = self._conn()
+        shard = self._shards[s]
+        if shard not in self._index:
+            offs = c.shard_records(self.dataset, shard)
+            self._index[shard] = (offs, c.shard(self.dataset, shard)["size"])
+        offs, size = self._index[shard]
+        k = i - self._first[s]
+        end = offs[k + 1] if k + 1 < len(offs) else size
+        data = c.read(self.dataset, shard, offs[k], end - offs[k])
+        return self.transform(data) if self.transform else data
+
+
+class PlanSampler(Sampler):
+    """DistributedSampler's semantics (padding, drop_last, set_epoch) over tessera plans: the
+    same indices as the plan a TesseraIterable reads."""
+
+    def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+        self.n = n
+        self.rank, self.world = _dist_rank_world(rank, num_replicas)
+        self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _plan(self):
+        return Plan(self.n, rank=self.rank, world=self.world, seed=self.seed, epoch=self.epoch,
+                    shuffle="global" if self.shuffle else "none", assign="strided",
+                    remainder="drop" if self.drop_last else "pad")
+
+    def __iter__(self):
+        return iter(self._plan())
+
+    def __len__(self):
+        return len(self._plan())
+
+
+__all__ = ["DataLoader", "PlanSampler", "TesseraIterable", "TesseraRecords", "torch"]

@@ -1,0 +1,255 @@
+"""tessera.torch against PyTorch itself (Debian's torch, CPU, gloo) and real daemons: the plans
+equal DistributedSampler's and the seed-style split; DataLoader workers see every record once;
+set_epoch; exact resume (other worker counts, twice in a row, 4 ranks -> 3); two DDP ranks
+training on disjoint records; a replica killed mid-epoch."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from conftest import load, record, record_id
+from tessera import Client, Plan, Reader, TesseraError
+from tessera.torch import DataLoader, PlanSampler, TesseraIterable, TesseraRecords
+
+N = 960  # records of the "torch" dataset: divisible by 1..6 and 8, so no padding there
+
+
+@pytest.fixture(scope="module")
+def ds(node):
+    with Client(node.addr) as c:
+        load(c, "torch", N, 7)
+        load(c, "odd", 101, 3)
+    return node.addr
+
+
+CASES = [(n, w) for n in (0, 1, 2, 5, 7, 10, 33, 100, 101) for w in (1, 2, 3, 4, 7, 8, 16)]
+
+
+@pytest.mark.parametrize("n,w", CASES)
+def test_plans_equal_distributed_sampler(n, w):
+    for r in range(w):
+        for drop in (False, True):
+            want = list(DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=False,
+                                           drop_last=drop))
+            got = list(Plan(n, rank=r, world=w, assign="strided",
+                            remainder="drop" if drop else "pad"))
+            assert got == want, (n, w, r, drop)
+            assert list(PlanSampler(n, num_replicas=w, rank=r, shuffle=False,
+                                    drop_last=drop)) == want
+
+
+@pytest.mark.parametrize("n,w", CASES)
+def test_contiguous_equals_split_by_index(n, w):
+    for r in range(w):
+        want = [int(x) for x in np.array_split(np.arange(n), w)[r]]
+        assert list(Plan(n, rank=r, world=w, assign="contiguous")) == want
+
+
+def test_shuffled_sampler_is_a_permutation_per_epoch():
+    seen = []
+    for epoch in (0, 1):
+        s = [PlanSampler(100, num_replicas=3, rank=r, seed=5) for r in range(3)]
+        for x in s:
+            x.set_epoch(epoch)
+        order = [list(x) for x in s]
+        every = [i for o in order for i in o]
+        assert len(every) == 102 and set(every) == set(range(100))  # padded by 2
+        seen.append(order)
+        assert order == [list(x) for x in s]  # deterministic
+    assert seen[0] != seen[1]
+
+
+def _records_of(loader):
+    out = []
+    for batch in loader:
+        assert isinstance(batch, list)
+        out.extend(batch)
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_dataloader_sees_every_record_once(ds, workers):
+    world, got = 2, []
+    for rank in range(world):
+        d = TesseraIterable(ds, "torch", batch_size=16, rank=rank, world=world, seed=1)
+        recs = _records_of(DataLoader(d, num_workers=workers))
+        assert len(recs) == len(d) == N // world
+        for r in recs:
+            assert bytes(r) == record(record_id(r))
+        got.extend(record_id(r) for r in recs)
+    assert sorted(got) == list(range(N))
+
+
+def test_rank_sets_equal_distributed_sampler(ds):
+    """Unshuffled, each rank reads exactly DistributedSampler's indices, in its order."""
+    for drop in (False, True):
+        for rank in range(3):
+            d = TesseraIterable(ds, "odd", batch_size=4, rank=rank, world=3, shuffle=False,
+                                drop_last=drop)
+            ids = [record_id(r) for r in _records_of(DataLoader(d, num_workers=2))]
+            assert ids == list(DistributedSampler(range(101), num_replicas=3, rank=rank,
+                                                  shuffle=False, drop_last=drop))
+
+
+def test_set_epoch_changes_the_order_deterministically(ds):
+    def order(epoch):
+        d = TesseraIterable(ds, "torch", batch_size=8, seed=3)
+        d.set_epoch(epoch)
+        return [record_id(r) for r in _records_of(DataLoader(d, num_workers=2))]
+    a, b, c = order(1), order(1), order(2)
+    assert a == b
+    assert a != c
+    assert sorted(a) == sorted(c) == list(range(N))
+
+
+def _take(loader, batches):
+    out, it = [], iter(loader)
+    for _ in range(batches):
+        out.extend(next(it))
+    return out
+
+
+def test_state_dict_resumes_exactly_twice_in_a_row(ds):
+    d = TesseraIterable(ds, "torch", batch_size=8, seed=9)
+    d.set_epoch(4)
+    full = [record_id(r) for r in _records_of(DataLoader(d, num_workers=2))]
+
+    d1 = TesseraIterable(ds, "torch", batch_size=8, seed=9)
+    d1.set_epoch(4)
+    l1 = DataLoader(d1, num_workers=2)
+    first = [record_id(r) for r in _take(l1, 5)]
+    state = l1.state_dict()
+
+    d2 = TesseraIterable(ds, "torch", batch_size=8, seed=9)
+    l2 = DataLoader(d2, num_workers=3)  # another worker count
+    l2.load_state_dict(state)
+    second = [record_id(r) for r in _take(l2, 7)]
+    state2 = l2.state_dict()
+
+    d3 = TesseraIterable(ds, "torch", batch_size=8, seed=9)
+    l3 = DataLoader(d3, num_workers=0)
+    l3.load_state_dict(state2)
+    rest = [record_id(r) for r in _records_of(l3)]
+    assert first + second + rest == full
+
+
+def test_resume_at_another_world_size(ds):
+    """4 ranks read 6 batches each and save; 3 ranks resume: every record exactly once."""
+    seen = []
+    loaders = []
+    for rank in range(4):
+        d = TesseraIterable(ds, "torch", batch_size=10, rank=rank, world=4, seed=2)
+        d.set_epoch(7)
+        loaders.append(DataLoader(d, num_workers=2))
+        seen.extend(record_id(r) for r in _take(loaders[-1], 6))
+    states = [l.state_dict() for l in loaders]
+    assert all(s["position"] == states[0]["position"] for s in states)  # ranks agree
+    for rank in range(3):
+        d = TesseraIterable(ds, "torch", batch_size=10, rank=rank, world=3, seed=2)
+        l = DataLoader(d, num_workers=3 - rank)
+        l.load_state_dict(states[0])
+        seen.extend(record_id(r) for r in _records_of(l))
+    assert sorted(seen) == list(range(N))
+
+
+def test_map_style_dataset(ds):
+    d = TesseraRecords(ds, "odd")
+    assert len(d) == 101
+    loader = torch.utils.data.DataLoader(d, batch_size=7, num_workers=2,
+                                         sampler=PlanSampler(101, num_replicas=1, rank=0,
+                                                             seed=4))
+    got = [record_id(r) for b in loader for r in b]
+    assert sorted(got) == list(range(101))
+    assert d[100] == record(100) and d[-1] == record(100)
+    with pytest.raises(IndexError):
+        d[101]
+
+
+def test_errors_are_exceptions_with_codes(ds):
+    with pytest.raises(TesseraError) as e:
+        Reader(ds, "nosuch")
+    assert e.value.name == "TS_ENOENT" and "nosuch" in str(e.value)
+    with pytest.raises(TesseraError) as e:
+        Reader(ds, "torch", rank=2, world=2)
+    assert e.value.name == "TS_EINVAL"
+    with pytest.raises(ValueError):
+        Reader(ds, "torch", shuffle="sideways")
+
+
+def test_zero_copy_views_outlive_the_reader(ds):
+    r = Reader(ds, "odd", copy=False)
+    views = [next(iter(r)) for _ in range(3)]
+    r.close()
+    assert [record_id(v) for v in views] == [0, 1, 2]
+    arr = np.frombuffer(views[2], dtype=np.uint8)
+    assert arr.tobytes() == record(2)
+
+
+DDP = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {pkg!r})
+    import torch, torch.distributed as dist
+    from tessera.torch import TesseraIterable, DataLoader
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    d = TesseraIterable({addr!r}, "torch", batch_size=16, seed=11)
+    d.set_epoch(1)
+    model = torch.nn.Linear(4, 1)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = []
+    for batch in DataLoader(d, num_workers=2):
+        ids.extend(int.from_bytes(b[:8], "little") for b in batch)
+        x = torch.tensor([[(i >> j) & 1 for j in range(4)] for i in ids[-len(batch):]],
+                         dtype=torch.float32)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, ids)
+    if rank == 0:
+        a, b = set(every[0]), set(every[1])
+        assert not (a & b), "ranks overlap"
+        assert sorted(a | b) == list(range({n})), "ranks do not cover the dataset"
+        print("ddp ok", len(a), len(b))
+    dist.destroy_process_group()
+""")
+
+
+def test_ddp_two_ranks_train_on_disjoint_records(ds, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP.format(pkg=os.path.join(os.path.dirname(__file__), "..", ""),
+                                 addr=ds, n=N))
+    port = __import__("conftest").free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "ddp ok 480 480" in outs[0]
+
+
+def test_replica_killed_mid_epoch(cluster):
+    nodes, writer = cluster
+    with Client(writer) as c:
+        load(c, "kill", 3000, 12, core=3, min_core=2)
+    d = TesseraIterable(nodes[0].addr, "kill", batch_size=32, seed=1,
+                        reader={"window_units": 16})
+    seen, killed = [], False
+    for i, batch in enumerate(DataLoader(d, num_workers=2)):
+        for r in batch:
+            assert bytes(r) == record(record_id(r))
+            seen.append(record_id(r))
+        if i == 20 and not killed:
+            nodes[2].kill9()
+            killed = True
+    assert killed
+    assert sorted(seen) == list(range(3000))
