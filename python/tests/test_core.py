@@ -1,0 +1,81 @@
+"""The tessera package itself against a real daemon: Client calls, Plan, Reader (items, stats,
+resume through states), errors as exceptions with their codes."""
+
+import pytest
+
+from conftest import load, record, record_id
+from tessera import Client, Plan, Reader, TesseraError
+
+
+@pytest.fixture(scope="module")
+def c(node):
+    with Client(node.addr) as c:
+        load(c, "core", 500, 4, chunk_size=64 << 10)
+        yield c
+
+
+def test_client_calls(c):
+    assert c.role == "admin" and c.node
+    d = c.dataset("core")
+    assert d["shards"] == 4 and d["chunk_size"] == 64 << 10
+    assert "core" in [x["name"] for x in c.datasets()]
+    shards = c.shards("core")
+    assert [s["records"] for s in shards] == [125] * 4
+    assert c.record_counts("core") == [(0, 125), (1, 125), (2, 125), (3, 125)]
+    offs = c.shard_records("core", 1)
+    assert len(offs) == 125 and offs[0] == 0
+    assert c.read("core", 1, offs[3], offs[4] - offs[3]) == record(128)
+    assert c.status()["node"]
+    c.create_dataset("empty")
+    assert c.shards("empty") == []
+    c.delete("empty")
+    with pytest.raises(TesseraError) as e:
+        c.dataset("empty")
+    assert e.value.code < 0 and e.value.name == "TS_ENOENT"
+
+
+def test_reader_items_and_stats(c):
+    r = Reader(c, "core", shuffle="window", window=2, seed=1, rank=1, world=3)
+    items = list(r.items())
+    assert len(items) == len(r) == r.consumed
+    plan = Plan(500, shuffle="window", window=2, seed=1, rank=1, world=3,
+                group_sizes=[125] * 4)
+    assert [i.unit for i in items] == list(plan)
+    for i in items:
+        assert i.data == record(i.unit) and record_id(i.data) == i.unit
+        assert i.shard == i.unit // 125 and i.record == i.unit % 125
+    s = r.stats()
+    assert s["units"] == len(items) and s["bytes"] == sum(len(i.data) for i in items)
+    assert s["stall_s"] >= 0 and s["retries"] == 0
+    assert sum(v["units"] for v in s["served"].values()) == len([i for i in items if i.data])
+    r.close()
+
+
+def test_shard_units(c):
+    got = {i.shard: i.data for i in Reader(c, "core", unit="shard", shuffle="global").items()}
+    assert sorted(got) == [0, 1, 2, 3]
+    assert got[2] == b"".join(record(k) for k in range(250, 375))
+
+
+def test_resume_through_states(c):
+    seen = []
+    readers = [Reader(c, "core", rank=r, world=2, shuffle="global", seed=4) for r in range(2)]
+    for r, take in zip(readers, (30, 77)):
+        it = iter(r)
+        seen.extend(record_id(next(it)) for _ in range(take))
+    state = readers[0].state([r.consumed for r in readers])
+    for r in readers:
+        r.close()
+    for rank in range(3):
+        seen.extend(record_id(x) for x in Reader(c, "core", rank=rank, world=3,
+                                                 shuffle="global", seed=4, resume=state))
+    assert sorted(seen) == list(range(500))
+    with pytest.raises(TesseraError) as e:
+        Reader(c, "core", resume=b"not a state")
+    assert e.value.name == "TS_EINVAL" and "saved position" in str(e.value)
+
+
+def test_plan_is_constant_memory_for_huge_n():
+    p = Plan(1 << 40, rank=3, world=7, shuffle="global", seed=1)
+    assert len(p) == (1 << 40) // 7 + (3 < (1 << 40) % 7)
+    assert 0 <= p[len(p) - 1] < 1 << 40
