@@ -1,8 +1,9 @@
 """libtessera through ctypes: loading the library, the mirrored structs (checked against the
 library's own sizes at load), and errors as exceptions.
 
-The library is found, in order: $TESSERA_LIBRARY (a path), then libtessera.so.0 / libtessera.so
-on the dynamic linker's path (e.g. after `cmake --install`). ctypes releases the GIL for the
+The library is found, in order: $TESSERA_LIBRARY (a path); libtessera.so.0 / libtessera.so on the
+dynamic linker's path (e.g. after `cmake --install`); then, when the package is used from a source
+checkout, that checkout's build/lib/libtessera.so. ctypes releases the GIL for the
 length of every call into it, so a thread waiting in the reader does not hold up the others.
 """
 
@@ -242,6 +243,10 @@ def _find():
     found = ctypes.util.find_library("tessera")
     if found:
         return found
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "lib",
+                        "libtessera.so")
+    if os.path.exists(here):
+        return os.path.abspath(here)
     raise OSError(
         "libtessera not found: install it (cmake --install) or set TESSERA_LIBRARY "
         "to the path of libtessera.so"
