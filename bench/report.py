@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turns the runs of bench/run into the results: medians per (test, system), the ratios
-tessera/peer and tessera/iperf3 ceiling, the targets of issue 4, a CSV of every run and a PNG
-chart (gnuplot).
+tessera/peer and tessera/iperf3 ceiling, the targets of issue 4, the plan reader beside local
+files (issue 11), a CSV of every run and a PNG chart (gnuplot).
 
     bench/report.py --runs runs.jsonl --meta meta.txt --out DIR
 
@@ -33,6 +33,10 @@ SYSTEMS = [
     ("memcached-tls", "memcached TLS"),
 ]
 SYS_NAME = dict(SYSTEMS)
+# Plan-reader tests (bench/tsplanread.c): (test, record size, order); systems tessera, local.
+PLAN_TESTS = [(f"plan-{sz.lower()}-{o}", label, oname)
+              for sz, label in (("4K", "4 KiB"), ("100K", "100 KiB"), ("1M", "1 MiB"))
+              for o, oname in (("seq", "sequential"), ("shuf", "shuffled (global)"))]
 RSS_MARGIN_MB = 64
 # A run during which other processes kept more than this much CPU busy (cores) is disturbed:
 # the machine is shared. Medians use the undisturbed runs of a (test, system) when it has any.
@@ -199,6 +203,8 @@ def main():
           f"| {fmt(m('put', 'tessera', 'server_cpu_s_per_gb'), 3)} | {n('put', 'tessera')} |")
     w("")
 
+    plan_section(w, m, n, meta, groups)
+
     # resources
     block = int(meta.get("ts_block_cache_mb", 256))
     cache = int(meta.get("ts_cache_mb", 0))
@@ -293,6 +299,49 @@ def main():
 
     chart(a.out, m, ceil1, ceil2, meta)
     return 0
+
+
+def plan_section(w, m, n, meta, groups):
+    if not any(groups.get((t, "tessera")) or groups.get((t, "local")) for t, _, _ in PLAN_TESTS):
+        return
+    opts = next((r for t, _, _ in PLAN_TESTS for r in groups.get((t, "tessera"), [])), {})
+    w("## Plan reader beside local files (issue 11)")
+    w("")
+    w(f"Rank 0 of 1 reads its whole plan over {meta.get('plan_total', '?')} of fixed-size "
+      f"records per size ({meta.get('plan_shards', '?')} shards with record indexes) as record "
+      "units, in order "
+      "(shuffle none) or shuffled (global), with libtessera's reader (default options: "
+      f"{opts.get('connections', '?')} connections x depth {opts.get('depth', '?')}, window "
+      f"{opts.get('window_units', '?')} units / {(opts.get('window_bytes') or 0) >> 20} MiB), "
+      "on the load core, every byte touched; *local* reads the same records in the same order "
+      "(the same tessera_plan) with pread from shard files in the page cache, one thread. Whole "
+      "epochs until the run's duration passed, after one unmeasured epoch that warms the caches "
+      "and checks the bytes and the order. *stall* is the share of the time the caller waited "
+      "for data (in tessera_reader_next; local: in pread), *µs/rec* that wait per record. "
+      "*tesserad CPU* and *client CPU* in cores. *ratio* is tessera ÷ local (records/s).")
+    w("")
+    w("| records | order | tessera rec/s | tessera GB/s | stall | µs/rec | tesserad CPU "
+      "| client CPU | local rec/s | local GB/s | local stall | ratio | runs (tessera, local) |")
+    w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def pct(v):
+        return "-" if v is None else f"{v * 100:.0f}%"
+
+    def per_rec(test, sysid):
+        return med([r["stall_ns"] / r["records"] / 1e3 for r in groups.get((test, sysid), [])
+                    if r.get("records")])
+
+    for test, size, order in PLAN_TESTS:
+        if not (groups.get((test, "tessera")) or groups.get((test, "local"))):
+            continue
+        ts, lo = m(test, "tessera", "records_per_s"), m(test, "local", "records_per_s")
+        w(f"| {size} | {order} | {fmt(ts)} | {fmt(m(test, 'tessera', 'gb_per_s'), 3)} "
+          f"| {pct(m(test, 'tessera', 'stall_frac'))} | {fmt(per_rec(test, 'tessera'))} "
+          f"| {fmt(m(test, 'tessera', 'server_cpu_util'))} "
+          f"| {fmt(m(test, 'tessera', 'client_cpu'))} | {fmt(lo)} "
+          f"| {fmt(m(test, 'local', 'gb_per_s'), 3)} | {pct(m(test, 'local', 'stall_frac'))} "
+          f"| {fr(ratio(ts, lo))} | {n(test, 'tessera')}, {n(test, 'local')} |")
+    w("")
 
 
 def chart(outdir, m, ceil1, ceil2, meta):
