@@ -184,10 +184,46 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
     return 0;
 }
 
+uint8_t *ts_reader_buf_get(struct tessera_reader *r, size_t len, size_t *cap)
+{
+    uint32_t best = UINT32_MAX;
+    uint8_t *b;
+
+    /* The smallest kept buffer that fits, if it is not more than twice too big. */
+    for (uint32_t i = 0; i < r->npool; i++)
+        if (r->pool_cap[i] >= len && r->pool_cap[i] / 2 <= len + 4096 &&
+            (best == UINT32_MAX || r->pool_cap[i] < r->pool_cap[best]))
+            best = i;
+    if (best != UINT32_MAX) {
+        b = r->pool[best];
+        *cap = r->pool_cap[best];
+        r->pool_bytes -= *cap;
+        r->npool--;
+        r->pool[best] = r->pool[r->npool];
+        r->pool_cap[best] = r->pool_cap[r->npool];
+        return b;
+    }
+    *cap = len < 4096 ? (len + 63) / 64 * 64 + 64 : (len + 4095) / 4096 * 4096;
+    return malloc(*cap);
+}
+
+void ts_reader_buf_put(struct tessera_reader *r, uint8_t *buf, size_t cap)
+{
+    if (!buf)
+        return;
+    if (r->npool == TS_READER_POOL || r->pool_bytes + cap > r->o.window_bytes) {
+        free(buf);
+        return;
+    }
+    r->pool[r->npool] = buf;
+    r->pool_cap[r->npool++] = cap;
+    r->pool_bytes += cap;
+}
+
 /* The caller is done with the unit it holds (lock held). */
 static void release_held(struct tessera_reader *r)
 {
-    free(r->held);
+    ts_reader_buf_put(r, r->held, r->held_cap);
     r->held = NULL;
 }
 
@@ -232,8 +268,10 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     u->len = s->len;
     snprintf(r->held_node, sizeof(r->held_node), "%s", s->node);
     u->node = r->held_node;
-    if (!r->o.alloc)
+    if (!r->o.alloc) {
         r->held = s->buf;
+        r->held_cap = s->cap;
+    }
     r->ahead -= s->len;
     r->st.units++;
     r->st.bytes += s->len;
@@ -317,6 +355,8 @@ void tessera_reader_close(tessera_reader *r)
         else
             free(s->buf);
     }
+    for (uint32_t i = 0; i < r->npool; i++)
+        free(r->pool[i]);
     free(r->slots);
     ts_reader_index_free(r);
     tessera_dataset_records_free(r->recs);

@@ -28,6 +28,7 @@ struct slot {
     uint64_t record, offset;
     size_t len;
     uint8_t *buf;
+    size_t cap;           /* of buf (library-owned buffers) */
     uint32_t pieces_left; /* pieces not read yet */
     uint32_t attempts;    /* times a piece of it was read again */
     int rc;
@@ -44,6 +45,8 @@ struct index_entry {
 };
 
 struct ts_worker;
+
+#define TS_READER_POOL 16 /* buffers kept for reuse at most (and window_bytes of them) */
 
 struct tessera_reader {
     struct tessera_reader_opts o;
@@ -76,6 +79,12 @@ struct tessera_reader {
     uint32_t nworkers;
 
     uint8_t *held; /* library-owned: the buffer of the unit the caller holds */
+    size_t held_cap;
+    /* Library-owned buffers the caller gave back, reused (no page faults for every unit). */
+    uint8_t *pool[TS_READER_POOL];
+    size_t pool_cap[TS_READER_POOL];
+    uint32_t npool;
+    uint64_t pool_bytes;
     char held_node[64];
     struct tessera_reader_stats st;
 };
@@ -109,6 +118,11 @@ static inline void ts_reader_wake_threads(struct tessera_reader *r)
     if (r->idle)
         pthread_cond_broadcast(&r->space);
 }
+
+/* Buffers (reader.c, lock held): one of at least len bytes (its capacity in *cap), NULL when
+ * out of memory; a buffer the caller is done with, kept for reuse or freed. */
+uint8_t *ts_reader_buf_get(struct tessera_reader *r, size_t len, size_t *cap);
+void ts_reader_buf_put(struct tessera_reader *r, uint8_t *buf, size_t cap);
 
 /* Threads (reader_worker.c): first (taken) and connections - 1 more opened, a thread on
  * each. On failure the caller still stops them (ts_reader_workers_stop). */

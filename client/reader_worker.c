@@ -168,10 +168,17 @@ static void unit_start(struct ts_worker *w, uint64_t k)
     struct slot *s = ts_reader_slot(r, k);
     size_t npieces = s->len ? (s->len - 1) / TESSERA_MAX_READ + 1 : 0;
     uint8_t *buf;
+    size_t cap = 0;
 
-    buf = r->o.alloc ? r->o.alloc(r->o.alloc_arg, s->len) : malloc(s->len ? s->len : 1);
-    pthread_mutex_lock(&r->m);
+    if (r->o.alloc) {
+        buf = r->o.alloc(r->o.alloc_arg, s->len);
+        pthread_mutex_lock(&r->m);
+    } else {
+        pthread_mutex_lock(&r->m);
+        buf = ts_reader_buf_get(r, s->len, &cap);
+    }
     s->buf = buf;
+    s->cap = cap;
     s->pieces_left = (uint32_t)npieces;
     if (!buf)
         slot_fail(r, s, TS_ENOMEM, "no buffer for it");
