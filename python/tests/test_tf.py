@@ -30,26 +30,35 @@ def example(i):
     })).SerializeToString()
 
 
+def ingest(addr, d, name, n, shards):
+    path = str(d / f"{name}.tfrecord")
+    with tf.io.TFRecordWriter(path) as w:
+        for i in range(n):
+            w.write(example(i))
+    subprocess.run([CLI, "-s", addr, "ingest", "tfrecord", path, "--dataset", name,
+                    "--shards", str(shards)], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
 @pytest.fixture(scope="module")
 def tfdata(node, tmp_path_factory):
     d = tmp_path_factory.mktemp("tf")
-    path = str(d / "data.tfrecord")
-    with tf.io.TFRecordWriter(path) as w:
-        for i in range(N):
-            w.write(example(i))
-    subprocess.run([CLI, "-s", node.addr, "ingest", "tfrecord", path, "--dataset", "tf",
-                    "--shards", "4"], check=True, stdout=subprocess.DEVNULL)
-    return node.addr, path
+    for n in (1, 6, 31):
+        ingest(node.addr, d, f"tf{n}", n, min(n, 3))
+    return node.addr, ingest(node.addr, d, "tf", N, 4)
 
 
+@pytest.mark.parametrize("n", [1, 6, 31, N])
 @pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 8, 200])
-def test_equals_tfrecorddataset_shard(tfdata, w):
+def test_equals_tfrecorddataset_shard(tfdata, n, w):
     addr, path = tfdata
+    name = "tf" if n == N else f"tf{n}"
+    path = path if n == N else os.path.join(os.path.dirname(path), f"{name}.tfrecord")
     for r in range(w):
         want = [x.numpy() for x in tf.data.TFRecordDataset(path).shard(w, r)]
-        got = [x.numpy() for x in ttf.dataset(addr, "tf", num_shards=w, index=r,
+        got = [x.numpy() for x in ttf.dataset(addr, name, num_shards=w, index=r,
                                                format="tfrecord")]
-        assert got == want, (w, r)
+        assert got == want, (n, w, r)
 
 
 def test_parse_single_example(tfdata):
