@@ -156,7 +156,9 @@ class DataLoader(_TorchLoader):
     def __iter__(self):
         self._records = 0
         for batch in super().__iter__():
-            self._records += len(batch) if hasattr(batch, "__len__") else self.batch_size
+            # Every batch but a rank's last holds batch_size records (the workers' blocks);
+            # position() caps the count at the rank's length.
+            self._records += self.batch_size
             yield batch
 
     def state_dict(self):

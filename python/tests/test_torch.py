@@ -139,6 +139,25 @@ def test_state_dict_resumes_exactly_twice_in_a_row(ds):
     assert first + second + rest == full
 
 
+def test_resume_with_tuple_samples(ds):
+    """Samples that collate into several tensors (x, y): batches, not fields, are counted."""
+    def split(rec):
+        return torch.tensor(record_id(rec)), torch.tensor(len(rec))
+    d = TesseraIterable(ds, "torch", batch_size=8, seed=5, transform=split)
+    loader = DataLoader(d, num_workers=2)
+    first = []
+    it = iter(loader)
+    for _ in range(3):
+        x, y = next(it)
+        first.extend(int(i) for i in x)
+    state = loader.state_dict()
+    d2 = TesseraIterable(ds, "torch", batch_size=8, seed=5, transform=split)
+    l2 = DataLoader(d2, num_workers=1)
+    l2.load_state_dict(state)
+    rest = [int(i) for x, _ in l2 for i in x]
+    assert len(first) == 24 and sorted(first + rest) == list(range(N))
+
+
 def test_resume_at_another_world_size(ds):
     """4 ranks read 6 batches each and save; 3 ranks resume: every record exactly once."""
     seen = []
