@@ -200,7 +200,7 @@ int ts_list_begin(tessera_client *c, int have_out, size_t *n)
 
 int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
 {
-    void *v;
+    void *v = NULL;
     int rc;
 
     if (out)
@@ -357,7 +357,7 @@ int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
 
 int ts_conn_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
 {
-    void *v;
+    void *v = NULL;
     int rc;
 
     if (out)
