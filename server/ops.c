@@ -501,7 +501,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h,
     struct ts_repl_targets to;
     struct ts_repl_chunk *ch;
     struct parked *pk;
-    uint32_t shard = k->shard, idx = k->idx, crc = k->crc, len = k->len, pg;
+    uint32_t shard = k->shard, idx = k->idx, crc = k->crc, len = k->len, pg = 0;
     uint64_t size = k->size, act_epoch = 0;
     unsigned need = 1;
     const uint8_t *data = k->data;
