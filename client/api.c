@@ -201,12 +201,7 @@ int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
 
     if (!routed(c))
         return ts_conn_dataset_stat(c, name, out);
-    rc = ts_enter(c);
-    if (rc)
-        return rc;
-    if (!out)
-        return TS_EINVAL;
-    rc = ts_name_check(c, name);
+    rc = ts_enter_out_name(c, out != NULL, name);
     if (rc)
         return rc;
     return ts_cl_dataset_stat(c, c->cl, name, out);
@@ -251,12 +246,7 @@ int tessera_shard_records(tessera_client *c, const char *name, uint32_t shard, u
         *offsets = NULL;
     if (n)
         *n = 0;
-    rc = ts_enter(c);
-    if (rc)
-        return rc;
-    if (!offsets || !n)
-        return TS_EINVAL;
-    rc = ts_name_check(c, name);
+    rc = ts_enter_out_name(c, offsets && n, name);
     if (rc)
         return rc;
     return ts_cl_shard_records(c, c->cl, name, shard, offsets, n);
@@ -269,12 +259,7 @@ int tessera_shard_stat(tessera_client *c, const char *name, uint32_t shard,
 
     if (!routed(c))
         return ts_conn_shard_stat(c, name, shard, out);
-    rc = ts_enter(c);
-    if (rc)
-        return rc;
-    if (!out)
-        return TS_EINVAL;
-    rc = ts_name_check(c, name);
+    rc = ts_enter_out_name(c, out != NULL, name);
     if (rc)
         return rc;
     return ts_cl_shard_stat(c, c->cl, name, shard, out);
@@ -353,20 +338,9 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
 
     if (!routed(c))
         return ts_conn_read_submit(c, name, shard, off, len, buf, op);
-    if (op)
-        *op = 0;
-    rc = ts_enter(c);
+    rc = ts_submit_args(c, name, off, len, buf, op);
     if (rc)
         return rc;
-    if (!op)
-        return TS_EINVAL;
-    rc = ts_read_args(c, name, off, len, buf);
-    if (rc)
-        return rc;
-    if (len > TESSERA_MAX_READ) {
-        ts_conn_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
-        return TS_EINVAL;
-    }
     return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
 }
 

@@ -364,4 +364,7 @@ int ts_read_pieces_verify(const uint8_t *table, uint32_t n, const uint8_t *data,
 #define TS_DATASET_INFO_MIN 42
 #define TS_SHARD_INFO_LEN 37
 
+/* The position (in r's shard arrays) of the shard holding dataset record u (< r->total). */
+size_t ts_dataset_records_pos(const struct tessera_dataset_records *r, uint64_t u);
+
 #endif

@@ -118,11 +118,16 @@ int ts_enter(tessera_client *c);
 int ts_name_check(tessera_client *c, const char *name);
 /* ts_enter() for a call on a dataset: a valid name too. */
 int ts_enter_name(tessera_client *c, const char *name);
+/* ts_enter(), then a result pointer (have_out, else TS_EINVAL), then a valid name. */
+int ts_enter_out_name(tessera_client *c, int have_out, const char *name);
 /* ts_enter() for the calls that only a connection takes: never a handle with no connection
  * of its own (a router's). */
 int ts_enter_conn(tessera_client *c);
 /* A read's name, range and buffer (ts_conn_read, ts_conn_read_submit; read.c). */
 int ts_read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf);
+/* Everything tessera_read_submit checks before a read is queued (*op cleared first). */
+int ts_submit_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf,
+                   uint64_t *op);
 /* The start of a list call (the caller has emptied *out): a usable handle, outputs given
  * (ops.c). */
 int ts_list_begin(tessera_client *c, int have_out, size_t *n);

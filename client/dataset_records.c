@@ -3,7 +3,7 @@
  * shard list with record counts, and record number -> (shard, index) by binary search over the
  * shards' first record numbers. Memory per shard, never per record.
  */
-#include "tessera/tessera.h"
+#include "client_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -68,17 +68,11 @@ int tessera_dataset_records(tessera_client *c, const char *name,
     return 0;
 }
 
-int tessera_dataset_record_at(const struct tessera_dataset_records *r, uint64_t u, uint32_t *shard,
-                              uint64_t *index)
+size_t ts_dataset_records_pos(const struct tessera_dataset_records *r, uint64_t u)
 {
-    size_t lo = 0, hi;
+    size_t lo = 0, hi = r->nshards;
 
-    if (!r || !shard || !index)
-        return TS_EINVAL;
-    if (u >= r->total)
-        return TS_ERANGE;
     /* The last shard whose first record is <= u and that has records. */
-    hi = r->nshards;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
         if (r->first[mid] <= u)
@@ -86,9 +80,22 @@ int tessera_dataset_record_at(const struct tessera_dataset_records *r, uint64_t 
         else
             hi = mid;
     }
-    while (r->count[lo] == 0 || u - r->first[lo] >= r->count[lo])
+    while (lo < r->nshards && (r->count[lo] == 0 || u - r->first[lo] >= r->count[lo]))
         lo++; /* past shards without records */
-    *shard = r->shard[lo];
-    *index = u - r->first[lo];
+    return lo;
+}
+
+int tessera_dataset_record_at(const struct tessera_dataset_records *r, uint64_t u, uint32_t *shard,
+                              uint64_t *index)
+{
+    size_t i;
+
+    if (!r || !shard || !index)
+        return TS_EINVAL;
+    if (u >= r->total)
+        return TS_ERANGE;
+    i = ts_dataset_records_pos(r, u);
+    *shard = r->shard[i];
+    *index = u - r->first[i];
     return 0;
 }

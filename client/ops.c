@@ -302,12 +302,7 @@ int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, u
         *offsets = NULL;
     if (n)
         *n = 0;
-    rc = ts_enter(c);
-    if (rc)
-        return rc;
-    if (!offsets || !n)
-        return TS_EINVAL;
-    rc = ts_name_check(c, name);
+    rc = ts_enter_out_name(c, offsets && n, name);
     if (rc)
         return rc;
     rc = shard_call(c, TS_OP_SHARD_RECORDS, name, shard, &r, &body);
@@ -338,12 +333,7 @@ int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
     struct ts_rd body;
     int rc;
 
-    rc = ts_enter(c);
-    if (rc)
-        return rc;
-    if (!out)
-        return TS_EINVAL;
-    rc = ts_name_check(c, name);
+    rc = ts_enter_out_name(c, out != NULL, name);
     if (rc)
         return rc;
     rc = shard_call(c, TS_OP_SHARD_STAT, name, shard, &r, &body);

@@ -27,6 +27,28 @@ int ts_read_args(tessera_client *c, const char *name, uint64_t off, size_t len, 
     return 0;
 }
 
+int ts_submit_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf,
+                   uint64_t *op)
+{
+    int rc;
+
+    if (op)
+        *op = 0;
+    rc = ts_enter(c);
+    if (rc)
+        return rc;
+    if (!op)
+        return TS_EINVAL;
+    rc = ts_read_args(c, name, off, len, buf);
+    if (rc)
+        return rc;
+    if (len > TESSERA_MAX_READ) {
+        ts_conn_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
+        return TS_EINVAL;
+    }
+    return 0;
+}
+
 static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
                       void *buf, int user, uint16_t hflags, struct ts_req **out)
 {
@@ -150,20 +172,9 @@ int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
     struct ts_req *r;
     int rc, progress = 0;
 
-    if (op)
-        *op = 0;
-    rc = ts_enter(c);
+    rc = ts_submit_args(c, name, off, len, buf, op);
     if (rc)
         return rc;
-    if (!op)
-        return TS_EINVAL;
-    rc = ts_read_args(c, name, off, len, buf);
-    if (rc)
-        return rc;
-    if (len > TESSERA_MAX_READ) {
-        ts_conn_set_error(c, "a submitted read is at most %u bytes", TESSERA_MAX_READ);
-        return TS_EINVAL;
-    }
     rc = read_queue(c, name, shard, off, len, buf, 1, 0, &r);
     if (rc)
         return rc;

@@ -125,17 +125,7 @@ static int place(struct ts_worker *w, struct slot *s)
         s->len = (size_t)d->bytes[u];
         return 0;
     }
-    /* The last shard whose first record is <= u and that has records. */
-    size_t lo = 0, hi = d->nshards;
-    while (hi - lo > 1) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (d->first[mid] <= u)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    while (lo < d->nshards && (d->count[lo] == 0 || u - d->first[lo] >= d->count[lo]))
-        lo++;
+    size_t lo = ts_dataset_records_pos(d, u);
     if (lo == d->nshards)
         return TS_ERANGE;
     s->shard = d->shard[lo];

@@ -84,6 +84,15 @@ int ts_enter_name(tessera_client *c, const char *name)
     return rc ? rc : ts_name_check(c, name);
 }
 
+int ts_enter_out_name(tessera_client *c, int have_out, const char *name)
+{
+    int rc = ts_enter(c);
+
+    if (rc)
+        return rc;
+    return have_out ? ts_name_check(c, name) : TS_EINVAL;
+}
+
 /* ts_enter() for the calls that only a connection takes: never a handle with no connection
  * of its own (a router's). */
 int ts_enter_conn(tessera_client *c)
