@@ -274,6 +274,28 @@ def lib():
     return _lib
 
 
+class Handle:
+    """A library object owned by Python: closed by close(), a with block, or collection.
+    Subclasses name the library function that releases it in _free."""
+
+    _h = None
+    _free = None
+
+    def close(self):
+        if self._h:
+            getattr(lib(), self._free)(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+
 def check(rc, message=""):
     """Raises TesseraError for a negative code; returns rc otherwise."""
     if rc < 0:

@@ -4,8 +4,8 @@ datasets, shards, uploads and plain reads. One thread at a time per Client."""
 import ctypes
 import json
 
-from ._lib import (DatasetInfo, DatasetRecords, Opts, Policy, ShardInfo, P, c_size, c_u32,
-                   c_u64, c_void_p, check, enc, lib)
+from ._lib import (DatasetInfo, DatasetRecords, Handle, Opts, P, Policy, ShardInfo, c_size,
+                   c_u32, c_u64, c_void_p, check, enc, lib)
 
 
 class ConnectOptions:
@@ -52,7 +52,9 @@ def _shard(s):
     }
 
 
-class Client:
+class Client(Handle):
+    _free = "tessera_client_close"
+
     def __init__(self, address="127.0.0.1:7070", **options):
         self.options = (address if isinstance(address, ConnectOptions)
                         else ConnectOptions(address, **options))
@@ -62,20 +64,6 @@ class Client:
         check(lib().tessera_client_open(ctypes.byref(h), ctypes.byref(o)),
               f"cannot connect to {self.options.address}")
         self._h = h
-
-    def close(self):
-        if self._h:
-            lib().tessera_client_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     def _check(self, rc):
         if rc < 0:

@@ -3,7 +3,7 @@ computed by libtessera (docs/client.md "Plans"); the same answer on every machin
 
 import ctypes
 
-from ._lib import PlanOpts, c_size, c_u64, c_void_p, check, lib
+from ._lib import Handle, PlanOpts, c_size, c_u64, c_void_p, check, lib
 
 SHUFFLE = {"none": 0, "global": 1, "window": 2}
 ASSIGN = {"contiguous": 0, "strided": 1}
@@ -45,10 +45,12 @@ def encode_state(plan_handle, consumed):
         lib().tessera_buffer_free(out)
 
 
-class Plan:
+class Plan(Handle):
     """A plan over `units` units for rank `rank` of `world`. resume: a state (bytes) saved by
     state() of the same options at any world size; the plan then holds exactly the units not
     read yet."""
+
+    _free = "tessera_plan_free"
 
     def __init__(self, units, *, resume=None, **options):
         self._h = None
@@ -62,11 +64,6 @@ class Plan:
             check(lib().tessera_plan_new(ctypes.byref(h), ctypes.byref(self._opts)),
                   "these options make no plan (rank < world, world >= 1, window >= 1)")
         self._h = h
-
-    def __del__(self):
-        if self._h:
-            lib().tessera_plan_free(self._h)
-            self._h = None
 
     def __len__(self):
         return lib().tessera_plan_len(self._h)

@@ -4,7 +4,8 @@ memoryviews over the library's buffers, freed when the last view goes."""
 
 import ctypes
 
-from ._lib import (ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc, lib)
+from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc,
+                   lib)
 from .client import Client, ConnectOptions
 from .plan import encode_state, plan_opts
 
@@ -39,7 +40,7 @@ class Item:
                 f"{len(self.data)} bytes from {self.node or '-'})")
 
 
-class Reader:
+class Reader(Handle):
     """Reads rank `rank` of `world`'s plan of `dataset`.
 
     connect: an address, a ConnectOptions or a Client (its options are used; the reader opens
@@ -50,6 +51,8 @@ class Reader:
     None); split_block, split_n, split_i: this worker's part of the rank's plan (blocks i, i+n,
     ... of split_block positions). copy: True gives bytes; False memoryviews without a copy.
     """
+
+    _free = "tessera_reader_close"
 
     def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
                  shuffle="none", window=16, assign="contiguous", remainder="uneven",
@@ -87,20 +90,6 @@ class Reader:
         check(rc, err.value.decode())
         self._h = h
         self._u = Unit()
-
-    def close(self):
-        if self._h:
-            lib().tessera_reader_close(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        self.close()
 
     def __len__(self):
         """Units this rank's plan holds."""
