@@ -152,6 +152,14 @@ const char *ts_client_served(const tessera_client *c)
     return routed(c) ? ts_cl_served(c->cl) : ts_conn_node(c);
 }
 
+void ts_client_defer_sends(tessera_client *c, int on)
+{
+    if (routed(c))
+        ts_cl_defer_sends(c->cl, on);
+    else
+        ts_conn_defer_sends(c, on);
+}
+
 uint64_t ts_client_resubmits(const tessera_client *c)
 {
     return routed(c) ? ts_cl_resubmits(c->cl) : 0;

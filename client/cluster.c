@@ -201,6 +201,7 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
         return rc;
     }
     ts_conn_set_timeout(sub, cl->timeout_ms);
+    ts_conn_defer_sends(sub, cl->defer_tx);
     cl->peers[p].failed_ns = 0;
     if (strcmp(ts_conn_node(sub), cl->peers[p].id) != 0)
         TS_WARN(FAC, 0, "%s answers as node '%s', the map says '%s'", cl->peers[p].addr,

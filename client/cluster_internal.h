@@ -77,6 +77,7 @@ struct ts_cluster {
     int timeout_ms;
     char served[64];    /* the node that served the submitted read last collected */
     uint64_t resubmits; /* submitted reads sent to another replica after theirs failed */
+    int defer_tx;       /* sub-connections batch submitted reads (ts_cl_defer_sends) */
 };
 /*
  * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with

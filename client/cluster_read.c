@@ -214,3 +214,11 @@ uint64_t ts_cl_resubmits(const struct ts_cluster *cl)
 {
     return cl->resubmits;
 }
+
+void ts_cl_defer_sends(struct ts_cluster *cl, int on)
+{
+    cl->defer_tx = on;
+    for (size_t p = 0; p < cl->npeers; p++)
+        if (cl->peers[p].conn)
+            ts_conn_defer_sends(cl->peers[p].conn, on);
+}

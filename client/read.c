@@ -179,7 +179,10 @@ int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
     if (rc)
         return rc;
     *op = r->id;
-    /* Get the request on its way now; its outcome is reported by ts_conn_wait*. */
+    /* Get the request on its way now (unless sends are batched until the next wait); its
+     * outcome is reported by ts_conn_wait*. */
+    if (c->defer_tx)
+        return 0;
     rc = ts_tx_step(c, &progress);
     if (rc < 0)
         ts_fail_conn(c, rc);
@@ -261,4 +264,9 @@ int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
     rc = submitted_result(c, r, out_len);
     ts_req_free(c, r);
     return rc;
+}
+
+void ts_conn_defer_sends(tessera_client *c, int on)
+{
+    c->defer_tx = on;
 }

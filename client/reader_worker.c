@@ -35,6 +35,7 @@ struct ts_worker {
     struct piece *redo; /* to send again */
     size_t nredo, capredo;
     int has_pend; /* a unit claimed and placed, waiting for the byte window */
+    int filling;  /* claiming a burst of units: their reads leave in one send */
     uint64_t pend_k;
     uint64_t resubmits_seen; /* of the handle's router */
 };
@@ -273,6 +274,7 @@ static void redo(struct ts_worker *w)
         if (!rc) {
             tessera_client_close(w->c);
             w->c = c;
+            ts_client_defer_sends(c, 1);
             w->resubmits_seen = 0;
             pthread_mutex_lock(&r->m);
             r->st.reconnects++;
@@ -292,11 +294,16 @@ static void redo(struct ts_worker *w)
 
 /* ---- the thread ------------------------------------------------------------------------------ */
 
-/* The window has room for the next plan position (lock held). */
+/*
+ * The window has room for the next plan position (lock held). A connection claims in bursts:
+ * once half its reads are back it claims until `depth` are in flight again, and the burst's
+ * reads leave together with its next wait (ts_client_defer_sends): one send for many.
+ */
 static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
 {
-    return !w->has_pend && w->ninf < r->o.depth && r->next_claim < r->len &&
-           r->next_claim < r->fail_k && r->next_claim - r->consumed < r->o.window_units;
+    return !w->has_pend && w->ninf < r->o.depth && (w->filling || w->ninf <= r->o.depth / 2) &&
+           r->next_claim < r->len && r->next_claim < r->fail_k &&
+           r->next_claim - r->consumed < r->o.window_units;
 }
 
 /*
@@ -333,6 +340,7 @@ static void *worker_main(void *arg)
             unit_start(w, s->k);
         } else if (may_claim(r, w)) {
             uint64_t k = r->next_claim++;
+            w->filling = 1;
             s = ts_reader_slot(r, k);
             memset(s, 0, sizeof(*s));
             s->state = SLOT_CLAIMED;
@@ -351,6 +359,7 @@ static void *worker_main(void *arg)
             }
             continue;
         } else if (w->ninf) {
+            w->filling = 0;
             pthread_mutex_unlock(&r->m);
             collect(w);
         } else {
@@ -404,6 +413,7 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
             rc = ts_client_open_ex(&w->c, &r->copts, err, errlen);
     }
     for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
+        ts_client_defer_sends(r->workers[i].c, 1);
         if (pthread_create(&r->workers[i].th, NULL, worker_main, &r->workers[i]) != 0) {
             if (err && errlen)
                 snprintf(err, errlen, "cannot start a reader thread");
