@@ -104,6 +104,11 @@ class TesseraIterable(IterableDataset):
         info = get_worker_info()
         n, i = (info.num_workers, info.id) if info else (1, 0)
         opts = dict(self.reader_options)
+        if info:
+            # Each worker is a stream of its own already: one connection (thread) per worker
+            # keeps the workers' threads from crowding the loader's cores.
+            opts.setdefault("connections", 1)
+            opts.setdefault("depth", 64)
         opts.update(split_block=self.batch_size, split_n=n, split_i=i)
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)
