@@ -100,6 +100,18 @@ class Reader(Handle):
         """Units returned so far."""
         return lib().tessera_reader_consumed(self._h)
 
+    def _data(self, u):
+        """The bytes of unit u, just returned: a copy, or a view that keeps the buffer."""
+        if self.copy:
+            return ctypes.string_at(u.data, u.len)
+        lib().tessera_reader_keep(self._h)
+        arr = (ctypes.c_uint8 * u.len).from_address(u.data)
+        arr._owner = _Kept(u.data)
+        return memoryview(arr)
+
+    def _fail(self, rc):
+        raise TesseraError(rc, lib().tessera_reader_error(self._h).decode())
+
     def next_item(self):
         """The next unit as an Item, or None at the end of the plan. Raises TesseraError (with
         the dataset, shard and record) for a unit no replica could serve."""
@@ -109,23 +121,22 @@ class Reader(Handle):
         if rc == 0:
             return None
         if rc < 0:
-            raise TesseraError(rc, lib().tessera_reader_error(self._h).decode())
-        u = self._u
-        if self.copy:
-            data = ctypes.string_at(u.data, u.len)
-        else:
-            lib().tessera_reader_keep(self._h)
-            arr = (ctypes.c_uint8 * u.len).from_address(u.data)
-            arr._owner = _Kept(u.data)
-            data = memoryview(arr)
-        return Item(data, u)
+            self._fail(rc)
+        return Item(self._data(self._u), self._u)
 
     def __iter__(self):
+        """The units' data in plan order (the hot path: no Item per unit)."""
+        if not self._h:
+            raise ValueError("the reader is closed")
+        nxt, h, u = lib().tessera_reader_next, self._h, self._u
+        ref, string_at = ctypes.byref(u), ctypes.string_at
         while True:
-            item = self.next_item()
-            if item is None:
+            rc = nxt(h, ref)
+            if rc <= 0:
+                if rc < 0:
+                    self._fail(rc)
                 return
-            yield item.data
+            yield string_at(u.data, u.len) if self.copy else self._data(u)
 
     def items(self):
         while True:
