@@ -386,17 +386,9 @@ int tessera_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
 
     if (!routed(c))
         return ts_conn_scrub(c, name, rep, cb, arg);
-    rc = ts_enter(c);
+    rc = ts_scrub_args(c, name, &rep, &tmp);
     if (rc)
         return rc;
-    if (name) {
-        rc = ts_name_check(c, name);
-        if (rc)
-            return rc;
-    }
-    if (!rep)
-        rep = &tmp;
-    memset(rep, 0, sizeof(*rep));
     return ts_cl_scrub(c, c->cl, name, rep, cb, arg);
 }
 

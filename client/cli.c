@@ -108,13 +108,8 @@ static const struct cli_opt plan_opts[] = {
     {NULL, 0, 0, 0},
 };
 
+/* `read` takes these and plan_opts. */
 static const struct cli_opt read_opts[] = {
-    {"seed", 0, 1, O_SEED},
-    {"epoch", 0, 1, O_EPOCH},
-    {"assign", 0, 1, O_ASSIGN},
-    {"remainder", 0, 1, O_REMAINDER},
-    {"shuffle", 0, 1, O_SHUFFLE},
-    {"window", 0, 1, O_WINDOW},
     {"unit", 0, 1, O_UNIT},
     {"window-units", 0, 1, O_WINDOW_UNITS},
     {"window-bytes", 0, 1, O_WINDOW_BYTES},
@@ -142,7 +137,8 @@ struct cmd {
     int (*run)(struct ctx *x);
     const char *args;
     const char *help;
-    int cluster; /* listed under "Cluster commands" */
+    int cluster;                     /* listed under "Cluster commands" */
+    const struct cli_opt *more_opts; /* a second table of options it takes, or NULL */
 };
 
 /* ---- the command table ------------------------------------------------------------------------
@@ -155,32 +151,33 @@ static const struct cmd cmds[] = {
      "replicas (default 0), --min-core: core replicas that must hold a write (default: a\n"
      "majority of core, core/2+1; 0 means the same), --chunk-size: bytes per chunk, with\n"
      "K/M/G suffixes (default 1M, at least 4K).",
-     0},
-    {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets.", 0},
-    {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset.", 0},
+     0, NULL},
+    {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets.", 0, NULL},
+    {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset.", 0, NULL},
     {"dataset", "seal", 1, 1, 1, no_opts, cmd_dataset_seal, "NAME",
-     "Seals a dataset: no more shards can be added. Fails while an upload is incomplete.", 0},
+     "Seals a dataset: no more shards can be added. Fails while an upload is incomplete.", 0, NULL},
     {"dataset", "rm", 1, 1, 1, no_opts, cmd_dataset_rm, "NAME",
-     "Deletes a dataset and all its shards (admin role).", 0},
-    {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset.", 0},
-    {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard.", 0},
+     "Deletes a dataset and all its shards (admin role).", 0, NULL},
+    {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset.", 0,
+     NULL},
+    {"shard", "stat", 2, 2, 2, no_opts, cmd_shard_stat, "NAME SHARD", "Shows one shard.", 0, NULL},
     {NULL, "put", 3, 3, 2, no_opts, cmd_put, "NAME SHARD FILE",
      "Uploads FILE ('-': standard input, read to its end) as shard SHARD of dataset NAME and\n"
      "seals the shard. Every chunk carries its CRC32C; the server acknowledges each once it\n"
      "is durable. A FILE that changes size during the upload fails it (nothing is sealed).",
-     0},
+     0, NULL},
     {NULL, "records", 1, 1, 1, records_opts, cmd_records, "NAME [--range A:B] [-o FILE]",
      "Lists a dataset's records (number, shard, offset, length), counted over its complete\n"
      "shards in shard order by their record indexes; --range A:B: records A to B-1 (either may\n"
      "be left out). With -o FILE (or -): writes the records' bytes instead, read and verified.",
-     0},
+     0, NULL},
     {NULL, "plan", 3, 4, 0, plan_opts, cmd_plan,
      "UNITS RANK WORLD [COUNT] [--seed S] [--epoch E] [--assign contiguous|strided]\n"
      "          [--remainder uneven|drop|pad] [--shuffle none|global|window] [--window G]",
      "Shows which of UNITS units rank RANK of WORLD reads in an epoch, in order (the first\n"
      "COUNT, default 20), as libtessera's plans compute them (docs/client.md \"Plans\").\n"
      "Needs no server.",
-     0},
+     0, NULL},
     {NULL, "read", 1, 3, 1, read_opts, cmd_read,
      "NAME [RANK WORLD] [--unit shard|record] [plan options as for 'plan'] [--count K]\n"
      "          [--window-units N] [--window-bytes B] [--connections N] [--depth N] [-o FILE]",
@@ -190,7 +187,7 @@ static const struct cmd cmds[] = {
      "Prints the units and bytes read, the rate, the data stall (time spent waiting for data),\n"
      "retries and which node served what. --count K: stop after K units. -o FILE (or -): the\n"
      "units' bytes in plan order.",
-     0},
+     0, plan_opts},
     {NULL, "ingest", 2, 1 << 20, 1, ingest_opts, cmd_ingest,
      "FORMAT PATH... --dataset NAME [--shards N] [--core N] [--fringe N] [--min-core N]",
      "Uploads record files (FORMAT: tfrecord, tar or webdataset, jsonl, len32, len64) as shards\n"
@@ -199,41 +196,41 @@ static const struct cmd cmds[] = {
      "file is checked first: a malformed one is refused (file, offset, reason) and nothing of\n"
      "it is uploaded. Shards already sealed with the same bytes are skipped: run it again to\n"
      "resume. Creates the dataset if needed (--core/--fringe/--min-core/--chunk-size).",
-     0},
+     0, NULL},
     {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
      "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
      "or standard output, verifying every piece's CRC32C. FILE is written as FILE.tmp.PID\n"
      "and renamed over FILE once complete: a failed get leaves FILE as it was.",
-     0},
+     0, NULL},
     {NULL, "scrub", 0, 1, 1, no_opts, cmd_scrub, "[NAME]",
      "Re-verifies every stored chunk of NAME (or of every dataset) on the server and lists\n"
      "corrupt ones; exits 1 when any is found. Waits without a timeout unless --timeout.",
-     0},
+     0, NULL},
     {NULL, "status", 0, 0, 0, status_opts, cmd_status, "[--node ID]",
      "Shows the server's status: node, listeners, connections, counters, datasets.\n"
      "On a cluster: one section per node of the map (reachable, epoch, the PGs it leads,\n"
      "its replicas' applied position and lag in operations, bytes and seconds); exits 1\n"
      "when a node that is up in the map does not answer. --node ID: that node's whole status.",
-     0},
+     0, NULL},
     {"map", "show", 0, 0, 0, no_opts, cmd_map_show, "",
      "Shows the cluster map the server has: epoch, PG count, and every node's id, addresses,\n"
      "failure domain, weight, state and how many PGs it leads.",
-     1},
+     1, NULL},
     {"map", "push", 1, 1, 1, no_opts, cmd_map_push, "FILE",
      "Pushes the map FILE to every node it lists (admin role): its epoch becomes one more\n"
      "than the highest epoch of the file and of every reachable node, and is written back\n"
      "into FILE first. Fails when a node that is up in the map does not take it. Without\n"
      "-s it connects to the first node of FILE that is up.",
-     1},
+     1, NULL},
     {NULL, "failover", 1, 1, 1, no_opts, cmd_failover, "PG",
      "Fails over placement group PG (admin role): its primary is marked down in a new map\n"
      "epoch, pushed to every other node that is up; the next core replica leads. Edit the\n"
      "map file to match before the next 'map push'.",
-     1},
+     1, NULL},
     {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
      "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
      "roles of its core and fringe replicas; with --shard too, the PG of that shard.",
-     1},
+     1, NULL},
 };
 
 static void usage_cmd(FILE *f, const struct cmd *k)
@@ -367,7 +364,7 @@ static void print_error(const struct ctx *x, const struct cmd *k, int rc)
 static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts *opts,
                       const struct cmd **kout, int *verbose)
 {
-    const struct cli_opt *tables[2] = {global_opts, NULL}, *o;
+    const struct cli_opt *tables[3] = {global_opts, NULL, NULL}, *o;
     const struct cmd *k = NULL;
     const char *group = NULL, *val;
     struct cli_iter it;
@@ -378,7 +375,7 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
     uint64_t v;
 
     cli_iter_init(&it, argc - 1, argv + 1);
-    while ((tok = cli_next(&it, tables, 2, &o, &val)) != CLI_END) {
+    while ((tok = cli_next(&it, tables, 3, &o, &val)) != CLI_END) {
         if (tok == CLI_ERR)
             return usage_error(it.err, k);
         if (tok == CLI_POS) {
@@ -394,6 +391,7 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
                     return usage_error(msg, NULL);
                 }
                 tables[1] = k->opts;
+                tables[2] = k->more_opts;
             }
             continue;
         }

@@ -126,6 +126,10 @@ int ts_enter_out_name(tessera_client *c, int have_out, const char *name);
 int ts_enter_conn(tessera_client *c);
 /* A read's name, range and buffer (ts_conn_read, ts_conn_read_submit; read.c). */
 int ts_read_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf);
+/* Everything tessera_scrub checks (name NULL: every dataset); *rep becomes tmp when NULL, and
+ * is cleared. */
+int ts_scrub_args(tessera_client *c, const char *name, struct ts_scrub_report **rep,
+                  struct ts_scrub_report *tmp);
 /* Everything tessera_read_submit checks before a read is queued (*op cleared first). */
 int ts_submit_args(tessera_client *c, const char *name, uint64_t off, size_t len, void *buf,
                    uint64_t *op);

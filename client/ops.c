@@ -198,7 +198,9 @@ int ts_list_begin(tessera_client *c, int have_out, size_t *n)
     return have_out && n ? 0 : TS_EINVAL;
 }
 
-int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
+/* A public list call: out cleared, the arguments checked, then the list into *out. */
+static int list_out(tessera_client *c, const struct list_kind *kind, const char *name, void **out,
+                    size_t *n)
 {
     void *v = NULL;
     int rc;
@@ -206,13 +208,17 @@ int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t
     if (out)
         *out = NULL;
     rc = ts_list_begin(c, out != NULL, n);
-
     if (rc)
         return rc;
-    rc = list_call(c, &dataset_list, NULL, &v, n);
+    rc = list_call(c, kind, name, &v, n);
     if (!rc)
         *out = v;
     return rc;
+}
+
+int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n)
+{
+    return list_out(c, &dataset_list, NULL, (void **)out, n);
 }
 
 int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
@@ -347,23 +353,29 @@ int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
 
 int ts_conn_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n)
 {
-    void *v = NULL;
-    int rc;
-
-    if (out)
-        *out = NULL;
-    rc = ts_list_begin(c, out != NULL, n);
-
-    if (rc)
-        return rc;
-    rc = list_call(c, &shard_list, name, &v, n);
-    if (!rc)
-        *out = v;
-    return rc;
+    return list_out(c, &shard_list, name, (void **)out, n);
 }
 
 /* ---- maintenance ------------------------------------------------------------------------------
  */
+
+int ts_scrub_args(tessera_client *c, const char *name, struct ts_scrub_report **rep,
+                  struct ts_scrub_report *tmp)
+{
+    int rc = ts_enter(c);
+
+    if (rc)
+        return rc;
+    if (name) {
+        rc = ts_name_check(c, name);
+        if (rc)
+            return rc;
+    }
+    if (!*rep)
+        *rep = tmp;
+    memset(*rep, 0, sizeof(**rep));
+    return 0;
+}
 
 int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
                   void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t chunk,
@@ -377,17 +389,9 @@ int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *r
     uint32_t n;
     int rc;
 
-    rc = ts_enter(c);
+    rc = ts_scrub_args(c, name, &rep, &tmp);
     if (rc)
         return rc;
-    if (name) {
-        rc = ts_name_check(c, name);
-        if (rc)
-            return rc;
-    }
-    if (!rep)
-        rep = &tmp;
-    memset(rep, 0, sizeof(*rep));
     r = ts_req_new(c, TS_OP_SCRUB);
     if (!r)
         return TS_ENOMEM;
