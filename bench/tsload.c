@@ -55,6 +55,9 @@
 
 #include <tessera/tessera.h>
 
+#define BENCH_TOOL "tsload"
+#include "bench_util.h"
+
 #define MAX_PIDS 8
 #define MAX_DEPTH 256
 #define RBUF_SIZE (64u << 10)
@@ -127,17 +130,6 @@ static void sleep_until(int64_t t)
         ;
 }
 
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-    fprintf(stderr, "tsload: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
-
 static int fail(struct worker *w, const char *fmt, ...)
 {
     va_list ap;
@@ -151,43 +143,9 @@ static int fail(struct worker *w, const char *fmt, ...)
     return -1;
 }
 
-static uint64_t parse_size(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-    switch (*end) {
-    case 'k':
-    case 'K':
-        v *= 1024;
-        break;
-    case 'm':
-    case 'M':
-        v *= 1024 * 1024;
-        break;
-    case 'g':
-    case 'G':
-        v *= 1024.0 * 1024 * 1024;
-        break;
-    case '\0':
-        break;
-    default:
-        die("bad size '%s'", s);
-    }
-    if (v < 0)
-        die("bad size '%s'", s);
-    return (uint64_t)v;
-}
-
 /* The data set: object KEY of PREFIX is SIZE bytes of a splitmix64 stream seeded by both, so
- * every system holds the same bytes and a reader can check the first word cheaply. */
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
+ * every system holds the same bytes and a reader can check the first word cheaply (mix64 in
+ * bench_util.h). */
 static uint64_t obj_seed(const struct cfg *c, uint32_t key)
 {
     uint64_t h = 1469598103934665603ull;

@@ -43,6 +43,9 @@
 #include <tessera/reader.h>
 #include <tessera/tessera.h>
 
+#define BENCH_TOOL "tsplanread"
+#include "bench_util.h"
+
 #define MAX_SHARDS 4096
 #define MAX_CORES 64
 
@@ -78,19 +81,6 @@ struct result {
     uint64_t retries, reconnects, index_loads, ahead_max;
 };
 
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...)
-{
-    va_list ap;
-
-    fprintf(stderr, "tsplanread: ");
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-    exit(1);
-}
-
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -99,43 +89,7 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t parse_size(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-
-    switch (*end) {
-    case 'k':
-    case 'K':
-        v *= 1024;
-        break;
-    case 'm':
-    case 'M':
-        v *= 1024 * 1024;
-        break;
-    case 'g':
-    case 'G':
-        v *= 1024.0 * 1024 * 1024;
-        break;
-    case '\0':
-        break;
-    default:
-        die("bad size '%s'", s);
-    }
-    if (v < 0)
-        die("bad size '%s'", s);
-    return (uint64_t)v;
-}
-
 /* ---- the records: record r is `size` bytes of a splitmix64 stream seeded by r ---------------- */
-
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 
 static void rec_fill(uint64_t r, uint8_t *p, size_t n)
 {
