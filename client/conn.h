@@ -39,22 +39,22 @@ struct ts_req {
 
 enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
 
-/* A frame header and the fixed head of a READ reply that may follow it: what one receive asks
- * for when a new frame begins. */
-#define RX_STAGE (TS_HDR_LEN + TS_READ_HEAD_LEN)
+/* What a receive asks for when a new frame begins: several small replies (4 KiB records) come
+ * in one receive and are copied out of stage, instead of two receives per reply. */
+#define RX_STAGE (32u << 10)
 #define RX_TABLE_KEEP 4096 /* piece table bytes kept for the next reply (512 pieces) */
 
 /*
- * The receive side. A new frame is received into stage, together with the head of a READ
- * reply that may follow the header, but never further: the piece table and the data of a
- * READ reply are received straight into their places (the data into the caller's buffer), in
- * one receive for both. When a frame is shorter than that head, stage holds the start of the
- * next frame, which is taken from there first (it is never READ data: that begins after a
- * whole head).
+ * The receive side. A new frame is received into stage (RX_STAGE bytes, allocated at the first
+ * receive), with whatever follows it that the transport has: for small replies that is
+ * the rest of the reply and the next ones, which are copied out of stage into their places.
+ * Once stage is used up, the rest of a READ reply's piece table and data are received straight
+ * into their places (the data into the caller's buffer), in one receive for both: a large
+ * read costs at most RX_STAGE bytes of copying.
  */
 struct rx {
     enum rx_state state;
-    uint8_t stage[RX_STAGE];
+    uint8_t *stage;    /* RX_STAGE bytes; kept across frames */
     size_t soff, slen; /* stage[soff, slen) was received but not consumed yet */
     size_t have;       /* bytes of the current target received (READ: of the data) */
     struct ts_frame_hdr h;

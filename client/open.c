@@ -272,6 +272,7 @@ void ts_conn_close(tessera_client *c)
     free(c->live);
     free(c->rx.body);
     free(c->rx.table);
+    free(c->rx.stage);
     free(c->scratch);
     ts_map_free(c->stale_map);
     free(c->optbuf);

@@ -1,8 +1,9 @@
 /*
  * libtessera, the connection layer: the receive side of a connection. Frames are received
- * into a small stage, matched to their requests by id, and run through a state machine
- * (header, small body, READ head, READ piece table and data, drain); READ data lands straight
- * in the caller's buffer and each piece's CRC32C is verified as soon as its bytes are in.
+ * into a stage (several small replies per receive), matched to their requests by id, and run
+ * through a state machine (header, small body, READ head, READ piece table and data, drain);
+ * the data of a large READ lands straight in the caller's buffer, and each piece's CRC32C is
+ * verified as soon as its bytes are in.
  */
 #include "conn.h"
 
@@ -16,15 +17,14 @@
 #define RX_BUDGET (16u << 20) /* bytes received before the pump looks around */
 #define RX_TABLE_KEEP 4096    /* piece table bytes kept for the next reply (512 pieces) */
 
-/* Ready for the next frame; what stage holds of it (and the table buffer) is kept. */
+/* Ready for the next frame; what stage holds of it (and the stage and table buffers) is
+ * kept. */
 void ts_rx_reset(struct tessera_client *c)
 {
     struct rx *x = &c->rx;
-    uint8_t *table = x->table;
+    uint8_t *table = x->table, *stage = x->stage;
     size_t table_cap = x->table_cap, soff = x->soff, slen = x->slen;
-    uint8_t stage[RX_STAGE];
 
-    memcpy(stage, x->stage, slen);
     free(x->body);
     if (table_cap > RX_TABLE_KEEP) {
         free(table);
@@ -32,7 +32,7 @@ void ts_rx_reset(struct tessera_client *c)
         table_cap = 0;
     }
     memset(x, 0, sizeof(*x));
-    memcpy(x->stage, stage, slen);
+    x->stage = stage;
     x->soff = soff;
     x->slen = slen;
     x->table = table;
@@ -270,7 +270,7 @@ static int rx_arrived(struct tessera_client *c, size_t n)
 
 /*
  * Takes what stage holds for the current state: a frame header, a READ head, or bytes of the
- * current target (copied; they are never READ data). 1 when the state moved on, 0 when stage
+ * current target (copied: a body, a piece table, READ data, bytes being drained). 1 when the state moved on, 0 when stage
  * holds too little, TS_E* when the connection is unusable.
  */
 static int rx_staged(struct tessera_client *c, const struct iovec *iov)
@@ -326,6 +326,11 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     int cnt = 1, rc;
     long n;
 
+    if (!x->stage) {
+        x->stage = malloc(RX_STAGE);
+        if (!x->stage)
+            return TS_ENOMEM;
+    }
     if (!c->scratch && x->state == RX_DRAIN) {
         c->scratch = malloc(64u << 10);
         if (!c->scratch)
@@ -365,15 +370,15 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     if (!c->rx_more)
         return 0;
     if (x->state == RX_HDR || x->state == RX_RHEAD) {
-        /* Into stage: a header with the READ head that may follow it, or the rest of a head. */
+        /* Into stage: a header (or the rest of a READ head) and what follows it, as much as
+         * the transport has up to RX_STAGE. */
         if (x->soff) {
             memmove(x->stage, x->stage + x->soff, x->slen - x->soff);
             x->slen -= x->soff;
             x->soff = 0;
         }
-        want = x->state == RX_HDR ? RX_STAGE : x->rhead_len;
         iov[0].iov_base = x->stage + x->slen;
-        iov[0].iov_len = want - x->slen;
+        iov[0].iov_len = RX_STAGE - x->slen;
     }
     want = iov[0].iov_len + (cnt > 1 ? iov[1].iov_len : 0);
     n = c->t->ops->recv(c->t, iov, cnt);
