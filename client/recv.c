@@ -270,8 +270,8 @@ static int rx_arrived(struct tessera_client *c, size_t n)
 
 /*
  * Takes what stage holds for the current state: a frame header, a READ head, or bytes of the
- * current target (copied: a body, a piece table, READ data, bytes being drained). 1 when the state moved on, 0 when stage
- * holds too little, TS_E* when the connection is unusable.
+ * current target (copied: a body, a piece table, READ data, bytes being drained). 1 when the state
+ * moved on, 0 when stage holds too little, TS_E* when the connection is unusable.
  */
 static int rx_staged(struct tessera_client *c, const struct iovec *iov)
 {
