@@ -29,6 +29,7 @@ struct ts_conn_params {
     const char *tls_key;
     const char *tls_server_name; /* NULL: host */
     int timeout_ms;              /* < 0: none */
+    const uint8_t *rdma_token;   /* RDMA: TS_RDMA_TOKEN_LEN bytes from RDMA_TOKEN (open.c) */
     char *err;                   /* a human-readable reason on failure, may be NULL */
     size_t errlen;
 };
@@ -54,7 +55,11 @@ struct ts_transport {
  *   pollfd:  for waiting on several transports at once: 1 when it can make progress on
  *            events (TS_IO_*) right now (bytes buffered inside the transport), else 0 with
  *            the descriptor and the poll() events to wait for in *fd and *pevents; or TS_E*.
- *   close:   releases everything; NULL is a no-op.
+ *   close:   releases everything (registrations left included); NULL is a no-op.
+ *   reg:     (optional: a transport the server can write into) registers [buf, buf+len) for
+ *            the peer to write: its address and key in *addr, *key, a handle in *h. TS_ENOTSUP
+ *            when this range cannot be (the read goes in-band).
+ *   dereg:   (with reg) releases a handle, before close.
  */
 struct ts_transport_ops {
     const char *name;
@@ -65,6 +70,9 @@ struct ts_transport_ops {
     const char *(*error)(struct ts_transport *t);
     int (*pollfd)(struct ts_transport *t, int events, int *fd, short *pevents);
     void (*close)(struct ts_transport *t);
+    int (*reg)(struct ts_transport *t, void *buf, size_t len, uint64_t *addr, uint32_t *key,
+               void **h);
+    void (*dereg)(struct ts_transport *t, void *h);
 };
 
 extern const struct ts_transport_ops ts_transport_tcp;
@@ -360,6 +368,10 @@ struct ts_read_head {
  */
 int ts_read_head_decode(const uint8_t head[TS_READ_HEAD_LEN], size_t payload_len, uint64_t off,
                         size_t len, struct ts_read_head *out);
+/* The same for a placed reply (flag TS_F_RDMA): the payload is the head and the table only,
+ * and the data length follows from the shard size and the range asked for. */
+int ts_read_head_decode_placed(const uint8_t head[TS_READ_HEAD_LEN], size_t payload_len,
+                               uint64_t off, size_t len, struct ts_read_head *out);
 /* The piece table (n pairs of u32 length, u32 CRC32C, as on the wire) must sum to data_len. */
 int ts_read_pieces_check(const uint8_t *table, uint32_t n, size_t data_len);
 /* Verifies piece CRCs [*done, n) whose bytes have fully arrived (have bytes of data so far);

@@ -35,6 +35,7 @@ struct ts_req {
     size_t got;
     uint64_t shard_size;
     char *msg; /* the server's message for a refused READ */
+    void *mr;  /* placed by the server (RDMA): the registration of dst, until the reply */
 };
 
 enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
@@ -67,6 +68,7 @@ struct rx {
     uint8_t *table; /* the piece table; kept across replies (table_cap bytes) */
     size_t table_cap;
     size_t tlen, thave; /* its bytes, received */
+    int placed;         /* the data is already in place (RDMA): only the table follows */
     uint32_t pdone;     /* pieces verified */
     size_t pdoff;       /* their bytes */
     size_t drain_left;
@@ -107,6 +109,10 @@ struct tessera_client {
 };
 
 /* ---- messages and checks at entry (request.c) ----------------------------------------------- */
+
+/* A placed read's registration of its buffer, released (at its reply, or when the connection
+ * fails, before the transport closes). */
+void ts_req_unplace(struct tessera_client *c, struct ts_req *r);
 
 /* A malformed reply: the call fails with TS_EPROTO and says why. */
 int ts_proto_err(struct tessera_client *c, const char *what);

@@ -164,6 +164,21 @@ int ts_read_head_decode(const uint8_t head[TS_READ_HEAD_LEN], size_t payload_len
     return 0;
 }
 
+int ts_read_head_decode_placed(const uint8_t head[TS_READ_HEAD_LEN], size_t payload_len,
+                               uint64_t off, size_t len, struct ts_read_head *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (payload_len < TS_READ_HEAD_LEN || ts_get_le32(head) != 0)
+        return TS_EPROTO;
+    out->shard_size = ts_get_le64(head + 4);
+    out->npieces = ts_get_le32(head + 12);
+    if ((uint64_t)out->npieces * 8 != payload_len - TS_READ_HEAD_LEN)
+        return TS_EPROTO;
+    out->data_len =
+        off >= out->shard_size ? 0 : (size_t)TS_MIN((uint64_t)len, out->shard_size - off);
+    return 0;
+}
+
 int ts_read_pieces_check(const uint8_t *table, uint32_t n, size_t data_len)
 {
     uint64_t sum = 0;

@@ -8,6 +8,7 @@
  */
 #include "conn.h"
 
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -164,6 +165,77 @@ int ts_conn_open_transport(tessera_client **out, struct ts_map **map, const stru
     return open_on(out, map, o, t, NULL, err, errlen);
 }
 
+static int open_addr(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
+                     const uint64_t *epoch_ref, char *err, size_t errlen);
+
+/*
+ * RDMA admission: a control connection to the node's TCP/TLS listener at host:port (TLS when
+ * o->tls_ca is set, authenticated like any connection) asks for a token (RDMA_TOKEN) and the
+ * node's RDMA address, then closes. The token carries that connection's role to the session.
+ */
+static int rdma_admit(const struct tessera_opts *o, const struct ts_addr *a,
+                      uint8_t tok[TS_RDMA_TOKEN_LEN], char *rhost, size_t hcap, char *rport,
+                      size_t pcap, char *err, size_t errlen)
+{
+    struct tessera_opts co = *o;
+    char addr[300];
+    tessera_client *c = NULL;
+    struct ts_req *r;
+    struct ts_rd body;
+    const uint8_t *p;
+    const char *colon;
+    uint16_t n;
+    int rc;
+
+    snprintf(addr, sizeof(addr), strchr(a->host, ':') ? "[%s]:%s" : "%s:%s", a->host, a->port);
+    co.address = addr;
+    rc = open_addr(&c, NULL, &co, NULL, err, errlen);
+    if (rc) {
+        if (err && errlen && !err[0])
+            snprintf(err, errlen, "no RDMA session: cannot reach the control listener %s: %s", addr,
+                     ts_strerror(rc));
+        return rc;
+    }
+    r = ts_req_new(c, TS_OP_RDMA_TOKEN);
+    if (!r) {
+        rc = TS_ENOMEM;
+        goto out_close;
+    }
+    rc = ts_call(c, r, &body); /* frees r when it fails */
+    if (rc) {
+        if (err && errlen)
+            snprintf(err, errlen, "no RDMA session from %s: %s", addr, c->err);
+        goto out_close;
+    }
+    p = ts_rd_bytes(&body, TS_RDMA_TOKEN_LEN);
+    (void)ts_rd_u32(&body); /* how long the token lasts */
+    n = ts_rd_u16(&body);
+    colon = (const char *)ts_rd_bytes(&body, n);
+    if (!p || !colon || body.err || n == 0 || n >= 128) {
+        rc = ts_proto_err(c, "RDMA_TOKEN");
+        goto out_free;
+    }
+    memcpy(tok, p, TS_RDMA_TOKEN_LEN);
+    {
+        char ra[128];
+        const char *sep;
+        memcpy(ra, colon, n);
+        ra[n] = '\0';
+        sep = strrchr(ra, ':');
+        if (!sep) {
+            rc = ts_proto_err(c, "RDMA_TOKEN address");
+            goto out_free;
+        }
+        snprintf(rhost, hcap, "%.*s", (int)(sep - ra), ra);
+        snprintf(rport, pcap, "%s", sep + 1);
+    }
+out_free:
+    ts_req_free(c, r);
+out_close:
+    ts_conn_close(c);
+    return rc;
+}
+
 /* Connects to o->address and opens a handle on it (map NULL: a sub-connection). */
 static int open_addr(tessera_client **out, struct ts_map **map, const struct tessera_opts *o,
                      const uint64_t *epoch_ref, char *err, size_t errlen)
@@ -173,7 +245,8 @@ static int open_addr(tessera_client **out, struct ts_map **map, const struct tes
     struct ts_conn_params p;
     struct ts_transport *t;
     struct ts_addr a;
-    char why[160];
+    char why[160], rhost[128], rport[16];
+    uint8_t tok[TS_RDMA_TOKEN_LEN] = {0};
     int rc;
 
     if (err && errlen)
@@ -212,7 +285,17 @@ static int open_addr(tessera_client **out, struct ts_map **map, const struct tes
         .err = err,
         .errlen = errlen,
     };
+    if (ops == &ts_transport_rdma) {
+        /* The address is the node's control listener; the session goes to its RDMA one. */
+        rc = rdma_admit(o, &a, tok, rhost, sizeof(rhost), rport, sizeof(rport), err, errlen);
+        if (rc)
+            return rc;
+        p.host = rhost;
+        p.port = rport;
+        p.rdma_token = tok;
+    }
     rc = ops->connect(&t, &p);
+    OPENSSL_cleanse(tok, sizeof(tok));
     if (rc) {
         TS_WARN(FAC, rc, "cannot connect to %s:%s over %s%s%s", a.host, a.port, ops->name,
                 err && err[0] ? ": " : "", err && err[0] ? err : "");

@@ -62,6 +62,17 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     ts_wr_u32(&r->w, shard);
     ts_wr_u64(&r->w, off);
     ts_wr_u32(&r->w, (uint32_t)len);
+    if (c->t->ops->reg && len) {
+        /* RDMA: the server writes the data into buf itself; the reply carries the CRCs. */
+        uint64_t addr;
+        uint32_t key;
+        if (c->t->ops->reg(c->t, buf, len, &addr, &key, &r->mr) == 0) {
+            hflags |= TS_F_RDMA;
+            ts_wr_u64(&r->w, addr);
+            ts_wr_u32(&r->w, key);
+            ts_wr_u32(&r->w, 0);
+        }
+    }
     r->user = (uint8_t)user;
     r->hflags = hflags;
     r->dst = buf;
@@ -69,11 +80,19 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     r->rd_off = off;
     rc = ts_req_send(c, r, NULL, 0);
     if (rc) {
+        ts_req_unplace(c, r);
         ts_req_free(c, r);
         return rc;
     }
     *out = r;
     return 0;
+}
+
+void ts_req_unplace(struct tessera_client *c, struct ts_req *r)
+{
+    if (r->mr && c->t)
+        c->t->ops->dereg(c->t, r->mr);
+    r->mr = NULL;
 }
 
 /* A finished READ: its status, with the server's message (if any) as the handle's error. */

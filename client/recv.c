@@ -48,6 +48,7 @@ static void rx_complete(struct tessera_client *c, int rc)
     struct ts_req *r = c->rx.req;
 
     if (r->op == TS_OP_READ) {
+        ts_req_unplace(c, r); /* the server wrote what it will write before its reply */
         r->rc = rc;
         if (rc == 0) {
             r->got = c->rx.rd.data_len;
@@ -132,6 +133,9 @@ static int rx_header(struct tessera_client *c)
     if (x->req->op == TS_OP_READ) {
         if (x->h.length > MAX_READ_REPLY)
             return ts_proto_err(c, "oversized READ reply");
+        x->placed = (x->h.flags & TS_F_RDMA) != 0;
+        if (x->placed && !x->req->mr)
+            return ts_proto_err(c, "a placed READ reply to a read that placed nothing");
         x->rhead_len = TS_MIN((size_t)x->h.length, TS_READ_HEAD_LEN);
         x->state = RX_RHEAD;
         if (x->rhead_len == 0)
@@ -175,7 +179,8 @@ static int rx_read_head(struct tessera_client *c)
         return x->have == x->body_len ? rx_body_done(c) : 0;
     }
     if (x->rhead_len < TS_READ_HEAD_LEN ||
-        ts_read_head_decode(x->rhead, payload, r->rd_off, r->cap, &x->rd) != 0) {
+        (x->placed ? ts_read_head_decode_placed(x->rhead, payload, r->rd_off, r->cap, &x->rd)
+                   : ts_read_head_decode(x->rhead, payload, r->rd_off, r->cap, &x->rd)) != 0) {
         ts_proto_err(c, "READ reply does not match the range asked for");
         rx_drain(c, payload - x->rhead_len, TS_EPROTO);
         return 0;
@@ -197,7 +202,7 @@ static int rx_read_head(struct tessera_client *c)
     }
     if (x->rd.data_len) {
         ts_proto_err(c, "READ reply carries data but no pieces");
-        rx_drain(c, x->rd.data_len, TS_EPROTO);
+        rx_drain(c, x->placed ? 0 : x->rd.data_len, TS_EPROTO);
         return 0;
     }
     rx_complete(c, 0);
@@ -209,7 +214,7 @@ static void rx_read_fail(struct tessera_client *c, int rc)
 {
     struct rx *x = &c->rx;
 
-    rx_drain(c, x->tlen - x->thave + x->rd.data_len - x->have, rc);
+    rx_drain(c, x->tlen - x->thave + (x->placed ? 0 : x->rd.data_len - x->have), rc);
 }
 
 /* n more bytes of a READ reply's piece table and data arrived (table first). */
@@ -226,6 +231,8 @@ static int rx_read_data(struct tessera_client *c, size_t n)
         x->have += n; /* data that came with the end of the table */
         if (x->thave < x->tlen)
             return 0;
+        if (x->placed)
+            x->have = x->rd.data_len; /* written into r->dst before the reply was sent */
         if (ts_read_pieces_check(x->table, x->rd.npieces, x->rd.data_len) != 0) {
             ts_proto_err(c, "READ piece lengths do not add up to the data sent");
             rx_read_fail(c, TS_EPROTO);
@@ -352,7 +359,7 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
             iov[0].iov_base = x->table + x->thave;
             iov[0].iov_len = x->tlen - x->thave;
             iov[cnt].iov_base = x->req->dst + x->have;
-            iov[cnt].iov_len = x->rd.data_len - x->have;
+            iov[cnt].iov_len = x->placed ? 0 : x->rd.data_len - x->have;
             cnt += iov[cnt].iov_len > 0;
         } else {
             iov[0].iov_base = x->req->dst + x->have;

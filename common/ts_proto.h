@@ -29,7 +29,16 @@
 /* On a READ request: read from the store, not from cached copies (the client found a piece
  * failing its CRC and asks once more); the node evicts the range's cached chunks first. */
 #define TS_F_VERIFY 0x0002u
-#define TS_F_KNOWN (TS_F_REPLY | TS_F_VERIFY)
+/* On a READ over an RDMA session: the data is placed by RDMA WRITE at the address the request
+ * names (u64 address, u32 rkey, u32 reserved after the range), not carried in the reply; the
+ * reply (flag set too) holds the head and the piece table only and is sent after the writes. */
+#define TS_F_RDMA 0x0004u
+#define TS_F_KNOWN (TS_F_REPLY | TS_F_VERIFY | TS_F_RDMA)
+
+/* RDMA sessions (docs/protocol.md "RDMA"). */
+#define TS_RDMA_TOKEN_LEN 16
+#define TS_RDMA_MSG (64u << 10)        /* the largest SEND either side posts; RECVs are this big */
+#define TS_RDMA_PRIV_MAGIC 0x414d4452u /* "RDMA": the connect request's private data begins so */
 
 /* REPL_SEAL kinds. */
 enum ts_repl_kind {
@@ -95,7 +104,8 @@ int ts_role_may(int role, int need);
     X(PG_ACTIVATE, 20, "pg-activate", TS_ROLE_NODE, TS_SMALL_PAYLOAD)                              \
     X(PG_PULL, 21, "pg-pull", TS_ROLE_NODE, TS_SMALL_PAYLOAD)                                      \
     X(PG_INVENTORY, 22, "pg-inventory", TS_ROLE_READER, TS_SMALL_PAYLOAD)                          \
-    X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+    X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)                        \
+    X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

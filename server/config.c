@@ -41,6 +41,9 @@ static const struct setting settings[] = {
     STR("listen", listen, "127.0.0.1:7070",
         "plain TCP address HOST:PORT (\"\" disables; port 0 picks a free one)"),
     STR("tls_listen", tls_listen, "", "TLS 1.3 address HOST:PORT (\"\" disables)"),
+    STR("rdma_listen", rdma_listen, "",
+        "RDMA (rdma_cm) address HOST:PORT of an RDMA device's interface (\"\" disables; port 0 "
+        "picks one); sessions are admitted by tokens from the TCP/TLS listeners"),
     STR("data_dir", data_dir, "./tessera-data", "directory of the chunk store (RocksDB)"),
     STR("log_level", log_level, "info", "error | warn | info | debug"),
     STR("sync", sync, "always",

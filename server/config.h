@@ -10,8 +10,9 @@
 struct tsd_config {
     char *config_file;
     char *node_id;
-    char *listen;     /* plain TCP address, "" to disable */
-    char *tls_listen; /* TLS address, "" to disable */
+    char *listen;      /* plain TCP address, "" to disable */
+    char *tls_listen;  /* TLS address, "" to disable */
+    char *rdma_listen; /* RDMA (rdma_cm) address, "" to disable */
     char *data_dir;
     char *log_level;
     char *sync;

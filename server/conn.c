@@ -233,6 +233,10 @@ void tsd_conn_free(struct tsd_conn *c)
         w->conns = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    if (c->rdma) {
+        tsd_rdma_close(c->rdma); /* disconnects and frees the session (no hook for c) */
+        c->rdma = NULL;
+    }
     if (c->bev) {
         bufferevent_free(c->bev); /* closes the socket (and frees the SSL) */
         c->bev = NULL;
@@ -810,6 +814,58 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
     TS_DEBUG(FAC, "connection from %s (%s) on worker %d", c->peer, c->tls ? "tls" : "tcp", w->id);
 }
 
+/* ---- RDMA sessions (the hooks of rdma.h) -------------------------------------------------- */
+
+struct tsd_conn *tsd_conn_start_rdma(struct tsd_worker *w, struct bufferevent *bev,
+                                     struct tsd_rdma_sess *r, const char *peer, int role,
+                                     const char *who)
+{
+    struct tsd_server *s = w->srv;
+    struct tsd_conn *c = calloc(1, sizeof(*c));
+
+    if (!c) {
+        bufferevent_free(bev);
+        return NULL;
+    }
+    c->w = w;
+    c->bev = bev;
+    c->rdma = r;
+    c->refs = 1;
+    c->ready = 1;
+    c->role = role; /* what the token's connection had (never node: see RDMA_TOKEN) */
+    c->fd = -1;
+    c->last_active_ns = ts_now_mono_ns();
+    snprintf(c->peer, sizeof(c->peer), "%s", peer);
+    snprintf(c->subject, sizeof(c->subject), "%s", who);
+    c->next = w->conns;
+    if (w->conns)
+        w->conns->prev = c;
+    w->conns = c;
+    atomic_fetch_add(&w->nconns, 1);
+    atomic_fetch_add(&s->nconns, 1);
+    STAT_ADD(&w->stats, conns_accepted, 1);
+    bufferevent_setcb(bev, conn_readcb, conn_writecb, conn_eventcb, c);
+    in_limit_changed(c);
+    bufferevent_setwatermark(bev, EV_WRITE, s->out_budget / 2, 0);
+    bufferevent_enable(bev, EV_READ | EV_WRITE);
+    TS_DEBUG(FAC, "RDMA connection from %s (%s, role %s) on worker %d", peer, who,
+             ts_role_name(role), w->id);
+    return c;
+}
+
+void tsd_conn_rdma_room(struct tsd_conn *c)
+{
+    if (c->rs)
+        conn_drained(c);
+}
+
+void tsd_conn_rdma_gone(struct tsd_conn *c)
+{
+    c->rdma = NULL; /* the session is being freed by its own layer */
+    if (!c->dead)
+        tsd_conn_free(c);
+}
+
 void tsd_reply_stale(struct tsd_conn *c, const struct ts_frame_hdr *req, const char *fmt, ...)
 {
     struct tsd_server *s = c->w->srv;
@@ -851,6 +907,7 @@ void tsd_stats_sum(struct tsd_server *s, struct tsd_stats *out)
         SUM(corrupt_chunks);
         SUM(protocol_errors);
         SUM(input_budget_waits);
+        SUM(rdma_placed_bytes);
         for (int op = 0; op < TS_OP_MAX; op++)
             SUM(by_op[op]);
 #undef SUM

@@ -766,6 +766,40 @@ static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, cons
     tsd_reply_send(c, h, &w);
 }
 
+/*
+ * RDMA_TOKEN: admission to this node's RDMA listener for the asking connection's identity and
+ * role (a node certificate gets reader: node-to-node traffic does not use RDMA). RDMA has no
+ * authentication of its own, so this authenticated connection vouches for the session.
+ */
+static void op_rdma_token(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
+{
+    struct tsd_server *s = c->w->srv;
+    const char *addr = tsd_rdma_addr(s);
+    int role = tsd_conn_role(s, c);
+    uint8_t tok[TS_RDMA_TOKEN_LEN];
+    char who[96];
+    struct ts_wr w;
+    int rc;
+
+    if (!addr) {
+        tsd_reply_error(c, h, TS_ENOTSUP, "this node serves no RDMA (rdma_listen is not set)");
+        return;
+    }
+    if (role == TS_ROLE_NODE)
+        role = TS_ROLE_READER;
+    snprintf(who, sizeof(who), "%.95s", c->subject[0] ? c->subject : c->peer);
+    rc = tsd_rdma_token_issue(&s->rdma_tokens, role, who, ts_now_mono_ns(), tok);
+    if (rc) {
+        tsd_reply_error(c, h, rc, "cannot make an RDMA token");
+        return;
+    }
+    tsd_reply_begin(&w);
+    ts_wr_bytes(&w, tok, sizeof(tok));
+    ts_wr_u32(&w, TSD_RDMA_TOKEN_TTL_MS);
+    ts_wr_str(&w, addr);
+    tsd_reply_send(c, h, &w);
+}
+
 /* SHARD_RECORDS: a complete shard's record index (ascending offsets; checked by its CRC). */
 static void op_shard_records(struct tsd_conn *c, const struct ts_frame_hdr *h,
                              const struct tsd_req *q)
@@ -948,6 +982,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_PG_PULL] = tsd_op_pg_pull,
     [TS_OP_PG_INVENTORY] = tsd_op_pg_inventory,
     [TS_OP_SHARD_RECORDS] = op_shard_records,
+    [TS_OP_RDMA_TOKEN] = op_rdma_token,
 };
 
 static tsd_handler handler_for(unsigned opcode)

@@ -32,6 +32,7 @@ void tsd_stream_free(struct tsd_read_stream *rs)
     ts_chunk_ref_release(&rs->first);
     ts_chunk_ref_release(&rs->last);
     ts_read_ctx_close(rs->ctx);
+    free(rs->reply);
     free(rs);
 }
 
@@ -57,7 +58,7 @@ static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_
                       size_t n)
 {
     /* Small pieces batch better into one writev; large ones go by sendfile. */
-    if (!c->tls && ref->fd >= 0 && n >= SENDFILE_MIN) {
+    if (!c->tls && !c->rdma && ref->fd >= 0 && n >= SENDFILE_MIN) {
         struct evbuffer_file_segment *seg =
             evbuffer_file_segment_new(ref->fd, (ev_off_t)(ref->file_off + in), (ev_off_t)n,
                                       EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
@@ -86,12 +87,93 @@ static void add_zeros(struct evbuffer *out, size_t n)
     }
 }
 
+/* The stream is done: free it, and for a placed read send its reply now (after the WRITEs). */
+static int stream_done(struct tsd_conn *c, struct tsd_read_stream *rs)
+{
+    if (rs->placed && rs->reply) {
+        if (evbuffer_add_reference(tsd_conn_out(c), rs->reply, rs->reply_len, hdr_free_cb,
+                                   rs->reply) == 0)
+            rs->reply = NULL;
+        else
+            c->closing = 1; /* a reply promised and not sent: the connection cannot go on */
+    }
+    tsd_stream_free(rs);
+    c->rs = NULL;
+    return 1;
+}
+
+/* Mid-stream, the dataset was deleted: the promised frame cannot be finished. */
+static int stream_gone(struct tsd_conn *c, struct tsd_read_stream *rs)
+{
+    TS_INFO(FAC, "read %s/%u: deleted while streaming to %s; closing", rs->name,
+            ts_read_ctx_info(rs->ctx)->shard, c->peer);
+    tsd_stream_free(rs);
+    c->rs = NULL;
+    c->closing = 1;
+    tsd_conn_pause(c);
+    return 1;
+}
+
+/* A placed stream: chunk bytes copied to the session's registered memory and written into the
+ * client's region, as far as that memory allows; the rest when WRITEs complete (the RDMA
+ * layer's room hook). 1 when finished. */
+static int stream_place(struct tsd_conn *c, struct tsd_read_stream *rs)
+{
+    while (rs->pos < rs->end) {
+        uint32_t idx = (uint32_t)(rs->pos / rs->chunk_size);
+        size_t in = (size_t)(rs->pos % rs->chunk_size);
+        size_t n = (size_t)TS_MIN((uint64_t)rs->chunk_size - in, rs->end - rs->pos);
+        struct ts_chunk_ref ref;
+        const void *src = NULL;
+        long k;
+        int rc = 0;
+
+        if (idx == rs->first_idx && rs->first.pin) {
+            ref = rs->first;
+            rs->first.pin = NULL;
+        } else if (idx == rs->last_idx && rs->last.pin) {
+            ref = rs->last;
+            rs->last.pin = NULL;
+        } else {
+            rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
+        }
+        if (rc == TS_ENOENT)
+            return stream_gone(c, rs);
+        if (rc) {
+            /* Zeros in place of the chunk: the client's CRC check fails them (TS_ECORRUPT). */
+            TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
+                     ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
+            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+            tsd_repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
+        } else {
+            src = ref.data + in;
+        }
+        k = tsd_rdma_place(c->rdma, src, n, rs->raddr + (rs->pos - rs->start), rs->rkey);
+        if (!rc)
+            ts_chunk_ref_release(&ref);
+        if (k < 0) {
+            tsd_stream_free(rs);
+            c->rs = NULL;
+            c->closing = 1;
+            return 1;
+        }
+        rs->pos += (uint64_t)k;
+        STAT_ADD(&c->w->stats, read_bytes, (uint64_t)k);
+        STAT_ADD(&c->w->stats, rdma_placed_bytes, (uint64_t)k);
+        if ((size_t)k < n)
+            return 0; /* the session's placement memory is all in flight */
+    }
+    return stream_done(c, rs);
+}
+
 int tsd_stream_continue(struct tsd_conn *c)
 {
     struct tsd_read_stream *rs = c->rs;
     struct evbuffer *out = tsd_conn_out(c);
     size_t budget = c->w->srv->out_budget;
 
+    if (rs->placed)
+        return stream_place(c, rs);
     while (rs->pos < rs->end && evbuffer_get_length(out) < budget) {
         uint32_t idx = (uint32_t)(rs->pos / rs->chunk_size);
         size_t in = (size_t)(rs->pos % rs->chunk_size);
@@ -108,17 +190,8 @@ int tsd_stream_continue(struct tsd_conn *c)
         } else {
             rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
         }
-        if (rc == TS_ENOENT) {
-            /* The dataset was deleted while its reply streamed: nothing to send; closing the
-             * connection is the only honest end of a frame already promised. */
-            TS_INFO(FAC, "read %s/%u: deleted while streaming to %s; closing", rs->name,
-                    ts_read_ctx_info(rs->ctx)->shard, c->peer);
-            tsd_stream_free(rs);
-            c->rs = NULL;
-            c->closing = 1;
-            tsd_conn_pause(c);
-            return 1;
-        }
+        if (rc == TS_ENOENT) /* closing is the only honest end of a frame already promised */
+            return stream_gone(c, rs);
         if (rc) {
             /* Already promised in the piece table: send zeros, which fail the piece CRC at
              * the client (TS_ECORRUPT there). The corrupt bytes themselves never leave. */
@@ -136,9 +209,7 @@ int tsd_stream_continue(struct tsd_conn *c)
     }
     if (rs->pos < rs->end)
         return 0;
-    tsd_stream_free(rs);
-    c->rs = NULL;
-    return 1;
+    return stream_done(c, rs);
 }
 
 void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
@@ -152,6 +223,18 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     struct ts_wr w;
     int rc;
 
+    if (q->u.read.placed != !!(h->flags & TS_F_RDMA)) {
+        tsd_reply_error(c, h, TS_EPROTO,
+                        "read %s/%u: flag RDMA and the placement fields must come together", name,
+                        shard);
+        return;
+    }
+    if (q->u.read.placed && !c->rdma) {
+        tsd_reply_error(c, h, TS_EINVAL,
+                        "read %s/%u: data placement (flag RDMA) needs an RDMA session", name,
+                        shard);
+        return;
+    }
     if (len > TS_MAX_READ) {
         tsd_reply_error(c, h, TS_ETOOBIG, "read %s/%u: %u bytes asked, at most %u per request",
                         name, shard, len, TS_MAX_READ);
@@ -190,6 +273,10 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     rs->end = end;
     rs->chunk_size = si->chunk_size;
     rs->req_id = h->req_id;
+    rs->placed = q->u.read.placed;
+    rs->start = off;
+    rs->raddr = q->u.read.raddr;
+    rs->rkey = q->u.read.rkey;
     npieces = end > off ? (uint32_t)((end - 1) / si->chunk_size - off / si->chunk_size + 1) : 0;
     rs->first_idx = (uint32_t)(off / si->chunk_size);
     rs->last_idx = npieces ? (uint32_t)((end - 1) / si->chunk_size) : rs->first_idx;
@@ -265,6 +352,21 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
         ts_wr_u32(&w, crc);
     }
     /* The frame length covers the data that the stream will add. */
+    if (!w.err && rs->placed) {
+        /* The head and table go out once every byte is written into the client's region. */
+        struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode, TS_F_REPLY | TS_F_RDMA,
+                                  h->req_id,        s->epoch,  (uint32_t)(w.len - TS_HDR_LEN)};
+        ts_frame_encode(w.buf, &rh);
+        STAT_ADD(&c->w->stats, bytes_out, w.len);
+        rs->reply = w.buf;
+        rs->reply_len = w.len;
+        w.buf = NULL;
+        ts_wr_fini(&w);
+        c->rs = rs;
+        if (!tsd_stream_continue(c))
+            tsd_conn_pause(c);
+        return;
+    }
     if (!w.err) {
         struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode,
                                   TS_F_REPLY,       h->req_id,

@@ -129,7 +129,10 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
     lis = json_object_new_object();
     json_object_object_add(lis, "tcp", json_object_new_string(s->addr[0]));
     json_object_object_add(lis, "tls", json_object_new_string(s->addr[1]));
+    json_object_object_add(lis, "rdma",
+                           json_object_new_string(tsd_rdma_addr(s) ? tsd_rdma_addr(s) : ""));
     json_object_object_add(root, "listen", lis);
+    json_object_object_add(root, "rdma_sessions", json_object_new_int((int)tsd_rdma_sessions(s)));
     json_object_object_add(root, "your_role",
                            json_object_new_string(ts_role_name(tsd_conn_role(c->w->srv, c))));
     stats = json_object_new_object();
@@ -145,6 +148,7 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
     J(corrupt_chunks);
     J(protocol_errors);
     J(input_budget_waits);
+    J(rdma_placed_bytes);
 #undef J
     json_object_object_add(stats, "input_reserved_bytes",
                            json_object_new_int64((int64_t)atomic_load(&s->in_reserved)));

@@ -166,6 +166,13 @@ static int dec_read(struct dec *d, struct tsd_req_read *q)
     q->shard = ts_rd_u32(&d->r);
     q->off = ts_rd_u64(&d->r);
     q->len = ts_rd_u32(&d->r);
+    if (d->r.off < d->r.len) { /* an RDMA placement (the handler checks the flag) */
+        q->placed = 1;
+        q->raddr = ts_rd_u64(&d->r);
+        q->rkey = ts_rd_u32(&d->r);
+        if (ts_rd_u32(&d->r) != 0 && !d->r.err)
+            return fail(d, TS_EPROTO, "read: the reserved field after the placement must be 0");
+    }
     return done(d);
 }
 
@@ -335,6 +342,7 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
     case TS_OP_DATASET_LIST:
     case TS_OP_STATUS:
     case TS_OP_MAP_GET:
+    case TS_OP_RDMA_TOKEN:
         rc = done(&d);
         break;
     case TS_OP_DATASET_STAT:

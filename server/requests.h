@@ -89,6 +89,10 @@ struct tsd_req_read {
     uint32_t shard;
     uint64_t off;
     uint32_t len; /* not checked against TS_MAX_READ here: the handler answers TS_ETOOBIG */
+    /* Where the data goes (flag TS_F_RDMA; then these follow the range). */
+    uint8_t placed;
+    uint64_t raddr;
+    uint32_t rkey;
 };
 
 struct tsd_req_shard_stat {

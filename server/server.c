@@ -413,6 +413,21 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
             goto out_workers;
         }
     }
+    rc = tsd_rdma_tokens_init(&s->rdma_tokens);
+    if (rc)
+        goto out_workers;
+    if (cfg->rdma_listen[0]) {
+        static const struct tsd_rdma_hooks hooks = {tsd_conn_start_rdma, tsd_conn_rdma_room,
+                                                    tsd_conn_rdma_gone};
+        char why[300];
+        rc = tsd_rdma_start(s, cfg->rdma_listen, &hooks, why, sizeof(why));
+        if (rc) {
+            TS_ERROR(FAC, rc, "%s", why);
+            fprintf(stderr, "tesserad: %s\n", why);
+            tsd_rdma_tokens_fini(&s->rdma_tokens);
+            goto out_workers;
+        }
+    }
     s->sig_term = evsignal_new(s->base, SIGTERM, signal_cb, s);
     s->sig_int = evsignal_new(s->base, SIGINT, signal_cb, s);
     evsignal_add(s->sig_term, NULL);
@@ -463,9 +478,12 @@ int tsd_server_run(struct tsd_server *s)
         if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0)
             return TS_ENOMEM;
     /* The readiness line: tests and scripts wait for it. */
-    fprintf(stderr, "tesserad ready node=%s listen=%s tls_listen=%s data=%s workers=%d pid=%d\n",
+    fprintf(stderr,
+            "tesserad ready node=%s listen=%s tls_listen=%s data=%s workers=%d pid=%d "
+            "rdma_listen=%s\n",
             s->cfg->node_id, s->addr[0][0] ? s->addr[0] : "-", s->addr[1][0] ? s->addr[1] : "-",
-            s->cfg->data_dir, s->nworkers, (int)getpid());
+            s->cfg->data_dir, s->nworkers, (int)getpid(),
+            tsd_rdma_addr(s) ? tsd_rdma_addr(s) : "-");
     fflush(stderr);
     event_base_dispatch(s->base);
     /* Draining: wait for the workers; the drain timer may still break them. */
@@ -496,6 +514,8 @@ void tsd_server_fini(struct tsd_server *s)
         event_base_free(s->maint_base);
         s->maint_base = NULL;
     }
+    tsd_rdma_stop(s); /* its events live on worker 0's loop */
+    tsd_rdma_tokens_fini(&s->rdma_tokens);
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
         while (w->queue) {

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "config.h"
+#include "rdma.h"
 #include "requests.h"
 #include "ts_common.h"
 #include "ts_proto.h"
@@ -33,6 +34,7 @@ struct tsd_stats {
     _Atomic uint64_t corrupt_chunks;
     _Atomic uint64_t protocol_errors;
     _Atomic uint64_t input_budget_waits; /* a frame waited for room in the input budget */
+    _Atomic uint64_t rdma_placed_bytes;  /* READ data written by RDMA WRITE (not in-band) */
     _Atomic uint64_t by_op[TS_OP_MAX];
 };
 #define STAT_ADD(st, field, n) atomic_fetch_add_explicit(&(st)->field, (n), memory_order_relaxed)
@@ -81,6 +83,13 @@ struct tsd_read_stream {
     uint32_t first_idx, last_idx;
     struct ts_chunk_ref first, last; /* prefetched (partial) pieces, or pin == NULL */
     char name[TS_NAME_MAX + 1];
+    /* Placed by RDMA WRITE (flag TS_F_RDMA): byte pos goes to raddr + (pos - start); the reply
+     * frame (head and piece table) is sent once every byte is posted. */
+    int placed;
+    uint64_t start, raddr;
+    uint32_t rkey;
+    uint8_t *reply;
+    size_t reply_len;
 };
 
 struct tsd_conn {
@@ -116,6 +125,7 @@ struct tsd_conn {
     uint32_t in_reserved; /* bytes of the input budget held for the frame being read */
     int budget_wait;      /* paused until budget_ev: the input budget is spent */
     struct event *budget_ev;
+    struct tsd_rdma_sess *rdma; /* an RDMA session's connection (frames through a pair) */
 };
 
 /* The request handlers as the connection layer reaches them (filled by ops.c). A handler gets
@@ -167,6 +177,8 @@ struct tsd_server {
     _Atomic uint8_t *pg_clean;  /* per PG: its primary said this node holds its log */
     _Atomic uint64_t *pg_asked; /* per PG: when we last asked the primary to check us */
     uint32_t npg;
+    struct tsd_rdma *rdma; /* the RDMA listener and its sessions (rdma.c); NULL: none */
+    struct tsd_rdma_tokens rdma_tokens;
 };
 
 /*
@@ -186,6 +198,13 @@ void tsd_server_fini(struct tsd_server *s);
 /* conn.c: connections and replies. The frame is built in w (header room reserved by
  * ts_wr_begin_frame). */
 void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p);
+/* The RDMA layer's hooks (rdma.h): an admitted session's connection over bev, with the role its
+ * token carried; placement room came back; the session ended. */
+struct tsd_conn *tsd_conn_start_rdma(struct tsd_worker *w, struct bufferevent *bev,
+                                     struct tsd_rdma_sess *r, const char *peer, int role,
+                                     const char *who);
+void tsd_conn_rdma_room(struct tsd_conn *c);
+void tsd_conn_rdma_gone(struct tsd_conn *c);
 void tsd_conn_free(struct tsd_conn *c);
 void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc, const char *fmt,
                      ...) __attribute__((format(printf, 4, 5)));

@@ -160,6 +160,7 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
     case TS_OP_DATASET_LIST:
     case TS_OP_STATUS:
     case TS_OP_MAP_GET:
+    case TS_OP_RDMA_TOKEN:
         break;
     case TS_OP_DATASET_STAT:
         wr_name(w, q->u.dataset_stat.name);
@@ -188,6 +189,11 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         ts_wr_u32(w, q->u.read.shard);
         ts_wr_u64(w, q->u.read.off);
         ts_wr_u32(w, q->u.read.len);
+        if (q->u.read.placed) {
+            ts_wr_u64(w, q->u.read.raddr);
+            ts_wr_u32(w, q->u.read.rkey);
+            ts_wr_u32(w, 0);
+        }
         break;
     case TS_OP_SHARD_STAT:
     case TS_OP_SHARD_RECORDS:

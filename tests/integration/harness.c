@@ -92,11 +92,15 @@ static int read_ready(struct tsd_proc *p)
         char *l = strstr(line, "tesserad ready ");
         if (!l)
             continue;
-        char *a = strstr(l, " listen="), *t = strstr(l, " tls_listen=");
+        char *a = strstr(l, " listen="), *t = strstr(l, " tls_listen="),
+             *r = strstr(l, " rdma_listen=");
         if (a)
             sscanf(a, " listen=%63s", p->addr);
         if (t)
             sscanf(t, " tls_listen=%63s", p->tls_addr);
+        p->rdma_addr[0] = '\0';
+        if (r && sscanf(r, " rdma_listen=%79s", p->rdma_addr) == 1 && !strcmp(p->rdma_addr, "-"))
+            p->rdma_addr[0] = '\0';
         if (!strcmp(p->addr, "-"))
             p->addr[0] = '\0';
         if (!strcmp(p->tls_addr, "-"))

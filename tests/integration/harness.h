@@ -17,7 +17,8 @@ struct tsd_proc {
     char log[512];  /* stderr of the daemon */
     char addr[64];  /* plain TCP "127.0.0.1:PORT", "" if none */
     char tls_addr[64];
-    long log_off; /* where this run's lines start in the log */
+    char rdma_addr[80]; /* "HOST:PORT" of --rdma-listen, "" if none */
+    long log_off;       /* where this run's lines start in the log */
     char *argv[64];
     int argc;
 };

@@ -527,6 +527,53 @@ static void test_status(void **state)
     tessera_client_close(c);
 }
 
+/*
+ * A node without an RDMA listener: RDMA_TOKEN is refused with the reason, an rdma:// client
+ * says why it cannot have a session, and a tesserad asked to listen for RDMA where there is no
+ * RDMA device refuses to start and says so (on an RDMA host it starts: then that part is moot).
+ */
+static void test_rdma_absent(void **state)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    char addr[96], msg[256];
+    uint64_t id;
+    int fd;
+
+    fd = raw_connect(D.addr);
+    assert_true(fd >= 0);
+    assert_int_equal(raw_send_frame(fd, TS_OP_RDMA_TOKEN, 0, 7, NULL, 0), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_ENOTSUP);
+    assert_non_null(strstr(msg, "rdma_listen"));
+    raw_close(fd);
+
+    snprintf(addr, sizeof(addr), "rdma://%s", D.addr);
+    tessera_opts_init(&o);
+    o.address = addr;
+    o.timeout_ms = 5000;
+    assert_int_equal(tessera_client_open(&c, &o), TS_ENOTSUP);
+    assert_null(c);
+
+    {
+        struct tsd_proc p = {0};
+        const char *const extra[] = {"--rdma-listen", "127.0.0.1:0", NULL};
+        if (tsd_start(&p, extra) == 0) {
+            /* This host has RDMA on loopback's interface: nothing to refuse. */
+            tsd_stop(&p);
+        } else {
+            FILE *f = fopen(p.log, "r");
+            char line[512];
+            int said = 0;
+            assert_non_null(f);
+            while (fgets(line, sizeof(line), f))
+                said |= strstr(line, "RDMA") != NULL && strstr(line, "127.0.0.1:0") != NULL;
+            fclose(f);
+            assert_true(said);
+        }
+        tsd_cleanup(&p);
+    }
+}
+
 /* Flips one byte at `at` within every data extent of the daemon's cache arena (a memfd, reached
  * through /proc): memory gone bad under a cached chunk. Returns how many extents it hit. */
 static int corrupt_arena(pid_t pid, off_t at)
@@ -690,6 +737,7 @@ int main(void)
         cmocka_unit_test(test_reply_flag_and_short_body),
         cmocka_unit_test(test_slow_reader_bounded_memory),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_rdma_absent),
         cmocka_unit_test(test_cache_memory_corruption),
         cmocka_unit_test(test_cache_corruption_whole_piece),
     };

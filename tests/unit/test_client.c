@@ -260,17 +260,21 @@ static void test_cert_needs_ca(void **state)
     assert_int_equal(tessera_client_open(&c, &o), TS_EINVAL);
 }
 
-static void test_rdma_stub(void **state)
+/* rdma:// with nobody at the control address: refused (or, in a build without rdma-core,
+ * not supported), with the reason; nothing is left open. */
+static void test_rdma_unreachable(void **state)
 {
     struct tessera_opts o;
     tessera_client *c = (tessera_client *)&o;
-    char err[128];
+    char err[256];
+    int rc;
 
     tessera_opts_init(&o);
     o.address = "rdma://127.0.0.1:1";
-    assert_int_equal(ts_client_open_ex(&c, &o, err, sizeof(err)), TS_ENOTSUP);
+    rc = ts_client_open_ex(&c, &o, err, sizeof(err));
+    assert_true(rc == TS_ECONNREFUSED || rc == TS_ENOTSUP);
     assert_null(c);
-    assert_non_null(strstr(err, "RDMA"));
+    assert_true(strlen(err) > 0);
     o.address = "bad:address:x";
     assert_int_equal(tessera_client_open(&c, &o), TS_EINVAL);
     assert_null(c);
@@ -1700,7 +1704,7 @@ int main(void)
         cmocka_unit_test(test_addr_parse_why),
         cmocka_unit_test(test_cert_needs_ca),
         cmocka_unit_test(test_tls_port_hint),
-        cmocka_unit_test(test_rdma_stub),
+        cmocka_unit_test(test_rdma_unreachable),
         cmocka_unit_test(test_reply_status),
         cmocka_unit_test(test_hello_decode),
         cmocka_unit_test(test_read_head_decode),

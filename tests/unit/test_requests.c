@@ -448,6 +448,40 @@ static void test_pg_activate(void **state)
     ts_wr_fini(&w);
 }
 
+/* READ: the range alone, or with the RDMA placement fields; anything else is refused. */
+static void test_read_placement(void **state)
+{
+    struct tsd_req q;
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, NAME);
+    ts_wr_u32(&w, 3);
+    ts_wr_u64(&w, 4096);
+    ts_wr_u32(&w, 1000);
+    assert_int_equal(dec(TS_OP_READ, &w, &q), 0);
+    assert_int_equal(q.u.read.placed, 0);
+    assert_int_equal(q.u.read.len, 1000);
+    tsd_req_free(&q);
+    ts_wr_u64(&w, 0x7f0012340000ull);
+    ts_wr_u32(&w, 0xabcd);
+    ts_wr_u32(&w, 0);
+    assert_int_equal(dec(TS_OP_READ, &w, &q), 0);
+    assert_int_equal(q.u.read.placed, 1);
+    assert_true(q.u.read.raddr == 0x7f0012340000ull);
+    assert_int_equal(q.u.read.rkey, 0xabcd);
+    tsd_req_free(&q);
+    /* A placement cut short, or bytes after it. */
+    w.len -= 2;
+    assert_int_equal(dec(TS_OP_READ, &w, &q), TS_EPROTO);
+    w.len += 2;
+    ts_wr_u8(&w, 0);
+    assert_int_equal(dec(TS_OP_READ, &w, &q), TS_EPROTO);
+    ts_wr_fini(&w);
+    assert_int_equal(tsd_req_decode(TS_OP_RDMA_TOKEN, NULL, 0, &q, msg, sizeof(msg)), 0);
+    tsd_req_free(&q);
+}
+
 static void test_map_push(void **state)
 {
     struct ts_map_node nodes[1] = {{.id = "n1", .addr = "127.0.0.1:7101", .weight = 100}};
@@ -488,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_strings),
         cmocka_unit_test(test_pg_activate),
         cmocka_unit_test(test_map_push),
+        cmocka_unit_test(test_read_placement),
     };
     return cmocka_run_group_tests_name("requests", tests, NULL, NULL);
 }

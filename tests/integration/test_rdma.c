@@ -1,0 +1,380 @@
+/*
+ * The RDMA transport against a real tesserad over real RDMA (Soft-RoCE in the qemu guest of
+ * tests/rdma-vm/, or any RDMA host): TESSERA_RDMA_ADDR names the address of an RDMA device's
+ * interface; without it the test is skipped (77). Every read is checked byte for byte, and the
+ * node's STATUS proves the data came by RDMA WRITE (rdma_placed_bytes), not in-band.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "client_internal.h"
+#include "tessera/tessera.h"
+#include "ts_common.h"
+#include "ts_proto.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define CHUNK (256u << 10)
+#define DS "rdma-ds"
+
+static struct tsd_proc D;
+static char rdma_url[128]; /* rdma://CONTROL: a session admitted through the TCP listener */
+
+/* Shard sizes: empty, one byte, one chunk and a bit, more than the server's placement memory
+ * (4 MiB: the stream waits for WRITE completions), and more than one READ's worth of pieces. */
+static const size_t sizes[] = {0, 1, CHUNK + 17, (5u << 20) + 3, (9u << 20) + 1};
+
+static void fill(void *buf, size_t len, uint64_t seed)
+{
+    uint8_t *p = buf;
+    for (size_t i = 0; i < len; i++) {
+        uint64_t x = i * 0x9E3779B97F4A7C15ull ^ seed * 0xC2B2AE3D27D4EB4Full;
+        x ^= x >> 29;
+        p[i] = (uint8_t)(x ^ (x >> 17));
+    }
+}
+
+static tessera_client *open_url(const char *url)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    int rc;
+
+    tessera_opts_init(&o);
+    o.address = url;
+    o.timeout_ms = 60000;
+    rc = tessera_client_open(&c, &o);
+    if (rc)
+        fprintf(stderr, "open %s: %s\n", url, ts_strerror(rc));
+    assert_int_equal(rc, 0);
+    return c;
+}
+
+/* A number from the node's STATUS document ("key": N). */
+static long long status_num(const char *key)
+{
+    tessera_client *c = open_url(D.addr);
+    char *json = NULL, pat[64];
+    const char *p;
+    long long v = -1;
+
+    assert_int_equal(tessera_status(c, &json), 0);
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    p = strstr(json, pat);
+    if (p)
+        v = strtoll(p + strlen(pat), NULL, 10);
+    free(json);
+    tessera_client_close(c);
+    return v;
+}
+
+static int group_setup(void **state)
+{
+    const char *host = getenv("TESSERA_RDMA_ADDR");
+    char listen[96];
+    tessera_client *c;
+    struct ts_dataset_policy p;
+
+    if (!host || !*host) {
+        fprintf(stderr, "test_rdma: skipped: no RDMA here (set TESSERA_RDMA_ADDR to the address "
+                        "of an RDMA device's interface; tests/rdma-vm/run does)\n");
+        exit(77);
+    }
+    snprintf(listen, sizeof(listen), "%s:0", host);
+    {
+        const char *const extra[] = {"--rdma-listen", listen, "--workers", "2", NULL};
+        if (tsd_start(&D, extra) != 0 || !D.rdma_addr[0]) {
+            tsd_dump_log(&D);
+            return -1;
+        }
+    }
+    snprintf(rdma_url, sizeof(rdma_url), "rdma://%s", D.addr);
+    c = open_url(D.addr);
+    memset(&p, 0, sizeof(p));
+    p.core = 1;
+    p.min_core = 1;
+    p.chunk_size = CHUNK;
+    assert_int_equal(tessera_dataset_create(c, DS, &p), 0);
+    for (uint32_t i = 0; i < TS_ARRAY_SIZE(sizes); i++) {
+        uint8_t *buf = malloc(sizes[i] + 1);
+        fill(buf, sizes[i], i + 1);
+        assert_int_equal(tessera_put(c, DS, i, buf, sizes[i], NULL, 0), 0);
+        free(buf);
+    }
+    tessera_client_close(c);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    tsd_stop(&D);
+    tsd_cleanup(&D);
+    return 0;
+}
+
+/* Reads [off, off + len) of shard i into a fresh buffer and checks every byte against what was
+ * put (and that nothing past the shard's end was touched). */
+static void check_range(tessera_client *c, uint32_t i, uint64_t off, size_t len)
+{
+    size_t size = sizes[i], n = 99, want = off >= size ? 0 : TS_MIN(len, size - (size_t)off);
+    uint8_t *got = malloc(len + 64), *ref = malloc(size + 1);
+
+    memset(got, 0xEE, len + 64);
+    fill(ref, size, i + 1);
+    assert_int_equal(tessera_read(c, DS, i, off, len, got, &n), 0);
+    assert_int_equal(n, want);
+    if (want)
+        assert_memory_equal(got, ref + off, want);
+    for (size_t k = want; k < len + 64; k++)
+        assert_int_equal(got[k], 0xEE);
+    free(got);
+    free(ref);
+}
+
+static void test_placed_reads(void **state)
+{
+    tessera_client *c = open_url(rdma_url);
+    long long before = status_num("rdma_placed_bytes"), after;
+    struct ts_dataset_info info;
+
+    /* Frames in-band: the dataset's description comes over SEND/RECV. */
+    assert_int_equal(tessera_dataset_stat(c, DS, &info), 0);
+    assert_int_equal(info.policy.chunk_size, CHUNK);
+    for (uint32_t i = 0; i < TS_ARRAY_SIZE(sizes); i++) {
+        check_range(c, i, 0, sizes[i] + 10);
+        if (sizes[i] > CHUNK) {
+            check_range(c, i, CHUNK - 5, 10);     /* across a chunk boundary */
+            check_range(c, i, 3, sizes[i] - 100); /* partial first and last pieces */
+        }
+    }
+    after = status_num("rdma_placed_bytes");
+    if (after - before < (long long)(sizes[3] + sizes[4]))
+        fprintf(stderr, "rdma_placed_bytes %lld -> %lld\n", before, after);
+    assert_true(after - before >= (long long)(sizes[3] + sizes[4]));
+    assert_true(status_num("rdma_sessions") >= 1);
+    tessera_client_close(c);
+}
+
+/* Many reads in flight on one session, and several sessions at once. */
+struct reader_arg {
+    int id;
+    int rc;
+    char msg[300];
+};
+
+static void *reader_main(void *arg)
+{
+    struct reader_arg *a = arg;
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    enum { N = 24 };
+    uint8_t *bufs[N], *ref = malloc(sizes[3]);
+    uint64_t ops[N];
+    size_t len = 300000;
+
+    tessera_opts_init(&o);
+    o.address = rdma_url;
+    o.timeout_ms = 60000;
+    a->rc = ts_client_open_ex(&c, &o, a->msg, sizeof(a->msg));
+    if (a->rc)
+        return NULL;
+    fill(ref, sizes[3], 4);
+    for (int k = 0; k < N; k++) {
+        uint64_t off = ((uint64_t)(k * 7 + a->id) * 131071) % (sizes[3] - len);
+        bufs[k] = malloc(len);
+        a->rc = tessera_read_submit(c, DS, 3, off, len, bufs[k], &ops[k]);
+        if (a->rc)
+            return NULL;
+    }
+    for (int k = 0; k < N && !a->rc; k++) {
+        uint64_t off = ((uint64_t)(k * 7 + a->id) * 131071) % (sizes[3] - len);
+        size_t n = 0;
+        a->rc = tessera_wait(c, ops[k], &n);
+        if (a->rc)
+            snprintf(a->msg, sizeof(a->msg), "read %d: %s", k, tessera_client_error(c));
+        if (!a->rc && (n != len || memcmp(bufs[k], ref + off, len) != 0))
+            a->rc = TS_ECORRUPT;
+        free(bufs[k]);
+    }
+    tessera_client_close(c);
+    free(ref);
+    return NULL;
+}
+
+static void test_concurrent(void **state)
+{
+    enum { T = 4 };
+    pthread_t th[T];
+    struct reader_arg a[T];
+
+    for (int t = 0; t < T; t++) {
+        a[t] = (struct reader_arg){t, -1, ""};
+        assert_int_equal(pthread_create(&th[t], NULL, reader_main, &a[t]), 0);
+    }
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        if (a[t].rc)
+            fprintf(stderr, "reader %d: %s: %s\n", t, ts_strerror(a[t].rc), a[t].msg);
+        assert_int_equal(a[t].rc, 0);
+    }
+}
+
+/* A token from the control connection, by hand (what open.c does). */
+static void get_token(uint8_t tok[TS_RDMA_TOKEN_LEN], char *host, size_t hcap, char *port,
+                      size_t pcap)
+{
+    int fd = raw_connect(D.addr);
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    uint64_t id;
+    uint16_t n;
+    char addr[128];
+
+    assert_true(fd >= 0);
+    assert_int_equal(raw_send_frame(fd, TS_OP_RDMA_TOKEN, 0, 9, NULL, 0), 0);
+    assert_int_equal(raw_recv_reply(fd, 5000, &id, NULL, 0, &payload, &plen), 0);
+    assert_true(plen >= 4 + TS_RDMA_TOKEN_LEN + 4 + 2);
+    memcpy(tok, payload + 4, TS_RDMA_TOKEN_LEN);
+    n = ts_get_le16(payload + 4 + TS_RDMA_TOKEN_LEN + 4);
+    assert_true(n < sizeof(addr));
+    memcpy(addr, payload + 4 + TS_RDMA_TOKEN_LEN + 4 + 2, n);
+    addr[n] = '\0';
+    *strrchr(addr, ':') = '\0';
+    snprintf(host, hcap, "%.95s", addr);
+    snprintf(port, pcap, "%s", addr + strlen(addr) + 1);
+    free(payload);
+    raw_close(fd);
+}
+
+static int connect_with(const uint8_t *tok, const char *host, const char *port, char *err,
+                        size_t cap, struct ts_transport **t)
+{
+    struct ts_conn_params p = {.host = host,
+                               .port = port,
+                               .timeout_ms = 20000,
+                               .rdma_token = tok,
+                               .err = err,
+                               .errlen = cap};
+
+    err[0] = '\0';
+    return ts_transport_rdma.connect(t, &p);
+}
+
+/* A made-up token is refused, a real one admits once, and its replay is refused. */
+static void test_tokens(void **state)
+{
+    uint8_t tok[TS_RDMA_TOKEN_LEN], bogus[TS_RDMA_TOKEN_LEN];
+    char host[96], port[16], err[256];
+    struct ts_transport *t = NULL;
+
+    get_token(tok, host, sizeof(host), port, sizeof(port));
+    memcpy(bogus, tok, sizeof(bogus));
+    bogus[0] ^= 0x5a;
+    assert_int_equal(connect_with(bogus, host, port, err, sizeof(err), &t), TS_EPERM);
+    assert_non_null(strstr(err, "unknown token"));
+    assert_int_equal(connect_with(tok, host, port, err, sizeof(err), &t), 0);
+    t->ops->close(t);
+    t = NULL;
+    assert_int_equal(connect_with(tok, host, port, err, sizeof(err), &t), TS_EPERM);
+    assert_non_null(strstr(err, "unknown token"));
+    /* The node still serves. */
+    {
+        tessera_client *c = open_url(rdma_url);
+        check_range(c, 2, 0, sizes[2]);
+        tessera_client_close(c);
+    }
+}
+
+/* A client (the CLI, reading over RDMA) killed mid-read: its session goes, the node serves the
+ * others. A forked child may not use the parent's RDMA state: it runs the CLI anew. */
+static void test_killed_client(void **state)
+{
+    long long base = status_num("rdma_sessions");
+    pid_t pid = fork();
+    int st;
+
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        execl(TESSERA_CLI_PATH, "tessera", "-s", rdma_url, "get", DS, "4", "-o", "/dev/null",
+              (char *)NULL);
+        _exit(127);
+    }
+    /* Until its session is up and reading (or at most 10 s), then kill -9. */
+    for (int i = 0; i < 200 && status_num("rdma_sessions") <= base; i++)
+        usleep(50000);
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    {
+        tessera_client *c = open_url(rdma_url);
+        check_range(c, 4, 0, sizes[4]);
+        tessera_client_close(c);
+    }
+    /* The dead client's session is gone (the kernel disconnected it). */
+    for (int i = 0; i < 200 && status_num("rdma_sessions") > base; i++)
+        usleep(50000);
+    assert_true(status_num("rdma_sessions") <= base);
+}
+
+/* The server killed mid-read: the read ends with an error, it does not hang. */
+static void test_server_killed(void **state)
+{
+    struct tsd_proc E = {0};
+    char listen[96], url[128];
+    const char *const extra[] = {"--rdma-listen", listen, NULL};
+    tessera_client *c, *w;
+    struct ts_dataset_policy p = {.core = 1, .min_core = 1, .chunk_size = CHUNK};
+    uint8_t *buf = malloc(sizes[4]);
+    uint64_t op, t0;
+    size_t n;
+    int rc;
+
+    snprintf(listen, sizeof(listen), "%s:0", getenv("TESSERA_RDMA_ADDR"));
+    assert_int_equal(tsd_start(&E, extra), 0);
+    w = open_url(E.addr);
+    fill(buf, sizes[4], 5);
+    assert_int_equal(tessera_dataset_create(w, DS, &p), 0);
+    assert_int_equal(tessera_put(w, DS, 0, buf, sizes[4], NULL, 0), 0);
+    tessera_client_close(w);
+    snprintf(url, sizeof(url), "rdma://%s", E.addr);
+    c = open_url(url);
+    assert_int_equal(tessera_read_submit(c, DS, 0, 0, sizes[4], buf, &op), 0);
+    tsd_kill9(&E);
+    t0 = ts_now_mono_ns();
+    rc = tessera_wait(c, op, &n);
+    /* Either it finished before the kill, or it fails: never a hang, never bad bytes. */
+    if (rc == 0) {
+        uint8_t *ref = malloc(sizes[4]);
+        fill(ref, sizes[4], 5);
+        assert_memory_equal(buf, ref, sizes[4]);
+        free(ref);
+    } else {
+        assert_true(rc == TS_ECONNRESET || rc == TS_ETIMEDOUT || rc == TS_EIO);
+    }
+    assert_true(ts_now_mono_ns() - t0 < 65ull * 1000000000u);
+    tessera_client_close(c);
+    tsd_cleanup(&E);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_placed_reads),  cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_tokens),        cmocka_unit_test(test_killed_client),
+        cmocka_unit_test(test_server_killed),
+    };
+    return cmocka_run_group_tests_name("rdma", tests, group_setup, group_teardown);
+}
