@@ -193,7 +193,24 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
     if (probe && (o.timeout_ms < 0 || o.timeout_ms > PROBE_TIMEOUT_MS))
         o.timeout_ms = PROBE_TIMEOUT_MS;
     err[0] = '\0';
-    rc = ts_conn_open(&sub, &o, &cl->epoch, err, sizeof(err));
+    if (cl->o->address && !strncmp(cl->o->address, "rdma://", 7) && !cl->peers[p].no_rdma) {
+        /* An rdma:// handle reaches every node that serves RDMA by RDMA, the others (they
+         * answer TS_ENOTSUP to the admission) over their TCP/TLS listener. */
+        char rdma[160];
+        snprintf(rdma, sizeof(rdma), "rdma://%s", cl->peers[p].addr);
+        o.address = rdma;
+        rc = ts_conn_open(&sub, &o, &cl->epoch, err, sizeof(err));
+        if (rc == TS_ENOTSUP) {
+            TS_INFO(FAC, "node %s (%s) serves no RDMA: reading it over %s", cl->peers[p].id,
+                    cl->peers[p].addr, cl->o->tls_ca ? "TLS" : "TCP");
+            cl->peers[p].no_rdma = 1;
+            o.address = cl->peers[p].addr;
+            err[0] = '\0';
+            rc = ts_conn_open(&sub, &o, &cl->epoch, err, sizeof(err));
+        }
+    } else {
+        rc = ts_conn_open(&sub, &o, &cl->epoch, err, sizeof(err));
+    }
     if (rc) {
         cl->peers[p].failed_ns = ts_now_mono_ns();
         ts_cl_err(cl, "node %s (%s): %s", cl->peers[p].id, cl->peers[p].addr,

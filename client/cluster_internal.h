@@ -24,6 +24,7 @@ struct peer {
     uint64_t failed_ns;     /* when connecting to it or its connection last failed */
     uint64_t checked_epoch; /* the highest reply epoch we already asked it the map for */
     unsigned reads;         /* submitted reads in flight on conn */
+    int no_rdma;            /* the handle asked for RDMA and this node serves none: TCP/TLS */
 };
 
 struct policy {

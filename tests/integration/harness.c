@@ -293,6 +293,13 @@ int tsd_free_port(void)
 int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains, uint32_t pg_count,
                       const char *const *extra)
 {
+    return tsd_cluster_start_each(cl, n, domains, pg_count, extra, NULL);
+}
+
+int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *domains,
+                           uint32_t pg_count, const char *const *extra,
+                           const char *const *const *node_extra)
+{
     const char *tmp = getenv("TMPDIR");
     FILE *f;
 
@@ -349,6 +356,8 @@ int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains,
         args[k++] = "1500";
         for (int j = 0; extra && extra[j] && k < 46; j++)
             args[k++] = extra[j];
+        for (int j = 0; node_extra && node_extra[i] && node_extra[i][j] && k < 46; j++)
+            args[k++] = node_extra[i][j];
         args[k] = NULL;
         if (tsd_start(&cl->node[i], args) != 0)
             return -1;

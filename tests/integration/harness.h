@@ -95,6 +95,10 @@ struct tsd_cluster {
  * which it also presents to its peers. */
 int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains, uint32_t pg_count,
                       const char *const *extra);
+/* The same, with node i's own extra arguments node_extra[i] (NULL: none) after extra. */
+int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *domains,
+                           uint32_t pg_count, const char *const *extra,
+                           const char *const *const *node_extra);
 /* Index of node id, or -1. */
 int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
 /* SIGTERM to every node; -1 if any did not exit 0 (its log is printed). */

@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "client_internal.h"
+#include "tessera/reader.h"
 #include "tessera/tessera.h"
 #include "ts_common.h"
 #include "ts_proto.h"
@@ -369,12 +370,219 @@ static void test_server_killed(void **state)
     free(buf);
 }
 
+/* The plan reader over RDMA: every shard of the dataset, in plan order, byte for byte, over two
+ * connections (two sessions) with several reads in flight each. */
+static void test_plan_reader(void **state)
+{
+    struct tessera_reader_opts ro;
+    struct tessera_opts co;
+    struct tessera_unit u;
+    tessera_reader *r = NULL;
+    char err[512] = "";
+    uint64_t k = 0;
+    long long before = status_num("rdma_placed_bytes");
+    int rc;
+
+    tessera_opts_init(&co);
+    co.address = rdma_url;
+    co.timeout_ms = 60000;
+    tessera_reader_opts_init(&ro);
+    ro.dataset = DS;
+    ro.unit = TESSERA_UNIT_SHARD;
+    ro.connections = 2;
+    ro.depth = 4;
+    rc = tessera_reader_open(&r, &co, &ro, err, sizeof(err));
+    if (rc)
+        fprintf(stderr, "reader: %s\n", err);
+    assert_int_equal(rc, 0);
+    while ((rc = tessera_reader_next(r, &u)) == 1) {
+        uint8_t *ref = malloc(u.len + 1);
+        assert_int_equal(u.k, k);
+        assert_int_equal(u.len, sizes[u.shard]);
+        fill(ref, u.len, u.shard + 1);
+        assert_memory_equal(u.data, ref, u.len);
+        free(ref);
+        k++;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(k, TS_ARRAY_SIZE(sizes));
+    tessera_reader_close(r);
+    assert_true(status_num("rdma_placed_bytes") - before >= (long long)sizes[4]);
+}
+
+/* A frame by hand over a transport (what the connection layer would send). */
+static void send_frame(struct ts_transport *t, uint8_t op, uint16_t flags, uint64_t id,
+                       const struct ts_wr *body)
+{
+    struct ts_frame_hdr h = {TS_PROTO_VERSION, op, flags, id, 0, (uint32_t)body->len};
+    uint8_t hdr[TS_HDR_LEN];
+    struct iovec iov[2] = {{hdr, TS_HDR_LEN}, {body->buf, body->len}};
+    size_t left = TS_HDR_LEN + body->len;
+
+    ts_frame_encode(hdr, &h);
+    while (left) {
+        long n = t->ops->send(t, iov, 2);
+        assert_true(n >= 0);
+        if (n == 0) {
+            assert_true(t->ops->wait(t, TS_IO_WRITE, 5000) >= 0);
+            continue;
+        }
+        left -= (size_t)n;
+        for (int i = 0; i < 2 && n; i++) {
+            size_t k = TS_MIN((size_t)n, iov[i].iov_len);
+            iov[i].iov_base = (uint8_t *)iov[i].iov_base + k;
+            iov[i].iov_len -= k;
+            n -= (long)k;
+        }
+    }
+}
+
+/* The client deregisters its memory while the node writes into it: the node's WRITE fails
+ * with a remote access error, that session ends, and the node goes on serving others. */
+static void test_deregistered_mid_read(void **state)
+{
+    uint8_t tok[TS_RDMA_TOKEN_LEN];
+    char host[96], port[16], err[256];
+    struct ts_transport *t = NULL;
+    long long base = status_num("rdma_sessions");
+    uint8_t *buf = malloc(sizes[4]);
+    uint64_t addr;
+    uint32_t key;
+    void *h;
+    struct ts_wr w;
+
+    get_token(tok, host, sizeof(host), port, sizeof(port));
+    assert_int_equal(connect_with(tok, host, port, err, sizeof(err), &t), 0);
+    assert_int_equal(t->ops->reg(t, buf, sizes[4], &addr, &key, &h), 0);
+    ts_wr_init(&w);
+    ts_wr_str(&w, DS);
+    ts_wr_u32(&w, 4);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, (uint32_t)sizes[4]);
+    ts_wr_u64(&w, addr);
+    ts_wr_u32(&w, key);
+    ts_wr_u32(&w, 0);
+    send_frame(t, TS_OP_READ, TS_F_RDMA, 1, &w);
+    ts_wr_fini(&w);
+    t->ops->dereg(t, h); /* at once: the node's WRITEs find no region */
+    /* The node ends the session: the transport breaks (or the reply never comes). */
+    for (int i = 0; i < 200 && status_num("rdma_sessions") > base; i++)
+        usleep(50000);
+    assert_true(status_num("rdma_sessions") <= base);
+    t->ops->close(t);
+    free(buf);
+    {
+        tessera_client *c = open_url(rdma_url);
+        check_range(c, 4, 0, sizes[4]);
+        tessera_client_close(c);
+    }
+}
+
+/* A peer that holds a session and says nothing (vanished without a disconnect): the node's
+ * idle timeout ends the session and frees what it held. */
+static void test_idle_session(void **state)
+{
+    struct tsd_proc E = {0};
+    char listen[96], host[96], port[16], err[256];
+    const char *const extra[] = {"--rdma-listen", listen, "--idle-timeout-s", "2", NULL};
+    uint8_t tok[TS_RDMA_TOKEN_LEN];
+    struct ts_transport *t = NULL;
+    struct tsd_proc keep = D;
+    int gone = 0;
+
+    snprintf(listen, sizeof(listen), "%s:0", getenv("TESSERA_RDMA_ADDR"));
+    assert_int_equal(tsd_start(&E, extra), 0);
+    D = E; /* status_num and get_token ask D */
+    get_token(tok, host, sizeof(host), port, sizeof(port));
+    assert_int_equal(connect_with(tok, host, port, err, sizeof(err), &t), 0);
+    assert_int_equal(status_num("rdma_sessions"), 1);
+    for (int i = 0; i < 200 && !gone; i++) {
+        usleep(50000);
+        gone = status_num("rdma_sessions") == 0;
+    }
+    D = keep;
+    assert_true(gone);
+    /* The transport hears of it: a receive reports the end. */
+    {
+        uint8_t b[8];
+        struct iovec iov = {b, sizeof(b)};
+        long n = 0;
+        for (int i = 0; i < 100 && n == 0; i++) {
+            t->ops->wait(t, TS_IO_READ, 100);
+            n = t->ops->recv(t, &iov, 1);
+        }
+        assert_true(n < 0);
+    }
+    t->ops->close(t);
+    tsd_stop(&E);
+    tsd_cleanup(&E);
+}
+
+/* A 3-node cluster where n1 serves RDMA and n2, n3 do not: an rdma:// handle reads n1 by RDMA
+ * and the others over TCP, every byte right. */
+static void test_cluster_mixed(void **state)
+{
+    struct tsd_cluster cl;
+    char listen[96], url[128];
+    const char *const n1[] = {"--rdma-listen", listen, NULL};
+    const char *const *const each[] = {n1, NULL, NULL};
+    struct ts_dataset_policy p = {3, 0, 2, CHUNK};
+    tessera_client *w = NULL, *c;
+    enum { NS = 12 };
+    size_t len = 300000;
+    uint8_t *buf = malloc(len), *got = malloc(len);
+    long long placed, tcp_bytes = 0;
+
+    snprintf(listen, sizeof(listen), "%s:0", getenv("TESSERA_RDMA_ADDR"));
+    assert_int_equal(tsd_cluster_start_each(&cl, 3, NULL, 16, NULL, each), 0);
+    assert_int_equal(test_tls_open(&w, cl.tls_listen[0], "writer", NULL, NULL), 0);
+    assert_int_equal(tessera_dataset_create(w, "mixed", &p), 0);
+    for (uint32_t i = 0; i < NS; i++) {
+        fill(buf, len, 100 + i);
+        assert_int_equal(tessera_put(w, "mixed", i, buf, len, NULL, 0), 0);
+    }
+    tessera_client_close(w);
+    snprintf(url, sizeof(url), "rdma://%s", cl.listen[0]);
+    c = open_url(url);
+    for (uint32_t i = 0; i < NS; i++) {
+        size_t n = 0;
+        fill(buf, len, 100 + i);
+        assert_int_equal(tessera_read(c, "mixed", i, 0, len, got, &n), 0);
+        assert_int_equal(n, len);
+        assert_memory_equal(got, buf, len);
+    }
+    tessera_client_close(c);
+    {
+        struct tsd_proc keep = D;
+        D = cl.node[0];
+        placed = status_num("rdma_placed_bytes");
+        for (int i = 1; i < 3; i++) {
+            D = cl.node[i];
+            tcp_bytes += status_num("read_bytes");
+            assert_int_equal(status_num("rdma_placed_bytes"), 0);
+        }
+        D = keep;
+    }
+    /* The PGs' primaries are spread over the nodes: both transports served reads. */
+    assert_true(placed > 0);
+    assert_true(tcp_bytes > 0);
+    assert_int_equal(tsd_cluster_stop(&cl), 0);
+    free(buf);
+    free(got);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_placed_reads),  cmocka_unit_test(test_concurrent),
-        cmocka_unit_test(test_tokens),        cmocka_unit_test(test_killed_client),
+        cmocka_unit_test(test_placed_reads),
+        cmocka_unit_test(test_concurrent),
+        cmocka_unit_test(test_tokens),
+        cmocka_unit_test(test_killed_client),
         cmocka_unit_test(test_server_killed),
+        cmocka_unit_test(test_plan_reader),
+        cmocka_unit_test(test_deregistered_mid_read),
+        cmocka_unit_test(test_idle_session),
+        cmocka_unit_test(test_cluster_mixed),
     };
     return cmocka_run_group_tests_name("rdma", tests, group_setup, group_teardown);
 }
