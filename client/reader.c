@@ -227,25 +227,19 @@ static void release_held(struct tessera_reader *r)
     r->held = NULL;
 }
 
-int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
+/* Waits (lock held) until the caller's next unit is done or failed: its slot, or NULL when
+ * the reader ended or failed (*rc says how: 0 at the end, TS_E*). */
+static struct slot *wait_next(struct tessera_reader *r, int *rc)
 {
     struct slot *s;
-    uint64_t t0 = 0;
-    int rc;
 
-    if (!r || !u)
-        return TS_EINVAL;
-    memset(u, 0, sizeof(*u));
-    pthread_mutex_lock(&r->m);
-    release_held(r);
     if (r->err || r->consumed == r->len) {
-        rc = r->err;
-        pthread_mutex_unlock(&r->m);
-        return rc;
+        *rc = r->err;
+        return NULL;
     }
     s = ts_reader_slot(r, r->consumed);
     if (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED)) {
-        t0 = ts_now_mono_ns();
+        uint64_t t0 = ts_now_mono_ns();
         r->st.stalls++;
         r->caller_waits = 1;
         while (s->k != r->consumed || (s->state != SLOT_DONE && s->state != SLOT_FAILED))
@@ -256,8 +250,39 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     if (s->state == SLOT_FAILED) {
         r->err = s->rc;
         snprintf(r->errmsg, sizeof(r->errmsg), "%s", s->msg);
+        *rc = r->err;
+        return NULL;
+    }
+    return s;
+}
+
+/* The caller takes the done unit in slot s (lock held): counted, its slot freed. */
+static void take(struct tessera_reader *r, struct slot *s)
+{
+    r->ahead -= s->len;
+    r->st.units++;
+    r->st.bytes += s->len;
+    if (s->node[0])
+        ts_reader_count_node(r, s->node, s->len);
+    s->buf = NULL;
+    s->state = SLOT_FREE;
+    r->consumed++;
+}
+
+int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
+{
+    struct slot *s;
+    int rc;
+
+    if (!r || !u)
+        return TS_EINVAL;
+    memset(u, 0, sizeof(*u));
+    pthread_mutex_lock(&r->m);
+    release_held(r);
+    s = wait_next(r, &rc);
+    if (!s) {
         pthread_mutex_unlock(&r->m);
-        return r->err;
+        return rc;
     }
     u->k = ts_reader_plan_pos(r, s->k);
     u->unit = s->unit;
@@ -272,16 +297,70 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
         r->held = s->buf;
         r->held_cap = s->cap;
     }
-    r->ahead -= s->len;
-    r->st.units++;
-    r->st.bytes += s->len;
-    if (s->node[0])
-        ts_reader_count_node(r, s->node, s->len);
-    s->buf = NULL;
-    s->state = SLOT_FREE;
-    r->consumed++;
+    take(r, s);
     ts_reader_wake_threads(r);
     pthread_mutex_unlock(&r->m);
+    return 1;
+}
+
+#define MANY_MAX 1024 /* units one tessera_reader_next_many call takes at most */
+
+int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *lens, uint32_t max,
+                             uint32_t *n)
+{
+    struct {
+        uint8_t *buf;
+        size_t cap, len;
+    } got[MANY_MAX];
+    uint32_t k = 0;
+    size_t off = 0;
+    struct slot *s;
+    int rc;
+
+    if (n)
+        *n = 0;
+    if (!r || !n || !lens || !max || (!buf && cap))
+        return TS_EINVAL;
+    if (r->o.alloc)
+        return TS_EINVAL; /* caller-owned buffers go one by one (tessera_reader_next) */
+    max = TS_MIN(max, (uint32_t)MANY_MAX);
+    pthread_mutex_lock(&r->m);
+    release_held(r);
+    s = wait_next(r, &rc);
+    if (!s) {
+        pthread_mutex_unlock(&r->m);
+        return rc;
+    }
+    if (s->len > cap) {
+        lens[0] = s->len; /* does not fit: the caller takes it with tessera_reader_next */
+        pthread_mutex_unlock(&r->m);
+        return 1;
+    }
+    /* The first unit, then those already done behind it that fit: never waits for more. */
+    do {
+        got[k].buf = s->buf;
+        got[k].cap = s->cap;
+        got[k].len = lens[k] = s->len;
+        off += s->len;
+        k++;
+        take(r, s);
+        if (k == max || r->consumed == r->len)
+            break;
+        s = ts_reader_slot(r, r->consumed);
+    } while (s->k == r->consumed && s->state == SLOT_DONE && off + s->len <= cap);
+    ts_reader_wake_threads(r);
+    pthread_mutex_unlock(&r->m);
+    /* The copies outside the lock: a done slot's buffer is no thread's but ours now. */
+    off = 0;
+    for (uint32_t i = 0; i < k; i++) {
+        memcpy((uint8_t *)buf + off, got[i].buf, got[i].len);
+        off += got[i].len;
+    }
+    pthread_mutex_lock(&r->m);
+    for (uint32_t i = 0; i < k; i++)
+        ts_reader_buf_put(r, got[i].buf, got[i].cap);
+    pthread_mutex_unlock(&r->m);
+    *n = k;
     return 1;
 }
 

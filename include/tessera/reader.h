@@ -117,6 +117,17 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
  * (the reader's message in tessera_reader_error; later calls return the same). */
 int tessera_reader_next(tessera_reader *r, struct tessera_unit *u);
 /*
+ * The next units in plan order, copied back to back into buf[cap]: waits for the first, then
+ * takes the ones already read behind it, up to max, while they fit. 1 with *n units and their
+ * lengths in lens[0..*n); 1 with *n == 0 when the next unit alone does not fit (its length in
+ * lens[0]: take it with tessera_reader_next, or call again with more room); 0 at the end of the
+ * plan; TS_E* as tessera_reader_next. One call and one copy per batch instead of one call per
+ * unit: for small records handed to an interpreter. Library-owned buffers only (TS_EINVAL with
+ * alloc set). The unit tessera_reader_next returned last is released.
+ */
+int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *lens, uint32_t max,
+                             uint32_t *n);
+/*
  * Keeps the unit tessera_reader_next returned last (library-owned buffers): its data stays
  * valid after the next call and after close, until tessera_buffer_free(data). For callers
  * that hold units longer than one step (a Python array over the bytes, a batch being built).

@@ -113,7 +113,7 @@ class TesseraIterable(IterableDataset):
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)
         try:
-            for data in reader:
+            for data in reader.stream():  # batched: small records cost one call per batch
                 self.yielded += 1
                 yield self.transform(data) if self.transform else data
         finally:

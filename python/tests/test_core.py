@@ -57,6 +57,22 @@ def test_shard_units(c):
     assert got[2] == b"".join(record(k) for k in range(250, 375))
 
 
+def test_stream_equals_iteration(c, monkeypatch):
+    """stream() (batched) gives what iteration gives, in order, for small records and for shard
+    units larger than a batch (a 4 KiB batch here: the ~20 KiB shards come one by one), as bytes
+    and as views."""
+    import tessera.reader
+    monkeypatch.setattr(tessera.reader, "BATCH_BYTES", 4096)
+    for unit in ("record", "shard"):
+        want = list(Reader(c, "core", unit=unit, shuffle="global", seed=9))
+        for copy in (True, False):
+            r = Reader(c, "core", unit=unit, shuffle="global", seed=9, copy=copy)
+            got = [bytes(x) for x in r.stream()]
+            assert got == want
+            assert r.consumed == len(want)
+            r.close()
+
+
 def test_resume_through_states(c):
     seen = []
     readers = [Reader(c, "core", rank=r, world=2, shuffle="global", seed=4) for r in range(2)]

@@ -342,6 +342,101 @@ static void test_kept_units(void **state)
     }
 }
 
+/* The plan's records in a fixed order, each as (length, bytes), read one by one. */
+static uint8_t *plan_bytes(const struct tessera_opts *co, struct tessera_reader_opts *ro,
+                           size_t *len, uint64_t *units)
+{
+    struct tessera_unit u;
+    tessera_reader *r = open_reader(co, ro);
+    uint8_t *all = NULL;
+    size_t n = 0;
+    int rc;
+
+    *units = 0;
+    while ((rc = tessera_reader_next(r, &u)) == 1) {
+        all = realloc(all, n + u.len + 1);
+        memcpy(all + n, u.data, u.len);
+        n += u.len;
+        (*units)++;
+    }
+    assert_int_equal(rc, 0);
+    tessera_reader_close(r);
+    *len = n;
+    return all;
+}
+
+/* Batches (tessera_reader_next_many) give the same bytes in the same order as one by one, with
+ * a buffer too small for some records (those are taken with tessera_reader_next), a roomy one,
+ * and a cap on the count; caller-owned buffers are refused. */
+static void test_batches(void **state)
+{
+    static const size_t caps[] = {1200, 64u << 10};
+    static const uint32_t maxes[] = {3, 1000};
+    struct tessera_reader_opts ro;
+    struct tessera_opts co;
+    struct tessera_unit u;
+    size_t want_len, lens[1000];
+    uint64_t want_units;
+    uint8_t *want, *buf = malloc(64u << 10);
+    struct pool pool = {0};
+    uint32_t n;
+
+    client_opts(&co);
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "recs";
+    ro.unit = TESSERA_UNIT_RECORD;
+    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    ro.plan.seed = 3;
+    want = plan_bytes(&co, &ro, &want_len, &want_units);
+    for (size_t c = 0; c < TS_ARRAY_SIZE(caps); c++) {
+        for (size_t m = 0; m < TS_ARRAY_SIZE(maxes); m++) {
+            tessera_reader *r = open_reader(&co, &ro);
+            size_t at = 0;
+            uint64_t units = 0, singles = 0;
+            int rc;
+            while ((rc = tessera_reader_next_many(r, buf, caps[c], lens, maxes[m], &n)) == 1) {
+                size_t off = 0;
+                if (n == 0) { /* too big for this buffer: on its own */
+                    assert_true(lens[0] > caps[c]);
+                    assert_int_equal(tessera_reader_next(r, &u), 1);
+                    assert_int_equal(u.len, lens[0]);
+                    assert_memory_equal(u.data, want + at, u.len);
+                    at += u.len;
+                    units++;
+                    singles++;
+                    continue;
+                }
+                assert_true(n <= maxes[m]);
+                for (uint32_t i = 0; i < n; i++) {
+                    assert_true(at + off + lens[i] <= want_len);
+                    off += lens[i];
+                }
+                assert_true(off <= caps[c]);
+                assert_memory_equal(buf, want + at, off);
+                at += off;
+                units += n;
+            }
+            assert_int_equal(rc, 0);
+            assert_int_equal(at, want_len);
+            assert_int_equal(units, want_units);
+            assert_int_equal(tessera_reader_consumed(r), want_units);
+            if (caps[c] == 1200)
+                assert_true(singles > 0); /* records of up to 1.5 KiB */
+            tessera_reader_close(r);
+        }
+    }
+    ro.alloc = pool_alloc;
+    ro.free_fn = pool_free;
+    ro.alloc_arg = &pool;
+    {
+        tessera_reader *r = open_reader(&co, &ro);
+        assert_int_equal(tessera_reader_next_many(r, buf, 4096, lens, 4, &n), TS_EINVAL);
+        tessera_reader_close(r);
+    }
+    free(want);
+    free(buf);
+}
+
 /* Shard units, one shard larger than a single read (TESSERA_MAX_READ): whole, byte for byte. */
 static void test_shard_units_large(void **state)
 {
@@ -815,6 +910,7 @@ int main(void)
         cmocka_unit_test(test_records_in_plan_order),
         cmocka_unit_test(test_caller_owned_buffers),
         cmocka_unit_test(test_kept_units),
+        cmocka_unit_test(test_batches),
         cmocka_unit_test(test_split_workers),
         cmocka_unit_test(test_shard_units_large),
         cmocka_unit_test(test_refusals),
