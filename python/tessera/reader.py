@@ -10,8 +10,9 @@ from .client import Client, ConnectOptions
 from .plan import encode_state, plan_opts
 
 UNIT = {"shard": 0, "record": 1}
-BATCH_BYTES = 256 << 10  # one batch of small units (Reader.__iter__)
+BATCH_BYTES = 256 << 10  # one batch of small units (Reader.stream)
 BATCH_MAX = 256
+BATCH_UNIT = 16 << 10  # units up to this size (on average) are batched
 
 
 class _Kept:
@@ -141,12 +142,13 @@ class Reader(Handle):
             yield string_at(u.data, u.len) if self.copy else self._data(u)
 
     def stream(self):
-        """The units' data in plan order, like iteration, fetched in batches: units of at most
-        BATCH_BYTES come one library call per batch, copied once, back to back, into a fresh
-        bytearray, as memoryviews into it (bytes with copy=True); larger ones one by one
-        (without a copy when copy=False). For small records (a few KiB) this costs a fraction
-        of iteration's per-unit calls. `consumed` then counts the units fetched: up to a
-        batch more than were yielded when the stream is left early."""
+        """The units' data in plan order, like iteration, small ones fetched in batches: units
+        of at most BATCH_UNIT bytes come one library call per batch, copied once, back to back,
+        into a fresh bytearray, as memoryviews into it (bytes with copy=True); larger ones one
+        by one, as iteration gives them (without a copy when copy=False). The stream watches
+        the sizes it gets and switches between the two. For small records (a few KiB) this
+        costs a fraction of iteration's per-unit calls. `consumed` then counts the units
+        fetched: up to a batch more than were yielded when the stream is left early."""
         if not self._h:
             raise ValueError("the reader is closed")
         nxt, many, h, u = lib().tessera_reader_next, lib().tessera_reader_next_many, self._h, self._u
@@ -154,28 +156,34 @@ class Reader(Handle):
         lens, n = (ctypes.c_size_t * BATCH_MAX)(), ctypes.c_uint32()
         lens_ref = ctypes.cast(lens, ctypes.POINTER(ctypes.c_size_t))
         n_ref = ctypes.byref(n)
+        batched, small_run = True, 0
         while True:
-            buf = bytearray(BATCH_BYTES)
-            rc = many(h, (ctypes.c_char * BATCH_BYTES).from_buffer(buf), BATCH_BYTES, lens_ref,
-                      BATCH_MAX, n_ref)
-            if rc <= 0:
-                if rc < 0:
-                    self._fail(rc)
-                return
-            k = n.value
-            if k == 0:  # a unit larger than the batch buffer: on its own
-                rc = nxt(h, ref)
+            if batched:
+                buf = bytearray(BATCH_BYTES)
+                rc = many(h, (ctypes.c_char * BATCH_BYTES).from_buffer(buf), BATCH_BYTES,
+                          lens_ref, BATCH_MAX, n_ref)
                 if rc <= 0:
                     if rc < 0:
                         self._fail(rc)
                     return
-                yield string_at(u.data, u.len) if self.copy else self._data(u)
-                continue
-            mv, off = memoryview(buf), 0
-            for i in range(k):
-                end = off + lens[i]
-                yield bytes(mv[off:end]) if self.copy else mv[off:end]
-                off = end
+                k = n.value
+                if k:
+                    mv, off = memoryview(buf), 0
+                    for i in range(k):
+                        end = off + lens[i]
+                        yield bytes(mv[off:end]) if self.copy else mv[off:end]
+                        off = end
+                    batched = off <= k * BATCH_UNIT  # large units: one by one from now
+                    continue
+                batched = False  # larger than a batch: on its own, and so on while large
+            rc = nxt(h, ref)
+            if rc <= 0:
+                if rc < 0:
+                    self._fail(rc)
+                return
+            small_run = small_run + 1 if u.len <= BATCH_UNIT else 0
+            batched = small_run >= 16
+            yield string_at(u.data, u.len) if self.copy else self._data(u)
 
     def items(self):
         while True:

@@ -63,6 +63,7 @@ def test_stream_equals_iteration(c, monkeypatch):
     and as views."""
     import tessera.reader
     monkeypatch.setattr(tessera.reader, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(tessera.reader, "BATCH_UNIT", 1024)
     for unit in ("record", "shard"):
         want = list(Reader(c, "core", unit=unit, shuffle="global", seed=9))
         for copy in (True, False):
