@@ -52,6 +52,10 @@ enum opt_id {
     O_CONNECTIONS,
     O_DEPTH,
     O_COUNT,
+    O_WEIGHT,
+    O_DOMAIN,
+    O_TLS_ADDR,
+    O_DRY_RUN,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -80,6 +84,19 @@ static const struct cli_opt get_opts[] = {
 static const struct cli_opt pg_opts[] = {
     {"dataset", 0, 1, O_DATASET},
     {"shard", 0, 1, O_SHARD},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt node_opts[] = {
+    {"dry-run", 0, 0, O_DRY_RUN},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt node_add_opts[] = {
+    {"tls-addr", 0, 1, O_TLS_ADDR},
+    {"weight", 0, 1, O_WEIGHT},
+    {"domain", 0, 1, O_DOMAIN},
+    {"dry-run", 0, 0, O_DRY_RUN},
     {NULL, 0, 0, 0},
 };
 
@@ -227,6 +244,28 @@ static const struct cmd cmds[] = {
      "epoch, pushed to every other node that is up; the next core replica leads. Edit the\n"
      "map file to match before the next 'map push'.",
      1, NULL},
+    {"node", "add", 2, 2, 1, node_add_opts, cmd_node_add,
+     "ID ADDR --tls-addr HOST:PORT [--weight W] [--domain D] [--dry-run]",
+     "Adds node ID (plain listener ADDR, TLS listener --tls-addr; weight 100 and a domain of\n"
+     "its own unless given) to the cluster map, up (admin role). Like every node command it\n"
+     "shows the PGs whose replicas change and the new replicas that fill from their primaries,\n"
+     "refuses a change that would leave any PG with fewer than min_core caught-up core\n"
+     "replicas (nothing changes then), and pushes the new map; --dry-run only shows.",
+     1, NULL},
+    {"node", "drain", 1, 1, 1, node_opts, cmd_node_drain, "ID [--dry-run]",
+     "Marks node ID out: its replicas move to other nodes (which fill from the PGs'\n"
+     "primaries); remove it once they are complete ('tessera status').",
+     1, NULL},
+    {"node", "remove", 1, 1, 1, node_opts, cmd_node_remove, "ID [--dry-run]",
+     "Removes node ID from the map; only a node that is out (drained).", 1, NULL},
+    {"node", "weight", 2, 2, 1, node_opts, cmd_node_weight, "ID W [--dry-run]",
+     "Sets node ID's weight (1 to 1000000): its share of the PGs follows.", 1, NULL},
+    {"node", "up", 1, 1, 1, node_opts, cmd_node_up, "ID [--dry-run]",
+     "Marks node ID up (back from down: it catches up from the PGs' primaries).", 1, NULL},
+    {"node", "down", 1, 1, 1, node_opts, cmd_node_down, "ID [--dry-run]",
+     "Marks node ID down (failed, expected back): the next replicas serve its PGs.", 1, NULL},
+    {"node", "out", 1, 1, 1, node_opts, cmd_node_out, "ID [--dry-run]",
+     "Marks node ID out (as drain).", 1, NULL},
     {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
      "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
      "roles of its core and fringe replicas; with --shard too, the PG of that shard.",
@@ -295,7 +334,8 @@ static const struct cmd *find_cmd(const char *group, const char *name)
 
 static int is_group(const char *w)
 {
-    return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0 || strcmp(w, "map") == 0;
+    return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0 || strcmp(w, "map") == 0 ||
+           strcmp(w, "node") == 0;
 }
 
 static void usage_group(FILE *f, const char *group)
@@ -463,6 +503,21 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_NODE:
             x->node = val;
+            break;
+        case O_TLS_ADDR:
+            x->tls_addr = val;
+            break;
+        case O_DOMAIN:
+            x->domain = val;
+            break;
+        case O_WEIGHT:
+            if (cli_parse_uint(val, 1000000, &x->weight) != 0 || x->weight == 0) {
+                snprintf(msg, sizeof(msg), "--weight: '%s' is not a weight (1 to 1000000)", val);
+                return usage_error(msg, k);
+            }
+            break;
+        case O_DRY_RUN:
+            x->dry_run = 1;
             break;
         case O_RANGE:
             x->range = val;

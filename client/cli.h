@@ -35,6 +35,10 @@ struct ctx {
     int shard_set;
     const char *node;
     int server_set; /* -s or $TESSERA_SERVER */
+    /* node commands */
+    const char *tls_addr, *domain;
+    uint64_t weight;
+    int dry_run;
     /* plan */
     struct tessera_plan_opts plan;
     /* records */
@@ -63,6 +67,15 @@ void kv_print(const char *const *kv, size_t n);
 void dataset_print(const struct ts_dataset_info *d);
 
 /* ---- commands: 0 or TS_E* (a local failure explained in x->local) ---------------------------- */
+
+/* cli_node.c */
+int cmd_node_add(struct ctx *x);
+int cmd_node_drain(struct ctx *x);
+int cmd_node_remove(struct ctx *x);
+int cmd_node_weight(struct ctx *x);
+int cmd_node_up(struct ctx *x);
+int cmd_node_down(struct ctx *x);
+int cmd_node_out(struct ctx *x);
 
 /* cli_data.c */
 int cmd_dataset_stat(struct ctx *x);

@@ -166,6 +166,10 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
         push_retry_later(ps);
         return;
     }
+    /* Optional trailing u8: the replica moved into the PG's replicas and holds none of its
+     * shards yet (a map change): backfill it once caught up by the log. */
+    if (body->off < body->len && ts_rd_u8(body) != 0 && !ps->pull)
+        ps->want_backfill = 1;
     if (applied && (ntail == 0 || tail[0].seq != applied)) {
         /* Its head has no entry (it was backfilled there): compare the head first. */
         memmove(tail + 1, tail, sizeof(tail[0]) * (ntail < TAIL_MAX ? ntail : TAIL_MAX - 1));
@@ -529,6 +533,8 @@ static void clean_reply(ts_repl *r, struct peer *p, void *ctx, int status, struc
     }
     if (status == TS_ESTALE)
         repl_on_stale(r, p, body);
+    if (status == TS_EBUSY)
+        ps->known = 0; /* it waits for a backfill: its PG_INFO says so */
     push_retry_later(ps);
 }
 

@@ -64,16 +64,7 @@ static void complete(struct event_base *base, ts_repl_done done, void *arg, int 
 
 int repl_node_rank(ts_repl *r, uint32_t pg, const char *id)
 {
-    int order[TS_REPL_MAX_REPLICAS];
-    size_t n;
-
-    if (!r->map)
-        return -1;
-    n = ts_map_pg_order(r->map, pg, order, TS_REPL_MAX_REPLICAS);
-    for (size_t i = 0; i < n; i++)
-        if (!strcmp(r->map->nodes[order[i]].id, id))
-            return (int)i;
-    return -1;
+    return ts_repl_rank_of(r->map, pg, id);
 }
 
 /* ---- peers ------------------------------------------------------------------------------ */
@@ -699,8 +690,19 @@ static void set_map_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct map_msg *mm = arg;
     ts_repl *r = mm->r;
+    struct ts_repl_widths wd;
     struct peer *p;
 
+    /* Replicas that the new map moves into a dataset's replicas of a PG hold none of its
+     * shards there: backfill them once they are caught up by the log, and tell them clean only
+     * after (they report the same in PG_INFO; this covers a replica that has not got the map
+     * yet). */
+    ts_repl_widths(r->o.store, &wd);
+    for (struct push *ps = r->pushes; ps; ps = ps->next)
+        if (!ps->pull && ts_repl_gains_data(r->map, mm->m, ps->pg, ps->node, &wd)) {
+            ps->want_backfill = 1;
+            ps->told_clean = 0;
+        }
     ts_map_free(r->map);
     r->map = mm->m;
     free(mm);

@@ -135,6 +135,18 @@ void ts_repl_push_map(ts_repl *r, const char *node_id);
  * replicas that were away apply it before they serve again. Thread-safe. */
 void ts_repl_log_delete(ts_repl *r, const char *dataset, uint64_t incarnation);
 
+/* membership.c: the replica widths (core + fringe) of this node's datasets, narrowest and
+ * widest (0 and 0: no dataset); a node's rank in a PG's replica order (-1: none); whether a
+ * map change moves node into the replicas of a dataset of pg that it was not a replica of
+ * (it holds none of its shards there and needs a backfill). */
+struct ts_repl_widths {
+    unsigned min, max;
+};
+void ts_repl_widths(ts_store *st, struct ts_repl_widths *w);
+int ts_repl_rank_of(const struct ts_map *m, uint32_t pg, const char *node);
+int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_t pg,
+                       const char *node, const struct ts_repl_widths *w);
+
 /* The PG facts as PG_QUERY replies carry them (docs/protocol.md). */
 struct ts_wr;
 struct ts_rd;

@@ -14,6 +14,96 @@ static void persisted_path(const struct tsd_server *s, char *out, size_t cap)
     snprintf(out, cap, "%s/cluster.map", s->cfg->data_dir);
 }
 
+/*
+ * PGs this node joined the replicas of (a map change) and holds none of the shards of yet:
+ * not served here and not to be told clean until the primary's backfill is done. Kept in
+ * data_dir/pg-backfill (one PG per line) so that a restart does not forget them.
+ */
+static void backfill_path(const struct tsd_server *s, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s/pg-backfill", s->cfg->data_dir);
+}
+
+static void backfill_save(struct tsd_server *s)
+{
+    char path[600], tmp[640];
+    FILE *f;
+    int ok;
+
+    backfill_path(s, path, sizeof(path));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    f = fopen(tmp, "w");
+    if (!f) {
+        TS_ERROR(FAC, TS_EIO, "cannot write %s", tmp);
+        return;
+    }
+    for (uint32_t pg = 0; pg < s->npg; pg++)
+        if (atomic_load(&s->pg_backfill[pg]))
+            fprintf(f, "%u\n", pg);
+    ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0)
+        TS_ERROR(FAC, TS_EIO, "cannot write %s", path);
+}
+
+static void backfill_load(struct tsd_server *s)
+{
+    char path[600];
+    unsigned pg;
+    FILE *f;
+
+    backfill_path(s, path, sizeof(path));
+    f = fopen(path, "r");
+    if (!f)
+        return;
+    while (fscanf(f, "%u", &pg) == 1)
+        if (pg < s->npg) {
+            atomic_store(&s->pg_backfill[pg], 1);
+            TS_INFO(FAC, "PG %u: waits for a backfill here (from before the restart)", pg);
+        }
+    fclose(f);
+}
+
+/* The new map m moves this node into PGs' replicas whose shards it does not hold: mark them
+ * (map_lock held for writing, s->map the old map). */
+static void backfill_mark(struct tsd_server *s, const struct ts_map *m)
+{
+    struct ts_repl_widths w;
+    int changed = 0;
+
+    if (!s->map || !s->pg_backfill)
+        return;
+    ts_repl_widths(s->store, &w);
+    for (uint32_t pg = 0; pg < s->npg; pg++) {
+        if (!ts_repl_gains_data(s->map, m, pg, s->cfg->node_id, &w))
+            continue;
+        atomic_store(&s->pg_clean[pg], 0);
+        if (!atomic_exchange(&s->pg_backfill[pg], 1))
+            changed = 1;
+        TS_INFO(FAC,
+                "PG %u: this node joins its replicas at epoch %llu: not served here until "
+                "its primary backfilled it",
+                pg, (unsigned long long)m->epoch);
+    }
+    if (changed)
+        backfill_save(s);
+}
+
+int tsd_pg_needs_backfill(struct tsd_server *s, uint32_t pg)
+{
+    return s->pg_backfill && pg < s->npg && atomic_load(&s->pg_backfill[pg]);
+}
+
+void tsd_pg_backfilled(struct tsd_server *s, uint32_t pg)
+{
+    if (!s->pg_backfill || pg >= s->npg || !atomic_exchange(&s->pg_backfill[pg], 0))
+        return;
+    TS_INFO(FAC, "PG %u: backfilled here", pg);
+    pthread_rwlock_wrlock(&s->map_lock);
+    backfill_save(s);
+    pthread_rwlock_unlock(&s->map_lock);
+}
+
 /* Runs on the replication thread when a peer has a newer map. */
 static void adopt_map(void *arg, const struct ts_map *m)
 {
@@ -83,8 +173,12 @@ int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why,
          * primary says this node holds its log (or this node leads it). */
         s->pg_clean = calloc(copy->pg_count, sizeof(*s->pg_clean));
         s->pg_asked = calloc(copy->pg_count, sizeof(*s->pg_asked));
-        s->npg = s->pg_clean && s->pg_asked ? copy->pg_count : 0;
+        s->pg_backfill = calloc(copy->pg_count, sizeof(*s->pg_backfill));
+        s->npg = s->pg_clean && s->pg_asked && s->pg_backfill ? copy->pg_count : 0;
+        if (s->npg)
+            backfill_load(s);
     }
+    backfill_mark(s, copy);
     ts_map_free(s->map);
     s->map = copy;
     copy = NULL;
@@ -220,6 +314,7 @@ void tsd_cluster_fini(struct tsd_server *s)
     s->map = NULL;
     free((void *)s->pg_clean);
     free((void *)s->pg_asked);
+    free((void *)s->pg_backfill);
     SSL_CTX_free(s->peer_ssl);
     pthread_rwlock_destroy(&s->map_lock);
 }

@@ -311,8 +311,10 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const st
         log.type = TS_LOG_NOOP;
         rc = ts_store_log_append(s->store, &log);
         break;
-    case TS_REPL_SET_APPLIED:
+    case TS_REPL_SET_APPLIED: /* the end of a backfill */
         rc = ts_store_pg_set_applied(s->store, pg, seq, epoch, h->epoch);
+        if (rc == 0)
+            tsd_pg_backfilled(s, pg);
         break;
     case TS_REPL_TRUNCATE:
         tsd_pg_mark_clean(s, pg, 0);
@@ -330,6 +332,8 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const st
         rc = ts_store_pg_state(s->store, pg, &st);
         if (rc == 0 && (st.applied != seq || st.head_epoch != epoch))
             rc = TS_ERANGE;
+        if (rc == 0 && tsd_pg_needs_backfill(s, pg))
+            rc = TS_EBUSY; /* it joined the PG's replicas: a backfill first (PG_INFO says so) */
         if (rc == 0)
             rc = tsd_pg_mark_clean(s, pg, 1);
         break;
@@ -397,6 +401,7 @@ void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
         ts_wr_u64(&w, tail[i].seq);
         ts_wr_u64(&w, tail[i].epoch);
     }
+    ts_wr_u8(&w, (uint8_t)tsd_pg_needs_backfill(c->w->srv, pg)); /* joined: backfill me */
     tsd_reply_send(c, h, &w);
 }
 

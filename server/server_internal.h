@@ -172,10 +172,11 @@ struct tsd_server {
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */
     ts_repl *repl;
-    SSL_CTX *peer_ssl;          /* client context towards peers' TLS listeners */
-    char peer_why[300];         /* peer_ssl is NULL: why */
-    _Atomic uint8_t *pg_clean;  /* per PG: its primary said this node holds its log */
-    _Atomic uint64_t *pg_asked; /* per PG: when we last asked the primary to check us */
+    SSL_CTX *peer_ssl;            /* client context towards peers' TLS listeners */
+    char peer_why[300];           /* peer_ssl is NULL: why */
+    _Atomic uint8_t *pg_clean;    /* per PG: its primary said this node holds its log */
+    _Atomic uint64_t *pg_asked;   /* per PG: when we last asked the primary to check us */
+    _Atomic uint8_t *pg_backfill; /* per PG: joined its replicas, waits for a backfill */
     uint32_t npg;
     struct tsd_rdma *rdma; /* the RDMA listener and its sessions (rdma.c); NULL: none */
     struct tsd_rdma_tokens rdma_tokens;
@@ -260,6 +261,10 @@ int tsd_pg_mark_clean(struct tsd_server *s, uint32_t pg, int clean);
 /* Whether reads of (dataset, shard) may be served here: its PG is clean here or led here by an
  * activated primary; otherwise the primary is asked to check this node. */
 int tsd_pg_serves(struct tsd_server *s, const char *dataset, uint32_t shard);
+/* A map change made this node a replica of pg's shards it does not hold: it waits for the
+ * primary's backfill (reported in PG_INFO, CLEAN refused meanwhile); the backfill is done. */
+int tsd_pg_needs_backfill(struct tsd_server *s, uint32_t pg);
+void tsd_pg_backfilled(struct tsd_server *s, uint32_t pg);
 /* PG of a shard in the current map (0 on a single node). */
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 

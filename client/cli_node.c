@@ -1,0 +1,499 @@
+/*
+ * tessera CLI: the node commands (node add, drain, remove, weight, up, down, out). Each is a
+ * map change made on a copy of the newest map the cluster has, checked, shown (which PGs change
+ * replicas, which new replicas need a backfill), refused when some PG would be left with fewer
+ * than min_core caught-up core replicas, and only then written and pushed (tessera map push:
+ * one epoch more than any node has). --dry-run shows and changes nothing.
+ *
+ * Caught up: a PG's current core replica that is up, answers, and is not listed as lagging or
+ * recovering by the PG's primary (its STATUS "replication.lag"), in a PG its primary does not
+ * list as peering. A replica a change adds holds nothing yet: it is not caught up until its
+ * backfill is done.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ts_map.h"
+
+#define MAX_RANK 16 /* replicas per PG looked at (core + fringe of the widest dataset) */
+
+/* What the datasets ask of every PG: the widest replica set, core and min_core. */
+struct need {
+    unsigned width, core, min_core;
+};
+
+static int datasets_need(struct ctx *x, struct need *n)
+{
+    struct ts_dataset_info *ds = NULL;
+    size_t nds = 0;
+    int rc = tessera_dataset_list(x->c, &ds, &nds);
+
+    n->width = n->core = n->min_core = 0;
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < nds; i++) {
+        const struct ts_dataset_policy *p = &ds[i].policy;
+        n->width = TS_MAX(n->width, (unsigned)(p->core + p->fringe));
+        n->core = TS_MAX(n->core, (unsigned)p->core);
+        n->min_core = TS_MAX(n->min_core, (unsigned)p->min_core);
+    }
+    tessera_buffer_free(ds);
+    n->width = TS_MIN(TS_MAX(n->width, 1u), (unsigned)MAX_RANK);
+    n->core = TS_MIN(TS_MAX(n->core, 1u), n->width);
+    return 0;
+}
+
+/* lagging[pg * nnodes + node]: the PG's primary says that replica is behind; peering[pg]. */
+struct health {
+    uint8_t *lagging, *peering, *silent; /* silent[node]: up in the map, did not answer */
+    size_t nnodes;
+};
+
+static void health_free(struct health *h)
+{
+    free(h->lagging);
+    free(h->peering);
+    free(h->silent);
+}
+
+static int health_read(struct ctx *x, const struct ts_map *m, struct health *h)
+{
+    memset(h, 0, sizeof(*h));
+    h->nnodes = m->n;
+    h->lagging = calloc((size_t)m->pg_count * m->n, 1);
+    h->peering = calloc(m->pg_count, 1);
+    h->silent = calloc(m->n, 1);
+    if (!h->lagging || !h->peering || !h->silent)
+        return TS_ENOMEM;
+    for (size_t i = 0; i < m->n; i++) {
+        struct json_object *doc, *rep, *arr;
+        char *json = NULL;
+
+        if (m->nodes[i].state != TS_NODE_UP)
+            continue;
+        if (ts_client_node_status(x->c, i, &json) != 0 || !(doc = json_tokener_parse(json))) {
+            h->silent[i] = 1;
+            tessera_buffer_free(json);
+            continue;
+        }
+        tessera_buffer_free(json);
+        if (json_object_object_get_ex(doc, "replication", &rep)) {
+            if (json_object_object_get_ex(rep, "lag", &arr) &&
+                json_object_is_type(arr, json_type_array))
+                for (size_t k = 0; k < json_object_array_length(arr); k++) {
+                    struct json_object *o = json_object_array_get_idx(arr, k), *v;
+                    int node = json_object_object_get_ex(o, "node", &v)
+                                   ? ts_map_find(m, json_object_get_string(v))
+                                   : -1;
+                    uint32_t pg = json_object_object_get_ex(o, "pg", &v)
+                                      ? (uint32_t)json_object_get_int64(v)
+                                      : UINT32_MAX;
+                    if (node >= 0 && pg < m->pg_count)
+                        h->lagging[(size_t)pg * m->n + (size_t)node] = 1;
+                }
+            if (json_object_object_get_ex(rep, "peering", &arr) &&
+                json_object_is_type(arr, json_type_array))
+                for (size_t k = 0; k < json_object_array_length(arr); k++) {
+                    struct json_object *v;
+                    if (json_object_object_get_ex(json_object_array_get_idx(arr, k), "pg", &v) &&
+                        (uint64_t)json_object_get_int64(v) < m->pg_count)
+                        h->peering[json_object_get_int64(v)] = 1;
+                }
+        }
+        json_object_put(doc);
+    }
+    return 0;
+}
+
+/* The change a node command makes, on a copy of the map; 0 or TS_EINVAL (x->local says why). */
+typedef int (*edit_fn)(struct ctx *x, struct ts_map *m);
+
+static int find_node(struct ctx *x, const struct ts_map *m, const char *id)
+{
+    int i = ts_map_find(m, id);
+
+    if (i < 0)
+        snprintf(x->local, sizeof(x->local), "no node '%s' in the map (epoch %llu)", id,
+                 (unsigned long long)m->epoch);
+    return i;
+}
+
+static int set_state(struct ctx *x, struct ts_map *m, int state)
+{
+    int i = find_node(x, m, x->argv[0]);
+
+    if (i < 0)
+        return TS_EINVAL;
+    if (m->nodes[i].state == state) {
+        snprintf(x->local, sizeof(x->local), "node %s is %s already", x->argv[0],
+                 ts_node_state_name(state));
+        return TS_EINVAL;
+    }
+    m->nodes[i].state = state;
+    return 0;
+}
+
+static int edit_up(struct ctx *x, struct ts_map *m)
+{
+    return set_state(x, m, TS_NODE_UP);
+}
+
+static int edit_down(struct ctx *x, struct ts_map *m)
+{
+    return set_state(x, m, TS_NODE_DOWN);
+}
+
+static int edit_out(struct ctx *x, struct ts_map *m)
+{
+    return set_state(x, m, TS_NODE_OUT);
+}
+
+static int edit_weight(struct ctx *x, struct ts_map *m)
+{
+    uint64_t w;
+    int i = find_node(x, m, x->argv[0]);
+
+    if (i < 0)
+        return TS_EINVAL;
+    if (cli_parse_uint(x->argv[1], 1000000, &w) != 0 || w == 0) {
+        snprintf(x->local, sizeof(x->local), "weight '%s': want an integer from 1 to 1000000",
+                 x->argv[1]);
+        return TS_EINVAL;
+    }
+    m->nodes[i].weight = (uint32_t)w;
+    return 0;
+}
+
+static int edit_remove(struct ctx *x, struct ts_map *m)
+{
+    int i = find_node(x, m, x->argv[0]);
+
+    if (i < 0)
+        return TS_EINVAL;
+    if (m->nodes[i].state != TS_NODE_OUT) {
+        snprintf(x->local, sizeof(x->local),
+                 "node %s is %s: drain it first ('tessera node drain %s'), and remove it once "
+                 "its PGs have moved",
+                 x->argv[0], ts_node_state_name(m->nodes[i].state), x->argv[0]);
+        return TS_EINVAL;
+    }
+    memmove(&m->nodes[i], &m->nodes[i + 1], (m->n - (size_t)i - 1) * sizeof(m->nodes[0]));
+    m->n--;
+    return 0;
+}
+
+static int edit_add(struct ctx *x, struct ts_map *m)
+{
+    struct ts_map_node *g, *nd;
+
+    if (ts_map_find(m, x->argv[0]) >= 0) {
+        snprintf(x->local, sizeof(x->local), "node '%s' is in the map already", x->argv[0]);
+        return TS_EINVAL;
+    }
+    if (!x->tls_addr) {
+        snprintf(x->local, sizeof(x->local),
+                 "a cluster node needs --tls-addr HOST:PORT (nodes talk over mutual TLS)");
+        return TS_EINVAL;
+    }
+    g = realloc(m->nodes, (m->n + 1) * sizeof(*g));
+    if (!g)
+        return TS_ENOMEM;
+    m->nodes = g;
+    nd = &m->nodes[m->n++];
+    memset(nd, 0, sizeof(*nd));
+    snprintf(nd->id, sizeof(nd->id), "%s", x->argv[0]);
+    snprintf(nd->addr, sizeof(nd->addr), "%s", x->argv[1]);
+    snprintf(nd->tls_addr, sizeof(nd->tls_addr), "%s", x->tls_addr);
+    snprintf(nd->domain, sizeof(nd->domain), "%s", x->domain ? x->domain : "");
+    nd->weight = x->weight ? (uint32_t)x->weight : 100;
+    nd->state = TS_NODE_UP;
+    return 0;
+}
+
+/* The map as a file in a fresh temporary directory (checked by parsing it back). */
+static int map_to_file(struct ctx *x, const struct ts_map *m, char *path, size_t cap)
+{
+    char dir[] = "/tmp/tessera-node-XXXXXX";
+    struct ts_map *back = NULL;
+    char why[256] = "";
+
+    if (!mkdtemp(dir))
+        return TS_EIO;
+    snprintf(path, cap, "%s/cluster.map", dir);
+    if (ts_map_write_file(m, path) != 0)
+        return TS_EIO;
+    if (ts_map_parse_file(path, &back, why, sizeof(why)) != 0) {
+        snprintf(x->local, sizeof(x->local), "the changed map is not valid: %s", why);
+        unlink(path);
+        rmdir(dir);
+        return TS_EINVAL;
+    }
+    ts_map_free(back);
+    return 0;
+}
+
+static void remove_file(const char *path)
+{
+    char dir[600];
+    char *slash;
+
+    unlink(path);
+    snprintf(dir, sizeof(dir), "%s", path);
+    slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = '\0';
+        rmdir(dir);
+    }
+}
+
+static int contains(const int *v, size_t n, int x)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == x)
+            return 1;
+    return 0;
+}
+
+/* One node command: edit a copy, show the PGs it changes, refuse or push. */
+static int node_change(struct ctx *x, const char *what, edit_fn edit)
+{
+    const struct ts_map *cur = ts_client_map(x->c);
+    struct ts_map *next;
+    struct health h;
+    struct need need;
+    struct json_object *refused_js = NULL, *moves_js = NULL;
+    uint32_t changed = 0, refused = 0, backfills = 0;
+    uint32_t *in = NULL, *out = NULL;
+    char path[600], first_refused[160] = "";
+    uint64_t epoch = 0;
+    int rc;
+
+    if (!cur) {
+        snprintf(x->local, sizeof(x->local),
+                 "%s (node %s) has no cluster map: it runs as a single node", x->server,
+                 tessera_client_node(x->c));
+        return TS_EINVAL;
+    }
+    next = ts_map_dup(cur);
+    if (!next)
+        return TS_ENOMEM;
+    rc = edit(x, next);
+    if (rc)
+        goto out_free;
+    rc = datasets_need(x, &need);
+    if (rc)
+        goto out_free;
+    rc = health_read(x, cur, &h);
+    if (rc)
+        goto out_health;
+    in = calloc(next->n, sizeof(*in));
+    out = calloc(cur->n, sizeof(*out));
+    if (!in || !out) {
+        rc = TS_ENOMEM;
+        goto out_health;
+    }
+    if (x->json) {
+        refused_js = json_object_new_array();
+        moves_js = json_object_new_array();
+    }
+    for (uint32_t pg = 0; pg < cur->pg_count; pg++) {
+        int a[MAX_RANK], b[MAX_RANK];
+        size_t na = ts_map_pg_order(cur, pg, a, need.width);
+        size_t nb = ts_map_pg_order(next, pg, b, need.width);
+        unsigned caught = 0;
+        int same = na == nb;
+
+        /* Compare by node id: indexes differ between the maps after add or remove. */
+        int bcur[MAX_RANK];
+        for (size_t k = 0; k < nb; k++)
+            bcur[k] = ts_map_find(cur, next->nodes[b[k]].id);
+        for (size_t k = 0; k < nb && same; k++)
+            same = bcur[k] == a[k];
+        for (size_t k = 0; k < TS_MIN(nb, (size_t)need.core); k++) {
+            int c = bcur[k];
+            if (c >= 0 && contains(a, TS_MIN(na, (size_t)need.core), c) && !h.silent[c] &&
+                !h.lagging[(size_t)pg * cur->n + (size_t)c] && !h.peering[pg])
+                caught++;
+        }
+        if (!same) {
+            changed++;
+            for (size_t k = 0; k < nb; k++)
+                if (bcur[k] < 0 || !contains(a, na, bcur[k])) {
+                    in[b[k]]++;
+                    backfills++;
+                }
+            for (size_t k = 0; k < na; k++)
+                if (!contains(bcur, nb, a[k]))
+                    out[a[k]]++;
+            if (moves_js) {
+                struct json_object *o = json_object_new_object(), *f = json_object_new_array(),
+                                   *t = json_object_new_array();
+                for (size_t k = 0; k < na; k++)
+                    json_object_array_add(f, json_object_new_string(cur->nodes[a[k]].id));
+                for (size_t k = 0; k < nb; k++)
+                    json_object_array_add(t, json_object_new_string(next->nodes[b[k]].id));
+                json_object_object_add(o, "pg", json_u64(pg));
+                json_object_object_add(o, "from", f);
+                json_object_object_add(o, "to", t);
+                json_object_array_add(moves_js, o);
+            }
+        }
+        if (need.min_core && caught < need.min_core) {
+            refused++;
+            if (!first_refused[0])
+                snprintf(first_refused, sizeof(first_refused),
+                         "PG %u would keep %u caught-up core replica%s", pg, caught,
+                         caught == 1 ? "" : "s");
+            if (refused_js) {
+                struct json_object *o = json_object_new_object();
+                json_object_object_add(o, "pg", json_u64(pg));
+                json_object_object_add(o, "caught_up", json_u64(caught));
+                json_object_array_add(refused_js, o);
+            }
+        }
+    }
+    if (x->json) {
+        struct json_object *o = json_object_new_object(), *nodes = json_object_new_array();
+        json_object_object_add(o, "change", json_object_new_string(what));
+        json_object_object_add(o, "epoch", json_u64(cur->epoch));
+        json_object_object_add(o, "pgs", json_u64(cur->pg_count));
+        json_object_object_add(o, "pgs_changing", json_u64(changed));
+        json_object_object_add(o, "replicas_to_backfill", json_u64(backfills));
+        json_object_object_add(o, "min_core", json_u64(need.min_core));
+        for (size_t i = 0; i < next->n; i++) {
+            int c = ts_map_find(cur, next->nodes[i].id);
+            struct json_object *n = json_object_new_object();
+            json_object_object_add(n, "id", json_object_new_string(next->nodes[i].id));
+            json_object_object_add(n, "replicas_in", json_u64(in[i]));
+            json_object_object_add(n, "replicas_out", json_u64(c >= 0 ? out[c] : 0));
+            json_object_array_add(nodes, n);
+        }
+        json_object_object_add(o, "nodes", nodes);
+        json_object_object_add(o, "moves", moves_js);
+        json_object_object_add(o, "refused_pgs", refused_js);
+        moves_js = refused_js = NULL;
+        json_object_object_add(o, "dry_run", json_object_new_boolean(x->dry_run));
+        json_object_object_add(o, "applied", json_object_new_boolean(!x->dry_run && !refused));
+        if (refused || x->dry_run)
+            json_print(o);
+        else
+            json_object_put(o); /* printed with the new epoch below */
+    } else {
+        printf("%s: map epoch %llu, %u of %u PGs change replicas, %u new replicas to backfill "
+               "(widest dataset: %u replicas, %u core, min_core %u)\n",
+               what, (unsigned long long)cur->epoch, changed, cur->pg_count, backfills, need.width,
+               need.core, need.min_core);
+        for (size_t i = 0; i < next->n; i++) {
+            int c = ts_map_find(cur, next->nodes[i].id);
+            if (in[i] || (c >= 0 && out[c]))
+                printf("  %-12s +%u -%u replicas\n", next->nodes[i].id, in[i], c >= 0 ? out[c] : 0);
+        }
+        for (size_t i = 0; i < cur->n; i++)
+            if (ts_map_find(next, cur->nodes[i].id) < 0 && out[i])
+                printf("  %-12s +0 -%u replicas (removed)\n", cur->nodes[i].id, out[i]);
+    }
+    if (refused) {
+        snprintf(x->local, sizeof(x->local),
+                 "refused: %u PG%s would have fewer than min_core %u caught-up core replicas "
+                 "(%s); nothing changed",
+                 refused, refused == 1 ? "" : "s", need.min_core, first_refused);
+        rc = TS_EINVAL;
+        goto out_health;
+    }
+    if (x->dry_run) {
+        if (!x->json)
+            printf("dry run: nothing changed\n");
+        goto out_health;
+    }
+    rc = map_to_file(x, next, path, sizeof(path));
+    if (rc)
+        goto out_health;
+    rc = tessera_map_push_file(x->c, path, &epoch);
+    remove_file(path);
+    if (rc)
+        goto out_health;
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "change", json_object_new_string(what));
+        json_object_object_add(o, "applied", json_object_new_boolean(1));
+        json_object_object_add(o, "epoch", json_u64(epoch));
+        json_object_object_add(o, "pgs_changing", json_u64(changed));
+        json_object_object_add(o, "replicas_to_backfill", json_u64(backfills));
+        json_print(o);
+    } else {
+        printf("applied: map epoch %llu pushed to every node that is up\n",
+               (unsigned long long)epoch);
+        if (backfills)
+            printf("the new replicas fill from their PGs' primaries; 'tessera status' shows "
+                   "them as recovering until they hold everything\n");
+    }
+out_health:
+    json_object_put(moves_js);
+    json_object_put(refused_js);
+    free(in);
+    free(out);
+    health_free(&h);
+out_free:
+    ts_map_free(next);
+    return rc;
+}
+
+int cmd_node_add(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node add %s", x->argv[0]);
+    return node_change(x, what, edit_add);
+}
+
+int cmd_node_up(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node up %s", x->argv[0]);
+    return node_change(x, what, edit_up);
+}
+
+int cmd_node_down(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node down %s", x->argv[0]);
+    return node_change(x, what, edit_down);
+}
+
+int cmd_node_out(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node out %s", x->argv[0]);
+    return node_change(x, what, edit_out);
+}
+
+int cmd_node_drain(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node drain %s (out: its replicas move to other nodes)",
+             x->argv[0]);
+    return node_change(x, what, edit_out);
+}
+
+int cmd_node_remove(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node remove %s", x->argv[0]);
+    return node_change(x, what, edit_remove);
+}
+
+int cmd_node_weight(struct ctx *x)
+{
+    char what[160];
+
+    snprintf(what, sizeof(what), "node weight %s %s", x->argv[0], x->argv[1]);
+    return node_change(x, what, edit_weight);
+}

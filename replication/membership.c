@@ -1,0 +1,64 @@
+/*
+ * Membership changes of a PG (ts_repl.h): a node whose place in a PG's replica order moves up
+ * into the replicas of a dataset it was not a replica of holds none of that dataset's shards
+ * of the PG, although its log position may equal the primary's (nodes outside a dataset's
+ * replicas apply its log entries as no-ops). Such a node needs a backfill before it counts as
+ * holding the PG: the replica does not serve the PG and the primary backfills it.
+ */
+#include "repl_internal.h"
+
+struct widths_acc {
+    struct ts_repl_widths *w;
+};
+
+static int width_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct ts_repl_widths *w = ((struct widths_acc *)arg)->w;
+    unsigned n = (unsigned)d->policy.core + d->policy.fringe;
+
+    if (!w->max || n < w->min)
+        w->min = n;
+    if (n > w->max)
+        w->max = n;
+    return 0;
+}
+
+void ts_repl_widths(ts_store *st, struct ts_repl_widths *w)
+{
+    struct widths_acc a = {w};
+
+    w->min = w->max = 0;
+    ts_store_dataset_list(st, width_cb, &a);
+}
+
+int ts_repl_rank_of(const struct ts_map *m, uint32_t pg, const char *node)
+{
+    int order[TS_REPL_MAX_REPLICAS];
+    size_t n;
+
+    if (!m)
+        return -1;
+    n = ts_map_pg_order(m, pg, order, TS_REPL_MAX_REPLICAS);
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(m->nodes[order[i]].id, node))
+            return (int)i;
+    return -1;
+}
+
+int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_t pg,
+                       const char *node, const struct ts_repl_widths *w)
+{
+    int before, after;
+
+    if (!old || !m || !w->max)
+        return 0; /* no previous placement, or no dataset: nothing it could lack */
+    before = ts_repl_rank_of(old, pg, node);
+    after = ts_repl_rank_of(m, pg, node);
+    if (after < 0 || (unsigned)after >= w->max)
+        return 0; /* a replica of no dataset now */
+    if (before < 0)
+        return 1; /* no place in the PG before */
+    /* Some dataset's replicas take in ranks < width: a width in (after, before] gains it
+     * (judged with the widest and narrowest datasets: may ask for a backfill not needed). */
+    return before > after && (unsigned)before >= w->min;
+}
