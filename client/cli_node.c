@@ -395,6 +395,7 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
             if (ts_map_find(next, cur->nodes[i].id) < 0 && out[i])
                 printf("  %-12s +0 -%u replicas (removed)\n", cur->nodes[i].id, out[i]);
     }
+    fflush(stdout); /* the plan before the verdict the caller prints on stderr */
     if (refused) {
         snprintf(x->local, sizeof(x->local),
                  "refused: %u PG%s would have fewer than min_core %u caught-up core replicas "
