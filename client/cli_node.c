@@ -442,59 +442,48 @@ out_free:
     return rc;
 }
 
+/* "node VERB ARGS..." as the change's name, then the change. */
+static int node_cmd(struct ctx *x, const char *verb, edit_fn edit)
+{
+    char what[200];
+    int n = snprintf(what, sizeof(what), "node %s", verb);
+
+    for (int i = 0; i < x->argc && n > 0 && (size_t)n < sizeof(what); i++)
+        n += snprintf(what + n, sizeof(what) - (size_t)n, " %s", x->argv[i]);
+    return node_change(x, what, edit);
+}
+
 int cmd_node_add(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node add %s", x->argv[0]);
-    return node_change(x, what, edit_add);
+    return node_cmd(x, "add", edit_add);
 }
 
 int cmd_node_up(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node up %s", x->argv[0]);
-    return node_change(x, what, edit_up);
+    return node_cmd(x, "up", edit_up);
 }
 
 int cmd_node_down(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node down %s", x->argv[0]);
-    return node_change(x, what, edit_down);
+    return node_cmd(x, "down", edit_down);
 }
 
 int cmd_node_out(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node out %s", x->argv[0]);
-    return node_change(x, what, edit_out);
+    return node_cmd(x, "out", edit_out);
 }
 
-int cmd_node_drain(struct ctx *x)
+int cmd_node_drain(struct ctx *x) /* out, by its operator's name */
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node drain %s (out: its replicas move to other nodes)",
-             x->argv[0]);
-    return node_change(x, what, edit_out);
+    return node_cmd(x, "drain", edit_out);
 }
 
 int cmd_node_remove(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node remove %s", x->argv[0]);
-    return node_change(x, what, edit_remove);
+    return node_cmd(x, "remove", edit_remove);
 }
 
 int cmd_node_weight(struct ctx *x)
 {
-    char what[160];
-
-    snprintf(what, sizeof(what), "node weight %s %s", x->argv[0], x->argv[1]);
-    return node_change(x, what, edit_weight);
+    return node_cmd(x, "weight", edit_weight);
 }

@@ -256,6 +256,20 @@ static struct slot *wait_next(struct tessera_reader *r, int *rc)
     return s;
 }
 
+/* Locks r, releases the unit the caller held, waits for the next: its slot (lock held), or
+ * NULL with *rc (0 at the end, TS_E*) and the lock released. */
+static struct slot *lock_next(struct tessera_reader *r, int *rc)
+{
+    struct slot *s;
+
+    pthread_mutex_lock(&r->m);
+    release_held(r);
+    s = wait_next(r, rc);
+    if (!s)
+        pthread_mutex_unlock(&r->m);
+    return s;
+}
+
 /* The caller takes the done unit in slot s (lock held): counted, its slot freed. */
 static void take(struct tessera_reader *r, struct slot *s)
 {
@@ -277,13 +291,9 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     if (!r || !u)
         return TS_EINVAL;
     memset(u, 0, sizeof(*u));
-    pthread_mutex_lock(&r->m);
-    release_held(r);
-    s = wait_next(r, &rc);
-    if (!s) {
-        pthread_mutex_unlock(&r->m);
+    s = lock_next(r, &rc);
+    if (!s)
         return rc;
-    }
     u->k = ts_reader_plan_pos(r, s->k);
     u->unit = s->unit;
     u->shard = s->shard;
@@ -324,13 +334,9 @@ int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *l
     if (r->o.alloc)
         return TS_EINVAL; /* caller-owned buffers go one by one (tessera_reader_next) */
     max = TS_MIN(max, (uint32_t)MANY_MAX);
-    pthread_mutex_lock(&r->m);
-    release_held(r);
-    s = wait_next(r, &rc);
-    if (!s) {
-        pthread_mutex_unlock(&r->m);
+    s = lock_next(r, &rc);
+    if (!s)
         return rc;
-    }
     if (s->len > cap) {
         lens[0] = s->len; /* does not fit: the caller takes it with tessera_reader_next */
         pthread_mutex_unlock(&r->m);

@@ -102,6 +102,34 @@ static int stream_done(struct tsd_conn *c, struct tsd_read_stream *rs)
     return 1;
 }
 
+/* Chunk idx of the stream: the first or last one prefetched (and verified) with the reply's
+ * head, else from the store or cache (verified). */
+static int stream_chunk(struct tsd_read_stream *rs, uint32_t idx, struct ts_chunk_ref *ref)
+{
+    if (idx == rs->first_idx && rs->first.pin) {
+        *ref = rs->first;
+        rs->first.pin = NULL;
+        return 0;
+    }
+    if (idx == rs->last_idx && rs->last.pin) {
+        *ref = rs->last;
+        rs->last.pin = NULL;
+        return 0;
+    }
+    return ts_read_ctx_chunk(rs->ctx, idx, ref);
+}
+
+/* A chunk that failed mid-stream (already promised): logged, counted, repaired from a replica
+ * where there is one; its bytes go as zeros, which fail the piece CRC at the client. */
+static void stream_chunk_failed(struct tsd_conn *c, struct tsd_read_stream *rs, uint32_t idx,
+                                int rc)
+{
+    TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
+             ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
+    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+    tsd_repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
+}
+
 /* Mid-stream, the dataset was deleted: the promised frame cannot be finished. */
 static int stream_gone(struct tsd_conn *c, struct tsd_read_stream *rs)
 {
@@ -126,28 +154,14 @@ static int stream_place(struct tsd_conn *c, struct tsd_read_stream *rs)
         struct ts_chunk_ref ref;
         const void *src = NULL;
         long k;
-        int rc = 0;
+        int rc = stream_chunk(rs, idx, &ref);
 
-        if (idx == rs->first_idx && rs->first.pin) {
-            ref = rs->first;
-            rs->first.pin = NULL;
-        } else if (idx == rs->last_idx && rs->last.pin) {
-            ref = rs->last;
-            rs->last.pin = NULL;
-        } else {
-            rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
-        }
         if (rc == TS_ENOENT)
             return stream_gone(c, rs);
-        if (rc) {
-            /* Zeros in place of the chunk: the client's CRC check fails them (TS_ECORRUPT). */
-            TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
-                     ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
-            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
-            tsd_repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
-        } else {
+        if (rc) /* zeros in its place (src NULL) */
+            stream_chunk_failed(c, rs, idx, rc);
+        else
             src = ref.data + in;
-        }
         k = tsd_rdma_place(c->rdma, src, n, rs->raddr + (rs->pos - rs->start), rs->rkey);
         if (!rc)
             ts_chunk_ref_release(&ref);
@@ -179,26 +193,13 @@ int tsd_stream_continue(struct tsd_conn *c)
         size_t in = (size_t)(rs->pos % rs->chunk_size);
         size_t n = (size_t)TS_MIN((uint64_t)rs->chunk_size - in, rs->end - rs->pos);
         struct ts_chunk_ref ref;
-        int rc = 0;
+        int rc = stream_chunk(rs, idx, &ref);
 
-        if (idx == rs->first_idx && rs->first.pin) {
-            ref = rs->first;
-            rs->first.pin = NULL;
-        } else if (idx == rs->last_idx && rs->last.pin) {
-            ref = rs->last;
-            rs->last.pin = NULL;
-        } else {
-            rc = ts_read_ctx_chunk(rs->ctx, idx, &ref);
-        }
         if (rc == TS_ENOENT) /* closing is the only honest end of a frame already promised */
             return stream_gone(c, rs);
         if (rc) {
-            /* Already promised in the piece table: send zeros, which fail the piece CRC at
-             * the client (TS_ECORRUPT there). The corrupt bytes themselves never leave. */
-            TS_ERROR(FAC, rc, "read %s/%u chunk %u failed mid-stream to %s", rs->name,
-                     ts_read_ctx_info(rs->ctx)->shard, idx, c->peer);
-            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
-            tsd_repair_chunk(c->w->srv, rs->name, ts_read_ctx_info(rs->ctx)->shard, idx, rc);
+            /* The corrupt bytes themselves never leave: zeros in their place. */
+            stream_chunk_failed(c, rs, idx, rc);
             add_zeros(out, n);
         } else {
             add_piece(c, out, &ref, in, n);

@@ -47,7 +47,7 @@ extern "C" int ts_gpu_crc32c(const void *dev, size_t len, uint32_t *crc)
         cudaMalloc(&out, sizeof(uint32_t)) != cudaSuccess)
         goto out_free;
     block_crcs<<<(unsigned)((nblocks + 127) / 128), 128>>>((const uint8_t *)dev, len, blocks,
-                                                            nblocks);
+                                                           nblocks);
     join<<<1, 1>>>(blocks, nblocks, len, out);
     if (cudaMemcpy(crc, out, sizeof(uint32_t), cudaMemcpyDeviceToHost) == cudaSuccess)
         rc = 0;
