@@ -56,6 +56,8 @@ enum opt_id {
     O_DOMAIN,
     O_TLS_ADDR,
     O_DRY_RUN,
+    O_DURATION,
+    O_REPORT,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -96,6 +98,13 @@ static const struct cli_opt node_add_opts[] = {
     {"tls-addr", 0, 1, O_TLS_ADDR},
     {"weight", 0, 1, O_WEIGHT},
     {"domain", 0, 1, O_DOMAIN},
+    {"dry-run", 0, 0, O_DRY_RUN},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt drill_opts[] = {
+    {"duration", 0, 1, O_DURATION},
+    {"report", 0, 1, O_REPORT},
     {"dry-run", 0, 0, O_DRY_RUN},
     {NULL, 0, 0, 0},
 };
@@ -266,6 +275,16 @@ static const struct cmd cmds[] = {
      "Marks node ID down (failed, expected back): the next replicas serve its PGs.", 1, NULL},
     {"node", "out", 1, 1, 1, node_opts, cmd_node_out, "ID [--dry-run]",
      "Marks node ID out (as drain).", 1, NULL},
+    {NULL, "drill", 1, 1, 1, drill_opts, cmd_drill,
+     "SCENARIO [--duration S] [--report FILE] [--json] [--dry-run]",
+     "Runs a failover drill against the running cluster (admin role; its nodes on this host):\n"
+     "a load of 64 KiB writes and verified reads on a dataset of its own, the act, the\n"
+     "operator's answer (failover, restart, mark up), then every acknowledged write read back.\n"
+     "SCENARIO: kill-primary, kill-node, node-return (kill, fail over, write, return, kill and\n"
+     "fail over again), slow-node (SIGSTOP for a while). Prints time to detect and to recover,\n"
+     "acknowledged writes lost (exits 1 unless 0), failed reads, checksum errors, throughput\n"
+     "before/during/after and the final map; --report FILE writes it as JSON.",
+     1, NULL},
     {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
      "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
      "roles of its core and fringe replicas; with --shard too, the PG of that shard.",
@@ -518,6 +537,15 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_DRY_RUN:
             x->dry_run = 1;
+            break;
+        case O_DURATION:
+            if (cli_parse_uint(val, 3600, &x->duration) != 0 || x->duration < 2) {
+                snprintf(msg, sizeof(msg), "--duration: '%s' is not 2 to 3600 seconds", val);
+                return usage_error(msg, k);
+            }
+            break;
+        case O_REPORT:
+            x->report = val;
             break;
         case O_RANGE:
             x->range = val;

@@ -39,6 +39,9 @@ struct ctx {
     const char *tls_addr, *domain;
     uint64_t weight;
     int dry_run;
+    /* drill */
+    uint64_t duration;
+    const char *report;
     /* plan */
     struct tessera_plan_opts plan;
     /* records */
@@ -67,6 +70,9 @@ void kv_print(const char *const *kv, size_t n);
 void dataset_print(const struct ts_dataset_info *d);
 
 /* ---- commands: 0 or TS_E* (a local failure explained in x->local) ---------------------------- */
+
+/* cli_drill.c */
+int cmd_drill(struct ctx *x);
 
 /* cli_node.c */
 int cmd_node_add(struct ctx *x);

@@ -1,0 +1,545 @@
+/*
+ * tessera CLI: failover drills (tessera drill SCENARIO). A drill runs a built-in load against
+ * the running cluster (writes of 64 KiB shards to a dataset of its own, core 3 / min_core 2,
+ * and reads of acknowledged ones, every byte checked), acts on a node, does what an operator
+ * would (fail the node's PGs over, bring it back), and reports: time to detect (the first
+ * failed operation after the act), time to recover (the first write and read that succeed after
+ * the failover), acknowledged writes lost (every acknowledged shard read back at the end,
+ * byte for byte: must be 0), reads that failed, checksum errors, throughput before, during and
+ * after, and the final map.
+ *
+ * Embedded mode only: the nodes run on this host and are acted on by process id (STATUS gives
+ * it, /proc confirms it is a tesserad); a killed node is started again with its own command
+ * line and working directory, its output appended to DIR/drill-NODE.log. On a real cluster the
+ * same acts go through an agent on each node (docs/operations.md "Failover drills").
+ *
+ * Scenarios: kill-primary (SIGKILL the primary of the PG the load writes next), kill-node
+ * (SIGKILL a node that leads no PG the load uses first), node-return (kill a primary, fail
+ * over, write, bring it back and mark it up, then kill it again and fail over again: the
+ * sequence that once lost writes), slow-node (SIGSTOP a node for a while: its replies stall).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ts_map.h"
+
+#define SHARD_BYTES (64u << 10)
+#define MAX_SHARDS 100000
+
+struct drill {
+    struct ctx *x;
+    char ds[64];
+    uint8_t *acked; /* acked[i]: shard i's put succeeded */
+    uint32_t next;  /* the next shard to write */
+    uint64_t t0;
+    /* results */
+    uint64_t writes_ok, writes_failed, reads_ok, reads_failed, checksum_errors;
+    uint64_t act_ns, detect_ns, failover_ns, recover_ns;
+    uint64_t ops_before, ops_during, ops_after;
+    double secs_before, secs_during, secs_after;
+    char node[64], log[2048];
+    int phase; /* 0 before the act, 1 during, 2 after recovery */
+};
+
+static uint64_t now_ns(void)
+{
+    return ts_now_mono_ns();
+}
+
+static void shard_bytes(uint8_t *p, uint32_t i)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull * (i + 1);
+
+    for (size_t k = 0; k < SHARD_BYTES; k++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[k] = (uint8_t)x;
+    }
+}
+
+static void note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(struct drill *d, const char *fmt, ...)
+{
+    char line[300];
+    size_t n, have = strlen(d->log);
+    va_list ap;
+
+    n = (size_t)snprintf(line, sizeof(line), "[%6.2f s] ", (double)(now_ns() - d->t0) / 1e9);
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof(line) - n, fmt, ap);
+    va_end(ap);
+    if (!d->x->json)
+        fprintf(stderr, "drill: %s\n", line);
+    snprintf(d->log + have, sizeof(d->log) - have, "%s\n", line);
+}
+
+/* One write and one read of the load; 1 when both succeeded. */
+static int load_step(struct drill *d)
+{
+    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
+    uint64_t t = now_ns();
+    int ok_w, ok_r = 1, rc;
+
+    if (d->next < MAX_SHARDS) {
+        shard_bytes(buf, d->next);
+        rc = tessera_put(d->x->c, d->ds, d->next, buf, SHARD_BYTES, NULL, 0);
+        ok_w = rc == 0;
+        if (ok_w) {
+            d->acked[d->next] = 1;
+            d->writes_ok++;
+        } else {
+            d->writes_failed++;
+        }
+        d->next++; /* a failed shard number is not reused (its upload may be half there) */
+    } else {
+        ok_w = 1;
+    }
+    if (d->next > 1) {
+        uint32_t i = (uint32_t)(((uint64_t)d->next * 2654435761u) % d->next);
+        size_t n = 0;
+        if (d->acked[i]) {
+            rc = tessera_read(d->x->c, d->ds, i, 0, SHARD_BYTES, got, &n);
+            shard_bytes(buf, i);
+            if (rc == TS_ECORRUPT)
+                d->checksum_errors++;
+            ok_r = rc == 0 && n == SHARD_BYTES && memcmp(got, buf, SHARD_BYTES) == 0;
+            if (ok_r)
+                d->reads_ok++;
+            else
+                d->reads_failed++;
+        }
+    }
+    if ((!ok_w || !ok_r) && d->phase == 1 && !d->detect_ns)
+        d->detect_ns = t;
+    if (ok_w && ok_r && d->phase == 1 && d->failover_ns && !d->recover_ns) {
+        d->recover_ns = now_ns();
+        d->phase = 2;
+    }
+    if (ok_w && ok_r) { /* throughput counts steps whose write and read both succeeded */
+        if (d->phase == 0)
+            d->ops_before++;
+        else if (d->phase == 1)
+            d->ops_during++;
+        else
+            d->ops_after++;
+    }
+    return ok_w && ok_r;
+}
+
+static void load_for(struct drill *d, double secs)
+{
+    uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
+
+    while (now_ns() < end)
+        load_step(d);
+}
+
+/* Node i's process id from its STATUS, confirmed by /proc to be a tesserad; 0 if not local. */
+static pid_t node_pid(struct drill *d, size_t i)
+{
+    char *json = NULL, path[64], exe[512];
+    struct json_object *doc, *v;
+    pid_t pid = 0;
+    ssize_t n;
+
+    if (ts_client_node_status(d->x->c, i, &json) != 0)
+        return 0;
+    doc = json_tokener_parse(json);
+    tessera_buffer_free(json);
+    if (doc && json_object_object_get_ex(doc, "pid", &v))
+        pid = (pid_t)json_object_get_int(v);
+    json_object_put(doc);
+    snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
+    n = pid > 0 ? readlink(path, exe, sizeof(exe) - 1) : -1;
+    if (n <= 0)
+        return 0;
+    exe[n] = '\0';
+    return strstr(exe, "tesserad") ? pid : 0;
+}
+
+/* A node's command line and working directory, to start it again after a kill. */
+struct proc_image {
+    char *argv[64];
+    char buf[8192];
+    char cwd[1024];
+};
+
+static int proc_image(pid_t pid, struct proc_image *im)
+{
+    char path[64];
+    int fd, argc = 0;
+    ssize_t n;
+
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return TS_ENOENT;
+    n = read(fd, im->buf, sizeof(im->buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return TS_EIO;
+    im->buf[n] = '\0';
+    for (ssize_t k = 0; k < n && argc < 63; k += (ssize_t)strlen(im->buf + k) + 1)
+        im->argv[argc++] = im->buf + k;
+    im->argv[argc] = NULL;
+    snprintf(path, sizeof(path), "/proc/%d/cwd", (int)pid);
+    n = readlink(path, im->cwd, sizeof(im->cwd) - 1);
+    if (n <= 0)
+        return TS_EIO;
+    im->cwd[n] = '\0';
+    return 0;
+}
+
+static pid_t proc_start(const struct proc_image *im, const char *log)
+{
+    pid_t pid = fork();
+
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        if (chdir(im->cwd) != 0)
+            _exit(126);
+        setsid();
+        execv(im->argv[0], im->argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The node that leads the PG of the shard the load writes next. */
+static int primary_next(struct drill *d)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    int first[1];
+
+    if (!m || ts_map_pg_order(m, ts_map_pg_of(m, d->ds, d->next), first, 1) != 1)
+        return -1;
+    return first[0];
+}
+
+/* Fails over the PGs node i leads (one failover marks it down in a new epoch). */
+static int fail_over(struct drill *d, int i)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    uint64_t epoch = 0;
+    int first[1], rc = TS_ENOENT;
+
+    for (uint32_t pg = 0; m && pg < m->pg_count; pg++)
+        if (ts_map_pg_order(m, pg, first, 1) == 1 && first[0] == i) {
+            rc = tessera_failover(d->x->c, pg, &epoch);
+            break;
+        }
+    if (rc == TS_ENOENT) /* it leads no PG: mark it down all the same */
+        rc = 0;
+    d->failover_ns = now_ns();
+    note(d, "failed over: %s marked down, map epoch %llu (%s)", d->node, (unsigned long long)epoch,
+         rc ? tessera_client_error(d->x->c) : "ok");
+    return rc;
+}
+
+static int wait_ready(const char *log_path, long from, int secs)
+{
+    for (int i = 0; i < secs * 20; i++) {
+        FILE *f = fopen(log_path, "r");
+        char line[1024];
+        int ok = 0;
+        if (f) {
+            fseek(f, from, SEEK_SET);
+            while (fgets(line, sizeof(line), f))
+                ok |= strstr(line, "tesserad ready") != NULL;
+            fclose(f);
+        }
+        if (ok)
+            return 0;
+        usleep(50000);
+    }
+    return TS_ETIMEDOUT;
+}
+
+/* Marks node `id` up again (a map change pushed like `tessera node up`). */
+static int mark_up(struct drill *d, const char *id)
+{
+    const struct ts_map *cur = ts_client_map(d->x->c);
+    struct ts_map *m = cur ? ts_map_dup(cur) : NULL;
+    char dir[] = "/tmp/tessera-drill-XXXXXX", path[600];
+    uint64_t epoch = 0;
+    int i, rc;
+
+    if (!m || !mkdtemp(dir)) {
+        ts_map_free(m);
+        return TS_ENOMEM;
+    }
+    i = ts_map_find(m, id);
+    if (i >= 0)
+        m->nodes[i].state = TS_NODE_UP;
+    snprintf(path, sizeof(path), "%s/cluster.map", dir);
+    rc = ts_map_write_file(m, path);
+    if (!rc)
+        rc = tessera_map_push_file(d->x->c, path, &epoch);
+    unlink(path);
+    rmdir(dir);
+    ts_map_free(m);
+    note(d, "%s marked up: map epoch %llu (%s)", id, (unsigned long long)epoch,
+         rc ? ts_strerror(rc) : "ok");
+    return rc;
+}
+
+/* Kills node i (-9) and fails it over; the image to restart it in *im. */
+static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, double secs)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    pid_t pid = node_pid(d, (size_t)i);
+
+    if (!pid) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "node %s is not a tesserad on this host: drills act on local nodes only "
+                 "(embedded mode)",
+                 m->nodes[i].id);
+        return TS_EINVAL;
+    }
+    if (proc_image(pid, im) != 0) {
+        snprintf(d->x->local, sizeof(d->x->local), "cannot read node %s's command line",
+                 m->nodes[i].id);
+        return TS_EIO;
+    }
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    if (d->recover_ns) /* a second act (node-return): the report times the last one */
+        note(d, "recovered from the previous act %.3f s after it",
+             (double)(d->recover_ns - d->act_ns) / 1e9);
+    d->detect_ns = d->failover_ns = d->recover_ns = 0;
+    d->phase = 1;
+    d->act_ns = now_ns();
+    kill(pid, SIGKILL);
+    note(d, "kill -9 %s (pid %d)", d->node, (int)pid);
+    load_for(d, secs); /* the load meets the dead node: detection */
+    return fail_over(d, i);
+}
+
+static int restart(struct drill *d, const struct proc_image *im, const char *logdir)
+{
+    char log[600];
+    struct stat st;
+    long from;
+    pid_t pid;
+
+    snprintf(log, sizeof(log), "%s/drill-%s.log", logdir, d->node);
+    from = stat(log, &st) == 0 ? (long)st.st_size : 0;
+    pid = proc_start(im, log);
+    if (pid <= 0 || wait_ready(log, from, 30) != 0) {
+        note(d, "%s did not start again (see %s)", d->node, log);
+        return TS_EIO;
+    }
+    note(d, "%s started again (pid %d, log %s)", d->node, (int)pid, log);
+    return mark_up(d, d->node);
+}
+
+/* Every acknowledged shard, read back byte for byte: how many are lost. */
+static uint64_t verify_all(struct drill *d)
+{
+    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
+    uint64_t lost = 0;
+
+    for (uint32_t i = 0; i < d->next; i++) {
+        size_t n = 0;
+        int rc = TS_EIO;
+        if (!d->acked[i])
+            continue;
+        shard_bytes(buf, i);
+        for (int t = 0; t < 3 && rc; t++) { /* a replica may still be catching up */
+            rc = tessera_read(d->x->c, d->ds, i, 0, SHARD_BYTES, got, &n);
+            if (!rc && (n != SHARD_BYTES || memcmp(got, buf, SHARD_BYTES) != 0))
+                rc = TS_ECORRUPT;
+            if (rc)
+                usleep(200000);
+        }
+        if (rc) {
+            lost++;
+            note(d, "LOST: acknowledged shard %u: %s", i, ts_strerror(rc));
+        }
+    }
+    return lost;
+}
+
+static double secs(uint64_t a, uint64_t b)
+{
+    return a && b && b >= a ? (double)(b - a) / 1e9 : -1;
+}
+
+int cmd_drill(struct ctx *x)
+{
+    const char *scenario = x->argv[0];
+    const struct ts_map *m = ts_client_map(x->c);
+    struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES};
+    struct drill d;
+    struct proc_image im;
+    double dur = x->duration ? (double)x->duration : 6;
+    uint64_t lost, t_act_end;
+    int rc = 0, i;
+
+    if (!m) {
+        snprintf(x->local, sizeof(x->local), "drills need a cluster (this node has no map)");
+        return TS_EINVAL;
+    }
+    if (strcmp(scenario, "kill-primary") && strcmp(scenario, "kill-node") &&
+        strcmp(scenario, "node-return") && strcmp(scenario, "slow-node")) {
+        snprintf(x->local, sizeof(x->local),
+                 "unknown scenario '%s' (kill-primary, kill-node, node-return, slow-node)",
+                 scenario);
+        return TS_EINVAL;
+    }
+    memset(&d, 0, sizeof(d));
+    d.x = x;
+    d.t0 = now_ns();
+    snprintf(d.ds, sizeof(d.ds), "drill-%s-%ld", scenario, (long)time(NULL));
+    if (x->dry_run) {
+        printf("drill %s (dry run): would create dataset %s (core 3, min_core 2), write and read "
+               "64 KiB shards for %.0f s, act on a node, fail over, and verify every "
+               "acknowledged write\n",
+               scenario, d.ds, dur);
+        return 0;
+    }
+    d.acked = calloc(MAX_SHARDS, 1);
+    if (!d.acked)
+        return TS_ENOMEM;
+    rc = tessera_dataset_create(x->c, d.ds, &p);
+    if (rc)
+        goto out;
+    note(&d, "dataset %s created; load running", d.ds);
+    load_for(&d, dur / 4);
+    d.secs_before = (double)(now_ns() - d.t0) / 1e9;
+    t_act_end = now_ns();
+    if (!strcmp(scenario, "slow-node")) {
+        pid_t pid;
+        i = primary_next(&d);
+        pid = i >= 0 ? node_pid(&d, (size_t)i) : 0;
+        if (!pid) {
+            snprintf(x->local, sizeof(x->local), "no local tesserad to slow down");
+            rc = TS_EINVAL;
+            goto out;
+        }
+        snprintf(d.node, sizeof(d.node), "%s", m->nodes[i].id);
+        d.phase = 1;
+        d.act_ns = now_ns();
+        kill(pid, SIGSTOP);
+        note(&d, "SIGSTOP %s (pid %d) for %.1f s", d.node, (int)pid, dur / 3);
+        load_for(&d, dur / 3);
+        kill(pid, SIGCONT);
+        d.failover_ns = now_ns(); /* no failover: it resumes */
+        note(&d, "SIGCONT %s", d.node);
+    } else {
+        i = !strcmp(scenario, "kill-node") ? (primary_next(&d) + 1) % (int)m->n : primary_next(&d);
+        if (i < 0) {
+            rc = TS_EINVAL;
+            goto out;
+        }
+        rc = kill_and_fail_over(&d, i, &im, 1.0);
+        if (rc)
+            goto out;
+        load_for(&d, dur / 4);
+        if (!strcmp(scenario, "node-return")) {
+            rc = restart(&d, &im, "/tmp");
+            if (rc)
+                goto out;
+            load_for(&d, dur / 4);
+            i = ts_map_find(ts_client_map(x->c), d.node);
+            rc = kill_and_fail_over(&d, i, &im, 1.0);
+            if (rc)
+                goto out;
+        }
+    }
+    load_for(&d, dur / 4);
+    if (d.phase == 1 && !d.recover_ns)
+        note(&d, "the load did not recover within the drill");
+    d.secs_during = (double)((d.recover_ns ? d.recover_ns : now_ns()) - t_act_end) / 1e9;
+    d.secs_after = d.recover_ns ? (double)(now_ns() - d.recover_ns) / 1e9 : 0;
+    if (strcmp(scenario, "slow-node") != 0)
+        restart(&d, &im, "/tmp"); /* leave the cluster whole: the killed node back and up */
+    lost = verify_all(&d);
+    {
+        struct json_object *o = json_object_new_object();
+        const struct ts_map *fm = ts_client_map(x->c);
+        struct json_object *nodes = json_object_new_array();
+        json_object_object_add(o, "scenario", json_object_new_string(scenario));
+        json_object_object_add(o, "node", json_object_new_string(d.node));
+        json_object_object_add(o, "dataset", json_object_new_string(d.ds));
+        json_object_object_add(o, "time_to_detect_s",
+                               json_object_new_double(secs(d.act_ns, d.detect_ns)));
+        json_object_object_add(o, "time_to_recover_s",
+                               json_object_new_double(secs(d.act_ns, d.recover_ns)));
+        json_object_object_add(o, "acknowledged_writes", json_u64(d.writes_ok));
+        json_object_object_add(o, "acknowledged_writes_lost", json_u64(lost));
+        json_object_object_add(o, "writes_failed", json_u64(d.writes_failed));
+        json_object_object_add(o, "reads_ok", json_u64(d.reads_ok));
+        json_object_object_add(o, "reads_failed", json_u64(d.reads_failed));
+        json_object_object_add(o, "checksum_errors", json_u64(d.checksum_errors));
+        json_object_object_add(
+            o, "ops_per_s_before",
+            json_object_new_double(d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0));
+        json_object_object_add(
+            o, "ops_per_s_during",
+            json_object_new_double(d.secs_during > 0 ? (double)d.ops_during / d.secs_during : 0));
+        json_object_object_add(
+            o, "ops_per_s_after",
+            json_object_new_double(d.secs_after > 0 ? (double)d.ops_after / d.secs_after : 0));
+        json_object_object_add(o, "map_epoch", json_u64(fm ? fm->epoch : 0));
+        for (size_t k = 0; fm && k < fm->n; k++) {
+            struct json_object *n = json_object_new_object();
+            json_object_object_add(n, "id", json_object_new_string(fm->nodes[k].id));
+            json_object_object_add(n, "state",
+                                   json_object_new_string(ts_node_state_name(fm->nodes[k].state)));
+            json_object_array_add(nodes, n);
+        }
+        json_object_object_add(o, "nodes", nodes);
+        json_object_object_add(o, "log", json_object_new_string(d.log));
+        if (x->report) {
+            FILE *f = fopen(x->report, "w");
+            if (f) {
+                fputs(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY), f);
+                fputc('\n', f);
+                fclose(f);
+            }
+        }
+        if (x->json) {
+            json_print(o);
+        } else {
+            printf("drill %s on %s (dataset %s)\n", scenario, d.node, d.ds);
+            printf("  time to detect:            %.3f s\n", secs(d.act_ns, d.detect_ns));
+            printf("  time to recover:           %.3f s (reads and writes served again)\n",
+                   secs(d.act_ns, d.recover_ns));
+            printf("  acknowledged writes:       %llu\n", (unsigned long long)d.writes_ok);
+            printf("  acknowledged writes lost:  %llu\n", (unsigned long long)lost);
+            printf("  writes failed (not acked): %llu\n", (unsigned long long)d.writes_failed);
+            printf("  reads ok / failed:         %llu / %llu\n", (unsigned long long)d.reads_ok,
+                   (unsigned long long)d.reads_failed);
+            printf("  checksum errors caught:    %llu\n", (unsigned long long)d.checksum_errors);
+            printf("  good steps/s (write+read): before %.0f, during %.0f, after %.0f\n",
+                   d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0,
+                   d.secs_during > 0 ? (double)d.ops_during / d.secs_during : 0,
+                   d.secs_after > 0 ? (double)d.ops_after / d.secs_after : 0);
+            printf("  final map epoch:           %llu\n", (unsigned long long)(fm ? fm->epoch : 0));
+            json_object_put(o);
+        }
+    }
+    if (lost) {
+        snprintf(x->local, sizeof(x->local), "%llu acknowledged writes lost",
+                 (unsigned long long)lost);
+        rc = TS_EIO;
+    }
+out:
+    free(d.acked);
+    return rc;
+}

@@ -1,0 +1,129 @@
+/*
+ * tessera drill against a real 5-node cluster on this host: kill-primary, kill-node,
+ * node-return and slow-node, each with the CLI's built-in load; every report must say 0
+ * acknowledged writes lost, recovery within the bound, and the load must have written.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tessera/tessera.h"
+
+#define RECOVER_BOUND_S 20.0
+
+static struct tsd_cluster CL;
+static char report[600];
+
+static int drill(const char *scenario, struct json_object **rep)
+{
+    char cmd[2048];
+    int st;
+
+    snprintf(report, sizeof(report), "%s/drill-%s.json", CL.dir, scenario);
+    snprintf(cmd, sizeof(cmd),
+             "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s --timeout 3000 drill %s "
+             "--duration 4 --report %s >&2",
+             TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
+             test_cert("admin", "key"), scenario, report);
+    st = system(cmd);
+    *rep = json_object_from_file(report);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static double num(struct json_object *o, const char *k)
+{
+    struct json_object *v;
+    return json_object_object_get_ex(o, k, &v) ? json_object_get_double(v) : -1;
+}
+
+static void check(const char *scenario)
+{
+    struct json_object *rep = NULL;
+    int rc = drill(scenario, &rep);
+
+    assert_non_null(rep);
+    fprintf(stderr, "%s\n", json_object_to_json_string_ext(rep, JSON_C_TO_STRING_PRETTY));
+    assert_int_equal(rc, 0);
+    assert_true(num(rep, "acknowledged_writes") > 5);
+    assert_true(num(rep, "acknowledged_writes_lost") == 0);
+    assert_true(num(rep, "time_to_recover_s") >= 0);
+    assert_true(num(rep, "time_to_recover_s") < RECOVER_BOUND_S);
+    json_object_put(rep);
+}
+
+static void test_kill_primary(void **state)
+{
+    check("kill-primary");
+}
+
+static void test_kill_node(void **state)
+{
+    check("kill-node");
+}
+
+static void test_node_return(void **state)
+{
+    check("node-return");
+}
+
+static void test_slow_node(void **state)
+{
+    check("slow-node");
+}
+
+static void test_bad_scenario(void **state)
+{
+    struct json_object *rep = NULL;
+    assert_int_not_equal(drill("no-such-drill", &rep), 0);
+    assert_null(rep);
+}
+
+static int setup(void **state)
+{
+    static const char *const domains[] = {"a", "a", "b", "b", "c"};
+    return tsd_cluster_start(&CL, 5, domains, 16, NULL);
+}
+
+/* Drills restart the nodes they kill (not children of the harness): stop every tesserad of
+ * the cluster by the pid its STATUS gives. */
+static int teardown(void **state)
+{
+    for (int i = 0; i < CL.n; i++) {
+        tessera_client *c = NULL;
+        struct tessera_opts o;
+        char *json = NULL;
+        tessera_opts_init(&o);
+        o.address = CL.listen[i];
+        o.timeout_ms = 2000;
+        if (tessera_client_open(&c, &o) == 0 && tessera_status(c, &json) == 0) {
+            const char *p = strstr(json, "\"pid\":");
+            int pid = p ? atoi(p + 6) : 0;
+            if (pid > 0 && pid != CL.node[i].pid)
+                kill(pid, SIGKILL);
+        }
+        free(json);
+        tessera_client_close(c);
+    }
+    tsd_cluster_stop(&CL);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_scenario), cmocka_unit_test(test_kill_primary),
+        cmocka_unit_test(test_kill_node),    cmocka_unit_test(test_node_return),
+        cmocka_unit_test(test_slow_node),
+    };
+    return cmocka_run_group_tests_name("drill", tests, setup, teardown);
+}
