@@ -347,6 +347,20 @@ static int restart(struct drill *d, const struct proc_image *im, const char *log
     return mark_up(d, d->node);
 }
 
+/* Where restarted nodes' output goes: beside the report, else $TMPDIR, else /tmp. */
+static void log_dir(const struct ctx *x, char *out, size_t cap)
+{
+    const char *tmp = getenv("TMPDIR");
+    const char *slash = x->report ? strrchr(x->report, '/') : NULL;
+
+    if (slash)
+        snprintf(out, cap, "%.*s", (int)(slash - x->report), x->report);
+    else if (x->report)
+        snprintf(out, cap, ".");
+    else
+        snprintf(out, cap, "%s", tmp && *tmp ? tmp : "/tmp");
+}
+
 /* Every acknowledged shard, read back byte for byte: how many are lost. */
 static uint64_t verify_all(struct drill *d)
 {
@@ -388,8 +402,10 @@ int cmd_drill(struct ctx *x)
     struct proc_image im;
     double dur = x->duration ? (double)x->duration : 6;
     uint64_t lost, t_act_end;
+    char logs[512];
     int rc = 0, i;
 
+    log_dir(x, logs, sizeof(logs));
     if (!m) {
         snprintf(x->local, sizeof(x->local), "drills need a cluster (this node has no map)");
         return TS_EINVAL;
@@ -451,7 +467,7 @@ int cmd_drill(struct ctx *x)
             goto out;
         load_for(&d, dur / 4);
         if (!strcmp(scenario, "node-return")) {
-            rc = restart(&d, &im, "/tmp");
+            rc = restart(&d, &im, logs);
             if (rc)
                 goto out;
             load_for(&d, dur / 4);
@@ -467,7 +483,7 @@ int cmd_drill(struct ctx *x)
     d.secs_during = (double)((d.recover_ns ? d.recover_ns : now_ns()) - t_act_end) / 1e9;
     d.secs_after = d.recover_ns ? (double)(now_ns() - d.recover_ns) / 1e9 : 0;
     if (strcmp(scenario, "slow-node") != 0)
-        restart(&d, &im, "/tmp"); /* leave the cluster whole: the killed node back and up */
+        restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
     {
         struct json_object *o = json_object_new_object();
