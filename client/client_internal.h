@@ -59,7 +59,8 @@ struct ts_transport {
  *   reg:     (optional: a transport the server can write into) registers [buf, buf+len) for
  *            the peer to write: its address and key in *addr, *key, a handle in *h. TS_ENOTSUP
  *            when this range cannot be (the read goes in-band).
- *   dereg:   (with reg) releases a handle, before close.
+ *   dereg:   (with reg) the read into a handle's memory is over, before close; bad: its
+ *            bytes failed their CRC (a registration that may point at other pages: drop it).
  */
 struct ts_transport_ops {
     const char *name;
@@ -72,12 +73,17 @@ struct ts_transport_ops {
     void (*close)(struct ts_transport *t);
     int (*reg)(struct ts_transport *t, void *buf, size_t len, uint64_t *addr, uint32_t *key,
                void **h);
-    void (*dereg)(struct ts_transport *t, void *h);
+    void (*dereg)(struct ts_transport *t, void *h, int bad);
 };
 
 extern const struct ts_transport_ops ts_transport_tcp;
 extern const struct ts_transport_ops ts_transport_tls;
 extern const struct ts_transport_ops ts_transport_rdma;
+/* The RDMA transport's registration cache: reads whose buffer was registered already, and
+ * registrations made (0, 0 for other transports). */
+void ts_rdma_reg_stats(struct ts_transport *t, uint64_t *hits, uint64_t *misses);
+/* The same for a connection's transport (a single-node handle). */
+void ts_conn_reg_stats(tessera_client *c, uint64_t *hits, uint64_t *misses);
 
 /* A connected, non-blocking TCP socket for host:port (shared by the TCP and TLS transports). */
 int ts_tcp_connect_fd(const struct ts_conn_params *p, int *fd);

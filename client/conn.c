@@ -33,7 +33,7 @@ void ts_fail_conn(struct tessera_client *c, int rc)
             why ? ": " : "", why ? why : "");
     for (size_t i = 0; i < c->nlive; i++) {
         struct ts_req *r = c->live[i];
-        ts_req_unplace(c, r); /* before the transport (and its registrations) goes */
+        ts_req_unplace(c, r, 0); /* before the transport (and its registrations) goes */
         if (r->done)
             continue;
         if (!r->replied)

@@ -110,9 +110,9 @@ struct tessera_client {
 
 /* ---- messages and checks at entry (request.c) ----------------------------------------------- */
 
-/* A placed read's registration of its buffer, released (at its reply, or when the connection
- * fails, before the transport closes). */
-void ts_req_unplace(struct tessera_client *c, struct ts_req *r);
+/* A placed read's registration of its buffer, given back (at its reply, or when the connection
+ * fails, before the transport closes); bad: the bytes failed their CRC. */
+void ts_req_unplace(struct tessera_client *c, struct ts_req *r, int bad);
 
 /* A malformed reply: the call fails with TS_EPROTO and says why. */
 int ts_proto_err(struct tessera_client *c, const char *what);

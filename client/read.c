@@ -80,7 +80,7 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     r->rd_off = off;
     rc = ts_req_send(c, r, NULL, 0);
     if (rc) {
-        ts_req_unplace(c, r);
+        ts_req_unplace(c, r, 0);
         ts_req_free(c, r);
         return rc;
     }
@@ -88,10 +88,15 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     return 0;
 }
 
-void ts_req_unplace(struct tessera_client *c, struct ts_req *r)
+void ts_conn_reg_stats(tessera_client *c, uint64_t *hits, uint64_t *misses)
+{
+    ts_rdma_reg_stats(c ? c->t : NULL, hits, misses);
+}
+
+void ts_req_unplace(struct tessera_client *c, struct ts_req *r, int bad)
 {
     if (r->mr && c->t)
-        c->t->ops->dereg(c->t, r->mr);
+        c->t->ops->dereg(c->t, r->mr, bad);
     r->mr = NULL;
 }
 

@@ -48,7 +48,8 @@ static void rx_complete(struct tessera_client *c, int rc)
     struct ts_req *r = c->rx.req;
 
     if (r->op == TS_OP_READ) {
-        ts_req_unplace(c, r); /* the server wrote what it will write before its reply */
+        /* The server wrote what it will write before its reply. */
+        ts_req_unplace(c, r, rc == TS_ECORRUPT);
         r->rc = rc;
         if (rc == 0) {
             r->got = c->rx.rd.data_len;

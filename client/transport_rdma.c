@@ -32,6 +32,8 @@ enum { WR_RECV = 1, WR_SEND = 2 };
 #define WR_KIND(id) ((int)((id) >> 32))
 #define WR_IDX(id) ((uint32_t)(id))
 #define MEM_SIZE ((size_t)(N_RECV + N_SEND) * TS_RDMA_MSG)
+#define REG_CACHE 64                 /* registrations kept */
+#define REG_CACHE_BYTES (1ull << 30) /* and their bytes, at most */
 
 struct rdma_transport {
     struct ts_transport base;
@@ -50,8 +52,18 @@ struct rdma_transport {
     uint32_t ready[N_RECV], ready_len[N_RECV], nready, ready_head;
     uint32_t head_off; /* bytes of the first ready buffer already taken */
     uint64_t max_mr_size;
-    struct ibv_mr **reg_list;
-    size_t nreg_list, capreg_list;
+    /* The registration cache: buffers of recent reads, kept registered (see rdma_reg). */
+    struct reg {
+        struct ibv_mr *mr;
+        uint8_t *addr;
+        size_t len;
+        unsigned busy; /* reads in flight into it */
+        int stale;     /* a read into it failed its CRC: deregister once idle */
+        uint64_t used;
+    } regs[REG_CACHE];
+    unsigned nregs;
+    uint64_t reg_clock, reg_bytes;
+    uint64_t reg_hits, reg_misses;
     char err[200];
 };
 
@@ -323,10 +335,41 @@ static const char *tr_error(struct ts_transport *t)
 
 /* ---- registrations for placed reads ------------------------------------------------------- */
 
+/*
+ * A registration cache: the buffer of a read stays registered after it, so a reader that reads
+ * into the same buffers again (a pool, a pinned arena) registers each once. A cache keyed by
+ * address cannot see memory freed and mapped again at the same address: its registration
+ * still points at the old pages, so the node's WRITE lands there. The end-to-end CRC makes
+ * that safe: the caller's bytes then fail their check, the connection layer marks the entry
+ * stale (tr_dereg with bad), and the VERIFY read that follows registers afresh.
+ */
+static void reg_drop(struct rdma_transport *r, unsigned i)
+{
+    ibv_dereg_mr(r->regs[i].mr);
+    r->reg_bytes -= r->regs[i].len;
+    r->regs[i] = r->regs[--r->nregs];
+}
+
+/* Room for one more of len bytes: idle entries dropped, least recently used first. */
+static void reg_make_room(struct rdma_transport *r, size_t len)
+{
+    while (r->nregs == REG_CACHE || (r->nregs && r->reg_bytes + len > REG_CACHE_BYTES)) {
+        int lru = -1;
+        for (unsigned i = 0; i < r->nregs; i++)
+            if (!r->regs[i].busy && (lru < 0 || r->regs[i].used < r->regs[lru].used))
+                lru = (int)i;
+        if (lru < 0)
+            return; /* every entry has a read in flight: go over the bound for now */
+        reg_drop(r, (unsigned)lru);
+    }
+}
+
 static int tr_reg(struct ts_transport *t, void *buf, size_t len, uint64_t *addr, uint32_t *key,
                   void **h)
 {
     struct rdma_transport *r = (struct rdma_transport *)t;
+    uint8_t *p = buf;
+    struct reg *e;
     struct ibv_mr *mr;
 
     *h = NULL;
@@ -334,34 +377,58 @@ static int tr_reg(struct ts_transport *t, void *buf, size_t len, uint64_t *addr,
         return r->broken;
     if (len == 0 || len > r->max_mr_size)
         return TS_ENOTSUP; /* the caller reads this range in-band instead */
-    if (r->nreg_list == r->capreg_list) {
-        size_t cap = r->capreg_list ? r->capreg_list * 2 : 16;
-        struct ibv_mr **g = realloc(r->reg_list, cap * sizeof(*g));
-        if (!g)
-            return TS_ENOMEM;
-        r->reg_list = g;
-        r->capreg_list = cap;
+    for (unsigned i = 0; i < r->nregs; i++) {
+        e = &r->regs[i];
+        if (!e->stale && p >= e->addr && p + len <= e->addr + e->len) {
+            e->busy++;
+            e->used = ++r->reg_clock;
+            r->reg_hits++;
+            *addr = (uintptr_t)buf;
+            *key = e->mr->rkey;
+            *h = e->mr;
+            return 0;
+        }
     }
+    reg_make_room(r, len);
+    if (r->nregs == REG_CACHE)
+        return TS_ENOTSUP; /* all busy: in-band */
     mr = ibv_reg_mr(r->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr)
         return from_errno(errno);
-    r->reg_list[r->nreg_list++] = mr;
+    r->reg_misses++;
+    e = &r->regs[r->nregs++];
+    *e = (struct reg){mr, p, len, 1, 0, ++r->reg_clock};
+    r->reg_bytes += len;
     *addr = (uintptr_t)buf;
     *key = mr->rkey;
     *h = mr;
     return 0;
 }
 
-static void tr_dereg(struct ts_transport *t, void *h)
+static void tr_dereg(struct ts_transport *t, void *h, int bad)
 {
     struct rdma_transport *r = (struct rdma_transport *)t;
 
-    for (size_t i = 0; h && i < r->nreg_list; i++)
-        if (r->reg_list[i] == h) {
-            r->reg_list[i] = r->reg_list[--r->nreg_list];
-            ibv_dereg_mr(h);
-            return;
-        }
+    for (unsigned i = 0; h && i < r->nregs; i++) {
+        struct reg *e = &r->regs[i];
+        if (e->mr != h)
+            continue;
+        if (e->busy)
+            e->busy--;
+        if (bad)
+            e->stale = 1;
+        if (e->stale && !e->busy)
+            reg_drop(r, i);
+        return;
+    }
+}
+
+void ts_rdma_reg_stats(struct ts_transport *t, uint64_t *hits, uint64_t *misses)
+{
+    struct rdma_transport *r = (struct rdma_transport *)t;
+
+    *hits = t && t->ops == &ts_transport_rdma ? r->reg_hits : 0;
+    *misses = t && t->ops == &ts_transport_rdma ? r->reg_misses : 0;
 }
 
 /* ---- connecting --------------------------------------------------------------------------- */
@@ -374,9 +441,8 @@ static void tr_close(struct ts_transport *t)
         return;
     if (r->connected)
         rdma_disconnect(r->id);
-    for (size_t i = 0; i < r->nreg_list; i++)
-        ibv_dereg_mr(r->reg_list[i]);
-    free(r->reg_list);
+    while (r->nregs)
+        reg_drop(r, r->nregs - 1);
     if (r->id && r->id->qp)
         rdma_destroy_qp(r->id);
     if (r->mr)

@@ -19,6 +19,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -410,6 +411,45 @@ static void test_plan_reader(void **state)
     assert_true(status_num("rdma_placed_bytes") - before >= (long long)sizes[4]);
 }
 
+/*
+ * The registration cache: reads into the same buffer register it once. Memory unmapped and
+ * mapped again at the same address keeps a stale registration (the old pages): the node's
+ * WRITE lands there, the CRC check catches it, the entry is dropped and the read done again
+ * into a fresh registration: the caller gets the right bytes.
+ */
+static void test_registration_cache(void **state)
+{
+    tessera_client *c = open_url(rdma_url);
+    size_t len = sizes[4], n = 0;
+    uint64_t h0, m0, h1, m1;
+    uint8_t *ref = malloc(len), *buf;
+
+    fill(ref, len, 5);
+    buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(buf != MAP_FAILED);
+    ts_conn_reg_stats(c, &h0, &m0);
+    for (int i = 0; i < 3; i++) {
+        memset(buf, 0, len);
+        assert_int_equal(tessera_read(c, DS, 4, 0, len, buf, &n), 0);
+        assert_memory_equal(buf, ref, len);
+    }
+    ts_conn_reg_stats(c, &h1, &m1);
+    assert_int_equal(m1 - m0, 1); /* registered once */
+    assert_int_equal(h1 - h0, 2);
+    /* The same address, other pages. */
+    assert_int_equal(munmap(buf, len), 0);
+    assert_true(mmap(buf, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+                     0) == buf);
+    assert_int_equal(tessera_read(c, DS, 4, 0, len, buf, &n), 0);
+    assert_int_equal(n, len);
+    assert_memory_equal(buf, ref, len);
+    ts_conn_reg_stats(c, &h0, &m0);
+    assert_int_equal(m0 - m1, 1); /* the stale one dropped, registered afresh */
+    munmap(buf, len);
+    free(ref);
+    tessera_client_close(c);
+}
+
 /* A frame by hand over a transport (what the connection layer would send). */
 static void send_frame(struct ts_transport *t, uint8_t op, uint16_t flags, uint64_t id,
                        const struct ts_wr *body)
@@ -464,7 +504,7 @@ static void test_deregistered_mid_read(void **state)
     ts_wr_u32(&w, 0);
     send_frame(t, TS_OP_READ, TS_F_RDMA, 1, &w);
     ts_wr_fini(&w);
-    t->ops->dereg(t, h); /* at once: the node's WRITEs find no region */
+    t->ops->dereg(t, h, 1); /* dropped at once: the node's WRITEs find no region */
     /* The node ends the session: the transport breaks (or the reply never comes). */
     for (int i = 0; i < 200 && status_num("rdma_sessions") > base; i++)
         usleep(50000);
@@ -597,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_plan_reader),
         cmocka_unit_test(test_deregistered_mid_read),
         cmocka_unit_test(test_idle_session),
+        cmocka_unit_test(test_registration_cache),
         cmocka_unit_test(test_cluster_mixed),
     };
     return cmocka_run_group_tests_name("rdma", tests, group_setup, group_teardown);
