@@ -57,6 +57,7 @@ enum opt_id {
     O_TLS_ADDR,
     O_DRY_RUN,
     O_DURATION,
+    O_RATE,
     O_REPORT,
 };
 
@@ -91,15 +92,18 @@ static const struct cli_opt pg_opts[] = {
 
 static const struct cli_opt node_opts[] = {
     {"dry-run", 0, 0, O_DRY_RUN},
+    {"rate", 0, 1, O_RATE},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt rebalance_opts[] = {
+    {"rate", 0, 1, O_RATE},
     {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt node_add_opts[] = {
-    {"tls-addr", 0, 1, O_TLS_ADDR},
-    {"weight", 0, 1, O_WEIGHT},
-    {"domain", 0, 1, O_DOMAIN},
-    {"dry-run", 0, 0, O_DRY_RUN},
-    {NULL, 0, 0, 0},
+    {"tls-addr", 0, 1, O_TLS_ADDR}, {"weight", 0, 1, O_WEIGHT}, {"domain", 0, 1, O_DOMAIN},
+    {"dry-run", 0, 0, O_DRY_RUN},   {"rate", 0, 1, O_RATE},     {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt drill_opts[] = {
@@ -275,6 +279,13 @@ static const struct cmd cmds[] = {
      "Marks node ID down (failed, expected back): the next replicas serve its PGs.", 1, NULL},
     {"node", "out", 1, 1, 1, node_opts, cmd_node_out, "ID [--dry-run]",
      "Marks node ID out (as drain).", 1, NULL},
+    {"rebalance", "plan", 1, 1, 1, rebalance_opts, cmd_rebalance_plan, "FILE [--rate B]",
+     "Shows what pushing the map FILE would move, without changing anything: the PGs whose\n"
+     "replicas change, the bytes each node takes in and gives up (every shard of every\n"
+     "dataset, by its core + fringe), the time at --rate bytes/s (K/M/G; default 100M), and\n"
+     "whether it would leave a PG below min_core caught-up core replicas. Applying it is\n"
+     "'map push FILE' (live, staged rebalancing is not written yet).",
+     1, NULL},
     {NULL, "drill", 1, 1, 1, drill_opts, cmd_drill,
      "SCENARIO [--duration S] [--report FILE] [--json] [--dry-run]",
      "Runs a failover drill against the running cluster (admin role; its nodes on this host):\n"
@@ -354,7 +365,7 @@ static const struct cmd *find_cmd(const char *group, const char *name)
 static int is_group(const char *w)
 {
     return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0 || strcmp(w, "map") == 0 ||
-           strcmp(w, "node") == 0;
+           strcmp(w, "node") == 0 || strcmp(w, "rebalance") == 0;
 }
 
 static void usage_group(FILE *f, const char *group)
@@ -546,6 +557,10 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_REPORT:
             x->report = val;
+            break;
+        case O_RATE:
+            if (opt_size(k, o->name, val, UINT64_MAX, &x->rate))
+                return EXIT_USAGE;
             break;
         case O_RANGE:
             x->range = val;

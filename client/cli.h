@@ -37,7 +37,7 @@ struct ctx {
     int server_set; /* -s or $TESSERA_SERVER */
     /* node commands */
     const char *tls_addr, *domain;
-    uint64_t weight;
+    uint64_t weight, rate;
     int dry_run;
     /* drill */
     uint64_t duration;
@@ -79,6 +79,7 @@ int cmd_node_add(struct ctx *x);
 int cmd_node_drain(struct ctx *x);
 int cmd_node_remove(struct ctx *x);
 int cmd_node_weight(struct ctx *x);
+int cmd_rebalance_plan(struct ctx *x);
 int cmd_node_up(struct ctx *x);
 int cmd_node_down(struct ctx *x);
 int cmd_node_out(struct ctx *x);

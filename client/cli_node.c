@@ -19,6 +19,7 @@
 #include "ts_map.h"
 
 #define MAX_RANK 16 /* replicas per PG looked at (core + fringe of the widest dataset) */
+#define DEFAULT_RATE (100ull << 20) /* bytes/s the estimate assumes without --rate */
 
 /* What the datasets ask of every PG: the widest replica set, core and min_core. */
 struct need {
@@ -44,6 +45,53 @@ static int datasets_need(struct ctx *x, struct need *n)
     n->width = TS_MIN(TS_MAX(n->width, 1u), (unsigned)MAX_RANK);
     n->core = TS_MIN(TS_MAX(n->core, 1u), n->width);
     return 0;
+}
+
+/*
+ * Bytes a change moves: for every shard of every dataset, the replicas (of the dataset's core +
+ * fringe) the new map adds copy it in, the ones it drops no longer hold it. in[i] counts into
+ * next's node i, out[i] out of cur's node i; the total is what has to be copied.
+ */
+static int bytes_moved(struct ctx *x, const struct ts_map *cur, const struct ts_map *next,
+                       uint64_t *in, uint64_t *out, uint64_t *total)
+{
+    struct ts_dataset_info *ds = NULL;
+    size_t nds = 0;
+    int rc = tessera_dataset_list(x->c, &ds, &nds);
+
+    *total = 0;
+    for (size_t d = 0; !rc && d < nds; d++) {
+        struct ts_shard_info *sh = NULL;
+        size_t nsh = 0;
+        size_t w = TS_MIN((size_t)ds[d].policy.core + ds[d].policy.fringe, (size_t)MAX_RANK);
+        if (tessera_shard_list(x->c, ds[d].name, &sh, &nsh) != 0)
+            continue; /* a dataset deleted meanwhile */
+        for (size_t k = 0; k < nsh; k++) {
+            uint32_t pg = ts_map_pg_of(cur, ds[d].name, sh[k].shard);
+            int a[MAX_RANK], b[MAX_RANK];
+            size_t na = ts_map_pg_order(cur, pg, a, w), nb = ts_map_pg_order(next, pg, b, w);
+            for (size_t j = 0; j < nb; j++) {
+                int c = ts_map_find(cur, next->nodes[b[j]].id);
+                int had = 0;
+                for (size_t i = 0; i < na && c >= 0; i++)
+                    had |= a[i] == c;
+                if (!had) {
+                    in[b[j]] += sh[k].size;
+                    *total += sh[k].size;
+                }
+            }
+            for (size_t i = 0; i < na; i++) {
+                int kept = 0;
+                for (size_t j = 0; j < nb; j++)
+                    kept |= !strcmp(next->nodes[b[j]].id, cur->nodes[a[i]].id);
+                if (!kept)
+                    out[a[i]] += sh[k].size;
+            }
+        }
+        tessera_buffer_free(sh);
+    }
+    tessera_buffer_free(ds);
+    return rc;
 }
 
 /* lagging[pg * nnodes + node]: the PG's primary says that replica is behind; peering[pg]. */
@@ -213,6 +261,32 @@ static int edit_add(struct ctx *x, struct ts_map *m)
     return 0;
 }
 
+/* rebalance plan FILE: the nodes of the map in FILE (the epoch stays the cluster's). */
+static int edit_from_file(struct ctx *x, struct ts_map *m)
+{
+    struct ts_map *f = NULL;
+    char why[256] = "";
+
+    if (ts_map_parse_file(x->argv[0], &f, why, sizeof(why)) != 0) {
+        snprintf(x->local, sizeof(x->local), "%s", why); /* names the file */
+        return TS_EINVAL;
+    }
+    if (f->pg_count != m->pg_count) {
+        snprintf(x->local, sizeof(x->local),
+                 "%s: pg_count %u differs from the cluster's %u (fixed for its life)", x->argv[0],
+                 f->pg_count, m->pg_count);
+        ts_map_free(f);
+        return TS_EINVAL;
+    }
+    free(m->nodes);
+    m->nodes = f->nodes;
+    m->n = f->n;
+    f->nodes = NULL;
+    f->n = 0;
+    ts_map_free(f);
+    return 0;
+}
+
 /* The map as a file in a fresh temporary directory (checked by parsing it back). */
 static int map_to_file(struct ctx *x, const struct ts_map *m, char *path, size_t cap)
 {
@@ -267,6 +341,7 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
     struct json_object *refused_js = NULL, *moves_js = NULL;
     uint32_t changed = 0, refused = 0, backfills = 0;
     uint32_t *in = NULL, *out = NULL;
+    uint64_t *bin = NULL, *bout = NULL, bytes = 0, rate;
     char path[600], first_refused[160] = "";
     uint64_t epoch = 0;
     int rc;
@@ -355,6 +430,16 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
             }
         }
     }
+    bin = calloc(next->n, sizeof(*bin));
+    bout = calloc(cur->n, sizeof(*bout));
+    if (!bin || !bout) {
+        rc = TS_ENOMEM;
+        goto out_health;
+    }
+    rc = bytes_moved(x, cur, next, bin, bout, &bytes);
+    if (rc)
+        goto out_health;
+    rate = x->rate ? x->rate : DEFAULT_RATE;
     if (x->json) {
         struct json_object *o = json_object_new_object(), *nodes = json_object_new_array();
         json_object_object_add(o, "change", json_object_new_string(what));
@@ -362,6 +447,9 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
         json_object_object_add(o, "pgs", json_u64(cur->pg_count));
         json_object_object_add(o, "pgs_changing", json_u64(changed));
         json_object_object_add(o, "replicas_to_backfill", json_u64(backfills));
+        json_object_object_add(o, "bytes_to_copy", json_u64(bytes));
+        json_object_object_add(o, "estimated_s", json_object_new_double((double)bytes / rate));
+        json_object_object_add(o, "rate_bytes_per_s", json_u64(rate));
         json_object_object_add(o, "min_core", json_u64(need.min_core));
         for (size_t i = 0; i < next->n; i++) {
             int c = ts_map_find(cur, next->nodes[i].id);
@@ -369,6 +457,8 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
             json_object_object_add(n, "id", json_object_new_string(next->nodes[i].id));
             json_object_object_add(n, "replicas_in", json_u64(in[i]));
             json_object_object_add(n, "replicas_out", json_u64(c >= 0 ? out[c] : 0));
+            json_object_object_add(n, "bytes_in", json_u64(bin[i]));
+            json_object_object_add(n, "bytes_out", json_u64(c >= 0 ? bout[c] : 0));
             json_object_array_add(nodes, n);
         }
         json_object_object_add(o, "nodes", nodes);
@@ -386,10 +476,14 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
                "(widest dataset: %u replicas, %u core, min_core %u)\n",
                what, (unsigned long long)cur->epoch, changed, cur->pg_count, backfills, need.width,
                need.core, need.min_core);
+        printf("bytes to copy: %llu, about %.1f s at %llu bytes/s\n", (unsigned long long)bytes,
+               (double)bytes / rate, (unsigned long long)rate);
         for (size_t i = 0; i < next->n; i++) {
             int c = ts_map_find(cur, next->nodes[i].id);
             if (in[i] || (c >= 0 && out[c]))
-                printf("  %-12s +%u -%u replicas\n", next->nodes[i].id, in[i], c >= 0 ? out[c] : 0);
+                printf("  %-12s +%u -%u replicas, +%llu -%llu bytes\n", next->nodes[i].id, in[i],
+                       c >= 0 ? out[c] : 0, (unsigned long long)bin[i],
+                       (unsigned long long)(c >= 0 ? bout[c] : 0));
         }
         for (size_t i = 0; i < cur->n; i++)
             if (ts_map_find(next, cur->nodes[i].id) < 0 && out[i])
@@ -436,6 +530,8 @@ out_health:
     json_object_put(refused_js);
     free(in);
     free(out);
+    free(bin);
+    free(bout);
     health_free(&h);
 out_free:
     ts_map_free(next);
@@ -481,6 +577,12 @@ int cmd_node_drain(struct ctx *x) /* out, by its operator's name */
 int cmd_node_remove(struct ctx *x)
 {
     return node_cmd(x, "remove", edit_remove);
+}
+
+int cmd_rebalance_plan(struct ctx *x) /* shows only: applying is a map push today */
+{
+    x->dry_run = 1;
+    return node_change(x, "rebalance plan", edit_from_file);
 }
 
 int cmd_node_weight(struct ctx *x)

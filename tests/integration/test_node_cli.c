@@ -232,6 +232,33 @@ static void test_min_core_refusal(void **state)
     check_replicas(NS / 2);
 }
 
+/* rebalance plan FILE: the moves and bytes of a map file, nothing changed. */
+static void test_rebalance_plan(void **state)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+    char path[600];
+    uint64_t e;
+    int i;
+
+    assert_non_null(m);
+    e = m->epoch;
+    i = ts_map_find(m, "n4");
+    assert_true(i >= 0);
+    m->nodes[i].weight = 300;
+    snprintf(path, sizeof(path), "%s/plan.map", CL.dir);
+    assert_int_equal(ts_map_write_file(m, path), 0);
+    ts_map_free(m);
+    settle();
+    assert_int_equal(cli("rebalance plan %s --rate 10M", path), 0);
+    assert_non_null(strstr(out, "bytes to copy: "));
+    assert_non_null(strstr(out, "at 10485760 bytes/s"));
+    assert_non_null(strstr(out, "dry run: nothing changed"));
+    assert_true(strtoull(strstr(out, "bytes to copy: ") + 15, NULL, 10) > 0);
+    assert_int_equal(epoch_of(0), e);
+    assert_int_not_equal(cli("rebalance plan /nonexistent.map"), 0);
+    assert_int_equal(epoch_of(0), e);
+}
+
 /* Drain (out), weight, add and remove, with writes in between: nothing acknowledged is lost. */
 static void test_drain_weight_add_remove(void **state)
 {
@@ -258,6 +285,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dry_run_changes_nothing),
         cmocka_unit_test(test_min_core_refusal),
+        cmocka_unit_test(test_rebalance_plan),
         cmocka_unit_test(test_drain_weight_add_remove),
     };
     return cmocka_run_group_tests_name("node_cli", tests, setup, teardown);
