@@ -65,6 +65,8 @@ struct cfg {
     int server_pid;
     uint32_t connections, depth, window_units;
     uint64_t window_bytes;
+    const char *tls_ca, *tls_cert, *tls_key; /* load into a cluster: a writer's certificate */
+    unsigned core, min_core;                 /* load: the dataset's policy (1, 1) */
 };
 
 /* The layout of DIR (DIR/meta): nrec records of size bytes, per_shard in each of nshards. */
@@ -262,6 +264,9 @@ static tessera_client *ts_connect(const struct cfg *c)
     tessera_opts_init(&o);
     o.address = c->addr;
     o.client_name = "tsplanread";
+    o.tls_ca = c->tls_ca;
+    o.tls_cert = c->tls_cert;
+    o.tls_key = c->tls_key;
     rc = tessera_client_open(&tc, &o);
     if (rc)
         die("connect %s: %s (%s)", c->addr, ts_strerror(rc), ts_errname(rc));
@@ -273,6 +278,8 @@ static int cmd_load(const struct cfg *c)
     uint64_t per = c->total / c->size / c->shards, nrec = per * c->shards;
     size_t shard_bytes = (size_t)(per * c->size);
     char path[4096];
+    struct ts_dataset_policy pol = {.core = (uint8_t)(c->core ? c->core : 1),
+                                    .min_core = (uint8_t)(c->min_core ? c->min_core : 1)};
     uint64_t *offs;
     uint8_t *buf;
     tessera_client *tc;
@@ -291,7 +298,7 @@ static int cmd_load(const struct cfg *c)
     if (mkdir(c->dir, 0755) < 0 && errno != EEXIST)
         die("mkdir %s: %s", c->dir, strerror(errno));
     tc = ts_connect(c);
-    rc = tessera_dataset_create(tc, c->name, NULL);
+    rc = tessera_dataset_create(tc, c->name, &pol);
     if (rc)
         die("dataset create %s: %s (%s) %s", c->name, ts_strerror(rc), ts_errname(rc),
             tessera_client_error(tc));
@@ -617,6 +624,7 @@ static void usage(void)
         stderr,
         "usage: tsplanread load|tessera|local [options]\n"
         "  load:    --addr A --name DS --dir DIR --size B [--total B (128M)] [--shards S (16)]\n"
+        "           [--core N --min-core N (1 1)] [--tls-ca F --tls-cert F --tls-key F]\n"
         "  tessera: --addr A --name DS --dir DIR   local: --dir DIR\n"
         "  reads:   --shuffle none|global|window (none) --seed N (1) --epoch E (0)\n"
         "           --min-seconds S (0: one epoch) --warmup N (1 epoch) --verify\n"
@@ -649,7 +657,10 @@ static void parse(struct cfg *c, int argc, char **argv)
                                        {"server-pid", 1, 0, 'p'},   {"label", 1, 0, 'l'},
                                        {"connections", 1, 0, 'c'},  {"depth", 1, 0, 'd'},
                                        {"window-units", 1, 0, 'u'}, {"window-bytes", 1, 0, 'b'},
-                                       {"help", 0, 0, 'h'},         {0, 0, 0, 0}};
+                                       {"tls-ca", 1, 0, 'A'},       {"tls-cert", 1, 0, 'C'},
+                                       {"tls-key", 1, 0, 'K'},      {"core", 1, 0, 'r'},
+                                       {"min-core", 1, 0, 'm'},     {"help", 0, 0, 'h'},
+                                       {0, 0, 0, 0}};
     int ch;
 
     c->total = 128u << 20;
@@ -719,6 +730,21 @@ static void parse(struct cfg *c, int argc, char **argv)
             break;
         case 'b':
             c->window_bytes = parse_size(optarg);
+            break;
+        case 'A':
+            c->tls_ca = optarg;
+            break;
+        case 'C':
+            c->tls_cert = optarg;
+            break;
+        case 'K':
+            c->tls_key = optarg;
+            break;
+        case 'r':
+            c->core = (unsigned)parse_uint(optarg, 16);
+            break;
+        case 'm':
+            c->min_core = (unsigned)parse_uint(optarg, 16);
             break;
         default:
             usage();

@@ -244,6 +244,7 @@ int ts_cl_adopt(struct ts_cluster *cl, struct ts_map *m)
     ts_map_free(cl->map);
     cl->map = m;
     cl->epoch = m->epoch;
+    ts_cl_order_forget(cl);
     return 1;
 }
 
@@ -391,6 +392,7 @@ int ts_cl_create(struct ts_cluster **out, tessera_client *router, tessera_client
     cl->map = map;
     cl->epoch = map ? map->epoch : 0;
     cl->seed = NO_PEER;
+    cl->served = NO_PEER;
     cl->next_op = 1;
     cl->timeout_ms = ts_conn_timeout(router);
     cl->salt = ts_cl_mix64(ts_now_mono_ns() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)cl);
@@ -422,6 +424,7 @@ void ts_cl_free(struct ts_cluster *cl)
     free(cl->cops);
     free(cl->peers);
     free(cl->pols);
+    ts_cl_order_forget(cl);
     ts_map_free(cl->map);
     free(cl);
 }

@@ -76,10 +76,16 @@ struct ts_cluster {
     uint64_t salt;
     const struct tessera_opts *o; /* the router's options (strings owned by it) */
     int timeout_ms;
-    char served[64];    /* the node that served the submitted read last collected */
+    size_t served;      /* the peer that served the submitted read last collected, or NO_PEER */
     uint64_t resubmits; /* submitted reads sent to another replica after theirs failed */
     int defer_tx;       /* sub-connections batch submitted reads (ts_cl_defer_sends) */
+    /* Each PG's replica order under map (ts_map_pg_order, which costs more than the read's
+     * own work on a small read): computed at first use, dropped with the map. */
+    uint16_t *pg_ord; /* pg_count x PG_ORD_MAX node indexes */
+    uint8_t *pg_nord; /* per PG: 0 not computed, else the count + 1 */
 };
+
+#define PG_ORD_MAX 16 /* replicas kept per PG; a longer order is computed each time */
 /*
  * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with
  * with_down those that are down too; never those that are out), and what failed on them.
@@ -115,6 +121,8 @@ int ts_cl_recently_failed(const struct peer *pe);
 int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client **out);
 /* Takes m; adopts it when it is newer than ours. 1 when adopted. */
 int ts_cl_adopt(struct ts_cluster *cl, struct ts_map *m);
+/* Drops the PG replica orders kept for the map (cluster_place.c). */
+void ts_cl_order_forget(struct ts_cluster *cl);
 /* After a call on peer p: adopts a newer map the node has. 1 when one was adopted. */
 int ts_cl_check(struct ts_cluster *cl, size_t p);
 /* After a call on peer p's connection sub that returned rc: its message to msg[cap] (or the

@@ -7,6 +7,7 @@
 #include "cluster_internal.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ts_map.h"
@@ -77,6 +78,44 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
     return f.first ? f.first : TS_EUNAVAIL;
 }
 
+void ts_cl_order_forget(struct ts_cluster *cl)
+{
+    free(cl->pg_ord);
+    free(cl->pg_nord);
+    cl->pg_ord = NULL;
+    cl->pg_nord = NULL;
+}
+
+/* The first PG_ORD_MAX (at most) of PG pg's replica order under the current map, kept per PG
+ * once computed; ts_map_pg_order gives the rest. */
+static size_t pg_order(struct ts_cluster *cl, uint32_t pg, int *order)
+{
+    uint32_t npg = cl->map->pg_count;
+    size_t k;
+
+    if (pg >= npg)
+        return ts_map_pg_order(cl->map, pg, order, PG_ORD_MAX);
+    if (!cl->pg_nord) {
+        cl->pg_nord = calloc(npg, 1);
+        cl->pg_ord = malloc((size_t)npg * PG_ORD_MAX * sizeof(*cl->pg_ord));
+        if (!cl->pg_nord || !cl->pg_ord) {
+            ts_cl_order_forget(cl);
+            return ts_map_pg_order(cl->map, pg, order, PG_ORD_MAX);
+        }
+    }
+    if (cl->pg_nord[pg]) {
+        k = cl->pg_nord[pg] - 1u;
+        for (size_t i = 0; i < k; i++)
+            order[i] = cl->pg_ord[(size_t)pg * PG_ORD_MAX + i];
+        return k;
+    }
+    k = ts_map_pg_order(cl->map, pg, order, PG_ORD_MAX);
+    for (size_t i = 0; i < k; i++)
+        cl->pg_ord[(size_t)pg * PG_ORD_MAX + i] = (uint16_t)order[i];
+    cl->pg_nord[pg] = (uint8_t)(k + 1);
+    return k;
+}
+
 /*
  * The replicas of (name, shard) under the current map: node indexes in order[], the count
  * in *n (at least 1); *pg its PG.
@@ -89,7 +128,7 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
     int rc;
 
     *pg = ts_map_pg_of(cl->map, name, shard);
-    k = ts_map_pg_order(cl->map, *pg, order, MAX_REPLICAS);
+    k = pg_order(cl, *pg, order);
     if (k == 0) {
         ts_cl_err(cl, "no node is up in the cluster map (epoch %llu)",
                   (unsigned long long)cl->epoch);
@@ -98,6 +137,8 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
     rc = policy_get(cl, name, order, k, &want);
     if (rc)
         return rc;
+    if (k == PG_ORD_MAX && want > k)
+        k = ts_map_pg_order(cl->map, *pg, order, MAX_REPLICAS);
     *n = TS_MAX(1u, TS_MIN((size_t)want, k));
     return 0;
 }

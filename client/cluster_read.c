@@ -122,7 +122,7 @@ static int cop_result(struct ts_cluster *cl, size_t at, uint64_t *op, size_t *ou
     if (rc && k->msg)
         ts_cl_err(cl, "%s", k->msg);
     if (!rc)
-        snprintf(cl->served, sizeof(cl->served), "%s", cl->peers[k->peer].id);
+        cl->served = k->peer;
     cop_remove(cl, at);
     return rc;
 }
@@ -207,7 +207,7 @@ int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_
 
 const char *ts_cl_served(const struct ts_cluster *cl)
 {
-    return cl->served;
+    return cl->served < cl->npeers ? cl->peers[cl->served].id : "";
 }
 
 uint64_t ts_cl_resubmits(const struct ts_cluster *cl)
