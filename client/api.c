@@ -173,6 +173,20 @@ int ts_client_node_status(tessera_client *c, size_t node, char **json)
     return ts_cl_node_status(c, c->cl, node, json);
 }
 
+void ts_client_map_refresh(tessera_client *c)
+{
+    if (routed(c))
+        ts_cl_map_refresh(c->cl);
+}
+
+int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t *shards,
+                           uint64_t *bytes)
+{
+    if (!routed(c))
+        return TS_EINVAL;
+    return ts_cl_node_pg_drop(c, c->cl, node, pg, shards, bytes);
+}
+
 /* ---- datasets ------------------------------------------------------------------------------- */
 
 int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)

@@ -59,6 +59,8 @@ enum opt_id {
     O_DURATION,
     O_RATE,
     O_REPORT,
+    O_MAX_CONC,
+    O_DETACH,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -98,6 +100,20 @@ static const struct cli_opt node_opts[] = {
 
 static const struct cli_opt rebalance_opts[] = {
     {"rate", 0, 1, O_RATE},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt rebalance_apply_opts[] = {
+    {"max-bytes-per-sec", 0, 1, O_RATE},
+    {"max-concurrent", 0, 1, O_MAX_CONC},
+    {"detach", 0, 0, O_DETACH},
+    {"dry-run", 0, 0, O_DRY_RUN},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt rebalance_drive_opts[] = {
+    {"detach", 0, 0, O_DETACH},
+    {"max-concurrent", 0, 1, O_MAX_CONC},
     {NULL, 0, 0, 0},
 };
 
@@ -283,8 +299,30 @@ static const struct cmd cmds[] = {
      "Shows what pushing the map FILE would move, without changing anything: the PGs whose\n"
      "replicas change, the bytes each node takes in and gives up (every shard of every\n"
      "dataset, by its core + fringe), the time at --rate bytes/s (K/M/G; default 100M), and\n"
-     "whether it would leave a PG below min_core caught-up core replicas. Applying it is\n"
-     "'map push FILE' (live, staged rebalancing is not written yet).",
+     "whether it would leave a PG below min_core caught-up core replicas. 'rebalance apply\n"
+     "FILE' moves it live.",
+     1, NULL},
+    {"rebalance", "apply", 1, 1, 1, rebalance_apply_opts, cmd_rebalance_apply,
+     "FILE [--max-bytes-per-sec R] [--max-concurrent N] [--detach] [--dry-run]",
+     "Moves the cluster to the nodes of the map FILE live: up to N PGs (4) at a time, each\n"
+     "PG's new replicas filled from its primary (R bytes/s in all, K/M/G; unlimited by\n"
+     "default) while the old ones serve it; a PG switches in one epoch once its new\n"
+     "replicas are complete, then the copies outside them are dropped. The state is in the\n"
+     "cluster map: --detach (or any later 'resume') drives it from another process.",
+     1, NULL},
+    {"rebalance", "status", 0, 0, 1, node_opts, cmd_rebalance_status, "[--json]",
+     "Shows the rebalance in progress: PGs done / total, moving, pending, bytes, paused.", 1, NULL},
+    {"rebalance", "pause", 0, 0, 1, node_opts, cmd_rebalance_pause, "",
+     "Pauses the rebalance: no PG starts moving, moving PGs' backfills wait; writes go on.", 1,
+     NULL},
+    {"rebalance", "resume", 0, 0, 1, rebalance_drive_opts, cmd_rebalance_resume,
+     "[--max-concurrent N] [--detach]",
+     "Resumes (or picks up) the rebalance from where it stopped and drives it to the end.", 1,
+     NULL},
+    {"rebalance", "rollback", 0, 0, 1, rebalance_drive_opts, cmd_rebalance_rollback,
+     "[--max-concurrent N] [--detach]",
+     "Moves back to the placement before the rebalance (nodes it added stay, out), the PGs\n"
+     "that moved back the same staged way; writes made meanwhile are kept.",
      1, NULL},
     {NULL, "drill", 1, 1, 1, drill_opts, cmd_drill,
      "SCENARIO [--duration S] [--report FILE] [--json] [--dry-run]",
@@ -561,6 +599,15 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_RATE:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->rate))
                 return EXIT_USAGE;
+            break;
+        case O_MAX_CONC:
+            if (cli_parse_uint(val, 65536, &x->max_concurrent) != 0 || !x->max_concurrent) {
+                snprintf(msg, sizeof(msg), "--max-concurrent: '%s' is not 1 to 65536", val);
+                return usage_error(msg, k);
+            }
+            break;
+        case O_DETACH:
+            x->detach = 1;
             break;
         case O_RANGE:
             x->range = val;

@@ -39,6 +39,9 @@ struct ctx {
     const char *tls_addr, *domain;
     uint64_t weight, rate;
     int dry_run;
+    /* rebalance */
+    uint64_t max_concurrent;
+    int detach;
     /* drill */
     uint64_t duration;
     const char *report;
@@ -80,6 +83,12 @@ int cmd_node_drain(struct ctx *x);
 int cmd_node_remove(struct ctx *x);
 int cmd_node_weight(struct ctx *x);
 int cmd_rebalance_plan(struct ctx *x);
+/* cli_rebalance.c */
+int cmd_rebalance_apply(struct ctx *x);
+int cmd_rebalance_status(struct ctx *x);
+int cmd_rebalance_pause(struct ctx *x);
+int cmd_rebalance_resume(struct ctx *x);
+int cmd_rebalance_rollback(struct ctx *x);
 int cmd_node_up(struct ctx *x);
 int cmd_node_down(struct ctx *x);
 int cmd_node_out(struct ctx *x);

@@ -352,6 +352,13 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
                  tessera_client_node(x->c));
         return TS_EINVAL;
     }
+    if (cur->move && !x->dry_run && edit != edit_up && edit != edit_down) {
+        snprintf(x->local, sizeof(x->local),
+                 "a rebalance is in progress (map epoch %llu): let it finish ('tessera rebalance "
+                 "status') or roll it back first; only node up and down are taken meanwhile",
+                 (unsigned long long)cur->epoch);
+        return TS_EINVAL;
+    }
     next = ts_map_dup(cur);
     if (!next)
         return TS_ENOMEM;

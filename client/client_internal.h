@@ -227,6 +227,8 @@ void ts_conn_set_error(tessera_client *c, const char *fmt, ...)
 int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch);
 /* MAP_PUSH: *epoch the epoch now in force on the node. */
 int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch);
+/* PG_DROP: the node deletes its copies of pg's shards it no longer holds a rank for. */
+int ts_conn_pg_drop(tessera_client *c, uint32_t pg, uint32_t *shards, uint64_t *bytes);
 
 /* The public calls of the same names, on one connection. */
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p);
@@ -329,6 +331,11 @@ int ts_cl_map_push_file(tessera_client *c, struct ts_cluster *cl, const char *pa
 int ts_cl_failover(tessera_client *c, struct ts_cluster *cl, uint32_t pg, uint64_t *new_epoch);
 /* STATUS of node i of the map (connecting to it if needed). */
 int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, char **json);
+/* Adopts the newest map any node has. */
+void ts_cl_map_refresh(struct ts_cluster *cl);
+/* PG_DROP on node i of the map. */
+int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
+                       uint32_t *shards, uint64_t *bytes);
 
 /* ---- cluster views for the CLI (api.c) ------------------------------------------------------ */
 
@@ -336,6 +343,11 @@ int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, cha
 const struct ts_map *ts_client_map(const tessera_client *c);
 /* STATUS of node i of the handle's map (connecting to it if needed). */
 int ts_client_node_status(tessera_client *c, size_t node, char **json);
+/* Adopts the newest map any node has (no-op on a single node). */
+void ts_client_map_refresh(tessera_client *c);
+/* PG_DROP on node i of the handle's map. */
+int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t *shards,
+                           uint64_t *bytes);
 
 /* ---- pure reply decoders ------------------------------------------------------------------- */
 

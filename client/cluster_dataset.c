@@ -512,3 +512,29 @@ int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, cha
         return rc;
     return ts_cl_peer_done(cl, p, sub, ts_conn_status(sub, json), NULL, 0);
 }
+
+void ts_cl_map_refresh(struct ts_cluster *cl)
+{
+    ts_cl_refresh(cl, NO_PEER);
+}
+
+int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
+                       uint32_t *shards, uint64_t *bytes)
+{
+    tessera_client *sub;
+    size_t p;
+    int rc;
+
+    *shards = 0;
+    *bytes = 0;
+    if (node >= cl->map->n)
+        return TS_EINVAL;
+    ts_conn_set_error(c, "%s", "");
+    rc = ts_cl_node_peer(cl, cl->map, node, &p);
+    if (rc)
+        return rc;
+    rc = ts_cl_peer_conn(cl, p, 0, &sub);
+    if (rc)
+        return rc;
+    return ts_cl_peer_done(cl, p, sub, ts_conn_pg_drop(sub, pg, shards, bytes), NULL, 0);
+}

@@ -74,6 +74,32 @@ int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
     return rc;
 }
 
+int ts_conn_pg_drop(tessera_client *c, uint32_t pg, uint32_t *shards, uint64_t *bytes)
+{
+    struct ts_req *r;
+    struct ts_rd body;
+    int rc;
+
+    *shards = 0;
+    *bytes = 0;
+    rc = ts_enter_conn(c);
+    if (rc)
+        return rc;
+    r = ts_req_new(c, TS_OP_PG_DROP);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, pg);
+    rc = ts_call(c, r, &body);
+    if (rc)
+        return rc;
+    *shards = ts_rd_u32(&body);
+    *bytes = ts_rd_u64(&body);
+    if (body.err)
+        rc = ts_proto_err(c, "PG_DROP");
+    ts_req_free(c, r);
+    return rc;
+}
+
 /* ---- datasets ------------------------------------------------------------------------------- */
 
 const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0};

@@ -28,6 +28,7 @@
  * bits; contraction into fused multiply-adds is switched off for this reason.
  */
 #include "ts_map.h"
+#include "map_internal.h"
 
 #include "ts_common.h"
 #include "ts_proto.h"
@@ -73,9 +74,7 @@ static int state_parse(const char *s)
 
 /* ---- validation, shared by the parser, the writer and the decoder ---------------------- */
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
+void map_errf(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
 
@@ -156,22 +155,22 @@ static int str_terminated(const char *s, size_t cap)
  * Checks what every map must satisfy. On failure returns the index of the offending node
  * (or -1 for the map itself) through *bad and writes a message; returns 0 when valid.
  */
-static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen)
+int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen)
 {
     size_t up = 0;
 
     *bad = -1;
     if (m->pg_count == 0 || m->pg_count > TS_MAP_MAX_PGS) {
-        errf(err, errlen, "pg_count must be 1..%d, not %u", TS_MAP_MAX_PGS, m->pg_count);
+        map_errf(err, errlen, "pg_count must be 1..%d, not %u", TS_MAP_MAX_PGS, m->pg_count);
         return -1;
     }
     if (m->epoch > TS_MAP_MAX_EPOCH) {
-        errf(err, errlen, "epoch %llu is past the largest allowed (%lld)",
-             (unsigned long long)m->epoch, (long long)TS_MAP_MAX_EPOCH);
+        map_errf(err, errlen, "epoch %llu is past the largest allowed (%lld)",
+                 (unsigned long long)m->epoch, (long long)TS_MAP_MAX_EPOCH);
         return -1;
     }
     if (m->n == 0 || m->n > TS_MAP_MAX_NODES) {
-        errf(err, errlen, "a map has 1..%d nodes, not %zu", TS_MAP_MAX_NODES, m->n);
+        map_errf(err, errlen, "a map has 1..%d nodes, not %zu", TS_MAP_MAX_NODES, m->n);
         return -1;
     }
     for (size_t i = 0; i < m->n; i++) {
@@ -181,38 +180,38 @@ static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen
         if (!str_terminated(a->id, sizeof(a->id)) || !str_terminated(a->addr, sizeof(a->addr)) ||
             !str_terminated(a->tls_addr, sizeof(a->tls_addr)) ||
             !str_terminated(a->domain, sizeof(a->domain))) {
-            errf(err, errlen, "node %zu: a string is not terminated", i);
+            map_errf(err, errlen, "node %zu: a string is not terminated", i);
             return -1;
         }
         if (!id_valid(a->id)) {
-            errf(err, errlen, "node id '%s' must be 1..%zu characters of [A-Za-z0-9._-]", a->id,
-                 sizeof(a->id) - 1);
+            map_errf(err, errlen, "node id '%s' must be 1..%zu characters of [A-Za-z0-9._-]", a->id,
+                     sizeof(a->id) - 1);
             return -1;
         }
         if (!addr_valid(a->addr)) {
-            errf(err, errlen, "node '%s': addr '%s' is not host:port", a->id, a->addr);
+            map_errf(err, errlen, "node '%s': addr '%s' is not host:port", a->id, a->addr);
             return -1;
         }
         if (a->tls_addr[0] && !addr_valid(a->tls_addr)) {
-            errf(err, errlen, "node '%s': tls_addr '%s' is not host:port (or \"\")", a->id,
-                 a->tls_addr);
+            map_errf(err, errlen, "node '%s': tls_addr '%s' is not host:port (or \"\")", a->id,
+                     a->tls_addr);
             return -1;
         }
         if (a->weight == 0) {
-            errf(err, errlen, "node '%s': weight must be > 0", a->id);
+            map_errf(err, errlen, "node '%s': weight must be > 0", a->id);
             return -1;
         }
         if (!domain_valid(a->domain)) {
-            errf(err, errlen, "node '%s': domain '%s' may hold only [A-Za-z0-9._:/-]", a->id,
-                 a->domain);
+            map_errf(err, errlen, "node '%s': domain '%s' may hold only [A-Za-z0-9._:/-]", a->id,
+                     a->domain);
             return -1;
         }
         if (a->state != TS_NODE_UP && a->state != TS_NODE_DOWN && a->state != TS_NODE_OUT) {
-            errf(err, errlen, "node '%s': state %d is not up, down or out", a->id, a->state);
+            map_errf(err, errlen, "node '%s': state %d is not up, down or out", a->id, a->state);
             return -1;
         }
         if (a->tls_addr[0] && !strcmp(a->addr, a->tls_addr)) {
-            errf(err, errlen, "node '%s': addr and tls_addr are both %s", a->id, a->addr);
+            map_errf(err, errlen, "node '%s': addr and tls_addr are both %s", a->id, a->addr);
             return -1;
         }
         for (size_t j = 0; j < i; j++) {
@@ -220,7 +219,7 @@ static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen
             const char *dup = NULL;
 
             if (!strcmp(a->id, b->id)) {
-                errf(err, errlen, "duplicate node id '%s'", a->id);
+                map_errf(err, errlen, "duplicate node id '%s'", a->id);
                 return -1;
             }
             if (!strcmp(a->addr, b->addr) || (b->tls_addr[0] && !strcmp(a->addr, b->tls_addr)))
@@ -229,7 +228,7 @@ static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen
                      (!strcmp(a->tls_addr, b->addr) || !strcmp(a->tls_addr, b->tls_addr)))
                 dup = a->tls_addr;
             if (dup) {
-                errf(err, errlen, "nodes '%s' and '%s' both use address %s", b->id, a->id, dup);
+                map_errf(err, errlen, "nodes '%s' and '%s' both use address %s", b->id, a->id, dup);
                 return -1;
             }
         }
@@ -237,15 +236,15 @@ static int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen
     }
     *bad = -1;
     if (up == 0) {
-        errf(err, errlen, "no node is up: every PG would be without a primary");
+        map_errf(err, errlen, "no node is up: every PG would be without a primary");
         return -1;
     }
-    return 0;
+    return m->move ? map_move_check(m, err, errlen) : 0;
 }
 
 /* ---- allocation -------------------------------------------------------------------------- */
 
-static struct ts_map *map_alloc(size_t n)
+struct ts_map *map_alloc(size_t n)
 {
     struct ts_map *m = calloc(1, sizeof(*m));
 
@@ -264,6 +263,7 @@ void ts_map_free(struct ts_map *m)
 {
     if (!m)
         return;
+    map_move_free(m->move);
     free(m->nodes);
     free(m);
 }
@@ -281,6 +281,13 @@ struct ts_map *ts_map_dup(const struct ts_map *m)
     d->pg_count = m->pg_count;
     if (m->n)
         memcpy(d->nodes, m->nodes, m->n * sizeof(*m->nodes));
+    if (m->move && ts_map_move_set(d, m->move->from, m->move->nfrom, m->move->pg, m->move->paused,
+                                   m->move->rate) != 0) {
+        ts_map_free(d);
+        return NULL;
+    }
+    if (m->move)
+        d->move->driver = m->move->driver;
     return d;
 }
 
@@ -296,10 +303,10 @@ int ts_map_find(const struct ts_map *m, const char *id)
 
 /* ---- libconfig file ---------------------------------------------------------------------- */
 
-static const char *const top_keys[] = {"epoch", "pg_count", "nodes"};
+static const char *const top_keys[] = {"epoch", "pg_count", "nodes", "rebalance"};
 static const char *const node_keys[] = {"id", "addr", "tls_addr", "weight", "domain", "state"};
 
-static int key_known(const char *name, const char *const *keys, size_t n)
+int map_key_known(const char *name, const char *const *keys, size_t n)
 {
     for (size_t i = 0; name && i < n; i++)
         if (!strcmp(name, keys[i]))
@@ -307,10 +314,7 @@ static int key_known(const char *name, const char *const *keys, size_t n)
     return 0;
 }
 
-/* Reports "where:line: msg" and returns TS_ECONFIG. */
-static int cfg_fail(char *err, size_t errlen, const char *where, int line, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static int cfg_fail(char *err, size_t errlen, const char *where, int line, const char *fmt, ...)
+int map_cfg_fail(char *err, size_t errlen, const char *where, int line, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -319,95 +323,97 @@ static int cfg_fail(char *err, size_t errlen, const char *where, int line, const
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     if (line > 0)
-        errf(err, errlen, "%s:%d: %s", where, line, msg);
+        map_errf(err, errlen, "%s:%d: %s", where, line, msg);
     else
-        errf(err, errlen, "%s: %s", where, msg);
+        map_errf(err, errlen, "%s: %s", where, msg);
     return TS_ECONFIG;
 }
 
-static int cfg_int(config_setting_t *parent, const char *name, int required, long long lo,
-                   unsigned long long hi, unsigned long long *out, const char *where, char *err,
-                   size_t errlen)
+int map_cfg_int(config_setting_t *parent, const char *name, int required, long long lo,
+                unsigned long long hi, unsigned long long *out, const char *where, char *err,
+                size_t errlen)
 {
     config_setting_t *s = config_setting_get_member(parent, name);
     long long v;
 
     if (!s) {
         if (required)
-            return cfg_fail(err, errlen, where, config_setting_source_line(parent),
-                            "missing setting '%s'", name);
+            return map_cfg_fail(err, errlen, where, config_setting_source_line(parent),
+                                "missing setting '%s'", name);
         return 1;
     }
     if (config_setting_type(s) != CONFIG_TYPE_INT && config_setting_type(s) != CONFIG_TYPE_INT64)
-        return cfg_fail(err, errlen, where, config_setting_source_line(s),
-                        "'%s' must be an integer", name);
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(s),
+                            "'%s' must be an integer", name);
     v = config_setting_get_int64(s);
     if (v < lo || (unsigned long long)v > hi)
-        return cfg_fail(err, errlen, where, config_setting_source_line(s),
-                        "'%s' must be in [%lld, %llu], got %lld", name, lo, hi, v);
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(s),
+                            "'%s' must be in [%lld, %llu], got %lld", name, lo, hi, v);
     *out = (unsigned long long)v;
     return 0;
 }
 
-static int cfg_str(config_setting_t *parent, const char *name, int required, char *out, size_t cap,
-                   const char *where, char *err, size_t errlen)
+int map_cfg_str(config_setting_t *parent, const char *name, int required, char *out, size_t cap,
+                const char *where, char *err, size_t errlen)
 {
     config_setting_t *s = config_setting_get_member(parent, name);
     const char *v;
 
     if (!s) {
         if (required)
-            return cfg_fail(err, errlen, where, config_setting_source_line(parent),
-                            "missing setting '%s'", name);
+            return map_cfg_fail(err, errlen, where, config_setting_source_line(parent),
+                                "missing setting '%s'", name);
         return 1;
     }
     if (config_setting_type(s) != CONFIG_TYPE_STRING)
-        return cfg_fail(err, errlen, where, config_setting_source_line(s), "'%s' must be a string",
-                        name);
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(s),
+                            "'%s' must be a string", name);
     v = config_setting_get_string(s);
     if (strlen(v) >= cap)
-        return cfg_fail(err, errlen, where, config_setting_source_line(s),
-                        "'%s' is longer than %zu characters", name, cap - 1);
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(s),
+                            "'%s' is longer than %zu characters", name, cap - 1);
     memcpy(out, v, strlen(v) + 1);
     return 0;
 }
 
-static int cfg_node(config_setting_t *g, struct ts_map_node *nd, const char *where, char *err,
-                    size_t errlen)
+int map_cfg_node(config_setting_t *g, struct ts_map_node *nd, const char *where, char *err,
+                 size_t errlen)
 {
     unsigned long long w = 0;
     char state[16];
     int rc;
 
     if (!config_setting_is_group(g))
-        return cfg_fail(err, errlen, where, config_setting_source_line(g),
-                        "each entry of 'nodes' must be a group { id = ...; addr = ...; }");
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(g),
+                            "each entry of 'nodes' must be a group { id = ...; addr = ...; }");
     for (int i = 0; i < config_setting_length(g); i++) {
         config_setting_t *e = config_setting_get_elem(g, (unsigned)i);
-        if (!key_known(config_setting_name(e), node_keys, TS_ARRAY_SIZE(node_keys)))
-            return cfg_fail(err, errlen, where, config_setting_source_line(e),
-                            "unknown node setting '%s'", config_setting_name(e));
+        if (!map_key_known(config_setting_name(e), node_keys, TS_ARRAY_SIZE(node_keys)))
+            return map_cfg_fail(err, errlen, where, config_setting_source_line(e),
+                                "unknown node setting '%s'", config_setting_name(e));
     }
-    if ((rc = cfg_str(g, "id", 1, nd->id, sizeof(nd->id), where, err, errlen)) < 0 ||
-        (rc = cfg_str(g, "addr", 1, nd->addr, sizeof(nd->addr), where, err, errlen)) < 0 ||
-        (rc = cfg_str(g, "tls_addr", 0, nd->tls_addr, sizeof(nd->tls_addr), where, err, errlen)) <
+    if ((rc = map_cfg_str(g, "id", 1, nd->id, sizeof(nd->id), where, err, errlen)) < 0 ||
+        (rc = map_cfg_str(g, "addr", 1, nd->addr, sizeof(nd->addr), where, err, errlen)) < 0 ||
+        (rc = map_cfg_str(g, "tls_addr", 0, nd->tls_addr, sizeof(nd->tls_addr), where, err,
+                          errlen)) < 0 ||
+        (rc = map_cfg_str(g, "domain", 0, nd->domain, sizeof(nd->domain), where, err, errlen)) <
             0 ||
-        (rc = cfg_str(g, "domain", 0, nd->domain, sizeof(nd->domain), where, err, errlen)) < 0 ||
-        (rc = cfg_int(g, "weight", 1, 0, UINT32_MAX, &w, where, err, errlen)) < 0)
+        (rc = map_cfg_int(g, "weight", 1, 0, UINT32_MAX, &w, where, err, errlen)) < 0)
         return rc;
     nd->weight = (uint32_t)w;
     nd->state = TS_NODE_UP;
-    rc = cfg_str(g, "state", 0, state, sizeof(state), where, err, errlen);
+    rc = map_cfg_str(g, "state", 0, state, sizeof(state), where, err, errlen);
     if (rc < 0)
-        return cfg_fail(err, errlen, where,
-                        config_setting_source_line(config_setting_get_member(g, "state")),
-                        "node state must be \"up\", \"down\" or \"out\"");
+        return map_cfg_fail(err, errlen, where,
+                            config_setting_source_line(config_setting_get_member(g, "state")),
+                            "node state must be \"up\", \"down\" or \"out\"");
     if (rc == 0) {
         nd->state = state_parse(state);
         if (nd->state < 0)
-            return cfg_fail(err, errlen, where,
-                            config_setting_source_line(config_setting_get_member(g, "state")),
-                            "node state must be \"up\", \"down\" or \"out\", not \"%s\"", state);
+            return map_cfg_fail(err, errlen, where,
+                                config_setting_source_line(config_setting_get_member(g, "state")),
+                                "node state must be \"up\", \"down\" or \"out\", not \"%s\"",
+                                state);
     }
     return 0;
 }
@@ -423,39 +429,43 @@ static int parse_cfg(config_t *cf, const char *where, struct ts_map **out, char 
 
     for (int i = 0; i < config_setting_length(root); i++) {
         config_setting_t *e = config_setting_get_elem(root, (unsigned)i);
-        if (!key_known(config_setting_name(e), top_keys, TS_ARRAY_SIZE(top_keys)))
-            return cfg_fail(err, errlen, where, config_setting_source_line(e),
-                            "unknown setting '%s'", config_setting_name(e));
+        if (!map_key_known(config_setting_name(e), top_keys, TS_ARRAY_SIZE(top_keys)))
+            return map_cfg_fail(err, errlen, where, config_setting_source_line(e),
+                                "unknown setting '%s'", config_setting_name(e));
     }
-    if ((rc = cfg_int(root, "epoch", 1, 0, INT64_MAX, &epoch, where, err, errlen)) < 0 ||
-        (rc = cfg_int(root, "pg_count", 1, 1, UINT32_MAX, &pg_count, where, err, errlen)) < 0)
+    if ((rc = map_cfg_int(root, "epoch", 1, 0, INT64_MAX, &epoch, where, err, errlen)) < 0 ||
+        (rc = map_cfg_int(root, "pg_count", 1, 1, UINT32_MAX, &pg_count, where, err, errlen)) < 0)
         return rc;
     list = config_setting_get_member(root, "nodes");
     if (!list)
-        return cfg_fail(err, errlen, where, 0, "missing setting 'nodes'");
+        return map_cfg_fail(err, errlen, where, 0, "missing setting 'nodes'");
     if (!config_setting_is_list(list))
-        return cfg_fail(err, errlen, where, config_setting_source_line(list),
-                        "'nodes' must be a list: nodes = ( { ... }, { ... } );");
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(list),
+                            "'nodes' must be a list: nodes = ( { ... }, { ... } );");
     n = config_setting_length(list);
     if (n < 1 || n > TS_MAP_MAX_NODES)
-        return cfg_fail(err, errlen, where, config_setting_source_line(list),
-                        "'nodes' must list 1..%d nodes, not %d", TS_MAP_MAX_NODES, n);
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(list),
+                            "'nodes' must list 1..%d nodes, not %d", TS_MAP_MAX_NODES, n);
 
     m = map_alloc((size_t)n);
     if (!m)
-        return cfg_fail(err, errlen, where, 0, "out of memory");
+        return map_cfg_fail(err, errlen, where, 0, "out of memory");
     m->epoch = epoch;
     m->pg_count = (uint32_t)pg_count;
     for (int i = 0; i < n; i++) {
-        rc = cfg_node(config_setting_get_elem(list, (unsigned)i), &m->nodes[i], where, err, errlen);
+        rc = map_cfg_node(config_setting_get_elem(list, (unsigned)i), &m->nodes[i], where, err,
+                          errlen);
         if (rc < 0)
             goto out_free_map;
     }
+    rc = map_move_parse(config_setting_get_member(root, "rebalance"), m, where, err, errlen);
+    if (rc < 0)
+        goto out_free_map;
     if (map_check(m, &bad, msg, sizeof(msg))) {
         int line = config_setting_source_line(list);
         if (bad >= 0)
             line = config_setting_source_line(config_setting_get_elem(list, (unsigned)bad));
-        rc = cfg_fail(err, errlen, where, line, "%s", msg);
+        rc = map_cfg_fail(err, errlen, where, line, "%s", msg);
         goto out_free_map;
     }
     *out = m;
@@ -475,7 +485,7 @@ int ts_map_parse_string(const char *text, struct ts_map **out, char *err, size_t
         return TS_EINVAL;
     config_init(&cf);
     if (config_read_string(&cf, text) != CONFIG_TRUE) {
-        rc = cfg_fail(err, errlen, "map", config_error_line(&cf), "%s", config_error_text(&cf));
+        rc = map_cfg_fail(err, errlen, "map", config_error_line(&cf), "%s", config_error_text(&cf));
         goto out_destroy;
     }
     rc = parse_cfg(&cf, "map", out, err, errlen);
@@ -494,12 +504,12 @@ int ts_map_parse_file(const char *path, struct ts_map **out, char *err, size_t e
         return TS_EINVAL;
     f = fopen(path, "re");
     if (!f) {
-        errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        map_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
         return TS_ECONFIG;
     }
     config_init(&cf);
     if (config_read(&cf, f) != CONFIG_TRUE) {
-        rc = cfg_fail(err, errlen, path, config_error_line(&cf), "%s", config_error_text(&cf));
+        rc = map_cfg_fail(err, errlen, path, config_error_line(&cf), "%s", config_error_text(&cf));
         goto out_destroy;
     }
     rc = parse_cfg(&cf, path, out, err, errlen);
@@ -507,6 +517,16 @@ out_destroy:
     config_destroy(&cf);
     fclose(f);
     return rc;
+}
+
+void map_emit_node(FILE *f, const struct ts_map_node *nd, int last)
+{
+    fprintf(f,
+            "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = %lu%s; "
+            "domain = \"%s\"; state = \"%s\"; }%s\n",
+            nd->id, nd->addr, nd->tls_addr, (unsigned long)nd->weight,
+            nd->weight > INT32_MAX ? "L" : "", nd->domain, ts_node_state_name(nd->state),
+            last ? "" : ",");
 }
 
 /* Writes the map; every string was validated, so none needs escaping. */
@@ -517,16 +537,11 @@ static int emit(FILE *f, const struct ts_map *m)
     fprintf(f, "pg_count = %lu%s;\n", (unsigned long)m->pg_count,
             m->pg_count > INT32_MAX ? "L" : "");
     fprintf(f, "nodes = (\n");
-    for (size_t i = 0; i < m->n; i++) {
-        const struct ts_map_node *nd = &m->nodes[i];
-        fprintf(f,
-                "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = %lu%s; "
-                "domain = \"%s\"; state = \"%s\"; }%s\n",
-                nd->id, nd->addr, nd->tls_addr, (unsigned long)nd->weight,
-                nd->weight > INT32_MAX ? "L" : "", nd->domain, ts_node_state_name(nd->state),
-                i + 1 < m->n ? "," : "");
-    }
+    for (size_t i = 0; i < m->n; i++)
+        map_emit_node(f, &m->nodes[i], i + 1 == m->n);
     fprintf(f, ");\n");
+    if (m->move)
+        map_move_emit(f, m);
     return ferror(f) ? TS_EIO : 0;
 }
 
@@ -609,15 +624,29 @@ void ts_map_encode(struct ts_wr *w, const struct ts_map *m)
     ts_wr_u64(w, m->epoch);
     ts_wr_u32(w, m->pg_count);
     ts_wr_u32(w, (uint32_t)m->n);
-    for (size_t i = 0; i < m->n; i++) {
-        const struct ts_map_node *nd = &m->nodes[i];
-        ts_wr_str(w, nd->id);
-        ts_wr_str(w, nd->addr);
-        ts_wr_str(w, nd->tls_addr);
-        ts_wr_u32(w, nd->weight);
-        ts_wr_str(w, nd->domain);
-        ts_wr_u8(w, (uint8_t)nd->state);
-    }
+    for (size_t i = 0; i < m->n; i++)
+        map_node_encode(w, &m->nodes[i]);
+    map_move_encode(w, m);
+}
+
+void map_node_encode(struct ts_wr *w, const struct ts_map_node *nd)
+{
+    ts_wr_str(w, nd->id);
+    ts_wr_str(w, nd->addr);
+    ts_wr_str(w, nd->tls_addr);
+    ts_wr_u32(w, nd->weight);
+    ts_wr_str(w, nd->domain);
+    ts_wr_u8(w, (uint8_t)nd->state);
+}
+
+void map_node_decode(struct ts_rd *r, struct ts_map_node *nd)
+{
+    ts_rd_str(r, nd->id, sizeof(nd->id));
+    ts_rd_str(r, nd->addr, sizeof(nd->addr));
+    ts_rd_str(r, nd->tls_addr, sizeof(nd->tls_addr));
+    nd->weight = ts_rd_u32(r);
+    ts_rd_str(r, nd->domain, sizeof(nd->domain));
+    nd->state = ts_rd_u8(r);
 }
 
 int ts_map_decode(struct ts_rd *r, struct ts_map **out)
@@ -642,15 +671,10 @@ int ts_map_decode(struct ts_rd *r, struct ts_map **out)
         return TS_ENOMEM;
     m->epoch = epoch;
     m->pg_count = pg_count;
-    for (uint32_t i = 0; i < n && !r->err; i++) {
-        struct ts_map_node *nd = &m->nodes[i];
-        ts_rd_str(r, nd->id, sizeof(nd->id));
-        ts_rd_str(r, nd->addr, sizeof(nd->addr));
-        ts_rd_str(r, nd->tls_addr, sizeof(nd->tls_addr));
-        nd->weight = ts_rd_u32(r);
-        ts_rd_str(r, nd->domain, sizeof(nd->domain));
-        nd->state = ts_rd_u8(r);
-    }
+    for (uint32_t i = 0; i < n && !r->err; i++)
+        map_node_decode(r, &m->nodes[i]);
+    if (!r->err && map_move_decode(r, m) != 0)
+        r->err = TS_EPROTO;
     if (r->err || map_check(m, &bad, NULL, 0)) {
         r->err = TS_EPROTO;
         goto out_free_map;
@@ -765,6 +789,33 @@ static const char *dom_name(const struct ts_map_node *nd)
 }
 
 size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
+{
+    int local[64], *t = local;
+    size_t n, k;
+
+    if (!m || !m->move || pg >= m->pg_count || m->move->pg[pg] == TS_PG_SETTLED)
+        return ts_map_pg_target_order(m, pg, out, max);
+    /* A PG a rebalance has not moved yet: the old table's order, then the target's other
+     * nodes (the ones it brings in among them: they get the PG's log). */
+    n = map_move_old_order(m, pg, out, max);
+    if (n == max)
+        return n;
+    if (max > TS_ARRAY_SIZE(local) && !(t = malloc(max * sizeof(*t))))
+        return n;
+    k = ts_map_pg_target_order(m, pg, t, max);
+    for (size_t i = 0; i < k && n < max; i++) {
+        size_t j = 0;
+        while (j < n && out[j] != t[i])
+            j++;
+        if (j == n)
+            out[n++] = t[i];
+    }
+    if (t != local)
+        free(t);
+    return n;
+}
+
+size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
 {
     struct rank local[64], *r = local;
     size_t nr = 0, cnt = 0;

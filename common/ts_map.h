@@ -35,11 +35,33 @@ struct ts_map_node {
     int state;          /* enum ts_node_state */
 };
 
+/*
+ * A rebalance in progress (map_move.c, docs/operations.md "Rebalancing"). The node table (nodes)
+ * is the target; `from` is the table before. A PENDING or MOVING PG keeps the placement `from`
+ * gives it (with the nodes that are down now left out); a SETTLED one has the target's. In a
+ * MOVING PG the nodes that the target adds join: they get the PG's log and a backfill, serve
+ * nothing, and count for no write (ts_repl_rank_of), until the PG settles in a later epoch.
+ */
+enum ts_pg_move { TS_PG_SETTLED = 0, TS_PG_PENDING = 1, TS_PG_MOVING = 2 };
+
+struct ts_map_move {
+    struct ts_map_node *from; /* the node table before the rebalance */
+    size_t nfrom;
+    uint8_t *pg;     /* pg_count entries: enum ts_pg_move */
+    int paused;      /* no new PG starts moving; backfills of moving PGs wait */
+    uint64_t rate;   /* bytes/s of each moving PG's backfill, 0: unlimited */
+    uint64_t driver; /* the CLI process that drives it (a random token): one at a time */
+    /* Derived: `from` with the states of now (a node down now is down there). */
+    struct ts_map *old;
+    int *old_idx; /* old->nodes[i] is nodes[old_idx[i]] */
+};
+
 struct ts_map {
     uint64_t epoch;    /* grows with every change */
     uint32_t pg_count; /* > 0, fixed for the life of a cluster */
     size_t n;
     struct ts_map_node *nodes;
+    struct ts_map_move *move; /* NULL: no rebalance in progress */
 };
 
 /* "up", "down", "out"; "?" for anything else. */
@@ -55,6 +77,11 @@ const char *ts_node_state_name(int state);
  *       state = "up"; },
  *     { id = "n2"; addr = "127.0.0.1:7102"; weight = 100; domain = "rack-b"; }
  *   );
+ *   rebalance = {            # only while one is in progress (written by `tessera rebalance`)
+ *     paused = false; rate = 0; driver = 0;
+ *     from = ( { id = "n1"; ... } );   # the node table before, as `nodes`
+ *     pending = [ 3, 7 ]; moving = [ 5 ];   # PGs that keep the placement `from` gives them
+ *   };
  *
  * epoch, pg_count, nodes and each node's id, addr and weight are required; tls_addr and domain
  * default to "", state to "up". Validated (the same checks for the wire form): 1..TS_MAP_MAX_NODES
@@ -77,9 +104,11 @@ int ts_map_write_file(const struct ts_map *m, const char *path);
 
 /*
  * Wire form: u64 epoch, u32 pg_count, u32 n, then n x (str id, str addr, str tls_addr,
- * u32 weight, str domain, u8 state), with the ts_wr_* encodings. Decoding is bounds-checked
- * and validates like the parser (n <= TS_MAP_MAX_NODES); anything malformed is TS_EPROTO (also
- * left in r->err). Decoding does not require the map to end the payload: call ts_rd_done().
+ * u32 weight, str domain, u8 state), then u8 1 and the rebalance (u8 paused, u64 rate, u64 driver,
+ * u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, with the ts_wr_* encodings.
+ * Decoding is bounds-checked and validates like the parser (n <= TS_MAP_MAX_NODES); anything
+ * malformed is TS_EPROTO (also left in r->err). Decoding does not require the map to end the
+ * payload: call ts_rd_done().
  */
 void ts_map_encode(struct ts_wr *w, const struct ts_map *m);
 int ts_map_decode(struct ts_rd *r, struct ts_map **out);
@@ -108,7 +137,26 @@ uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shar
  * Deterministic across machines: the result depends only on the ids, weights, domains and
  * states of the UP nodes, not on their order in the map or on the platform's libm.
  * Returns 0 when no node is UP, and (for maps over 64 nodes) when out of memory.
+ * During a rebalance (m->move), a PENDING or MOVING PG gets the order of the table before it,
+ * followed by the target's other nodes.
  */
 size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
+/* ts_map_pg_order under the node table alone: where a rebalance takes the PG. Without a
+ * rebalance the two are the same. */
+size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
+
+/*
+ * Starts (or replaces) m's rebalance: `from` (copied) is the table before, pgstate (pg_count
+ * entries of enum ts_pg_move, copied; NULL: every PG SETTLED). Every node of `from` must be in
+ * m's table. TS_EINVAL when they do not fit, TS_ENOMEM; m unchanged then.
+ */
+int ts_map_move_set(struct ts_map *m, const struct ts_map_node *from, size_t nfrom,
+                    const uint8_t *pgstate, int paused, uint64_t rate);
+/* Ends m's rebalance (every PG takes the target placement). */
+void ts_map_move_clear(struct ts_map *m);
+/* Sets PG pg's state and re-derives nothing else; TS_EINVAL without a rebalance. */
+int ts_map_move_pg(struct ts_map *m, uint32_t pg, int state);
+/* enum ts_pg_move of PG pg (SETTLED without a rebalance). */
+int ts_map_pg_move_state(const struct ts_map *m, uint32_t pg);
 
 #endif

@@ -105,7 +105,8 @@ int ts_role_may(int role, int need);
     X(PG_PULL, 21, "pg-pull", TS_ROLE_NODE, TS_SMALL_PAYLOAD)                                      \
     X(PG_INVENTORY, 22, "pg-inventory", TS_ROLE_READER, TS_SMALL_PAYLOAD)                          \
     X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)                        \
-    X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+    X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
+    X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

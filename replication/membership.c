@@ -31,18 +31,31 @@ void ts_repl_widths(ts_store *st, struct ts_repl_widths *w)
     ts_store_dataset_list(st, width_cb, &a);
 }
 
-int ts_repl_rank_of(const struct ts_map *m, uint32_t pg, const char *node)
+static int rank_in(const struct ts_map *m, const int *order, size_t n, const char *node)
 {
-    int order[TS_REPL_MAX_REPLICAS];
-    size_t n;
-
-    if (!m)
-        return -1;
-    n = ts_map_pg_order(m, pg, order, TS_REPL_MAX_REPLICAS);
     for (size_t i = 0; i < n; i++)
         if (!strcmp(m->nodes[order[i]].id, node))
             return (int)i;
     return -1;
+}
+
+int ts_repl_rank_of(const struct ts_map *m, uint32_t pg, const char *node)
+{
+    int order[TS_REPL_MAX_REPLICAS];
+    int acting, target;
+
+    if (!m)
+        return -1;
+    acting = rank_in(m, order, ts_map_pg_order(m, pg, order, TS_REPL_MAX_REPLICAS), node);
+    if (acting == 0 || ts_map_pg_move_state(m, pg) != TS_PG_MOVING)
+        return acting;
+    /* A moving PG: a node the rebalance brings in joins at its rank to be (0 too: the primary
+     * to be holds what a primary holds, while the PG's primary stays where it is), so it
+     * takes the PG's data by log and backfill before the PG settles. */
+    target = rank_in(m, order, ts_map_pg_target_order(m, pg, order, TS_REPL_MAX_REPLICAS), node);
+    if (target >= 0 && (acting < 0 || target < acting))
+        return target;
+    return acting;
 }
 
 int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_t pg,

@@ -708,7 +708,7 @@ void repl_pgpeer_tick(ts_repl *r)
     /* Pulls that are done, and pushes of PGs this node no longer leads (busy at the map
      * change), go once idle. */
     for (pp = &r->pushes; (ps = *pp);) {
-        if (ps->pull && repl_pgpeer_find(r, ps->pg) && repl_node_rank(r, ps->pg, ps->node) > 0) {
+        if (ps->pull && repl_pgpeer_find(r, ps->pg) && repl_is_other_replica(r, ps->pg, ps->node)) {
             /* We lead the PG now and the puller is its replica: an ordinary push from here. */
             ps->pull = ps->pull_done = 0;
             if (!ps->busy)

@@ -209,6 +209,25 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
                    push_epoch(ps));
 }
 
+/* The rebalance's limits on a moving PG's backfill (the map's rebalance rate, bytes/s per PG):
+ * after a shard of `bytes`, the next waits its turn (1; the tick steps it again). */
+static int bf_paced(ts_repl *r, struct push *ps, uint64_t bytes)
+{
+    const struct ts_map_move *mv = r->map ? r->map->move : NULL;
+
+    if (!mv || !mv->rate || ts_map_pg_move_state(r->map, ps->pg) != TS_PG_MOVING)
+        return 0;
+    ps->retry_at = ts_now_mono_ns() + bytes * 1000000000ull / mv->rate;
+    return 1;
+}
+
+/* A paused rebalance holds its moving PGs' backfills (writes still reach the new replicas). */
+static int bf_paused(ts_repl *r, const struct push *ps)
+{
+    return r->map && r->map->move && r->map->move->paused &&
+           ts_map_pg_move_state(r->map, ps->pg) == TS_PG_MOVING;
+}
+
 static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
 {
     struct push *ps = ctx;
@@ -220,7 +239,8 @@ static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
         if (ps->backfill) {
             ps->at++;
             ps->busy = 0;
-            repl_push_step(r, ps);
+            if (!bf_paced(r, ps, ps->rec.size))
+                repl_push_step(r, ps);
         } else {
             push_advanced(r, ps, seq);
         }
@@ -562,6 +582,10 @@ void repl_push_step(ts_repl *r, struct push *ps)
         return;
     }
     if (ps->backfill) {
+        if (bf_paused(r, ps)) {
+            push_retry_later(ps);
+            return;
+        }
         if (!ps->bf_pruned) {
             send_prune(r, ps);
             return;
@@ -643,7 +667,7 @@ void repl_pushes_rebuild(ts_repl *r)
     while ((ps = *pp)) {
         int order[TS_REPL_MAX_REPLICAS];
         size_t n = r->map ? ts_map_pg_order(r->map, ps->pg, order, TS_REPL_MAX_REPLICAS) : 0;
-        int keep = n > 0 && order[0] == r->self && repl_node_rank(r, ps->pg, ps->node) > 0;
+        int keep = n > 0 && order[0] == r->self && repl_is_other_replica(r, ps->pg, ps->node);
         if (ps->pull && keep) {
             /* We lead the PG now and the puller is its replica: an ordinary push from here. */
             ps->pull = ps->pull_done = 0;

@@ -67,6 +67,11 @@ int repl_node_rank(ts_repl *r, uint32_t pg, const char *id)
     return ts_repl_rank_of(r->map, pg, id);
 }
 
+int repl_is_other_replica(ts_repl *r, uint32_t pg, const char *id)
+{
+    return strcmp(id, r->node_id) != 0 && repl_node_rank(r, pg, id) >= 0;
+}
+
 /* ---- peers ------------------------------------------------------------------------------ */
 
 static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why);

@@ -176,6 +176,8 @@ void repl_peer_send(ts_repl *r, const char *id, uint8_t op, struct ts_wr *w, con
 void repl_on_stale(ts_repl *r, struct peer *p, struct ts_rd *body);
 void repl_waiters_check(ts_repl *r);
 int repl_node_rank(ts_repl *r, uint32_t pg, const char *id);
+/* id is a node other than this one with a rank in pg (a rebalance's incoming node may rank 0). */
+int repl_is_other_replica(ts_repl *r, uint32_t pg, const char *id);
 /* The fields of a REPL_WRITE frame, up to its data. */
 void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
                    uint64_t inc, uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc,

@@ -136,7 +136,9 @@ void ts_repl_push_map(ts_repl *r, const char *node_id);
 void ts_repl_log_delete(ts_repl *r, const char *dataset, uint64_t incarnation);
 
 /* membership.c: the replica widths (core + fringe) of this node's datasets, narrowest and
- * widest (0 and 0: no dataset); a node's rank in a PG's replica order (-1: none); whether a
+ * widest (0 and 0: no dataset); a node's rank in a PG's replica order (-1: none; in a PG
+ * that a rebalance moves, a node it brings in ranks where it will: two nodes may share a rank,
+ * and a rank 0 is not always the primary); whether a
  * map change moves node into the replicas of a dataset of pg that it was not a replica of
  * (it holds none of its shards there and needs a backfill). */
 struct ts_repl_widths {

@@ -45,6 +45,8 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
 void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+/* ops_move.c */
+void tsd_op_pg_drop(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_pg_activate(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_pg_pull(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);

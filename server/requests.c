@@ -387,6 +387,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
     case TS_OP_PG_INFO:
         rc = dec_pg_info(&d, &q->u.pg_info);
         break;
+    case TS_OP_PG_DROP:
+        rc = dec_pg_info(&d, &q->u.pg_drop);
+        break;
     case TS_OP_PG_QUERY:
         rc = dec_pg_query(&d, &q->u.pg_query);
         break;

@@ -201,6 +201,7 @@ struct tsd_req {
         struct tsd_req_repl_write repl_write;
         struct tsd_req_repl_seal repl_seal;
         struct tsd_req_pg_info pg_info;
+        struct tsd_req_pg_info pg_drop; /* the same u32 pg */
         struct tsd_req_pg_query pg_query;
         struct tsd_req_pg_activate pg_activate;
         struct tsd_req_pg_pull pg_pull;

@@ -49,7 +49,9 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     rc = dataset_get(s, dataset, &d);
     if (rc)
         goto out_unlock;
-    if (d.state == TS_DS_SEALED) {
+    if (d.state == TS_DS_SEALED && !takeover) {
+        /* A PG primary's stream may fill in a shard of a sealed dataset: a backfill of what
+         * the primary holds (a replica that lost it, or dropped it when the PG moved away). */
         rc = TS_ESEALED;
         goto out_unlock;
     }

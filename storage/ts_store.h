@@ -91,7 +91,8 @@ int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint6
                          ts_shard_writer **out);
 /* With takeover, an upload of the shard already in progress gives way instead (its next put
  * or seal fails with TS_ESTALE): for a PG primary's stream superseding one an older primary
- * left open on this replica. */
+ * left open on this replica; such a stream may also fill a shard of a sealed dataset (a
+ * backfill of a shard the replica lost or dropped). */
 int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
                             int takeover, ts_shard_writer **out);
 /*

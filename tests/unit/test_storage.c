@@ -220,6 +220,15 @@ static void test_seal_rules(void **state)
     assert_int_equal(ts_store_shard_begin(f->s, "seal", 3, 1, &w), TS_ESEALED);
     assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_ESEALED);
     check_range(f->s, "seal", 2, 3, 0, 10, 10);
+    /* A replica that lost a shard of a sealed dataset (or dropped it when its PG moved away)
+     * gets it back from the PG primary's stream: the takeover form may fill it in. */
+    assert_int_equal(ts_store_shard_delete(f->s, "seal", 2), 0);
+    assert_int_equal(ts_store_shard_begin(f->s, "seal", 2, 10, &w), TS_ESEALED);
+    assert_int_equal(ts_store_shard_begin_ex(f->s, "seal", 2, 10, 1, &w), 0);
+    ts_test_fill(buf, 10, 3, 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, 10, ts_crc32c(0, buf, 10)), 0);
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, NULL, 0), 0);
+    check_range(f->s, "seal", 2, 3, 0, 10, 10);
 }
 
 static void test_names_and_duplicates(void **state)
