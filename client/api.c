@@ -173,6 +173,14 @@ int ts_client_node_status(tessera_client *c, size_t node, char **json)
     return ts_cl_node_status(c, c->cl, node, json);
 }
 
+int ts_client_node_read(tessera_client *c, size_t node, const char *name, uint32_t shard,
+                        uint64_t off, size_t len, void *buf, size_t *out_len)
+{
+    if (!routed(c))
+        return TS_EINVAL;
+    return ts_cl_node_read(c, c->cl, node, name, shard, off, len, buf, out_len);
+}
+
 void ts_client_map_refresh(tessera_client *c)
 {
     if (routed(c))

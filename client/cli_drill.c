@@ -30,33 +30,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "cli_drill.h"
 #include "ts_map.h"
-
-#define SHARD_BYTES (64u << 10)
-#define MAX_SHARDS 100000
-
-struct drill {
-    struct ctx *x;
-    char ds[64];
-    uint8_t *acked; /* acked[i]: shard i's put succeeded */
-    uint32_t next;  /* the next shard to write */
-    uint64_t t0;
-    /* results */
-    uint64_t writes_ok, writes_failed, reads_ok, reads_failed, checksum_errors;
-    uint64_t act_ns, detect_ns, failover_ns, recover_ns;
-    uint64_t ops_before, ops_during, ops_after;
-    double secs_before, secs_during, secs_after;
-    char node[64], log[2048];
-    int phase; /* 0 before the act, 1 during, 2 after recovery */
-};
 
 static uint64_t now_ns(void)
 {
     return ts_now_mono_ns();
 }
 
-static void shard_bytes(uint8_t *p, uint32_t i)
+void drill_shard_bytes(uint8_t *p, uint32_t i)
 {
     uint64_t x = 0x9E3779B97F4A7C15ull * (i + 1);
 
@@ -68,8 +50,7 @@ static void shard_bytes(uint8_t *p, uint32_t i)
     }
 }
 
-static void note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void note(struct drill *d, const char *fmt, ...)
+void drill_note(struct drill *d, const char *fmt, ...)
 {
     char line[300];
     size_t n, have = strlen(d->log);
@@ -84,6 +65,19 @@ static void note(struct drill *d, const char *fmt, ...)
     snprintf(d->log + have, sizeof(d->log) - have, "%s\n", line);
 }
 
+/* Node i is a core replica (of the first 3) of shard s's PG. */
+static int core_of(struct drill *d, uint32_t s, int i)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    int order[3];
+    size_t n = m ? ts_map_pg_order(m, ts_map_pg_of(m, d->ds, s), order, 3) : 0;
+
+    for (size_t k = 0; k < n; k++)
+        if (order[k] == i)
+            return 1;
+    return 0;
+}
+
 /* One write and one read of the load; 1 when both succeeded. */
 static int load_step(struct drill *d)
 {
@@ -91,8 +85,10 @@ static int load_step(struct drill *d)
     uint64_t t = now_ns();
     int ok_w, ok_r = 1, rc;
 
+    while (d->avoid >= 0 && d->next < MAX_SHARDS && core_of(d, d->next, d->avoid))
+        d->next++; /* a shard number the load skips: never written, never read */
     if (d->next < MAX_SHARDS) {
-        shard_bytes(buf, d->next);
+        drill_shard_bytes(buf, d->next);
         rc = tessera_put(d->x->c, d->ds, d->next, buf, SHARD_BYTES, NULL, 0);
         ok_w = rc == 0;
         if (ok_w) {
@@ -110,7 +106,7 @@ static int load_step(struct drill *d)
         size_t n = 0;
         if (d->acked[i]) {
             rc = tessera_read(d->x->c, d->ds, i, 0, SHARD_BYTES, got, &n);
-            shard_bytes(buf, i);
+            drill_shard_bytes(buf, i);
             if (rc == TS_ECORRUPT)
                 d->checksum_errors++;
             ok_r = rc == 0 && n == SHARD_BYTES && memcmp(got, buf, SHARD_BYTES) == 0;
@@ -137,7 +133,7 @@ static int load_step(struct drill *d)
     return ok_w && ok_r;
 }
 
-static void load_for(struct drill *d, double secs)
+void drill_load_for(struct drill *d, double secs)
 {
     uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
 
@@ -146,7 +142,7 @@ static void load_for(struct drill *d, double secs)
 }
 
 /* Node i's process id from its STATUS, confirmed by /proc to be a tesserad; 0 if not local. */
-static pid_t node_pid(struct drill *d, size_t i)
+pid_t drill_node_pid(struct drill *d, size_t i)
 {
     char *json = NULL, path[64], exe[512];
     struct json_object *doc, *v;
@@ -168,14 +164,7 @@ static pid_t node_pid(struct drill *d, size_t i)
     return strstr(exe, "tesserad") ? pid : 0;
 }
 
-/* A node's command line and working directory, to start it again after a kill. */
-struct proc_image {
-    char *argv[64];
-    char buf[8192];
-    char cwd[1024];
-};
-
-static int proc_image(pid_t pid, struct proc_image *im)
+int drill_proc_image(pid_t pid, struct proc_image *im)
 {
     char path[64];
     int fd, argc = 0;
@@ -221,7 +210,7 @@ static pid_t proc_start(const struct proc_image *im, const char *log)
 }
 
 /* The node that leads the PG of the shard the load writes next. */
-static int primary_next(struct drill *d)
+int drill_primary_next(struct drill *d)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
     int first[1];
@@ -246,8 +235,8 @@ static int fail_over(struct drill *d, int i)
     if (rc == TS_ENOENT) /* it leads no PG: mark it down all the same */
         rc = 0;
     d->failover_ns = now_ns();
-    note(d, "failed over: %s marked down, map epoch %llu (%s)", d->node, (unsigned long long)epoch,
-         rc ? tessera_client_error(d->x->c) : "ok");
+    drill_note(d, "failed over: %s marked down, map epoch %llu (%s)", d->node,
+               (unsigned long long)epoch, rc ? tessera_client_error(d->x->c) : "ok");
     return rc;
 }
 
@@ -293,8 +282,8 @@ static int mark_up(struct drill *d, const char *id)
     unlink(path);
     rmdir(dir);
     ts_map_free(m);
-    note(d, "%s marked up: map epoch %llu (%s)", id, (unsigned long long)epoch,
-         rc ? ts_strerror(rc) : "ok");
+    drill_note(d, "%s marked up: map epoch %llu (%s)", id, (unsigned long long)epoch,
+               rc ? ts_strerror(rc) : "ok");
     return rc;
 }
 
@@ -302,7 +291,7 @@ static int mark_up(struct drill *d, const char *id)
 static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, double secs)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    pid_t pid = node_pid(d, (size_t)i);
+    pid_t pid = drill_node_pid(d, (size_t)i);
 
     if (!pid) {
         snprintf(d->x->local, sizeof(d->x->local),
@@ -311,25 +300,25 @@ static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, dou
                  m->nodes[i].id);
         return TS_EINVAL;
     }
-    if (proc_image(pid, im) != 0) {
+    if (drill_proc_image(pid, im) != 0) {
         snprintf(d->x->local, sizeof(d->x->local), "cannot read node %s's command line",
                  m->nodes[i].id);
         return TS_EIO;
     }
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
     if (d->recover_ns) /* a second act (node-return): the report times the last one */
-        note(d, "recovered from the previous act %.3f s after it",
-             (double)(d->recover_ns - d->act_ns) / 1e9);
+        drill_note(d, "recovered from the previous act %.3f s after it",
+                   (double)(d->recover_ns - d->act_ns) / 1e9);
     d->detect_ns = d->failover_ns = d->recover_ns = 0;
     d->phase = 1;
     d->act_ns = now_ns();
     kill(pid, SIGKILL);
-    note(d, "kill -9 %s (pid %d)", d->node, (int)pid);
-    load_for(d, secs); /* the load meets the dead node: detection */
+    drill_note(d, "kill -9 %s (pid %d)", d->node, (int)pid);
+    drill_load_for(d, secs); /* the load meets the dead node: detection */
     return fail_over(d, i);
 }
 
-static int restart(struct drill *d, const struct proc_image *im, const char *logdir)
+int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir)
 {
     char log[600];
     struct stat st;
@@ -340,10 +329,10 @@ static int restart(struct drill *d, const struct proc_image *im, const char *log
     from = stat(log, &st) == 0 ? (long)st.st_size : 0;
     pid = proc_start(im, log);
     if (pid <= 0 || wait_ready(log, from, 30) != 0) {
-        note(d, "%s did not start again (see %s)", d->node, log);
+        drill_note(d, "%s did not start again (see %s)", d->node, log);
         return TS_EIO;
     }
-    note(d, "%s started again (pid %d, log %s)", d->node, (int)pid, log);
+    drill_note(d, "%s started again (pid %d, log %s)", d->node, (int)pid, log);
     return mark_up(d, d->node);
 }
 
@@ -372,7 +361,7 @@ static uint64_t verify_all(struct drill *d)
         int rc = TS_EIO;
         if (!d->acked[i])
             continue;
-        shard_bytes(buf, i);
+        drill_shard_bytes(buf, i);
         for (int t = 0; t < 3 && rc; t++) { /* a replica may still be catching up */
             rc = tessera_read(d->x->c, d->ds, i, 0, SHARD_BYTES, got, &n);
             if (!rc && (n != SHARD_BYTES || memcmp(got, buf, SHARD_BYTES) != 0))
@@ -382,7 +371,7 @@ static uint64_t verify_all(struct drill *d)
         }
         if (rc) {
             lost++;
-            note(d, "LOST: acknowledged shard %u: %s", i, ts_strerror(rc));
+            drill_note(d, "LOST: acknowledged shard %u: %s", i, ts_strerror(rc));
         }
     }
     return lost;
@@ -411,14 +400,19 @@ int cmd_drill(struct ctx *x)
         return TS_EINVAL;
     }
     if (strcmp(scenario, "kill-primary") && strcmp(scenario, "kill-node") &&
-        strcmp(scenario, "node-return") && strcmp(scenario, "slow-node")) {
+        strcmp(scenario, "node-return") && strcmp(scenario, "slow-node") &&
+        strcmp(scenario, "corrupt-chunk") && strcmp(scenario, "fringe-lag")) {
         snprintf(x->local, sizeof(x->local),
-                 "unknown scenario '%s' (kill-primary, kill-node, node-return, slow-node)",
+                 "unknown scenario '%s' (kill-primary, kill-node, node-return, slow-node, "
+                 "corrupt-chunk, fringe-lag)",
                  scenario);
         return TS_EINVAL;
     }
+    if (!strcmp(scenario, "fringe-lag"))
+        p.fringe = 1; /* a fringe replica to stop */
     memset(&d, 0, sizeof(d));
     d.x = x;
+    d.avoid = -1;
     d.t0 = now_ns();
     snprintf(d.ds, sizeof(d.ds), "drill-%s-%ld", scenario, (long)time(NULL));
     if (x->dry_run) {
@@ -434,14 +428,19 @@ int cmd_drill(struct ctx *x)
     rc = tessera_dataset_create(x->c, d.ds, &p);
     if (rc)
         goto out;
-    note(&d, "dataset %s created; load running", d.ds);
-    load_for(&d, dur / 4);
+    drill_note(&d, "dataset %s created; load running", d.ds);
+    drill_load_for(&d, dur / 4);
     d.secs_before = (double)(now_ns() - d.t0) / 1e9;
     t_act_end = now_ns();
-    if (!strcmp(scenario, "slow-node")) {
+    if (!strcmp(scenario, "corrupt-chunk") || !strcmp(scenario, "fringe-lag")) {
+        rc = !strcmp(scenario, "fringe-lag") ? drill_fringe_lag(&d, dur)
+                                             : drill_corrupt_chunk(&d, dur, logs);
+        if (rc)
+            goto out;
+    } else if (!strcmp(scenario, "slow-node")) {
         pid_t pid;
-        i = primary_next(&d);
-        pid = i >= 0 ? node_pid(&d, (size_t)i) : 0;
+        i = drill_primary_next(&d);
+        pid = i >= 0 ? drill_node_pid(&d, (size_t)i) : 0;
         if (!pid) {
             snprintf(x->local, sizeof(x->local), "no local tesserad to slow down");
             rc = TS_EINVAL;
@@ -451,13 +450,14 @@ int cmd_drill(struct ctx *x)
         d.phase = 1;
         d.act_ns = now_ns();
         kill(pid, SIGSTOP);
-        note(&d, "SIGSTOP %s (pid %d) for %.1f s", d.node, (int)pid, dur / 3);
-        load_for(&d, dur / 3);
+        drill_note(&d, "SIGSTOP %s (pid %d) for %.1f s", d.node, (int)pid, dur / 3);
+        drill_load_for(&d, dur / 3);
         kill(pid, SIGCONT);
         d.failover_ns = now_ns(); /* no failover: it resumes */
-        note(&d, "SIGCONT %s", d.node);
+        drill_note(&d, "SIGCONT %s", d.node);
     } else {
-        i = !strcmp(scenario, "kill-node") ? (primary_next(&d) + 1) % (int)m->n : primary_next(&d);
+        i = !strcmp(scenario, "kill-node") ? (drill_primary_next(&d) + 1) % (int)m->n
+                                           : drill_primary_next(&d);
         if (i < 0) {
             rc = TS_EINVAL;
             goto out;
@@ -465,25 +465,26 @@ int cmd_drill(struct ctx *x)
         rc = kill_and_fail_over(&d, i, &im, 1.0);
         if (rc)
             goto out;
-        load_for(&d, dur / 4);
+        drill_load_for(&d, dur / 4);
         if (!strcmp(scenario, "node-return")) {
-            rc = restart(&d, &im, logs);
+            rc = drill_restart(&d, &im, logs);
             if (rc)
                 goto out;
-            load_for(&d, dur / 4);
+            drill_load_for(&d, dur / 4);
             i = ts_map_find(ts_client_map(x->c), d.node);
             rc = kill_and_fail_over(&d, i, &im, 1.0);
             if (rc)
                 goto out;
         }
     }
-    load_for(&d, dur / 4);
+    drill_load_for(&d, dur / 4);
     if (d.phase == 1 && !d.recover_ns)
-        note(&d, "the load did not recover within the drill");
+        drill_note(&d, "the load did not recover within the drill");
     d.secs_during = (double)((d.recover_ns ? d.recover_ns : now_ns()) - t_act_end) / 1e9;
     d.secs_after = d.recover_ns ? (double)(now_ns() - d.recover_ns) / 1e9 : 0;
-    if (strcmp(scenario, "slow-node") != 0)
-        restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
+    if (strcmp(scenario, "slow-node") && strcmp(scenario, "corrupt-chunk") &&
+        strcmp(scenario, "fringe-lag"))
+        drill_restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
     {
         struct json_object *o = json_object_new_object();
@@ -502,6 +503,15 @@ int cmd_drill(struct ctx *x)
         json_object_object_add(o, "reads_ok", json_u64(d.reads_ok));
         json_object_object_add(o, "reads_failed", json_u64(d.reads_failed));
         json_object_object_add(o, "checksum_errors", json_u64(d.checksum_errors));
+        if (!strcmp(scenario, "corrupt-chunk")) {
+            json_object_object_add(o, "bytes_flipped", json_u64(d.flipped));
+            json_object_object_add(o, "node_checksum_errors", json_u64(d.node_corrupt));
+            json_object_object_add(o, "node_shards_bad_after_repair", json_u64(d.node_still_bad));
+        }
+        if (!strcmp(scenario, "fringe-lag")) {
+            json_object_object_add(o, "fringe_lag_max_ops", json_u64(d.lag_max_ops));
+            json_object_object_add(o, "fringe_lag_max_s", json_object_new_double(d.lag_max_s));
+        }
         json_object_object_add(
             o, "ops_per_s_before",
             json_object_new_double(d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0));
@@ -542,6 +552,12 @@ int cmd_drill(struct ctx *x)
             printf("  reads ok / failed:         %llu / %llu\n", (unsigned long long)d.reads_ok,
                    (unsigned long long)d.reads_failed);
             printf("  checksum errors caught:    %llu\n", (unsigned long long)d.checksum_errors);
+            if (!strcmp(scenario, "corrupt-chunk"))
+                printf("  bytes flipped on %s:      %llu; its shards bad after repair: %llu\n",
+                       d.node, (unsigned long long)d.flipped, (unsigned long long)d.node_still_bad);
+            if (!strcmp(scenario, "fringe-lag"))
+                printf("  fringe lag, largest:       %llu ops, %.2f s\n",
+                       (unsigned long long)d.lag_max_ops, d.lag_max_s);
             printf("  good steps/s (write+read): before %.0f, during %.0f, after %.0f\n",
                    d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0,
                    d.secs_during > 0 ? (double)d.ops_during / d.secs_during : 0,

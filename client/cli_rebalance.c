@@ -34,9 +34,9 @@
 
 struct rb {
     struct ctx *x;
-    unsigned width;  /* widest dataset: core + fringe */
-    unsigned maxc;   /* PGs moving at once */
-    uint64_t rate;   /* bytes/s in all, 0 unlimited */
+    unsigned width;     /* widest dataset: core + fringe */
+    unsigned maxc;      /* PGs moving at once */
+    uint64_t rate;      /* bytes/s in all, 0 unlimited */
     uint8_t *want_drop; /* per PG: settled by this rebalance, copies outside it to drop */
     uint64_t *seen_ms;  /* per PG: when its primary was first seen with the map's epoch */
     uint64_t said_ms;   /* when the PGs still waiting were last named */
@@ -213,8 +213,7 @@ static struct json_object *progress_json(const struct ts_map *m, const struct pr
     json_object_object_add(o, "bytes_done", json_u64(p->bytes_done));
     json_object_object_add(o, "rate_bytes_per_s", json_object_new_double(rate));
     json_object_object_add(o, "eta_s", json_object_new_double(eta));
-    json_object_object_add(o, "max_bytes_per_s_per_pg",
-                           json_u64(m->move ? m->move->rate : 0));
+    json_object_object_add(o, "max_bytes_per_s_per_pg", json_u64(m->move ? m->move->rate : 0));
     return o;
 }
 
@@ -361,8 +360,9 @@ static int drop_outside(struct rb *b, const struct ts_map *m, uint32_t pg)
             continue;
         }
         if (shards && !b->x->json)
-            fprintf(stderr, "rebalance: PG %u: %s dropped %u shards (%llu bytes) it no longer "
-                            "holds\n",
+            fprintf(stderr,
+                    "rebalance: PG %u: %s dropped %u shards (%llu bytes) it no longer "
+                    "holds\n",
                     pg, m->nodes[i].id, shards, (unsigned long long)bytes);
     }
     return all;
@@ -687,8 +687,10 @@ int cmd_rebalance_apply(struct ctx *x)
             changing++;
         }
     if (!changing) {
-        snprintf(x->local, sizeof(x->local), "%s places every PG as the cluster does already: "
-                 "nothing to move (use 'map push' for other changes)", x->argv[0]);
+        snprintf(x->local, sizeof(x->local),
+                 "%s places every PG as the cluster does already: "
+                 "nothing to move (use 'map push' for other changes)",
+                 x->argv[0]);
         rc = TS_EINVAL;
         goto out;
     }
@@ -746,7 +748,10 @@ static int set_paused(struct ctx *x, int paused)
         rc = push(x, m, &epoch);
         if (!rc && !x->json)
             printf("rebalance: %s (map epoch %llu)\n",
-                   paused ? "paused" : was ? "resumed" : "taken over", (unsigned long long)epoch);
+                   paused ? "paused"
+                   : was  ? "resumed"
+                          : "taken over",
+                   (unsigned long long)epoch);
     }
     ts_map_free(m);
     return rc;

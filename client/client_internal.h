@@ -333,6 +333,9 @@ int ts_cl_failover(tessera_client *c, struct ts_cluster *cl, uint32_t pg, uint64
 int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, char **json);
 /* Adopts the newest map any node has. */
 void ts_cl_map_refresh(struct ts_cluster *cl);
+/* READ from node i of the map alone. */
+int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
+                    uint32_t shard, uint64_t off, size_t len, void *buf, size_t *out_len);
 /* PG_DROP on node i of the map. */
 int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
                        uint32_t *shards, uint64_t *bytes);
@@ -343,6 +346,9 @@ int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, ui
 const struct ts_map *ts_client_map(const tessera_client *c);
 /* STATUS of node i of the handle's map (connecting to it if needed). */
 int ts_client_node_status(tessera_client *c, size_t node, char **json);
+/* READ of (name, shard, off, len) from node i of the handle's map alone (no failover). */
+int ts_client_node_read(tessera_client *c, size_t node, const char *name, uint32_t shard,
+                        uint64_t off, size_t len, void *buf, size_t *out_len);
 /* Adopts the newest map any node has (no-op on a single node). */
 void ts_client_map_refresh(tessera_client *c);
 /* PG_DROP on node i of the handle's map. */

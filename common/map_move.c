@@ -200,10 +200,10 @@ static int parse_pgs(config_setting_t *g, const char *name, uint8_t state, struc
                             "rebalance.%s must be an array of PG numbers: [ 1, 2 ]", name);
     for (int i = 0; i < config_setting_length(a); i++) {
         config_setting_t *e = config_setting_get_elem(a, (unsigned)i);
-        long long v = config_setting_type(e) == CONFIG_TYPE_INT ||
-                              config_setting_type(e) == CONFIG_TYPE_INT64
-                          ? config_setting_get_int64(e)
-                          : -1;
+        long long v =
+            config_setting_type(e) == CONFIG_TYPE_INT || config_setting_type(e) == CONFIG_TYPE_INT64
+                ? config_setting_get_int64(e)
+                : -1;
         if (v < 0 || v >= (long long)m->pg_count)
             return map_cfg_fail(err, errlen, where, config_setting_source_line(a),
                                 "rebalance.%s: PG numbers are 0..%u", name, m->pg_count - 1);

@@ -163,10 +163,38 @@ out_free:
     return rc;
 }
 
+static void store_close(ts_store *s, int flush);
+
 void ts_store_close(ts_store *s)
+{
+    store_close(s, 1);
+}
+
+void ts_store_close_unflushed(ts_store *s)
+{
+    store_close(s, 0);
+}
+
+static void store_close(ts_store *s, int flush)
 {
     if (!s)
         return;
+    /* A clean close leaves the data in table and blob files, not only in the WAL: the next
+     * open replays nothing (best effort: on a full disk the WAL keeps it). */
+    if (flush) {
+        rocksdb_flushoptions_t *fo = rocksdb_flushoptions_create();
+        rocksdb_flushoptions_set_wait(fo, 1);
+        for (int i = 0; i < CF_COUNT; i++) {
+            char *err = NULL;
+            rocksdb_flush_cf(s->db, fo, s->cf[i], &err);
+            if (err) {
+                TS_WARN(FAC, TS_EIO, "close: flushing the memtables failed: %s", err);
+                rocksdb_free(err);
+                break;
+            }
+        }
+        rocksdb_flushoptions_destroy(fo);
+    }
     /* Cached chunks pin engine memory: release them before the engine closes. */
     ts_cache_destroy(s->ccache);
     arena_fini(&s->arena);

@@ -65,7 +65,12 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o);
 /* When this store last opened on a write-ahead log damaged before its end (wall-clock ns; 0:
  * never): writes logged after the damage were lost here (storage/engine_open.c). */
 uint64_t ts_store_wal_damage_ns(ts_store *s);
-void ts_store_close(ts_store *s); /* NULL is a no-op; open writers must be finished first */
+/* Flushes the memtables (best effort), then closes. NULL is a no-op; open writers must be
+ * finished first. */
+void ts_store_close(ts_store *s);
+/* Closes without flushing the memtables first: the files as a crash leaves them (the data of
+ * the last writes in the WAL only). For tests of WAL recovery. */
+void ts_store_close_unflushed(ts_store *s);
 
 /* Datasets. */
 void ts_dataset_policy_init(struct ts_dataset_policy *p);

@@ -239,6 +239,9 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
     case TS_OP_PG_INFO:
         ts_wr_u32(w, q->u.pg_info.pg);
         break;
+    case TS_OP_PG_DROP:
+        ts_wr_u32(w, q->u.pg_drop.pg);
+        break;
     case TS_OP_PG_QUERY:
         ts_wr_u32(w, q->u.pg_query.pg);
         ts_wr_u64(w, q->u.pg_query.epoch);

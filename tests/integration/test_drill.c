@@ -1,7 +1,8 @@
 /*
  * tessera drill against a real 5-node cluster on this host: kill-primary, kill-node,
- * node-return and slow-node, each with the CLI's built-in load; every report must say 0
- * acknowledged writes lost, recovery within the bound, and the load must have written.
+ * node-return, slow-node, corrupt-chunk and fringe-lag, each with the CLI's built-in load; every
+ * report must say 0 acknowledged writes lost, recovery within the bound, and the load must have
+ * written.
  */
 #include "harness.h"
 
@@ -81,6 +82,36 @@ static void test_slow_node(void **state)
     check("slow-node");
 }
 
+/* Bytes flipped in a replica's blob files: found as checksum errors (never wrong bytes), the
+ * cluster's reads do not fail, the node repairs them from its primaries. */
+static void test_corrupt_chunk(void **state)
+{
+    struct json_object *rep = NULL;
+    int rc = drill("corrupt-chunk", &rep);
+
+    assert_non_null(rep);
+    fprintf(stderr, "%s\n", json_object_to_json_string_ext(rep, JSON_C_TO_STRING_PRETTY));
+    assert_int_equal(rc, 0);
+    assert_true(num(rep, "bytes_flipped") > 0);
+    assert_true(num(rep, "node_checksum_errors") > 0);
+    assert_true(num(rep, "node_shards_bad_after_repair") == 0);
+    assert_true(num(rep, "acknowledged_writes_lost") == 0);
+    assert_true(num(rep, "reads_failed") == 0);
+    json_object_put(rep);
+}
+
+/* A stopped fringe replica: writes go on, its lag shows and drains. */
+static void test_fringe_lag(void **state)
+{
+    struct json_object *rep = NULL;
+
+    check("fringe-lag");
+    assert_int_equal(drill("fringe-lag", &rep), 0);
+    assert_true(num(rep, "fringe_lag_max_ops") > 0);
+    assert_true(num(rep, "writes_failed") == 0);
+    json_object_put(rep);
+}
+
 static void test_bad_scenario(void **state)
 {
     struct json_object *rep = NULL;
@@ -121,8 +152,9 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_scenario), cmocka_unit_test(test_kill_primary),
-        cmocka_unit_test(test_kill_node),    cmocka_unit_test(test_node_return),
+        cmocka_unit_test(test_corrupt_chunk), cmocka_unit_test(test_fringe_lag),
+        cmocka_unit_test(test_bad_scenario),  cmocka_unit_test(test_kill_primary),
+        cmocka_unit_test(test_kill_node),     cmocka_unit_test(test_node_return),
         cmocka_unit_test(test_slow_node),
     };
     return cmocka_run_group_tests_name("drill", tests, setup, teardown);

@@ -326,9 +326,8 @@ static void test_apply_pause_resume_rollback_apply(void **state)
     sleep(1);
 
     /* Apply in the background, paced; the CLI returns at once. */
-    assert_int_equal(cli("rebalance apply %s --max-concurrent 2 --max-bytes-per-sec 8M --detach",
-                         path),
-                     0);
+    assert_int_equal(
+        cli("rebalance apply %s --max-concurrent 2 --max-bytes-per-sec 8M --detach", path), 0);
     assert_non_null(strstr(out, "PGs to move"));
     assert_non_null(strstr(out, "driven in the background"));
     assert_int_not_equal(cli("rebalance apply %s", path), 0); /* one at a time */
@@ -377,8 +376,9 @@ static void test_apply_pause_resume_rollback_apply(void **state)
         assert_int_equal(m->nodes[ts_map_find(m, "n5")].state, TS_NODE_UP);
         ts_map_free(m);
     }
-    fprintf(stderr, "load: %u acknowledged writes, %u verified reads (%u bad); trainer %u units, "
-                    "%u failed\n",
+    fprintf(stderr,
+            "load: %u acknowledged writes, %u verified reads (%u bad); trainer %u units, "
+            "%u failed\n",
             atomic_load(&acked), atomic_load(&reads), atomic_load(&bad_reads),
             atomic_load(&train_units), atomic_load(&train_failed));
     check_all();

@@ -225,10 +225,9 @@ static void test_file_and_wire(void **state)
 
 static void test_refused(void **state)
 {
-    static const char head[] =
-        "epoch = 3; pg_count = 8;\n"
-        "nodes = ( { id = \"a\"; addr = \"127.0.0.1:1\"; weight = 1; },\n"
-        "          { id = \"b\"; addr = \"127.0.0.1:2\"; weight = 1; } );\n";
+    static const char head[] = "epoch = 3; pg_count = 8;\n"
+                               "nodes = ( { id = \"a\"; addr = \"127.0.0.1:1\"; weight = 1; },\n"
+                               "          { id = \"b\"; addr = \"127.0.0.1:2\"; weight = 1; } );\n";
     static const struct {
         const char *move, *why;
     } bad[] = {
@@ -277,8 +276,8 @@ static void test_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_placement),   cmocka_unit_test(test_ranks),
-        cmocka_unit_test(test_states_now),  cmocka_unit_test(test_file_and_wire),
+        cmocka_unit_test(test_placement),  cmocka_unit_test(test_ranks),
+        cmocka_unit_test(test_states_now), cmocka_unit_test(test_file_and_wire),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

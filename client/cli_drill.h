@@ -1,0 +1,62 @@
+/*
+ * tessera CLI: the failover drills' shared parts (cli_drill.c: the load, node processes, the
+ * report; cli_drill_data.c: the drills on data, corrupt-chunk and fringe-lag).
+ */
+#ifndef TS_CLI_DRILL_H
+#define TS_CLI_DRILL_H
+
+#include <sys/types.h>
+
+#include "cli.h"
+
+#define SHARD_BYTES (64u << 10)
+#define MAX_SHARDS 100000
+
+struct drill {
+    struct ctx *x;
+    char ds[64];
+    uint8_t *acked; /* acked[i]: shard i's put succeeded */
+    uint32_t next;  /* the next shard to write */
+    uint64_t t0;
+    /* results */
+    uint64_t writes_ok, writes_failed, reads_ok, reads_failed, checksum_errors;
+    uint64_t act_ns, detect_ns, failover_ns, recover_ns;
+    uint64_t ops_before, ops_during, ops_after;
+    double secs_before, secs_during, secs_after;
+    char node[64], log[2048];
+    int phase; /* 0 before the act, 1 during, 2 after recovery */
+    /* corrupt-chunk: bytes flipped in the node's files, its reads that found them, the
+     * shards it held corrupt and still holds after the repair; fringe-lag: the largest lag */
+    uint64_t flipped, node_corrupt, node_still_bad;
+    uint64_t lag_max_ops;
+    double lag_max_s;
+    int avoid; /* -1, or a node whose core PGs the load leaves alone (fringe-lag) */
+};
+
+/* A node's command line and working directory, to start it again after a kill. */
+struct proc_image {
+    char *argv[64];
+    char buf[8192];
+    char cwd[1024];
+};
+
+
+/* The drill's log: a timestamped line, kept for the report (and on stderr without --json). */
+void drill_note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Shard i's bytes (64 KiB, from its number). */
+void drill_shard_bytes(uint8_t *p, uint32_t i);
+/* The load (a write and a verified read per step) for secs seconds. */
+void drill_load_for(struct drill *d, double secs);
+/* Node i's process id (a local tesserad), or 0. */
+pid_t drill_node_pid(struct drill *d, size_t i);
+int drill_proc_image(pid_t pid, struct proc_image *im);
+/* Starts d->node again from im (output in logdir/drill-NODE.log) and marks it up. */
+int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir);
+/* The node that leads the PG of the shard the load writes next. */
+int drill_primary_next(struct drill *d);
+
+/* cli_drill_data.c: 0, or a TS_E* with d->x->local saying why. */
+int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir);
+int drill_fringe_lag(struct drill *d, double dur);
+
+#endif

@@ -1,0 +1,294 @@
+/*
+ * tessera CLI: the drills on data (tessera drill corrupt-chunk | fringe-lag; see cli_drill.c).
+ *
+ * corrupt-chunk: a core replica (not the primary) of the PG the load writes next is stopped
+ * (SIGTERM: it flushes, so the drill's chunks are in its blob files), bytes are flipped in the
+ * middle of every blob file it wrote since the drill began, and it is started again. Every
+ * acknowledged shard it holds is then read from it alone: a flipped chunk must come back as a
+ * checksum error (never as wrong bytes), the cluster's reads must not fail (they go to another
+ * replica), and the node must repair what it reported from its PG's primary.
+ *
+ * fringe-lag: the dataset has a fringe replica; the fringe replica of the PG the load writes
+ * next is stopped (SIGSTOP) for a third of the drill, then resumed. From then on the load writes
+ * only shards of PGs the node is no core replica of (where it is a core replica a stopped node
+ * stalls writes as slow-node shows); there writes go on, a fringe being asynchronous. The
+ * primary's STATUS shows the lag grow (the drill reports its largest value), and "recovered" is
+ * the moment it is back to 0.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli_drill.h"
+#include "ts_map.h"
+
+#define FLIPS_PER_FILE 16
+
+static uint64_t now_ns(void)
+{
+    return ts_now_mono_ns();
+}
+
+/* Node i's STATUS as a parsed document (the caller puts it), or NULL. */
+static struct json_object *status_of(struct drill *d, size_t i)
+{
+    struct json_object *doc;
+    char *json = NULL;
+
+    if (ts_client_node_status(d->x->c, i, &json) != 0)
+        return NULL;
+    doc = json_tokener_parse(json);
+    tessera_buffer_free(json);
+    return doc;
+}
+
+/* Replica k of the PG the load writes next, or -1. */
+static int replica_next(struct drill *d, size_t k)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    int order[8];
+
+    if (!m || ts_map_pg_order(m, ts_map_pg_of(m, d->ds, d->next), order, k + 1) != k + 1)
+        return -1;
+    return order[k];
+}
+
+/* Flips FLIPS_PER_FILE bytes spread over the middle of every blob file in dir changed since
+ * `since` (wall seconds): returns how many bytes were flipped. */
+static uint64_t flip_blob_files(struct drill *d, const char *dir, time_t since)
+{
+    struct dirent *e;
+    uint64_t flipped = 0;
+    DIR *dp = opendir(dir);
+
+    if (!dp)
+        return 0;
+    while ((e = readdir(dp))) {
+        char path[2400];
+        struct stat st;
+        size_t len = strlen(e->d_name);
+        int fd;
+
+        if (len < 6 || strcmp(e->d_name + len - 5, ".blob") != 0)
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (stat(path, &st) != 0 || st.st_mtime < since || st.st_size < 64 * 1024)
+            continue;
+        fd = open(path, O_RDWR);
+        if (fd < 0)
+            continue;
+        for (int k = 0; k < FLIPS_PER_FILE; k++) {
+            /* The middle three quarters: values, not the file's header or footer. */
+            off_t at = st.st_size / 8 + (off_t)k * (st.st_size * 3 / 4) / FLIPS_PER_FILE;
+            uint8_t b;
+            if (pread(fd, &b, 1, at) == 1) {
+                b ^= 0x5a;
+                if (pwrite(fd, &b, 1, at) == 1)
+                    flipped++;
+            }
+        }
+        fsync(fd);
+        close(fd);
+        drill_note(d, "flipped %d bytes in %s (%lld bytes)", FLIPS_PER_FILE, path,
+                   (long long)st.st_size);
+    }
+    closedir(dp);
+    return flipped;
+}
+
+/* Reads every acknowledged shard that node i holds from it alone; *bad gets the ones that came
+ * back as checksum errors, *wrong the ones whose bytes differed (must never happen). */
+static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, uint64_t *nbad,
+                           uint64_t *wrong)
+{
+    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
+    const struct ts_map *m = ts_client_map(d->x->c);
+
+    *nbad = *wrong = 0;
+    for (uint32_t s = 0; s < upto; s++) {
+        int order[3], holds = 0, rc = TS_EBUSY;
+        size_t n = 0, k;
+        if (!d->acked[s] || (bad && bad[s] == 2))
+            continue;
+        k = ts_map_pg_order(m, ts_map_pg_of(m, d->ds, s), order, 3);
+        for (size_t j = 0; j < k; j++)
+            holds |= order[j] == i;
+        if (!holds)
+            continue;
+        /* Restarted, the node serves a PG once its primary has compared its log: wait. */
+        for (int t = 0; t < 50 && (rc == TS_EBUSY || rc == TS_ESTALE); t++) {
+            rc = ts_client_node_read(d->x->c, (size_t)i, d->ds, s, 0, SHARD_BYTES, got, &n);
+            if (rc == TS_EBUSY || rc == TS_ESTALE)
+                usleep(100000);
+        }
+        drill_shard_bytes(buf, s);
+        if (rc == TS_ECORRUPT) {
+            (*nbad)++;
+            if (bad)
+                bad[s] = 1;
+        } else if (rc == 0 && (n != SHARD_BYTES || memcmp(buf, got, SHARD_BYTES) != 0)) {
+            (*wrong)++;
+        }
+    }
+}
+
+int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    struct json_object *doc, *v;
+    struct proc_image im;
+    char data_dir[1024] = "", full[2100];
+    uint64_t nbad = 0, wrong = 0, still = 0, wrong2 = 0;
+    uint8_t *bad = NULL;
+    time_t since = time(NULL) - (time_t)(dur + 2);
+    uint32_t upto;
+    pid_t pid;
+    int i = replica_next(d, 1), rc;
+
+    if (i < 0 || !(pid = drill_node_pid(d, (size_t)i))) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "no local tesserad holds a second replica to corrupt (embedded mode only)");
+        return TS_EINVAL;
+    }
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    doc = status_of(d, (size_t)i);
+    if (doc && json_object_object_get_ex(doc, "data_dir", &v))
+        snprintf(data_dir, sizeof(data_dir), "%s", json_object_get_string(v));
+    json_object_put(doc);
+    if (!data_dir[0] || drill_proc_image(pid, &im) != 0) {
+        snprintf(d->x->local, sizeof(d->x->local), "cannot find node %s's data dir or command line",
+                 d->node);
+        return TS_EIO;
+    }
+    if (data_dir[0] != '/') /* relative to the node's working directory */
+        snprintf(full, sizeof(full), "%s/%s", im.cwd, data_dir);
+    else
+        snprintf(full, sizeof(full), "%s", data_dir);
+    d->phase = 1;
+    d->act_ns = now_ns();
+    kill(pid, SIGTERM);
+    for (int t = 0; t < 300 && kill(pid, 0) == 0; t++)
+        usleep(50000);
+    if (kill(pid, 0) == 0) {
+        kill(pid, SIGKILL);
+        usleep(200000);
+    }
+    drill_note(d, "stopped %s (pid %d, SIGTERM: its memtables flushed)", d->node, (int)pid);
+    d->flipped = flip_blob_files(d, full, since);
+    if (!d->flipped)
+        drill_note(d, "no blob file of %s changed during the drill: nothing flipped", d->node);
+    rc = drill_restart(d, &im, logdir);
+    d->failover_ns = now_ns(); /* the operator's answer: the node is back */
+    if (rc)
+        return rc;
+    drill_load_for(d, dur / 4);
+    upto = d->next;
+    bad = calloc(upto ? upto : 1, 1);
+    if (!bad)
+        return TS_ENOMEM;
+    read_from_node(d, i, upto, bad, &nbad, &wrong);
+    d->node_corrupt = nbad;
+    d->checksum_errors += nbad;
+    drill_note(d, "read every acknowledged shard from %s alone: %llu checksum errors, %llu wrong",
+               d->node, (unsigned long long)nbad, (unsigned long long)wrong);
+    /* The reads reported them; the node asks its primaries for the chunks. Read those again. */
+    for (int t = 0; t < 20 && nbad; t++) {
+        drill_load_for(d, 0.5);
+        for (uint32_t s = 0; s < upto; s++)
+            if (bad[s] == 0)
+                bad[s] = 2; /* only the bad ones again */
+            else if (bad[s] == 1)
+                bad[s] = 0;
+        read_from_node(d, i, upto, bad, &still, &wrong2);
+        wrong += wrong2;
+        if (!still)
+            break;
+    }
+    d->node_still_bad = still;
+    drill_note(d, "after repair: %llu shards still bad on %s", (unsigned long long)still, d->node);
+    free(bad);
+    if (wrong) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "%s handed out %llu shards with wrong bytes instead of a checksum error", d->node,
+                 (unsigned long long)wrong);
+        return TS_ECORRUPT;
+    }
+    return 0;
+}
+
+/* The lag (ops, seconds) the PG's primary reports for node `id`, summed over PGs. */
+static void lag_of(struct drill *d, int primary, const char *id, uint64_t *ops, double *secs)
+{
+    struct json_object *doc = status_of(d, (size_t)primary), *rep, *arr, *v;
+
+    *ops = 0;
+    *secs = 0;
+    if (!doc)
+        return;
+    if (json_object_object_get_ex(doc, "replication", &rep) &&
+        json_object_object_get_ex(rep, "lag", &arr) && json_object_is_type(arr, json_type_array))
+        for (size_t k = 0; k < json_object_array_length(arr); k++) {
+            struct json_object *o = json_object_array_get_idx(arr, k);
+            if (!json_object_object_get_ex(o, "node", &v) || strcmp(json_object_get_string(v), id))
+                continue;
+            if (json_object_object_get_ex(o, "lag_ops", &v))
+                *ops += (uint64_t)json_object_get_int64(v);
+            if (json_object_object_get_ex(o, "lag_s", &v) && json_object_get_double(v) > *secs)
+                *secs = json_object_get_double(v);
+        }
+    json_object_put(doc);
+}
+
+int drill_fringe_lag(struct drill *d, double dur)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    int primary = replica_next(d, 0), i = replica_next(d, 3);
+    uint64_t end, ops;
+    double s;
+    pid_t pid;
+
+    if (i < 0 || primary < 0 || !(pid = drill_node_pid(d, (size_t)i))) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "no local tesserad is the fringe replica (the 4th) of the next PG: fringe-lag "
+                 "needs 4 nodes up, in embedded mode");
+        return TS_EINVAL;
+    }
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    d->avoid = i;
+    d->phase = 1;
+    d->act_ns = now_ns();
+    kill(pid, SIGSTOP);
+    drill_note(d, "SIGSTOP fringe replica %s (pid %d) for %.1f s", d->node, (int)pid, dur / 3);
+    end = now_ns() + (uint64_t)(dur / 3 * 1e9);
+    while (now_ns() < end) {
+        drill_load_for(d, 0.25);
+        lag_of(d, primary, d->node, &ops, &s);
+        if (ops && !d->detect_ns)
+            d->detect_ns = now_ns(); /* the lag shows */
+        if (ops > d->lag_max_ops)
+            d->lag_max_ops = ops;
+        if (s > d->lag_max_s)
+            d->lag_max_s = s;
+    }
+    kill(pid, SIGCONT);
+    d->failover_ns = now_ns();
+    drill_note(d, "SIGCONT %s: lag was up to %llu ops, %.2f s", d->node,
+               (unsigned long long)d->lag_max_ops, d->lag_max_s);
+    for (int t = 0; t < 200; t++) {
+        drill_load_for(d, 0.1);
+        lag_of(d, primary, d->node, &ops, &s);
+        if (!ops)
+            break;
+    }
+    d->recover_ns = now_ns(); /* caught up (the load's own recovery is not at stake) */
+    d->phase = 2;
+    drill_note(d, "%s caught up (lag %llu ops)", d->node, (unsigned long long)ops);
+    return ops ? TS_ETIMEDOUT : 0;
+}
