@@ -175,7 +175,7 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     d->act_ns = now_ns();
     kill(pid, SIGTERM);
     for (int t = 0; t < 300 && kill(pid, 0) == 0; t++)
-        usleep(50000);
+        drill_load_for(d, 0.05); /* it drains its connections (drain_timeout_s), then exits */
     if (kill(pid, 0) == 0) {
         kill(pid, SIGKILL);
         usleep(200000);
@@ -194,6 +194,8 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     if (!bad)
         return TS_ENOMEM;
     read_from_node(d, i, upto, bad, &nbad, &wrong);
+    if (nbad)
+        d->detect_ns = now_ns(); /* its reads found the flipped bytes */
     d->node_corrupt = nbad;
     d->checksum_errors += nbad;
     drill_note(d, "read every acknowledged shard from %s alone: %llu checksum errors, %llu wrong",
@@ -212,6 +214,8 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
             break;
     }
     d->node_still_bad = still;
+    if (!still)
+        d->recover_ns = now_ns(); /* the node holds good copies again */
     drill_note(d, "after repair: %llu shards still bad on %s", (unsigned long long)still, d->node);
     free(bad);
     if (wrong) {
