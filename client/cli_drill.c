@@ -91,6 +91,11 @@ static int load_step(struct drill *d)
         drill_shard_bytes(buf, d->next);
         rc = tessera_put(d->x->c, d->ds, d->next, buf, SHARD_BYTES, NULL, 0);
         ok_w = rc == 0;
+        if (rc == TS_ENOSPC)
+            d->enospc++;
+        if (rc && d->phase == 1 && !d->first_err[0])
+            snprintf(d->first_err, sizeof(d->first_err), "%s: %s", ts_errname(rc),
+                     tessera_client_error(d->x->c));
         if (ok_w) {
             d->acked[d->next] = 1;
             d->writes_ok++;
@@ -401,10 +406,11 @@ int cmd_drill(struct ctx *x)
     }
     if (strcmp(scenario, "kill-primary") && strcmp(scenario, "kill-node") &&
         strcmp(scenario, "node-return") && strcmp(scenario, "slow-node") &&
-        strcmp(scenario, "corrupt-chunk") && strcmp(scenario, "fringe-lag")) {
+        strcmp(scenario, "corrupt-chunk") && strcmp(scenario, "fringe-lag") &&
+        strcmp(scenario, "disk-full")) {
         snprintf(x->local, sizeof(x->local),
                  "unknown scenario '%s' (kill-primary, kill-node, node-return, slow-node, "
-                 "corrupt-chunk, fringe-lag)",
+                 "corrupt-chunk, fringe-lag, disk-full)",
                  scenario);
         return TS_EINVAL;
     }
@@ -422,6 +428,8 @@ int cmd_drill(struct ctx *x)
                scenario, d.ds, dur);
         return 0;
     }
+    if (!strcmp(scenario, "disk-full") && drill_disk_full_pick(&d) < 0)
+        return TS_EINVAL; /* refused before anything is created */
     d.acked = calloc(MAX_SHARDS, 1);
     if (!d.acked)
         return TS_ENOMEM;
@@ -432,9 +440,11 @@ int cmd_drill(struct ctx *x)
     drill_load_for(&d, dur / 4);
     d.secs_before = (double)(now_ns() - d.t0) / 1e9;
     t_act_end = now_ns();
-    if (!strcmp(scenario, "corrupt-chunk") || !strcmp(scenario, "fringe-lag")) {
-        rc = !strcmp(scenario, "fringe-lag") ? drill_fringe_lag(&d, dur)
-                                             : drill_corrupt_chunk(&d, dur, logs);
+    if (!strcmp(scenario, "corrupt-chunk") || !strcmp(scenario, "fringe-lag") ||
+        !strcmp(scenario, "disk-full")) {
+        rc = !strcmp(scenario, "fringe-lag")  ? drill_fringe_lag(&d, dur)
+             : !strcmp(scenario, "disk-full") ? drill_disk_full(&d, dur)
+                                              : drill_corrupt_chunk(&d, dur, logs);
         if (rc)
             goto out;
     } else if (!strcmp(scenario, "slow-node")) {
@@ -483,7 +493,7 @@ int cmd_drill(struct ctx *x)
     d.secs_during = (double)((d.recover_ns ? d.recover_ns : now_ns()) - t_act_end) / 1e9;
     d.secs_after = d.recover_ns ? (double)(now_ns() - d.recover_ns) / 1e9 : 0;
     if (strcmp(scenario, "slow-node") && strcmp(scenario, "corrupt-chunk") &&
-        strcmp(scenario, "fringe-lag"))
+        strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full"))
         drill_restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
     {
@@ -507,6 +517,10 @@ int cmd_drill(struct ctx *x)
             json_object_object_add(o, "bytes_flipped", json_u64(d.flipped));
             json_object_object_add(o, "node_checksum_errors", json_u64(d.node_corrupt));
             json_object_object_add(o, "node_shards_bad_after_repair", json_u64(d.node_still_bad));
+        }
+        if (!strcmp(scenario, "disk-full")) {
+            json_object_object_add(o, "balloon_bytes", json_u64(d.balloon));
+            json_object_object_add(o, "writes_refused_enospc", json_u64(d.enospc));
         }
         if (!strcmp(scenario, "fringe-lag")) {
             json_object_object_add(o, "fringe_lag_max_ops", json_u64(d.lag_max_ops));
@@ -555,6 +569,10 @@ int cmd_drill(struct ctx *x)
             if (!strcmp(scenario, "corrupt-chunk"))
                 printf("  bytes flipped on %s:      %llu; its shards bad after repair: %llu\n",
                        d.node, (unsigned long long)d.flipped, (unsigned long long)d.node_still_bad);
+            if (!strcmp(scenario, "disk-full"))
+                printf(
+                    "  filled on %s:              %llu bytes; writes refused (TS_ENOSPC): %llu\n",
+                    d.node, (unsigned long long)d.balloon, (unsigned long long)d.enospc);
             if (!strcmp(scenario, "fringe-lag"))
                 printf("  fringe lag, largest:       %llu ops, %.2f s\n",
                        (unsigned long long)d.lag_max_ops, d.lag_max_s);

@@ -30,7 +30,10 @@ struct drill {
     uint64_t flipped, node_corrupt, node_still_bad;
     uint64_t lag_max_ops;
     double lag_max_s;
-    int avoid; /* -1, or a node whose core PGs the load leaves alone (fringe-lag) */
+    int avoid;           /* -1, or a node whose core PGs the load leaves alone (fringe-lag) */
+    uint64_t enospc;     /* writes refused with TS_ENOSPC (disk-full) */
+    uint64_t balloon;    /* bytes the disk-full drill put on the node's filesystem */
+    char first_err[300]; /* the first write the act made fail, and why */
 };
 
 /* A node's command line and working directory, to start it again after a kill. */
@@ -39,7 +42,6 @@ struct proc_image {
     char buf[8192];
     char cwd[1024];
 };
-
 
 /* The drill's log: a timestamped line, kept for the report (and on stderr without --json). */
 void drill_note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -58,5 +60,8 @@ int drill_primary_next(struct drill *d);
 /* cli_drill_data.c: 0, or a TS_E* with d->x->local saying why. */
 int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir);
 int drill_fringe_lag(struct drill *d, double dur);
+int drill_disk_full(struct drill *d, double dur);
+/* The node disk-full would fill, or -1 (d->x->local says why): checked before anything else. */
+int drill_disk_full_pick(struct drill *d);
 
 #endif

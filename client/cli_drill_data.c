@@ -8,6 +8,15 @@
  * checksum error (never as wrong bytes), the cluster's reads must not fail (they go to another
  * replica), and the node must repair what it reported from its PG's primary.
  *
+ * disk-full: a node whose data directory is on a filesystem with at most DISK_FULL_MAX free
+ * (the drill will not fill a big disk) is filled by a file beside its data (data_dir/drill-
+ * balloon) until half of the node's reserve is left (below the reserve tesserad refuses
+ * writes; the rest is the room it keeps for its engine's own metadata), for a third of the
+ * drill, then the file goes. Writes of PGs the node
+ * leads are refused with TS_ENOSPC (counted) and none is acknowledged unless stored; where it is
+ * a replica the others carry the write; reads go on; writes come back once the space does,
+ * without a restart.
+ *
  * fringe-lag: the dataset has a fringe replica; the fringe replica of the PG the load writes
  * next is stopped (SIGSTOP) for a third of the drill, then resumed. From then on the load writes
  * only shards of PGs the node is no core replica of (where it is a core replica a stopped node
@@ -23,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +40,7 @@
 #include "ts_map.h"
 
 #define FLIPS_PER_FILE 16
+#define DISK_FULL_MAX (8ull << 30) /* free bytes at most on a filesystem the drill fills */
 
 static uint64_t now_ns(void)
 {
@@ -111,6 +122,8 @@ static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, 
     static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
     const struct ts_map *m = ts_client_map(d->x->c);
 
+    uint64_t deadline = now_ns() + 30ull * 1000000000; /* for the node to serve again */
+
     *nbad = *wrong = 0;
     for (uint32_t s = 0; s < upto; s++) {
         int order[3], holds = 0, rc = TS_EBUSY;
@@ -123,7 +136,7 @@ static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, 
         if (!holds)
             continue;
         /* Restarted, the node serves a PG once its primary has compared its log: wait. */
-        for (int t = 0; t < 50 && (rc == TS_EBUSY || rc == TS_ESTALE); t++) {
+        for (int t = 0; t < 50 && (rc == TS_EBUSY || rc == TS_ESTALE) && now_ns() < deadline; t++) {
             rc = ts_client_node_read(d->x->c, (size_t)i, d->ds, s, 0, SHARD_BYTES, got, &n);
             if (rc == TS_EBUSY || rc == TS_ESTALE)
                 usleep(100000);
@@ -295,4 +308,111 @@ int drill_fringe_lag(struct drill *d, double dur)
     d->phase = 2;
     drill_note(d, "%s caught up (lag %llu ops)", d->node, (unsigned long long)ops);
     return ops ? TS_ETIMEDOUT : 0;
+}
+
+/* Node i's data directory (absolute), from its STATUS and /proc; 0 or TS_E*. */
+static int data_dir_of(struct drill *d, size_t i, char *out, size_t cap)
+{
+    struct json_object *doc = status_of(d, i), *v;
+    struct proc_image im;
+    char dir[1024] = "";
+    pid_t pid = drill_node_pid(d, i);
+
+    if (doc && json_object_object_get_ex(doc, "data_dir", &v))
+        snprintf(dir, sizeof(dir), "%s", json_object_get_string(v));
+    json_object_put(doc);
+    if (!dir[0] || !pid || drill_proc_image(pid, &im) != 0)
+        return TS_ENOENT;
+    if (dir[0] == '/')
+        snprintf(out, cap, "%s", dir);
+    else
+        snprintf(out, cap, "%s/%s", im.cwd, dir);
+    return 0;
+}
+
+/* The node disk-full may fill: a local one whose data dir's filesystem has at most
+ * DISK_FULL_MAX free; -1 (d->x->local says why) when there is none. */
+int drill_disk_full_pick(struct drill *d)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    char dir[2200] = "", seen[1024] = "";
+    struct statvfs sv;
+    int i = -1;
+
+    /* The node the drill may fill: a local one on a small enough filesystem. */
+    for (size_t k = 0; k < m->n && i < 0; k++) {
+        uint64_t avail;
+        if (m->nodes[k].state != TS_NODE_UP || data_dir_of(d, k, dir, sizeof(dir)) != 0 ||
+            statvfs(dir, &sv) != 0)
+            continue;
+        avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+        if (avail <= DISK_FULL_MAX)
+            i = (int)k;
+        else
+            snprintf(seen + strlen(seen), sizeof(seen) - strlen(seen), "%s%s %llu GiB",
+                     seen[0] ? ", " : "", m->nodes[k].id, (unsigned long long)(avail >> 30));
+    }
+    if (i < 0) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "no local node's data dir is on a filesystem with at most %llu GiB free (%s): "
+                 "disk-full fills only such a one; put a node's data dir on a small filesystem "
+                 "(e.g. a tmpfs or a loop device) to drill it",
+                 (unsigned long long)(DISK_FULL_MAX >> 30), seen[0] ? seen : "none is local");
+        return -1;
+    }
+    return i;
+}
+
+int drill_disk_full(struct drill *d, double dur)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    static char zeros[1 << 20];
+    char dir[2200] = "", balloon[2300];
+    struct json_object *doc, *dj, *v;
+    struct statvfs sv;
+    uint64_t end, reserve = 0, leave;
+    int i = -1, fd;
+
+    i = drill_disk_full_pick(d);
+    if (i < 0)
+        return TS_EINVAL;
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    data_dir_of(d, (size_t)i, dir, sizeof(dir));
+    doc = status_of(d, (size_t)i);
+    if (doc && json_object_object_get_ex(doc, "disk", &dj) &&
+        json_object_object_get_ex(dj, "reserve_bytes", &v))
+        reserve = (uint64_t)json_object_get_int64(v);
+    json_object_put(doc);
+    leave = reserve / 2;
+    snprintf(balloon, sizeof(balloon), "%s/drill-balloon", dir);
+    fd = open(balloon, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(d->x->local, sizeof(d->x->local), "%.300s: %s", balloon, strerror(errno));
+        return TS_EIO;
+    }
+    d->phase = 1;
+    d->act_ns = now_ns();
+    for (;;) { /* down to `leave` free bytes */
+        uint64_t avail = statvfs(dir, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
+        size_t chunk = avail > leave ? (size_t)TS_MIN(avail - leave, (uint64_t)sizeof(zeros)) : 0;
+        ssize_t n = chunk ? write(fd, zeros, chunk) : 0;
+        if (n <= 0)
+            break;
+        d->balloon += (uint64_t)n;
+    }
+    fsync(fd);
+    close(fd);
+    drill_note(d, "filled %s's filesystem (%s): %llu bytes, %llu left", d->node, dir,
+               (unsigned long long)d->balloon,
+               statvfs(dir, &sv) == 0 ? (unsigned long long)sv.f_bavail * sv.f_frsize : 0ull);
+    end = now_ns() + (uint64_t)(dur / 3 * 1e9);
+    while (now_ns() < end)
+        drill_load_for(d, 0.1);
+    unlink(balloon);
+    d->failover_ns = now_ns(); /* the operator's answer: space again */
+    drill_note(d,
+               "removed the balloon: %llu writes were refused with TS_ENOSPC meanwhile (the first "
+               "write that failed: %s)",
+               (unsigned long long)d->enospc, d->first_err[0] ? d->first_err : "none");
+    return 0;
 }

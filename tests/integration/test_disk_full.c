@@ -3,7 +3,8 @@
  * default durable `sync always`. Puts go on until the filesystem is full; the one that does not
  * fit gets TS_ENOSPC with a message, the daemon stays up and serves every acknowledged shard,
  * a restart (SIGTERM and kill -9) on the nearly full disk works, and writes work again once
- * space returns, without a restart. Skips (77) where mounting is refused (not root).
+ * space returns, without a restart; `tessera drill disk-full` on a cluster node so placed. Skips
+ * (77) where mounting is refused (not root).
  */
 #include "harness.h"
 
@@ -16,6 +17,7 @@
 #include "ts_common.h"
 
 #include <errno.h>
+#include <json-c/json.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,6 +269,49 @@ static void test_full_replica(void **state)
     assert_true(tsd_alive(&cl.node[n3]));
 }
 
+/*
+ * `tessera drill disk-full` against a 3-node cluster whose n3 has its data on a 128 MiB tmpfs:
+ * the drill refuses nodes on big filesystems and picks n3; it fills n3's filesystem below its
+ * reserve while its load runs; nothing acknowledged is lost, reads never fail, writes come back.
+ */
+static void test_drill_full_node(void **state)
+{
+    static const char *const cx[] = {"--sync", "always", NULL};
+    struct json_object *rep, *v;
+    char cmd[2048], report[600];
+    int n3, st;
+
+    memset(&cl, 0, sizeof(cl));
+    assert_int_equal(tsd_cluster_start(&cl, 3, NULL, 8, cx), 0);
+    n3 = cl_n3 = tsd_cluster_find(&cl, "n3");
+    assert_int_equal(tsd_stop(&cl.node[n3]), 0);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'/*", cl.node[n3].data);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(mount("tmpfs", cl.node[n3].data, "tmpfs", 0, "size=128m"), 0);
+    assert_int_equal(tsd_start(&cl.node[n3], NULL), 0);
+    snprintf(report, sizeof(report), "%s/drill-disk-full.json", cl.dir);
+    snprintf(cmd, sizeof(cmd),
+             "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s --timeout 20000 drill disk-full "
+             "--duration 6 --report %s >&2",
+             TESSERA_CLI_PATH, cl.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
+             test_cert("admin", "key"), report);
+    st = system(cmd);
+    rep = json_object_from_file(report);
+    assert_non_null(rep);
+    fprintf(stderr, "%s\n", json_object_to_json_string_ext(rep, JSON_C_TO_STRING_PRETTY));
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    assert_string_equal(json_object_get_string(json_object_object_get(rep, "node")), "n3");
+#define NUM(k) (json_object_object_get_ex(rep, k, &v) ? json_object_get_double(v) : -1)
+    assert_true(NUM("balloon_bytes") > 0);
+    assert_true(NUM("acknowledged_writes") > 5);
+    assert_true(NUM("acknowledged_writes_lost") == 0);
+    assert_true(NUM("reads_failed") == 0);
+    assert_true(NUM("time_to_recover_s") >= 0 && NUM("time_to_recover_s") < 30);
+#undef NUM
+    json_object_put(rep);
+    assert_true(tsd_alive(&cl.node[n3]));
+}
+
 static int setup_cluster(void **state)
 {
     char probe[256];
@@ -291,6 +336,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_replica, setup_cluster, teardown_cluster),
+        cmocka_unit_test_setup_teardown(test_drill_full_node, setup_cluster, teardown_cluster),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
