@@ -354,7 +354,7 @@ int drill_disk_full_pick(struct drill *d)
     }
     if (i < 0) {
         snprintf(d->x->local, sizeof(d->x->local),
-                 "no local node's data dir is on a filesystem with at most %llu GiB free (%s): "
+                 "no local node's data dir is on a filesystem with at most %llu GiB free (%.300s): "
                  "disk-full fills only such a one; put a node's data dir on a small filesystem "
                  "(e.g. a tmpfs or a loop device) to drill it",
                  (unsigned long long)(DISK_FULL_MAX >> 30), seen[0] ? seen : "none is local");
