@@ -63,8 +63,13 @@ int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_
 {
     int before, after;
 
-    if (!old || !m || !w->max)
-        return 0; /* no previous placement, or no dataset: nothing it could lack */
+    struct ts_repl_widths any = {1, TS_REPL_MAX_REPLICAS};
+
+    if (!old || !m)
+        return 0; /* no previous placement: nothing it could lack */
+    if (!w->max)
+        w = &any; /* no dataset here yet: the cluster may well have some, judge every rank (a
+                   * backfill of nothing costs a SET_APPLIED; a missed one lost copies) */
     before = ts_repl_rank_of(old, pg, node);
     after = ts_repl_rank_of(m, pg, node);
     if (after < 0 || (unsigned)after >= w->max)
