@@ -330,7 +330,9 @@ static const struct cmd cmds[] = {
      "a load of 64 KiB writes and verified reads on a dataset of its own, the act, the\n"
      "operator's answer (failover, restart, mark up), then every acknowledged write read back.\n"
      "SCENARIO: kill-primary, kill-node, node-return (kill, fail over, write, return, kill and\n"
-     "fail over again), slow-node (SIGSTOP for a while). Prints time to detect and to recover,\n"
+     "fail over again), partition (cut a primary off from its peers, not from clients, with\n"
+     "iptables: nodes on addresses of their own, root), slow-node (SIGSTOP for a while),\n"
+     "corrupt-chunk, fringe-lag, disk-full. Prints time to detect and to recover,\n"
      "acknowledged writes lost (exits 1 unless 0), failed reads, checksum errors, throughput\n"
      "before/during/after and the final map; --report FILE writes it as JSON.",
      1, NULL},

@@ -16,7 +16,8 @@
  * Scenarios: kill-primary (SIGKILL the primary of the PG the load writes next), kill-node
  * (SIGKILL a node that leads no PG the load uses first), node-return (kill a primary, fail
  * over, write, bring it back and mark it up, then kill it again and fail over again: the
- * sequence that once lost writes), slow-node (SIGSTOP a node for a while: its replies stall).
+ * sequence that once lost writes), slow-node (SIGSTOP a node for a while: its replies stall),
+ * partition (cli_drill_net.c: cut a primary off from its peers, not from its clients).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -226,7 +227,7 @@ int drill_primary_next(struct drill *d)
 }
 
 /* Fails over the PGs node i leads (one failover marks it down in a new epoch). */
-static int fail_over(struct drill *d, int i)
+int drill_fail_over(struct drill *d, int i)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
     uint64_t epoch = 0;
@@ -265,7 +266,7 @@ static int wait_ready(const char *log_path, long from, int secs)
 }
 
 /* Marks node `id` up again (a map change pushed like `tessera node up`). */
-static int mark_up(struct drill *d, const char *id)
+int drill_mark_up(struct drill *d, const char *id)
 {
     const struct ts_map *cur = ts_client_map(d->x->c);
     struct ts_map *m = cur ? ts_map_dup(cur) : NULL;
@@ -320,7 +321,7 @@ static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, dou
     kill(pid, SIGKILL);
     drill_note(d, "kill -9 %s (pid %d)", d->node, (int)pid);
     drill_load_for(d, secs); /* the load meets the dead node: detection */
-    return fail_over(d, i);
+    return drill_fail_over(d, i);
 }
 
 int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir)
@@ -338,7 +339,7 @@ int drill_restart(struct drill *d, const struct proc_image *im, const char *logd
         return TS_EIO;
     }
     drill_note(d, "%s started again (pid %d, log %s)", d->node, (int)pid, log);
-    return mark_up(d, d->node);
+    return drill_mark_up(d, d->node);
 }
 
 /* Where restarted nodes' output goes: beside the report, else $TMPDIR, else /tmp. */
@@ -407,10 +408,10 @@ int cmd_drill(struct ctx *x)
     if (strcmp(scenario, "kill-primary") && strcmp(scenario, "kill-node") &&
         strcmp(scenario, "node-return") && strcmp(scenario, "slow-node") &&
         strcmp(scenario, "corrupt-chunk") && strcmp(scenario, "fringe-lag") &&
-        strcmp(scenario, "disk-full")) {
+        strcmp(scenario, "disk-full") && strcmp(scenario, "partition")) {
         snprintf(x->local, sizeof(x->local),
-                 "unknown scenario '%s' (kill-primary, kill-node, node-return, slow-node, "
-                 "corrupt-chunk, fringe-lag, disk-full)",
+                 "unknown scenario '%s' (kill-primary, kill-node, node-return, partition, "
+                 "slow-node, corrupt-chunk, fringe-lag, disk-full)",
                  scenario);
         return TS_EINVAL;
     }
@@ -430,6 +431,8 @@ int cmd_drill(struct ctx *x)
     }
     if (!strcmp(scenario, "disk-full") && drill_disk_full_pick(&d) < 0)
         return TS_EINVAL; /* refused before anything is created */
+    if (!strcmp(scenario, "partition") && drill_partition_check(&d) < 0)
+        return TS_EINVAL;
     d.acked = calloc(MAX_SHARDS, 1);
     if (!d.acked)
         return TS_ENOMEM;
@@ -441,9 +444,10 @@ int cmd_drill(struct ctx *x)
     d.secs_before = (double)(now_ns() - d.t0) / 1e9;
     t_act_end = now_ns();
     if (!strcmp(scenario, "corrupt-chunk") || !strcmp(scenario, "fringe-lag") ||
-        !strcmp(scenario, "disk-full")) {
+        !strcmp(scenario, "disk-full") || !strcmp(scenario, "partition")) {
         rc = !strcmp(scenario, "fringe-lag")  ? drill_fringe_lag(&d, dur)
              : !strcmp(scenario, "disk-full") ? drill_disk_full(&d, dur)
+             : !strcmp(scenario, "partition") ? drill_partition(&d, dur)
                                               : drill_corrupt_chunk(&d, dur, logs);
         if (rc)
             goto out;
@@ -493,7 +497,8 @@ int cmd_drill(struct ctx *x)
     d.secs_during = (double)((d.recover_ns ? d.recover_ns : now_ns()) - t_act_end) / 1e9;
     d.secs_after = d.recover_ns ? (double)(now_ns() - d.recover_ns) / 1e9 : 0;
     if (strcmp(scenario, "slow-node") && strcmp(scenario, "corrupt-chunk") &&
-        strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full"))
+        strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full") &&
+        strcmp(scenario, "partition"))
         drill_restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
     {
@@ -522,6 +527,8 @@ int cmd_drill(struct ctx *x)
             json_object_object_add(o, "balloon_bytes", json_u64(d.balloon));
             json_object_object_add(o, "writes_refused_enospc", json_u64(d.enospc));
         }
+        if (!strcmp(scenario, "partition"))
+            json_object_object_add(o, "node_shards_missing_after_heal", json_u64(d.node_missing));
         if (!strcmp(scenario, "fringe-lag")) {
             json_object_object_add(o, "fringe_lag_max_ops", json_u64(d.lag_max_ops));
             json_object_object_add(o, "fringe_lag_max_s", json_object_new_double(d.lag_max_s));
@@ -573,6 +580,9 @@ int cmd_drill(struct ctx *x)
                 printf(
                     "  filled on %s:              %llu bytes; writes refused (TS_ENOSPC): %llu\n",
                     d.node, (unsigned long long)d.balloon, (unsigned long long)d.enospc);
+            if (!strcmp(scenario, "partition"))
+                printf("  shards %s lacks, healed:   %llu\n", d.node,
+                       (unsigned long long)d.node_missing);
             if (!strcmp(scenario, "fringe-lag"))
                 printf("  fringe lag, largest:       %llu ops, %.2f s\n",
                        (unsigned long long)d.lag_max_ops, d.lag_max_s);
@@ -587,6 +597,10 @@ int cmd_drill(struct ctx *x)
     if (lost) {
         snprintf(x->local, sizeof(x->local), "%llu acknowledged writes lost",
                  (unsigned long long)lost);
+        rc = TS_EIO;
+    } else if (d.node_missing) {
+        snprintf(x->local, sizeof(x->local), "%s lacks %llu acknowledged shards after the heal",
+                 d.node, (unsigned long long)d.node_missing);
         rc = TS_EIO;
     }
 out:

@@ -1,6 +1,7 @@
 /*
  * tessera CLI: the failover drills' shared parts (cli_drill.c: the load, node processes, the
- * report; cli_drill_data.c: the drills on data, corrupt-chunk and fringe-lag).
+ * report; cli_drill_data.c: the drills on data, corrupt-chunk, fringe-lag and disk-full;
+ * cli_drill_net.c: partition).
  */
 #ifndef TS_CLI_DRILL_H
 #define TS_CLI_DRILL_H
@@ -30,10 +31,11 @@ struct drill {
     uint64_t flipped, node_corrupt, node_still_bad;
     uint64_t lag_max_ops;
     double lag_max_s;
-    int avoid;           /* -1, or a node whose core PGs the load leaves alone (fringe-lag) */
-    uint64_t enospc;     /* writes refused with TS_ENOSPC (disk-full) */
-    uint64_t balloon;    /* bytes the disk-full drill put on the node's filesystem */
-    char first_err[300]; /* the first write the act made fail, and why */
+    int avoid;             /* -1, or a node whose core PGs the load leaves alone (fringe-lag) */
+    uint64_t enospc;       /* writes refused with TS_ENOSPC (disk-full) */
+    uint64_t balloon;      /* bytes the disk-full drill put on the node's filesystem */
+    char first_err[300];   /* the first write the act made fail, and why */
+    uint64_t node_missing; /* partition: acknowledged shards the healed node does not serve */
 };
 
 /* A node's command line and working directory, to start it again after a kill. */
@@ -56,6 +58,9 @@ int drill_proc_image(pid_t pid, struct proc_image *im);
 int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir);
 /* The node that leads the PG of the shard the load writes next. */
 int drill_primary_next(struct drill *d);
+/* Fails node i over (marks it down in a new map epoch); marks node id up again. */
+int drill_fail_over(struct drill *d, int i);
+int drill_mark_up(struct drill *d, const char *id);
 
 /* cli_drill_data.c: 0, or a TS_E* with d->x->local saying why. */
 int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir);
@@ -63,5 +68,10 @@ int drill_fringe_lag(struct drill *d, double dur);
 int drill_disk_full(struct drill *d, double dur);
 /* The node disk-full would fill, or -1 (d->x->local says why): checked before anything else. */
 int drill_disk_full_pick(struct drill *d);
+
+/* cli_drill_net.c: whether the partition drill can run here (-1, d->x->local says why: nodes
+ * sharing an address, no iptables or no root), checked before anything else; the drill. */
+int drill_partition_check(struct drill *d);
+int drill_partition(struct drill *d, double dur);
 
 #endif

@@ -48,6 +48,8 @@ def run(rank, world, args):
         if rank == 0:
             print(f"epoch {epoch}: {int(stats[2])} records, loss {stats[0] / stats[2]:.3f}, "
                   f"accuracy {stats[1] / stats[2]:.3f}")
+    del model, opt  # the DDP module holds the group: release it before the group goes
+    dist.barrier()  # and leave together (torch 1.13's gloo teardown is fragile otherwise)
     dist.destroy_process_group()
 
 

@@ -61,6 +61,23 @@ static struct ts_peering_set *set_add(struct ts_peering_out *out, uint64_t epoch
     return s;
 }
 
+/*
+ * How fit a replier is to be the source of the head: 0 when it is in none of the sets peering
+ * needed (what it holds beyond their head was never acknowledged, and it may hold a log without
+ * the data: a rebalance drops a moved PG's old copies and keeps their log), else 1 + the epoch of
+ * the newest set it belongs to.
+ */
+static uint64_t source_fitness(const struct ts_peering_out *out, const char *id)
+{
+    uint64_t fit = 0;
+
+    for (unsigned k = 0; k < out->nsets; k++)
+        for (unsigned i = 0; i < out->sets[k].n; i++)
+            if (!strcmp(out->sets[k].ids[i], id) && out->sets[k].epoch + 1 > fit)
+                fit = out->sets[k].epoch + 1;
+    return fit;
+}
+
 int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out)
 {
     const struct ts_peer_reply *self = find(in, in->self), *best = NULL, *last = NULL;
@@ -121,16 +138,19 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
         out->verdict = TS_PEERING_WAIT;
         return 0;
     }
-    /* Raft's up-to-date rule: the newest (epoch, seq) among the replies. */
+    /* Raft's up-to-date rule: the newest (epoch, seq) among ourselves and the members of the
+     * sets; on a tie ourselves, then a member of the newest set. */
+    best = self;
     for (size_t i = 0; i < in->nreplies; i++) {
-        const struct ts_pg_state *st = &in->replies[i].st;
-        if (!best || ts_peering_head_cmp(st->head_epoch, st->applied, best->st.head_epoch,
-                                         best->st.applied) > 0)
-            best = &in->replies[i];
+        const struct ts_peer_reply *r = &in->replies[i];
+        int c = ts_peering_head_cmp(r->st.head_epoch, r->st.applied, best->st.head_epoch,
+                                    best->st.applied);
+        uint64_t fit = source_fitness(out, r->id);
+        if (r == self || !fit)
+            continue;
+        if (c > 0 || (c == 0 && best != self && fit > source_fitness(out, best->id)))
+            best = r;
     }
-    if (ts_peering_head_cmp(best->st.head_epoch, best->st.applied, self->st.head_epoch,
-                            self->st.applied) == 0)
-        best = self; /* prefer ourselves on a tie */
     out->head_seq = best->st.applied;
     out->head_epoch = best->st.head_epoch;
     if (best != self) {

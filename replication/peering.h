@@ -20,9 +20,12 @@
  *    q = max(|A| - wq + 1, |A|/2 + 1) members of its acting set A. The first term makes the
  *    replies meet every write quorum of that interval; the second makes two peerings meet, so a
  *    later interval that was started (prepared on q of the set this one also needs) is seen.
- *  - The authoritative head is the newest (epoch, seq) among the replies. A primary whose own
- *    head is older pulls first; entries it holds beyond a common prefix are divergent (never
- *    acknowledged) and are rolled back by the pull.
+ *  - The authoritative head is the newest (epoch, seq) among the primary and the repliers that
+ *    are members of those sets (a node outside them holds nothing acknowledged beyond them, and
+ *    may hold a log without its data: a rebalance drops old copies, not their log); on a tie
+ *    the primary, then a member of the newest set. A primary whose own head is older pulls
+ *    first; entries it holds beyond a common prefix are divergent (never acknowledged) and are
+ *    rolled back by the pull.
  */
 #ifndef TS_PEERING_H
 #define TS_PEERING_H

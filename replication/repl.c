@@ -233,8 +233,48 @@ static void peer_fail(ts_repl *r, struct peer *p, int rc, const char *why)
     repl_waiters_check(r);
 }
 
+/*
+ * A socket for a connection to a peer, bound to this node's own host as the map names it
+ * (docs/architecture.md "Replication"): peers see node traffic come from the node's address, as
+ * firewalls and the partition drill expect, even on a host with several addresses. A host that
+ * is a name or a wildcard leaves the choice to the kernel. -1 when no socket could be made.
+ */
+static evutil_socket_t peer_socket(ts_repl *r, const struct peer *p, int family)
+{
+    const struct ts_map_node *me = r->map && r->self >= 0 ? &r->map->nodes[r->self] : NULL;
+    const char *own = !me ? "" : p->use_tls && me->tls_addr[0] ? me->tls_addr : me->addr;
+    const char *colon = strrchr(own, ':');
+    struct addrinfo hints, *res = NULL;
+    char host[128];
+    evutil_socket_t fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+    if (fd < 0 || !colon || (size_t)(colon - own) >= sizeof(host))
+        return fd;
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - own), own);
+    if (host[0] == '[') { /* "[v6]:port" */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    if (getaddrinfo(host, "0", &hints, &res) == 0 && res) {
+        int wildcard = (family == AF_INET &&
+                        ((struct sockaddr_in *)res->ai_addr)->sin_addr.s_addr == INADDR_ANY) ||
+                       (family == AF_INET6 &&
+                        IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)res->ai_addr)->sin6_addr));
+        if (!wildcard && bind(fd, res->ai_addr, res->ai_addrlen) != 0)
+            TS_WARN(FAC, TS_EIO, "connection to %s: cannot bind to this node's host %s: %s", p->id,
+                    host, strerror(errno));
+        freeaddrinfo(res);
+    }
+    return fd;
+}
+
 static int peer_connect(ts_repl *r, struct peer *p)
 {
+    evutil_socket_t fd;
     struct addrinfo hints, *res = NULL;
     char host[128];
     const char *colon = strrchr(p->addr, ':');
@@ -247,9 +287,15 @@ static int peer_connect(ts_repl *r, struct peer *p)
     hints.ai_flags = AI_NUMERICSERV;
     if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
         return TS_ECONNREFUSED;
+    fd = peer_socket(r, p, res->ai_family);
+    if (fd < 0) {
+        freeaddrinfo(res);
+        return TS_EIO;
+    }
     if (p->use_tls) {
         SSL *ssl = SSL_new(r->o.ssl);
         if (!ssl) {
+            evutil_closesocket(fd);
             freeaddrinfo(res);
             return TS_ETLS;
         }
@@ -257,15 +303,17 @@ static int peer_connect(ts_repl *r, struct peer *p)
         /* The peer must be the node the map names: its certificate carries that node id. */
         if (SSL_set1_host(ssl, p->id) != 1) {
             SSL_free(ssl);
+            evutil_closesocket(fd);
             freeaddrinfo(res);
             return TS_ETLS;
         }
-        p->bev = bufferevent_openssl_socket_new(r->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+        p->bev = bufferevent_openssl_socket_new(r->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
                                                 BEV_OPT_CLOSE_ON_FREE);
     } else {
-        p->bev = bufferevent_socket_new(r->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        p->bev = bufferevent_socket_new(r->base, fd, BEV_OPT_CLOSE_ON_FREE);
     }
     if (!p->bev) {
+        evutil_closesocket(fd);
         freeaddrinfo(res);
         return TS_ENOMEM;
     }

@@ -250,6 +250,8 @@ long tsd_rss_kb(const struct tsd_proc *p)
     return kb;
 }
 
+int tsd_cluster_own_hosts;
+
 const char *test_certs(void)
 {
     static char dir[512];
@@ -263,8 +265,11 @@ const char *test_certs(void)
         return NULL;
     /* Node certificates for the node ids tsd_cluster_start and the TLS tests use ("n9" is in no
      * map: a certificate of the CA that is no member). */
-    snprintf(cmd, sizeof(cmd), "%s %s n1 n2 n3 n4 n5 n6 n7 n8 n9 t1 t2 t3 >/dev/null", MKCERTS_PATH,
-             dir);
+    snprintf(cmd, sizeof(cmd),
+             "TESSERA_CERT_SANS=IP:127.0.1.1,IP:127.0.1.2,IP:127.0.1.3,IP:127.0.1.4,IP:127.0.1.5,"
+             "IP:127.0.1.6,IP:127.0.1.7,IP:127.0.1.8 %s %s n1 n2 n3 n4 n5 n6 n7 n8 n9 t1 t2 t3 "
+             ">/dev/null",
+             MKCERTS_PATH, dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "conf/mkcerts failed\n");
         return NULL;
@@ -319,8 +324,11 @@ int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *dom
     fprintf(f, "epoch = 1;\npg_count = %u;\nnodes = (\n", pg_count);
     for (int i = 0; i < n; i++) {
         snprintf(cl->id[i], sizeof(cl->id[i]), "n%d", i + 1);
-        snprintf(cl->listen[i], sizeof(cl->listen[i]), "127.0.0.1:%d", tsd_free_port());
-        snprintf(cl->tls_listen[i], sizeof(cl->tls_listen[i]), "127.0.0.1:%d", tsd_free_port());
+        char host[32] = "127.0.0.1";
+        if (tsd_cluster_own_hosts)
+            snprintf(host, sizeof(host), "127.0.1.%d", i + 1);
+        snprintf(cl->listen[i], sizeof(cl->listen[i]), "%s:%d", host, tsd_free_port());
+        snprintf(cl->tls_listen[i], sizeof(cl->tls_listen[i]), "%s:%d", host, tsd_free_port());
         fprintf(f,
                 "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = 100; "
                 "domain = \"%s\"; }%s\n",

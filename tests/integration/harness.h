@@ -89,6 +89,10 @@ struct tsd_cluster {
     char map_path[512];
     char *dir;
 };
+/* Set before tsd_cluster_start: node i listens on 127.0.1.(i+1) instead of 127.0.0.1 (its own
+ * host, as on a real cluster: the partition drill cuts nodes apart by address). The test
+ * certificates name those addresses too. */
+extern int tsd_cluster_own_hosts;
 /* Starts n nodes "n1".."nN" in the given failure domains (NULL: one domain per node), with a
  * map of pg_count PGs at epoch 1; extra arguments go to every node. Each node listens on plain
  * TCP (anonymous clients: reader) and on TLS with its node certificate node-nI (test_certs()),

@@ -1,8 +1,12 @@
 /*
  * tessera drill against a real 5-node cluster on this host: kill-primary, kill-node,
- * node-return, slow-node, corrupt-chunk and fringe-lag, each with the CLI's built-in load; every
- * report must say 0 acknowledged writes lost, recovery within the bound, and the load must have
- * written.
+ * node-return, partition, slow-node, corrupt-chunk and fringe-lag, each with the CLI's built-in
+ * load; every report must say 0 acknowledged writes lost, recovery within the bound, and the
+ * load must have written.
+ *
+ * As root the test runs in a network namespace of its own, each node on an address of its own
+ * (127.0.1.x): the partition drill's iptables rules stay in that namespace. Without root the
+ * partition drill must refuse (and the rest runs on 127.0.0.1).
  */
 #include "harness.h"
 
@@ -12,6 +16,7 @@
 #include <cmocka.h>
 
 #include <json-c/json.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +29,7 @@
 
 static struct tsd_cluster CL;
 static char report[600];
+static int own_netns; /* in a network namespace of our own, nodes on 127.0.1.x */
 
 static int drill(const char *scenario, struct json_object **rep)
 {
@@ -112,6 +118,55 @@ static void test_fringe_lag(void **state)
     json_object_put(rep);
 }
 
+/* The primary of the next PG cut off from its peers (iptables), clients still reaching it:
+ * it acknowledges nothing alone, the others take over, and healed it catches up. */
+static void test_partition(void **state)
+{
+    struct json_object *rep = NULL;
+    int rc;
+
+    if (own_netns) {
+        /* Nodes talk to each other from their own addresses (what a cut by address needs):
+         * established connections between nodes, none from 127.0.0.1 (nothing else is
+         * connected now). */
+        FILE *f = popen("ss -Htn state established", "r");
+        char line[512];
+        int between = 0, from_lo = 0;
+        assert_non_null(f);
+        while (fgets(line, sizeof(line), f)) {
+            char a[128], b[128];
+            if (sscanf(line, "%*s %*s %127s %127s", a, b) != 2)
+                continue;
+            between += !strncmp(a, "127.0.1.", 8) && !strncmp(b, "127.0.1.", 8);
+            from_lo += !strncmp(a, "127.0.0.1:", 10) || !strncmp(b, "127.0.0.1:", 10);
+        }
+        pclose(f);
+        fprintf(stderr, "connections between nodes: %d, with 127.0.0.1: %d\n", between, from_lo);
+        assert_true(between > 0);
+        assert_int_equal(from_lo, 0);
+    }
+    rc = drill("partition", &rep);
+
+    if (!own_netns) {
+        assert_int_not_equal(rc, 0); /* refused: the nodes share 127.0.0.1, or no root */
+        assert_null(rep);
+        skip();
+    }
+    assert_non_null(rep);
+    fprintf(stderr, "%s\n", json_object_to_json_string_ext(rep, JSON_C_TO_STRING_PRETTY));
+    assert_int_equal(rc, 0);
+    assert_true(num(rep, "acknowledged_writes") > 5);
+    assert_true(num(rep, "acknowledged_writes_lost") == 0);
+    assert_true(num(rep, "writes_failed") > 0); /* the cut was felt */
+    assert_true(num(rep, "time_to_detect_s") >= 0);
+    assert_true(num(rep, "time_to_recover_s") >= 0);
+    assert_true(num(rep, "time_to_recover_s") < RECOVER_BOUND_S);
+    assert_true(num(rep, "node_shards_missing_after_heal") == 0);
+    json_object_put(rep);
+    /* The rules are gone: the nodes reach each other again. */
+    assert_int_not_equal(system("iptables -w -S TESSERA_DRILL >/dev/null 2>&1"), 0);
+}
+
 static void test_bad_scenario(void **state)
 {
     struct json_object *rep = NULL;
@@ -149,13 +204,31 @@ static int teardown(void **state)
     return 0;
 }
 
+/* As root: a network namespace of our own with its loopback up, and nodes on own addresses. */
+static int enter_netns(void)
+{
+    if (geteuid() != 0 || unshare(CLONE_NEWNET) != 0) {
+        fprintf(stderr, "drill: not root or no network namespace: partition must refuse\n");
+        return 0;
+    }
+    if (system("ip link set lo up") != 0) {
+        fprintf(stderr, "drill: cannot bring up the namespace's loopback\n");
+        return -1;
+    }
+    own_netns = 1;
+    tsd_cluster_own_hosts = 1;
+    return 0;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_corrupt_chunk), cmocka_unit_test(test_fringe_lag),
         cmocka_unit_test(test_bad_scenario),  cmocka_unit_test(test_kill_primary),
         cmocka_unit_test(test_kill_node),     cmocka_unit_test(test_node_return),
-        cmocka_unit_test(test_slow_node),
+        cmocka_unit_test(test_slow_node),     cmocka_unit_test(test_partition),
     };
+    if (enter_netns() != 0)
+        return 1;
     return cmocka_run_group_tests_name("drill", tests, setup, teardown);
 }

@@ -217,6 +217,47 @@ static void test_tie_prefers_self_and_self_required(void **state)
     assert_int_equal(decide("n9", rs, 2, &out), TS_EINVAL);
 }
 
+/* A rebalance moved the PG from {n1, n2, n4} to {n1, n2, n3} while n1 was down (interval 2:
+ * {n2, n4, n3}; interval 3, once settled: {n2, n3}), then dropped n4's copies; n4 keeps its log.
+ * n1 returns and leads: it must pull from a member of the newest interval, never from n4,
+ * whose log names shards it no longer holds (they would reach n1 as "gone": a copy short). */
+static void test_pull_source_is_a_member(void **state)
+{
+    struct ts_peer_reply rs[4] = {
+        reply("n1", 1, 3, 1, 2, "n1", "n2", "n4"), reply("n4", 2, 7, 2, 2, "n2", "n4", "n3"),
+        reply("n2", 2, 7, 3, 2, "n2", "n3", ""), reply("n3", 2, 7, 3, 2, "n2", "n3", "")};
+    struct ts_peering_out out;
+
+    assert_int_equal(decide("n1", rs, 4, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_PULL);
+    assert_string_equal(out.pull_from, "n2");
+    assert_int_equal(out.head_seq, 7);
+    /* A node outside every set never leads the head, even when it reports a longer log: what
+     * it holds beyond the sets' head was never acknowledged. */
+    rs[1].st.applied = 9;
+    assert_int_equal(decide("n1", rs, 4, &out), 0);
+    assert_string_equal(out.pull_from, "n2");
+    assert_int_equal(out.head_seq, 7);
+    rs[1].st.applied = 7;
+    /* Interval 3 only prepared (pending on n2 and n3): n4 is in interval 2's set, n2 in the
+     * newer one; the newer set's member is the source. */
+    for (int i = 2; i < 4; i++) {
+        rs[i].st.les = 2;
+        rs[i].st.npending = 1;
+        rs[i].st.pending[0].epoch = 3;
+        rs[i].st.pending[0].wq = 2;
+        rs[i].st.pending[0].n = 2;
+        snprintf(rs[i].st.pending[0].acting[0], 64, "n2");
+        snprintf(rs[i].st.pending[0].acting[1], 64, "n3");
+        snprintf(rs[i].st.acting[1], 64, "n4");
+        snprintf(rs[i].st.acting[2], 64, "n3");
+        rs[i].st.nacting = 3;
+    }
+    assert_int_equal(decide("n1", rs, 4, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_PULL);
+    assert_string_equal(out.pull_from, "n2");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +271,7 @@ int main(void)
         cmocka_unit_test(test_later_interval_needs_its_quorum),
         cmocka_unit_test(test_pending_interval_needs_its_quorum),
         cmocka_unit_test(test_tie_prefers_self_and_self_required),
+        cmocka_unit_test(test_pull_source_is_a_member),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

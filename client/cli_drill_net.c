@@ -1,0 +1,216 @@
+/*
+ * tessera CLI: the partition drill. It cuts one node off from its peers while clients still
+ * reach it: every packet between the node's addresses and the other nodes' addresses is
+ * dropped (iptables, both ways, in a chain of its own, TESSERA_DRILL, hooked into OUTPUT —
+ * on one host every packet passes OUTPUT). Nodes send peer traffic from their own map address
+ * (replication/repl.c), so a cut by address is a cut between nodes, not between the node and
+ * its clients. The drill picks the primary of the PG the load writes next: cut off, it cannot
+ * reach a write quorum and must acknowledge nothing; the operator's answer (fail over) moves
+ * its PGs; healed and marked up, it must catch up — every acknowledged shard it is a replica of
+ * is read from it alone at the end.
+ *
+ * Embedded mode: the rules go into this host's netfilter, so the nodes must run here, each on
+ * an address of its own (127.0.1.x works on loopback), and the CLI needs root (CAP_NET_ADMIN)
+ * and iptables. Anything else is refused before the drill creates its dataset.
+ */
+#include <arpa/inet.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_drill.h"
+#include "client_internal.h"
+#include "ts_map.h"
+
+#define CHAIN "TESSERA_DRILL"
+
+/* The host part of "host:port" or "[v6]:port" into out; 0, or -1 when there is none. */
+static int host_of(const char *addr, char *out, size_t cap)
+{
+    const char *colon = strrchr(addr, ':');
+    size_t n = colon ? (size_t)(colon - addr) : 0;
+
+    if (!n || n >= cap)
+        return -1;
+    if (addr[0] == '[' && n >= 2 && addr[n - 1] == ']')
+        snprintf(out, cap, "%.*s", (int)(n - 2), addr + 1);
+    else
+        snprintf(out, cap, "%.*s", (int)n, addr);
+    return 0;
+}
+
+/* Node i's hosts (its plain and TLS listeners'): how many (1 or 2). */
+static int hosts_of(const struct ts_map *m, size_t i, char h[2][64])
+{
+    int n = 0;
+
+    if (host_of(m->nodes[i].addr, h[n], sizeof(h[0])) == 0)
+        n++;
+    if (m->nodes[i].tls_addr[0] && host_of(m->nodes[i].tls_addr, h[n], sizeof(h[0])) == 0 &&
+        (n == 0 || strcmp(h[0], h[n]) != 0))
+        n++;
+    return n;
+}
+
+static int ipt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int ipt(const char *fmt, ...)
+{
+    char cmd[512];
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof(cmd))
+        return -1;
+    return system(cmd);
+}
+
+int drill_partition_check(struct drill *d)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    char hi[2][64], hj[2][64];
+    struct in_addr a;
+
+    for (size_t i = 0; m && i < m->n; i++) {
+        int ni = hosts_of(m, i, hi);
+        for (int k = 0; k < ni; k++)
+            if (inet_pton(AF_INET, hi[k], &a) != 1) {
+                snprintf(d->x->local, sizeof(d->x->local),
+                         "partition cuts nodes apart by IPv4 address; node %s's host '%s' is not "
+                         "one",
+                         m->nodes[i].id, hi[k]);
+                return -1;
+            }
+        for (size_t j = i + 1; j < m->n; j++) {
+            int nj = hosts_of(m, j, hj);
+            for (int k = 0; k < ni; k++)
+                for (int l = 0; l < nj; l++)
+                    if (!strcmp(hi[k], hj[l])) {
+                        snprintf(d->x->local, sizeof(d->x->local),
+                                 "partition cuts a node off by address, but nodes %s and %s share "
+                                 "host %s: give each node an address of its own in the map "
+                                 "(127.0.1.x on one host; docs/operations.md)",
+                                 m->nodes[i].id, m->nodes[j].id, hi[k]);
+                        return -1;
+                    }
+        }
+    }
+    if (ipt("iptables -w -L OUTPUT -n >/dev/null 2>&1") != 0) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "partition needs iptables and root (CAP_NET_ADMIN) on this host");
+        return -1;
+    }
+    return 0;
+}
+
+/* Removes the drill's rules (also what an operator runs by hand if a drill was killed). */
+static void heal(void)
+{
+    while (ipt("iptables -w -D OUTPUT -j " CHAIN " 2>/dev/null") == 0)
+        ;
+    ipt("iptables -w -F " CHAIN " 2>/dev/null");
+    ipt("iptables -w -X " CHAIN " 2>/dev/null");
+}
+
+/* Drops every packet between node i's hosts and the other nodes' hosts, both ways. */
+static int cut(struct drill *d, int i)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    char hi[2][64], hj[2][64];
+    int ni = hosts_of(m, (size_t)i, hi), rules = 0;
+
+    heal(); /* a chain left by a drill that was killed */
+    if (ipt("iptables -w -N " CHAIN) != 0 || ipt("iptables -w -I OUTPUT -j " CHAIN) != 0)
+        return -1;
+    for (size_t j = 0; j < m->n; j++) {
+        int nj = (int)j == i ? 0 : hosts_of(m, j, hj);
+        for (int k = 0; k < ni; k++)
+            for (int l = 0; l < nj; l++) {
+                if (ipt("iptables -w -A " CHAIN " -s %s -d %s -j DROP", hi[k], hj[l]) != 0 ||
+                    ipt("iptables -w -A " CHAIN " -s %s -d %s -j DROP", hj[l], hi[k]) != 0)
+                    return -1;
+                rules += 2;
+            }
+    }
+    drill_note(d, "cut %s (%s) off from its %zu peers: %d DROP rules in iptables chain " CHAIN
+                  "; clients still reach it",
+               m->nodes[i].id, hi[0], m->n - 1, rules);
+    return 0;
+}
+
+/* Acknowledged shards node i is a core replica of that it does not serve, byte for byte, within
+ * 30 s (it catches up after the heal). */
+static uint64_t missing_on(struct drill *d, int i)
+{
+    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
+    const struct ts_map *m = ts_client_map(d->x->c);
+    uint64_t deadline = ts_now_mono_ns() + 30ull * 1000000000, missing = 0;
+
+    for (uint32_t s = 0; s < d->next; s++) {
+        int order[3], holds = 0, rc = TS_EBUSY;
+        size_t n = 0, k;
+        if (!d->acked[s])
+            continue;
+        k = ts_map_pg_order(m, ts_map_pg_of(m, d->ds, s), order, 3);
+        for (size_t j = 0; j < k; j++)
+            holds |= order[j] == i;
+        if (!holds)
+            continue;
+        drill_shard_bytes(buf, s);
+        for (;;) {
+            rc = ts_client_node_read(d->x->c, (size_t)i, d->ds, s, 0, SHARD_BYTES, got, &n);
+            if (rc == 0 && (n != SHARD_BYTES || memcmp(buf, got, SHARD_BYTES) != 0))
+                rc = TS_ECORRUPT;
+            if (rc == 0 || ts_now_mono_ns() > deadline)
+                break;
+            usleep(100000);
+        }
+        if (rc) {
+            missing++;
+            drill_note(d, "%s does not serve acknowledged shard %u: %s", m->nodes[i].id, s,
+                       ts_strerror(rc));
+        }
+    }
+    return missing;
+}
+
+int drill_partition(struct drill *d, double dur)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    int i = drill_primary_next(d), rc;
+
+    if (i < 0 || !drill_node_pid(d, (size_t)i)) {
+        snprintf(d->x->local, sizeof(d->x->local),
+                 "no local tesserad leads the next PG (embedded mode only)");
+        return TS_EINVAL;
+    }
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    d->phase = 1;
+    d->act_ns = ts_now_mono_ns();
+    if (cut(d, i) != 0) {
+        heal();
+        snprintf(d->x->local, sizeof(d->x->local), "iptables refused the drill's rules");
+        return TS_EIO;
+    }
+    drill_load_for(d, 1.5); /* writes to its PGs cannot reach a quorum: detection */
+    rc = drill_fail_over(d, i);
+    if (!rc)
+        drill_load_for(d, dur / 4); /* served by the others, the node still cut off */
+    heal();
+    drill_note(d, "healed: the rules removed");
+    if (rc)
+        return rc;
+    rc = drill_mark_up(d, d->node);
+    if (rc)
+        return rc;
+    drill_load_for(d, dur / 4);
+    i = ts_map_find(ts_client_map(d->x->c), d->node);
+    d->node_missing = missing_on(d, i);
+    drill_note(d, "read every acknowledged shard %s is a replica of from it alone: %llu missing",
+               d->node, (unsigned long long)d->node_missing);
+    return 0;
+}
