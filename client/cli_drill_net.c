@@ -136,8 +136,9 @@ static int cut(struct drill *d, int i)
                 rules += 2;
             }
     }
-    drill_note(d, "cut %s (%s) off from its %zu peers: %d DROP rules in iptables chain " CHAIN
-                  "; clients still reach it",
+    drill_note(d,
+               "cut %s (%s) off from its %zu peers: %d DROP rules in iptables chain " CHAIN
+               "; clients still reach it",
                m->nodes[i].id, hi[0], m->n - 1, rules);
     return 0;
 }

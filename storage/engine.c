@@ -58,6 +58,16 @@ int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what)
 {
     char *err = NULL;
     rocksdb_write(s->db, s->wo, b, &err);
+    if (err && !strncmp(err, "Corruption: ", 12)) {
+        /* A write finds no corruption itself: RocksDB stopped writes after a background error
+         * (a flush or compaction that read damaged data). Not the client's data: TS_EIO. */
+        TS_ERROR(FAC, TS_EIO,
+                 "%s refused: the storage engine stopped taking writes after a background "
+                 "error (%s); reads go on; restart the node once the damage is dealt with",
+                 what, err);
+        rocksdb_free(err);
+        return TS_EIO;
+    }
     return from_rocksdb(err, what);
 }
 

@@ -47,6 +47,8 @@ void ts_space_plan(ts_store *s, uint64_t *write_buffer, uint64_t *max_wal)
     }
     if (*write_buffer > total / 8)
         *write_buffer = TS_MAX(total / 8, 1 * MIB);
+    if (s->o.write_buffer_bytes)
+        *write_buffer = s->o.write_buffer_bytes;
     if (*max_wal > total / 8)
         *max_wal = TS_MAX(total / 8, 1 * MIB);
     if (s->space_reserve == UINT64_MAX)

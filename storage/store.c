@@ -117,8 +117,13 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
                 rocksdb_options_set_min_blob_size(co, o->min_blob_size);
                 rocksdb_options_set_blob_file_size(co, o->blob_file_size);
                 rocksdb_options_set_blob_compression_type(co, rocksdb_no_compression);
-                rocksdb_options_set_enable_blob_gc(co, 1);
-                rocksdb_options_set_blob_gc_age_cutoff(co, 0.25);
+                /* No blob garbage collection: it reads live blobs back during compactions,
+                 * and one damaged blob then fails the compaction and stops every write of
+                 * the node (RocksDB's background error) instead of costing one chunk that our
+                 * CRC32C finds on read and a replica repairs (test_storage
+                 * test_blob_file_damage_keeps_writes). A blob file is deleted once all its
+                 * blobs are garbage (its datasets deleted or rewritten). */
+                rocksdb_options_set_enable_blob_gc(co, 0);
             }
             rocksdb_options_set_write_buffer_size(co, write_buffer);
         } else {

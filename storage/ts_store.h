@@ -38,9 +38,11 @@ struct ts_store_opts {
     uint64_t cache_bytes; /* verified-chunk and shard-record cache (default 256 MiB; 0 disables):
                              hot reads skip the engine and the CRC pass */
     int cache_arena; /* 1 (default): cached chunk bytes live in a memfd that can be sendfile()d */
-    int max_open_files;     /* RocksDB's file descriptor budget (default 4096) */
-    uint64_t reserve_bytes; /* free space kept on the filesystem: writes beyond get TS_ENOSPC
-                               (UINT64_MAX, the default: 2 % of the filesystem, 8 MiB..1 GiB) */
+    int max_open_files;          /* RocksDB's file descriptor budget (default 4096) */
+    uint64_t reserve_bytes;      /* free space kept on the filesystem: writes beyond get TS_ENOSPC
+                                    (UINT64_MAX, the default: 2 % of the filesystem, 8 MiB..1 GiB) */
+    uint64_t write_buffer_bytes; /* chunk memtable size (0, the default: 128 MiB, at most 1/8
+                                    of the filesystem); tests make it small to force flushes */
 };
 
 /* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
