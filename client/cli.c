@@ -61,6 +61,8 @@ enum opt_id {
     O_REPORT,
     O_MAX_CONC,
     O_DETACH,
+    O_HOT_FRINGE,
+    O_PG,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -120,6 +122,19 @@ static const struct cli_opt rebalance_drive_opts[] = {
 static const struct cli_opt node_add_opts[] = {
     {"tls-addr", 0, 1, O_TLS_ADDR}, {"weight", 0, 1, O_WEIGHT}, {"domain", 0, 1, O_DOMAIN},
     {"dry-run", 0, 0, O_DRY_RUN},   {"rate", 0, 1, O_RATE},     {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt hot_add_opts[] = {
+    {"fringe", 0, 1, O_HOT_FRINGE},
+    {"pg", 0, 1, O_PG},
+    {"dry-run", 0, 0, O_DRY_RUN},
+    {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt hot_rm_opts[] = {
+    {"pg", 0, 1, O_PG},
+    {"dry-run", 0, 0, O_DRY_RUN},
+    {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt drill_opts[] = {
@@ -336,6 +351,19 @@ static const struct cmd cmds[] = {
      "acknowledged writes lost (exits 1 unless 0), failed reads, checksum errors, throughput\n"
      "before/during/after and the final map; --report FILE writes it as JSON.",
      1, NULL},
+    {"hot", "add", 1, 1, 1, hot_add_opts, cmd_hot_add, "NAME [--fringe +K] [--pg P] [--dry-run]",
+     "Gives dataset NAME K more fringe replicas (default +1) in every PG, or in PG P (admin\n"
+     "role): the next nodes of each PG's placement, backfilled from the PG's primary, then\n"
+     "kept up to date like any fringe replica; reads spread over them. A map change (one\n"
+     "epoch); refused during a rebalance or with fewer nodes up than replicas.",
+     1, NULL},
+    {"hot", "rm", 1, 1, 1, hot_rm_opts, cmd_hot_rm, "NAME [--pg P] [--dry-run]",
+     "Takes NAME's extra fringe replicas away again (every PG, or PG P): a map change, then\n"
+     "the nodes past the dataset's width drop their copies.",
+     1, NULL},
+    {"hot", "ls", 0, 0, 0, no_opts, cmd_hot_ls, "",
+     "Lists the hot datasets of the map: extra fringe replicas, where, and replicas per PG.", 1,
+     NULL},
     {NULL, "pg", 0, 1, 1, pg_opts, cmd_pg, "[PG] [--dataset NAME [--shard N]]",
      "Shows a placement group's replica order (rank 0 is the primary). With --dataset, the\n"
      "roles of its core and fringe replicas; with --shard too, the PG of that shard.",
@@ -405,7 +433,7 @@ static const struct cmd *find_cmd(const char *group, const char *name)
 static int is_group(const char *w)
 {
     return strcmp(w, "dataset") == 0 || strcmp(w, "shard") == 0 || strcmp(w, "map") == 0 ||
-           strcmp(w, "node") == 0 || strcmp(w, "rebalance") == 0;
+           strcmp(w, "node") == 0 || strcmp(w, "rebalance") == 0 || strcmp(w, "hot") == 0;
 }
 
 static void usage_group(FILE *f, const char *group)
@@ -589,6 +617,19 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_DRY_RUN:
             x->dry_run = 1;
             break;
+        case O_HOT_FRINGE:
+            if (cli_parse_uint(val[0] == '+' ? val + 1 : val, 255, &x->hot_fringe) != 0) {
+                snprintf(msg, sizeof(msg), "--fringe: '%s' is not +K (extra replicas)", val);
+                return usage_error(msg, k);
+            }
+            break;
+        case O_PG:
+            if (cli_parse_uint(val, UINT32_MAX, &x->hot_pg) != 0) {
+                snprintf(msg, sizeof(msg), "--pg: '%s' is not a PG number", val);
+                return usage_error(msg, k);
+            }
+            x->hot_pg_set = 1;
+            break;
         case O_DURATION:
             if (cli_parse_uint(val, 3600, &x->duration) != 0 || x->duration < 2) {
                 snprintf(msg, sizeof(msg), "--duration: '%s' is not 2 to 3600 seconds", val);
@@ -745,6 +786,7 @@ int main(int argc, char **argv)
     tessera_opts_init(&opts);
     opts.client_name = "tessera-cli";
     x.policy.core = 1;
+    x.hot_fringe = 1; /* hot add: +1 without --fringe */
     tessera_plan_opts_init(&x.plan);
     tessera_reader_opts_init(&x.rd);
     x.opts = &opts;

@@ -42,6 +42,9 @@ struct ctx {
     /* rebalance */
     uint64_t max_concurrent;
     int detach;
+    /* hot: --fringe +K, --pg P */
+    uint64_t hot_fringe, hot_pg;
+    int hot_pg_set;
     /* drill */
     uint64_t duration;
     const char *report;
@@ -76,6 +79,10 @@ void dataset_print(const struct ts_dataset_info *d);
 
 /* cli_drill.c */
 int cmd_drill(struct ctx *x);
+/* cli_hot.c */
+int cmd_hot_add(struct ctx *x);
+int cmd_hot_rm(struct ctx *x);
+int cmd_hot_ls(struct ctx *x);
 
 /* cli_node.c */
 int cmd_node_add(struct ctx *x);

@@ -117,8 +117,8 @@ static size_t pg_order(struct ts_cluster *cl, uint32_t pg, int *order)
 }
 
 /*
- * The replicas of (name, shard) under the current map: node indexes in order[], the count
- * in *n (at least 1); *pg its PG.
+ * The replicas of (name, shard) under the current map (core + fringe, and the extra ones of a
+ * hot dataset): node indexes in order[], the count in *n (at least 1); *pg its PG.
  */
 static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int *order, size_t *n,
                     uint32_t *pg)
@@ -137,6 +137,7 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
     rc = policy_get(cl, name, order, k, &want);
     if (rc)
         return rc;
+    want += ts_map_hot_extra(cl->map, name, *pg); /* a hot dataset's extra fringe replicas */
     if (k == PG_ORD_MAX && want > k)
         k = ts_map_pg_order(cl->map, *pg, order, MAX_REPLICAS);
     *n = TS_MAX(1u, TS_MIN((size_t)want, k));

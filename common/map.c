@@ -239,6 +239,8 @@ int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen)
         map_errf(err, errlen, "no node is up: every PG would be without a primary");
         return -1;
     }
+    if (map_hot_check(m, err, errlen))
+        return -1;
     return m->move ? map_move_check(m, err, errlen) : 0;
 }
 
@@ -264,6 +266,7 @@ void ts_map_free(struct ts_map *m)
     if (!m)
         return;
     map_move_free(m->move);
+    free(m->hot);
     free(m->nodes);
     free(m);
 }
@@ -288,6 +291,10 @@ struct ts_map *ts_map_dup(const struct ts_map *m)
     }
     if (m->move)
         d->move->driver = m->move->driver;
+    if (map_hot_copy(d, m) != 0) {
+        ts_map_free(d);
+        return NULL;
+    }
     return d;
 }
 
@@ -303,7 +310,7 @@ int ts_map_find(const struct ts_map *m, const char *id)
 
 /* ---- libconfig file ---------------------------------------------------------------------- */
 
-static const char *const top_keys[] = {"epoch", "pg_count", "nodes", "rebalance"};
+static const char *const top_keys[] = {"epoch", "pg_count", "nodes", "rebalance", "hot"};
 static const char *const node_keys[] = {"id", "addr", "tls_addr", "weight", "domain", "state"};
 
 int map_key_known(const char *name, const char *const *keys, size_t n)
@@ -461,6 +468,9 @@ static int parse_cfg(config_t *cf, const char *where, struct ts_map **out, char 
     rc = map_move_parse(config_setting_get_member(root, "rebalance"), m, where, err, errlen);
     if (rc < 0)
         goto out_free_map;
+    rc = map_hot_parse(config_setting_get_member(root, "hot"), m, where, err, errlen);
+    if (rc < 0)
+        goto out_free_map;
     if (map_check(m, &bad, msg, sizeof(msg))) {
         int line = config_setting_source_line(list);
         if (bad >= 0)
@@ -540,6 +550,7 @@ static int emit(FILE *f, const struct ts_map *m)
     for (size_t i = 0; i < m->n; i++)
         map_emit_node(f, &m->nodes[i], i + 1 == m->n);
     fprintf(f, ");\n");
+    map_hot_emit(f, m);
     if (m->move)
         map_move_emit(f, m);
     return ferror(f) ? TS_EIO : 0;
@@ -627,6 +638,7 @@ void ts_map_encode(struct ts_wr *w, const struct ts_map *m)
     for (size_t i = 0; i < m->n; i++)
         map_node_encode(w, &m->nodes[i]);
     map_move_encode(w, m);
+    map_hot_encode(w, m);
 }
 
 void map_node_encode(struct ts_wr *w, const struct ts_map_node *nd)
@@ -674,6 +686,8 @@ int ts_map_decode(struct ts_rd *r, struct ts_map **out)
     for (uint32_t i = 0; i < n && !r->err; i++)
         map_node_decode(r, &m->nodes[i]);
     if (!r->err && map_move_decode(r, m) != 0)
+        r->err = TS_EPROTO;
+    if (!r->err && map_hot_decode(r, m) != 0)
         r->err = TS_EPROTO;
     if (r->err || map_check(m, &bad, NULL, 0)) {
         r->err = TS_EPROTO;

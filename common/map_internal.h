@@ -1,5 +1,5 @@
-/* Shared inside the map module: map.c (file, wire, placement) and map_move.c (a rebalance's
- * state in the map). */
+/* Shared inside the map module: map.c (file, wire, placement), map_move.c (a rebalance's
+ * state in the map) and map_hot.c (hot datasets). */
 #ifndef TS_MAP_INTERNAL_H
 #define TS_MAP_INTERNAL_H
 
@@ -42,5 +42,14 @@ int map_move_check(const struct ts_map *m, char *err, size_t errlen);
 void map_move_free(struct ts_map_move *mv);
 /* The placement a PENDING or MOVING PG keeps: its order under the table before the rebalance. */
 size_t map_move_old_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
+
+/* map_hot.c */
+int map_hot_parse(config_setting_t *list, struct ts_map *m, const char *where, char *err,
+                  size_t errlen); /* list NULL: none */
+void map_hot_emit(FILE *f, const struct ts_map *m);
+void map_hot_encode(struct ts_wr *w, const struct ts_map *m);
+int map_hot_decode(struct ts_rd *r, struct ts_map *m);
+int map_hot_check(const struct ts_map *m, char *err, size_t errlen);
+int map_hot_copy(struct ts_map *d, const struct ts_map *m);
 
 #endif

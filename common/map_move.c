@@ -156,7 +156,7 @@ size_t map_move_old_order(const struct ts_map *m, uint32_t pg, int *out, size_t 
 int map_move_check(const struct ts_map *m, char *err, size_t errlen)
 {
     const struct ts_map_move *mv = m->move;
-    struct ts_map from = {m->epoch, m->pg_count, mv->nfrom, mv->from, NULL};
+    struct ts_map from = {m->epoch, m->pg_count, mv->nfrom, mv->from, NULL, NULL, 0};
     char msg[384];
     long bad;
 

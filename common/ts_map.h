@@ -56,12 +56,24 @@ struct ts_map_move {
     int *old_idx; /* old->nodes[i] is nodes[old_idx[i]] */
 };
 
+/* A hot dataset (map_hot.c): `fringe` extra fringe replicas of it, in every PG (pg -1) or in
+ * one PG; its replicas in a PG are the first core + fringe + extra nodes of the PG's order. */
+#define TS_MAP_MAX_HOT 256
+#define TS_MAP_MAX_HOT_FRINGE 8
+struct ts_map_hot {
+    char dataset[65]; /* TS_NAME_MAX + 1 */
+    int64_t pg;       /* -1: every PG */
+    uint8_t fringe;   /* 1..TS_MAP_MAX_HOT_FRINGE */
+};
+
 struct ts_map {
     uint64_t epoch;    /* grows with every change */
     uint32_t pg_count; /* > 0, fixed for the life of a cluster */
     size_t n;
     struct ts_map_node *nodes;
     struct ts_map_move *move; /* NULL: no rebalance in progress */
+    struct ts_map_hot *hot;   /* nhot entries (NULL when none) */
+    size_t nhot;
 };
 
 /* "up", "down", "out"; "?" for anything else. */
@@ -77,6 +89,8 @@ const char *ts_node_state_name(int state);
  *       state = "up"; },
  *     { id = "n2"; addr = "127.0.0.1:7102"; weight = 100; domain = "rack-b"; }
  *   );
+ *   hot = ( { dataset = "imagenet"; fringe = 2; },   # extra fringe replicas (tessera hot)
+ *           { dataset = "coco"; pg = 5; fringe = 1; } ); # in one PG only
  *   rebalance = {            # only while one is in progress (written by `tessera rebalance`)
  *     paused = false; rate = 0; driver = 0;
  *     from = ( { id = "n1"; ... } );   # the node table before, as `nodes`
@@ -105,7 +119,8 @@ int ts_map_write_file(const struct ts_map *m, const char *path);
 /*
  * Wire form: u64 epoch, u32 pg_count, u32 n, then n x (str id, str addr, str tls_addr,
  * u32 weight, str domain, u8 state), then u8 1 and the rebalance (u8 paused, u64 rate, u64 driver,
- * u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, with the ts_wr_* encodings.
+ * u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, then u32 nhot and nhot x
+ * (str dataset, u64 pg (two's complement: -1 every PG), u8 fringe), with the ts_wr_* encodings.
  * Decoding is bounds-checked and validates like the parser (n <= TS_MAP_MAX_NODES); anything
  * malformed is TS_EPROTO (also left in r->err). Decoding does not require the map to end the
  * payload: call ts_rd_done().
@@ -158,5 +173,15 @@ void ts_map_move_clear(struct ts_map *m);
 int ts_map_move_pg(struct ts_map *m, uint32_t pg, int state);
 /* enum ts_pg_move of PG pg (SETTLED without a rebalance). */
 int ts_map_pg_move_state(const struct ts_map *m, uint32_t pg);
+
+/* map_hot.c. The extra fringe replicas the map gives dataset in PG pg (0: none); the largest
+ * over every dataset of PG pg. */
+unsigned ts_map_hot_extra(const struct ts_map *m, const char *dataset, uint32_t pg);
+unsigned ts_map_hot_extra_max(const struct ts_map *m, uint32_t pg);
+/* 1 when maps a and b give every dataset the same extra replicas in PG pg. */
+int ts_map_hot_same(const struct ts_map *a, const struct ts_map *b, uint32_t pg);
+/* Sets the entry (dataset, pg) (pg -1: every PG) to `fringe` extra replicas; 0 removes it
+ * (TS_ENOENT when there is none). TS_EINVAL for a bad name, pg or count, or a full list. */
+int ts_map_hot_set(struct ts_map *m, const char *dataset, int64_t pg, unsigned fringe);
 
 #endif

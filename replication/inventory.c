@@ -21,6 +21,7 @@ struct inv_call {
     pthread_cond_t cv;
     int refs, done, rc;
     struct ts_repl_inventory out;
+    struct ts_map *map; /* the map the rank was taken from (its hot datasets) */
 };
 
 static void inv_put(struct inv_call *c)
@@ -33,6 +34,7 @@ static void inv_put(struct inv_call *c)
     if (last) {
         pthread_mutex_destroy(&c->mu);
         pthread_cond_destroy(&c->cv);
+        ts_map_free(c->map);
         free(c);
     }
 }
@@ -82,6 +84,11 @@ static void inv_send(evutil_socket_t fd, short what, void *arg)
         return;
     }
     c->out.rank = rank;
+    c->map = ts_map_dup(r->map);
+    if (!c->map) {
+        inv_finish(c, TS_ENOMEM);
+        return;
+    }
     snprintf(c->out.primary, sizeof(c->out.primary), "%s", r->map->nodes[order[0]].id);
     ts_wr_init(&w);
     ts_wr_begin_frame(&w);
@@ -126,12 +133,17 @@ int ts_repl_inventory_check(ts_repl *r, uint32_t pg, int timeout_ms, struct ts_r
         rc = TS_ETIMEDOUT;
     }
     pthread_mutex_unlock(&c->mu);
-    inv_put(c);
-    if (rc)
+    if (rc) {
+        inv_put(c);
         return rc;
-    if (ts_store_pg_applied(r->o.store, pg, &out->applied, &(uint64_t){0}) != 0 ||
-        ts_store_pg_inventory(r->o.store, pg, r->map->pg_count, out->rank, &out->count,
-                              &out->digest) != 0)
-        return TS_EIO;
-    return 0;
+    }
+    {
+        struct ts_repl_hot_arg ha = {c->map, pg};
+        if (ts_store_pg_applied(r->o.store, pg, &out->applied, &(uint64_t){0}) != 0 ||
+            ts_store_pg_inventory(r->o.store, pg, c->map->pg_count, out->rank, ts_repl_hot_extra_cb,
+                                  &ha, &out->count, &out->digest) != 0)
+            rc = TS_EIO;
+    }
+    inv_put(c);
+    return rc;
 }

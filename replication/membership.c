@@ -31,6 +31,12 @@ void ts_repl_widths(ts_store *st, struct ts_repl_widths *w)
     ts_store_dataset_list(st, width_cb, &a);
 }
 
+unsigned ts_repl_hot_extra_cb(void *arg, const char *dataset)
+{
+    const struct ts_repl_hot_arg *a = arg;
+    return ts_map_hot_extra(a->map, dataset, a->pg);
+}
+
 static int rank_in(const struct ts_map *m, const int *order, size_t n, const char *node)
 {
     for (size_t i = 0; i < n; i++)
@@ -72,11 +78,15 @@ int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_
                    * backfill of nothing costs a SET_APPLIED; a missed one lost copies) */
     before = ts_repl_rank_of(old, pg, node);
     after = ts_repl_rank_of(m, pg, node);
-    if (after < 0 || (unsigned)after >= w->max)
+    if (after < 0 || (unsigned)after >= w->max + ts_map_hot_extra_max(m, pg))
         return 0; /* a replica of no dataset now */
     if (before < 0)
         return 1; /* no place in the PG before */
     /* Some dataset's replicas take in ranks < width: a width in (after, before] gains it
      * (judged with the widest and narrowest datasets: may ask for a backfill not needed). */
-    return before > after && (unsigned)before >= w->min;
+    if (before > after && (unsigned)before >= w->min)
+        return 1;
+    /* A hot dataset's extra replicas changed in this PG (tessera hot add): a node past some
+     * dataset's base width may be one of them now. */
+    return !ts_map_hot_same(old, m, pg) && (unsigned)after >= w->min;
 }

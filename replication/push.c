@@ -420,8 +420,9 @@ static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_i
 
     if (ts_store_dataset_get(b->r->o.store, dataset, &d) != 0)
         return 0;
-    if (b->rank >= d.policy.core + d.policy.fringe)
-        return 0; /* not a replica of this dataset */
+    if (b->rank >=
+        d.policy.core + d.policy.fringe + (int)ts_map_hot_extra(b->r->map, dataset, ps->pg))
+        return 0; /* not a replica of this dataset (a hot dataset's extra replicas count) */
     if (ps->nitems % 64 == 0) {
         struct ts_log_rec *n = realloc(ps->items, (ps->nitems + 64) * sizeof(*n));
         if (!n)
@@ -646,7 +647,9 @@ void repl_push_step(ts_repl *r, struct push *ps)
         return;
     }
     if (ps->rec.type != TS_LOG_SEAL ||
-        (!ps->pull && (rank < 0 || rank >= ps->rec.policy.core + ps->rec.policy.fringe))) {
+        (!ps->pull &&
+         (rank < 0 || rank >= ps->rec.policy.core + ps->rec.policy.fringe +
+                                  (int)ts_map_hot_extra(r->map, ps->rec.dataset, ps->pg)))) {
         wr_repl_seal(&w, TS_REPL_NOOP, ps->pg, ps->rec.seq, ps->rec.epoch, NULL, NULL, 0);
         ps->busy = 1;
         repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, seal_reply, ps,

@@ -128,6 +128,12 @@ struct ts_repl_inventory {
     uint64_t primary_applied, primary_count, primary_digest; /* the primary's */
 };
 int ts_repl_inventory_check(ts_repl *r, uint32_t pg, int timeout_ms, struct ts_repl_inventory *out);
+/* A ts_store_extra_fn: the extra (hot) replicas map gives a dataset in PG pg. */
+struct ts_repl_hot_arg {
+    const struct ts_map *map;
+    uint32_t pg;
+};
+unsigned ts_repl_hot_extra_cb(void *arg, const char *dataset);
 /* Sends our map to node (it showed an older epoch). Thread-safe. */
 void ts_repl_push_map(ts_repl *r, const char *node_id);
 

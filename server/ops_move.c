@@ -1,11 +1,11 @@
 /*
  * PG_DROP (admin): the end of a rebalance's move of a PG (docs/operations.md "Rebalancing"):
  * this node deletes its copies of the PG's shards of every dataset it is no longer a replica
- * of under the current map. It judges that itself: a dataset it still holds a rank in (its
- * core + fringe, an incoming node of a moving PG included) keeps its shards, and a PG that a
- * rebalance has not settled yet is refused with TS_EBUSY. The rebalance calls it once the PG's
- * new replicas are caught up; a copy dropped too early would come back by backfill if the map
- * moved the PG here again.
+ * of under the current map. `tessera hot rm` sends it too (a hot dataset's extra replicas go). It
+ * judges that itself: a dataset it still holds a rank in (its core + fringe, an incoming node of a
+ * moving PG included) keeps its shards, and a PG that a rebalance has not settled yet is refused
+ * with TS_EBUSY. The rebalance calls it once the PG's new replicas are caught up; a copy dropped
+ * too early would come back by backfill if the map moved the PG here again.
  */
 #include "ops_internal.h"
 
@@ -27,6 +27,8 @@ struct drop_item {
 struct drop_acc {
     struct tsd_server *s;
     int rank;
+    struct ts_map *map; /* a copy of the node's map: its hot datasets */
+    uint32_t pg;
     struct drop_item *v;
     size_t n, cap;
     int rc;
@@ -40,8 +42,9 @@ static int drop_collect_cb(void *arg, const char *dataset, const struct ts_shard
 
     if (ts_store_dataset_get(a->s->store, dataset, &d) != 0)
         return 0;
-    if (a->rank >= 0 && a->rank < (int)d.policy.core + d.policy.fringe)
-        return 0; /* still a replica of this dataset here */
+    if (a->rank >= 0 && a->rank < (int)d.policy.core + d.policy.fringe +
+                                      (int)ts_map_hot_extra(a->map, dataset, a->pg))
+        return 0; /* still a replica of this dataset here (a hot dataset's extras count) */
     if (a->n == a->cap) {
         size_t cap = a->cap ? 2 * a->cap : 64;
         struct drop_item *v = realloc(a->v, cap * sizeof(*v));
@@ -79,14 +82,22 @@ void tsd_op_pg_drop(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
     npg = s->map->pg_count;
     state = ts_map_pg_move_state(s->map, pg);
     a.rank = ts_repl_rank_of(s->map, pg, s->cfg->node_id);
+    a.map = ts_map_dup(s->map);
+    a.pg = pg;
     pthread_rwlock_unlock(&s->map_lock);
+    if (!a.map) {
+        tsd_reply_error(c, h, TS_ENOMEM, "pg-drop %u: out of memory", pg);
+        return;
+    }
     if (state != TS_PG_SETTLED) {
+        ts_map_free(a.map);
         tsd_reply_error(c, h, TS_EBUSY, "pg-drop %u: a rebalance has not moved the PG yet", pg);
         return;
     }
     rc = ts_store_pg_iter(s->store, pg, npg, drop_collect_cb, &a);
     if (!rc)
         rc = a.rc;
+    ts_map_free(a.map);
     for (size_t i = 0; !rc && i < a.n; i++) {
         int drc = ts_store_shard_delete(s->store, a.v[i].dataset, a.v[i].shard);
         if (drc == 0) {

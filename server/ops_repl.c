@@ -548,8 +548,15 @@ void tsd_op_pg_inventory(struct tsd_conn *c, const struct ts_frame_hdr *h, const
         return;
     }
     rc = ts_store_pg_applied(s->store, pg, &applied, &oldest);
-    if (!rc)
-        rc = ts_store_pg_inventory(s->store, pg, s->npg, rank, &count, &digest);
+    if (!rc) {
+        struct ts_repl_hot_arg ha = {NULL, pg};
+        pthread_rwlock_rdlock(&s->map_lock);
+        ha.map = ts_map_dup(s->map);
+        pthread_rwlock_unlock(&s->map_lock);
+        rc = ts_store_pg_inventory(s->store, pg, s->npg, rank, ts_repl_hot_extra_cb, &ha, &count,
+                                   &digest);
+        ts_map_free((struct ts_map *)ha.map);
+    }
     if (rc) {
         tsd_reply_error(c, h, rc, "pg-inventory %u: %s", pg, ts_strerror(rc));
         return;

@@ -11,6 +11,8 @@
 struct inv {
     ts_store *s;
     int rank;
+    ts_store_extra_fn extra;
+    void *arg;
     uint64_t count, digest;
 };
 
@@ -23,7 +25,8 @@ static int inv_cb(void *arg, const char *dataset, const struct ts_shard_info *si
 
     if (ts_store_dataset_get(v->s, dataset, &d) != 0)
         return 0;
-    if (v->rank >= d.policy.core + d.policy.fringe)
+    if (v->rank >=
+        d.policy.core + d.policy.fringe + (v->extra ? (int)v->extra(v->arg, dataset) : 0))
         return 0; /* the replica at that rank holds none of this dataset */
     ts_put_le64(b, d.created_ns);
     ts_put_le32(b + 8, si->shard);
@@ -36,10 +39,10 @@ static int inv_cb(void *arg, const char *dataset, const struct ts_shard_info *si
     return 0;
 }
 
-int ts_store_pg_inventory(ts_store *s, uint32_t pg, uint32_t pg_count, int rank, uint64_t *count,
-                          uint64_t *digest)
+int ts_store_pg_inventory(ts_store *s, uint32_t pg, uint32_t pg_count, int rank,
+                          ts_store_extra_fn extra, void *arg, uint64_t *count, uint64_t *digest)
 {
-    struct inv v = {s, rank, 0, 0};
+    struct inv v = {s, rank, extra, arg, 0, 0};
     int rc = ts_store_pg_iter(s, pg, pg_count, inv_cb, &v);
 
     *count = v.count;

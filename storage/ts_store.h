@@ -300,11 +300,15 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
 
+/* The replicas a dataset has beyond core + fringe in the PG asked about (a hot dataset's extra
+ * fringe replicas, from the map: the storage layer does not know the map). */
+typedef unsigned (*ts_store_extra_fn)(void *arg, const char *dataset);
 /* inventory.c: the count of complete shards of pg (of pg_count) here, of the datasets that keep
- * a replica at placement rank `rank` (core + fringe > rank), and an order-independent digest of
- * them (dataset incarnation, shard, size, CRC32C): equal on replicas that agree. */
-int ts_store_pg_inventory(ts_store *s, uint32_t pg, uint32_t pg_count, int rank, uint64_t *count,
-                          uint64_t *digest);
+ * a replica at placement rank `rank` (core + fringe + extra(arg, dataset) > rank; extra NULL:
+ * none), and an order-independent digest of them (dataset incarnation, shard, size, CRC32C):
+ * equal on replicas that agree. */
+int ts_store_pg_inventory(ts_store *s, uint32_t pg, uint32_t pg_count, int rank,
+                          ts_store_extra_fn extra, void *arg, uint64_t *count, uint64_t *digest);
 
 /* Calls cb for every complete shard that maps to pg (of pg_count), for backfill. */
 int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,

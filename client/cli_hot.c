@@ -1,0 +1,236 @@
+/*
+ * tessera CLI: hot datasets (tessera hot add|rm|ls; docs/operations.md "Hot datasets"). A hot
+ * dataset gets extra fringe replicas from the map, in every PG or in one: the next nodes of each
+ * PG's placement order, like any other replica. Adding one is a map change: each new replica is
+ * marked as needing a backfill (it serves nothing of the PG until its primary streamed the
+ * PG's shards to it) and takes the dataset's writes from then on (asynchronously, as fringe);
+ * clients spread reads over every replica. Removing one pushes the map, then asks the nodes
+ * past the new width to drop their copies (PG_DROP: a node deletes only what it holds no rank
+ * for under its map). Refused, and nothing changed: an unknown dataset, a bad count or PG, more
+ * replicas than nodes that are up, or a rebalance in progress.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "ts_map.h"
+
+#define MAX_RANK 64
+
+static unsigned up_nodes(const struct ts_map *m)
+{
+    unsigned n = 0;
+    for (size_t i = 0; i < m->n; i++)
+        n += m->nodes[i].state == TS_NODE_UP;
+    return n;
+}
+
+static const char *pg_words(int64_t pg, char *buf, size_t cap)
+{
+    if (pg < 0)
+        snprintf(buf, cap, "every PG");
+    else
+        snprintf(buf, cap, "PG %lld", (long long)pg);
+    return buf;
+}
+
+/* The map with the change, pushed (one epoch more than any node has). */
+static int push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
+{
+    char dir[] = "/tmp/tessera-hot-XXXXXX", path[600];
+    int rc;
+
+    if (!mkdtemp(dir))
+        return TS_EIO;
+    snprintf(path, sizeof(path), "%s/cluster.map", dir);
+    rc = ts_map_write_file(m, path);
+    if (!rc)
+        rc = tessera_map_push_file(x->c, path, epoch);
+    unlink(path);
+    rmdir(dir);
+    return rc;
+}
+
+/* After a removal: the nodes past the dataset's new width in each PG it had extras in drop
+ * the copies they hold no rank for. The count of shards dropped, or -1 (x->local says). */
+static long drop_extras(struct ctx *x, const struct ts_map *m, const struct ts_dataset_info *d,
+                        int64_t only_pg, unsigned old_extra)
+{
+    unsigned base = (unsigned)d->policy.core + d->policy.fringe;
+    long dropped = 0;
+
+    for (uint32_t pg = 0; pg < m->pg_count; pg++) {
+        int order[MAX_RANK];
+        unsigned width = base + ts_map_hot_extra(m, d->name, pg);
+        size_t n;
+        if (only_pg >= 0 && pg != (uint32_t)only_pg)
+            continue;
+        n = ts_map_pg_order(m, pg, order, TS_MIN(MAX_RANK, base + old_extra));
+        for (size_t k = width; k < n; k++) {
+            uint32_t shards = 0;
+            uint64_t bytes = 0;
+            int rc = ts_client_node_pg_drop(x->c, (size_t)order[k], pg, &shards, &bytes);
+            if (rc) {
+                snprintf(x->local, sizeof(x->local), "PG %u: %s did not drop its copies: %s", pg,
+                         m->nodes[order[k]].id, tessera_client_error(x->c));
+                return -1;
+            }
+            dropped += shards;
+        }
+    }
+    return dropped;
+}
+
+static int hot_change(struct ctx *x, int add)
+{
+    const char *name = x->argv[0];
+    const struct ts_map *cur = ts_client_map(x->c);
+    struct ts_dataset_info d;
+    struct ts_map *next;
+    unsigned base, before = 0, after, extra = add ? (unsigned)x->hot_fringe : 0;
+    int64_t pg = x->hot_pg_set ? (int64_t)x->hot_pg : -1;
+    uint64_t epoch = 0;
+    char where[32];
+    int rc;
+
+    if (!cur) {
+        snprintf(x->local, sizeof(x->local), "hot datasets need a cluster (this node has no map)");
+        return TS_EINVAL;
+    }
+    if (cur->move) {
+        snprintf(x->local, sizeof(x->local),
+                 "a rebalance is in progress: change hot datasets once it ends (rebalance "
+                 "status)");
+        return TS_EBUSY;
+    }
+    if (pg >= (int64_t)cur->pg_count) {
+        snprintf(x->local, sizeof(x->local), "--pg %lld: the map has PGs 0..%u", (long long)pg,
+                 cur->pg_count - 1);
+        return TS_EINVAL;
+    }
+    rc = tessera_dataset_stat(x->c, name, &d);
+    if (rc)
+        return rc; /* unknown name: the server's message */
+    base = (unsigned)d.policy.core + d.policy.fringe;
+    for (size_t i = 0; i < cur->nhot; i++)
+        if (cur->hot[i].pg == pg && !strcmp(cur->hot[i].dataset, name))
+            before = cur->hot[i].fringe;
+    if (add && (extra < 1 || extra > TS_MAP_MAX_HOT_FRINGE)) {
+        snprintf(x->local, sizeof(x->local), "--fringe: want +1 to +%d extra replicas",
+                 TS_MAP_MAX_HOT_FRINGE);
+        return TS_EINVAL;
+    }
+    if (add && base + extra > up_nodes(cur)) {
+        snprintf(x->local, sizeof(x->local),
+                 "%s has %u replicas per PG; %u more need %u nodes, and %u are up", name, base,
+                 extra, base + extra, up_nodes(cur));
+        return TS_EINVAL;
+    }
+    if (!add && !before) {
+        snprintf(x->local, sizeof(x->local), "%s has no hot entry for %s (hot ls)", name,
+                 pg_words(pg, where, sizeof(where)));
+        return TS_ENOENT;
+    }
+    next = ts_map_dup(cur);
+    if (!next)
+        return TS_ENOMEM;
+    rc = ts_map_hot_set(next, name, pg, extra);
+    if (rc) {
+        ts_map_free(next);
+        snprintf(x->local, sizeof(x->local), "cannot set the hot entry (%s)", ts_strerror(rc));
+        return rc;
+    }
+    after = extra;
+    if (!x->json)
+        printf("hot %s %s: %s: %u extra fringe replica%s -> %u (replicas per PG %u -> %u); "
+               "about %.1f MB to %s\n",
+               add ? "add" : "rm", name, pg_words(pg, where, sizeof(where)), before,
+               before == 1 ? "" : "s", after, base + before, base + after,
+               (double)d.bytes * (after > before ? after - before : before - after) /
+                   (pg < 0 ? 1.0 : (double)cur->pg_count) / 1e6,
+               after > before ? "copy (backfilled from each PG's primary)" : "delete");
+    if (x->dry_run) {
+        ts_map_free(next);
+        if (!x->json)
+            printf("dry run: nothing changed\n");
+        return 0;
+    }
+    rc = push(x, next, &epoch);
+    if (rc) {
+        ts_map_free(next);
+        return rc;
+    }
+    if (!add) {
+        long dropped = drop_extras(x, next, &d, pg, before);
+        if (dropped < 0) {
+            ts_map_free(next);
+            return TS_EIO;
+        }
+        if (!x->json)
+            printf("map epoch %llu; %ld shard copies dropped\n", (unsigned long long)epoch,
+                   dropped);
+    } else if (!x->json) {
+        printf("map epoch %llu; the new replicas fill in the background (tessera status)\n",
+               (unsigned long long)epoch);
+    }
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(name));
+        json_object_object_add(o, "pg", json_object_new_int64(pg));
+        json_object_object_add(o, "extra_fringe", json_object_new_int((int)after));
+        json_object_object_add(o, "replicas_per_pg", json_object_new_int((int)(base + after)));
+        json_object_object_add(o, "map_epoch", json_u64(epoch));
+        json_print(o);
+    }
+    ts_map_free(next);
+    return 0;
+}
+
+int cmd_hot_add(struct ctx *x)
+{
+    return hot_change(x, 1);
+}
+
+int cmd_hot_rm(struct ctx *x)
+{
+    return hot_change(x, 0);
+}
+
+int cmd_hot_ls(struct ctx *x)
+{
+    const struct ts_map *m = ts_client_map(x->c);
+    struct json_object *arr = json_object_new_array();
+    char where[32];
+
+    if (!x->json)
+        printf("%-24s %-10s %-6s %s\n", "DATASET", "PG", "EXTRA", "REPLICAS_PER_PG");
+    for (size_t i = 0; m && i < m->nhot; i++) {
+        const struct ts_map_hot *h = &m->hot[i];
+        struct ts_dataset_info d;
+        int have = tessera_dataset_stat(x->c, h->dataset, &d) == 0;
+        unsigned base = have ? (unsigned)d.policy.core + d.policy.fringe : 0;
+        if (x->json) {
+            struct json_object *o = json_object_new_object();
+            json_object_object_add(o, "dataset", json_object_new_string(h->dataset));
+            json_object_object_add(o, "pg", json_object_new_int64(h->pg));
+            json_object_object_add(o, "extra_fringe", json_object_new_int(h->fringe));
+            if (have)
+                json_object_object_add(o, "replicas_per_pg",
+                                       json_object_new_int((int)(base + h->fringe)));
+            json_object_array_add(arr, o);
+        } else {
+            char reps[32] = "? (no such dataset)";
+            if (have)
+                snprintf(reps, sizeof(reps), "%u", base + h->fringe);
+            printf("%-24s %-10s +%-5u %s\n", h->dataset,
+                   h->pg < 0 ? "all" : pg_words(h->pg, where, sizeof(where)) + 3, h->fringe, reps);
+        }
+    }
+    if (x->json)
+        json_print(arr);
+    else
+        json_object_put(arr);
+    return 0;
+}
