@@ -195,6 +195,14 @@ int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t
     return ts_cl_node_pg_drop(c, c->cl, node, pg, shards, bytes);
 }
 
+int ts_client_node_dataset_stat(tessera_client *c, size_t node, const char *name,
+                                struct ts_dataset_info *out)
+{
+    if (!routed(c))
+        return TS_EINVAL;
+    return ts_cl_node_dataset_stat(c, c->cl, node, name, out);
+}
+
 /* ---- datasets ------------------------------------------------------------------------------- */
 
 int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)

@@ -63,6 +63,7 @@ enum opt_id {
     O_DETACH,
     O_HOT_FRINGE,
     O_PG,
+    O_AGENT,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -137,9 +138,15 @@ static const struct cli_opt hot_rm_opts[] = {
     {NULL, 0, 0, 0},
 };
 
+static const struct cli_opt agent_opts[] = {
+    {"node", 0, 1, O_NODE},
+    {NULL, 0, 0, 0},
+};
+
 static const struct cli_opt drill_opts[] = {
     {"duration", 0, 1, O_DURATION},
     {"report", 0, 1, O_REPORT},
+    {"agent", 0, 1, O_AGENT},
     {"dry-run", 0, 0, O_DRY_RUN},
     {NULL, 0, 0, 0},
 };
@@ -339,8 +346,15 @@ static const struct cmd cmds[] = {
      "Moves back to the placement before the rebalance (nodes it added stay, out), the PGs\n"
      "that moved back the same staged way; writes made meanwhile are kept.",
      1, NULL},
+    {NULL, "agent", 1, 3, 0, agent_opts, cmd_agent, "--node ID ACT [ARG [ARG]]",
+     "The drills' agent: does one act to node ID's tesserad on this host, reached at -s\n"
+     "(pid, kill, term, gone, stop, cont, start LOGDIR, mark DATASET, flip SINCE, datadir,\n"
+     "fill LEAVE, unfill, cut OWN PEERS, heal; client/cli_agent.c). `tessera drill --agent\n"
+     "TEMPLATE` runs it on each node's host, e.g.\n"
+     "--agent 'ssh {host} tessera -s {addr} agent --node {node}'.",
+     0, NULL},
     {NULL, "drill", 1, 1, 1, drill_opts, cmd_drill,
-     "SCENARIO [--duration S] [--report FILE] [--json] [--dry-run]",
+     "SCENARIO [--duration S] [--report FILE] [--agent TEMPLATE] [--json] [--dry-run]",
      "Runs a failover drill against the running cluster (admin role; its nodes on this host):\n"
      "a load of 64 KiB writes and verified reads on a dataset of its own, the act, the\n"
      "operator's answer (failover, restart, mark up), then every acknowledged write read back.\n"
@@ -349,7 +363,9 @@ static const struct cmd cmds[] = {
      "iptables: nodes on addresses of their own, root), slow-node (SIGSTOP for a while),\n"
      "corrupt-chunk, fringe-lag, disk-full. Prints time to detect and to recover,\n"
      "acknowledged writes lost (exits 1 unless 0), failed reads, checksum errors, throughput\n"
-     "before/during/after and the final map; --report FILE writes it as JSON.",
+     "before/during/after and the final map; --report FILE writes it as JSON. The nodes run\n"
+     "here (embedded mode), or --agent TEMPLATE runs each act on the node's host: TEMPLATE\n"
+     "with {node} {host} {addr} {tls_addr} filled in, then ACT [ARG...] (see 'tessera agent').",
      1, NULL},
     {"hot", "add", 1, 1, 1, hot_add_opts, cmd_hot_add, "NAME [--fringe +K] [--pg P] [--dry-run]",
      "Gives dataset NAME K more fringe replicas (default +1) in every PG, or in PG P (admin\n"
@@ -639,6 +655,9 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_REPORT:
             x->report = val;
             break;
+        case O_AGENT:
+            x->agent = val;
+            break;
         case O_RATE:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->rate))
                 return EXIT_USAGE;
@@ -804,7 +823,10 @@ int main(int argc, char **argv)
     if (k->run == cmd_map_push && !x.server_set)
         map_push_seed(&x, &opts); /* no -s: the first node of the map file */
     opts.address = x.server;
-    rc = k->run == cmd_plan ? 0 : ts_client_open_ex(&x.c, &opts, err, sizeof(err));
+    /* plan needs no server; the agent connects only for the acts that need its node up */
+    rc = k->run == cmd_plan || k->run == cmd_agent
+             ? 0
+             : ts_client_open_ex(&x.c, &opts, err, sizeof(err));
     if (rc) {
         fprintf(stderr, "tessera: cannot connect to %s: %s (%s)%s%s\n", x.server, ts_strerror(rc),
                 ts_errname(rc), err[0] ? ": " : "", err);

@@ -48,6 +48,7 @@ struct ctx {
     /* drill */
     uint64_t duration;
     const char *report;
+    const char *agent; /* --agent TEMPLATE: acts on nodes run through it */
     /* plan */
     struct tessera_plan_opts plan;
     /* records */
@@ -79,6 +80,8 @@ void dataset_print(const struct ts_dataset_info *d);
 
 /* cli_drill.c */
 int cmd_drill(struct ctx *x);
+/* cli_agent.c: tessera agent ACT [ARG...] (the drills' acts on this host's node) */
+int cmd_agent(struct ctx *x);
 /* cli_hot.c */
 int cmd_hot_add(struct ctx *x);
 int cmd_hot_rm(struct ctx *x);

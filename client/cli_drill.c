@@ -8,10 +8,10 @@
  * byte for byte: must be 0), reads that failed, checksum errors, throughput before, during and
  * after, and the final map.
  *
- * Embedded mode only: the nodes run on this host and are acted on by process id (STATUS gives
- * it, /proc confirms it is a tesserad); a killed node is started again with its own command
- * line and working directory, its output appended to DIR/drill-NODE.log. On a real cluster the
- * same acts go through an agent on each node (docs/operations.md "Failover drills").
+ * The acts on nodes are agent acts (cli_agent.c): done here in the embedded mode (the nodes
+ * run on this host, found by process id), or on each node's host through --agent TEMPLATE
+ * (e.g. ssh). A killed node is started again with its own command line and working directory,
+ * its output appended to DIR/drill-NODE.log (docs/operations.md "Failover drills").
  *
  * Scenarios: kill-primary (SIGKILL the primary of the PG the load writes next), kill-node
  * (SIGKILL a node that leads no PG the load uses first), node-return (kill a primary, fail
@@ -147,72 +147,107 @@ void drill_load_for(struct drill *d, double secs)
         load_step(d);
 }
 
-/* Node i's process id from its STATUS, confirmed by /proc to be a tesserad; 0 if not local. */
-pid_t drill_node_pid(struct drill *d, size_t i)
+/* One act on node i (cli_agent.c): here in the embedded mode, else by running the --agent
+ * template with the act appended (each word quoted). */
+static void shell_quote(char *out, size_t cap, const char *w)
 {
-    char *json = NULL, path[64], exe[512];
-    struct json_object *doc, *v;
-    pid_t pid = 0;
-    ssize_t n;
+    size_t n = 0;
 
-    if (ts_client_node_status(d->x->c, i, &json) != 0)
-        return 0;
-    doc = json_tokener_parse(json);
-    tessera_buffer_free(json);
-    if (doc && json_object_object_get_ex(doc, "pid", &v))
-        pid = (pid_t)json_object_get_int(v);
-    json_object_put(doc);
-    snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid);
-    n = pid > 0 ? readlink(path, exe, sizeof(exe) - 1) : -1;
-    if (n <= 0)
-        return 0;
-    exe[n] = '\0';
-    return strstr(exe, "tesserad") ? pid : 0;
-}
-
-int drill_proc_image(pid_t pid, struct proc_image *im)
-{
-    char path[64];
-    int fd, argc = 0;
-    ssize_t n;
-
-    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-    fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return TS_ENOENT;
-    n = read(fd, im->buf, sizeof(im->buf) - 1);
-    close(fd);
-    if (n <= 0)
-        return TS_EIO;
-    im->buf[n] = '\0';
-    for (ssize_t k = 0; k < n && argc < 63; k += (ssize_t)strlen(im->buf + k) + 1)
-        im->argv[argc++] = im->buf + k;
-    im->argv[argc] = NULL;
-    snprintf(path, sizeof(path), "/proc/%d/cwd", (int)pid);
-    n = readlink(path, im->cwd, sizeof(im->cwd) - 1);
-    if (n <= 0)
-        return TS_EIO;
-    im->cwd[n] = '\0';
-    return 0;
-}
-
-static pid_t proc_start(const struct proc_image *im, const char *log)
-{
-    pid_t pid = fork();
-
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
+    if (n + 1 < cap)
+        out[n++] = ' ';
+    if (n + 1 < cap)
+        out[n++] = '\'';
+    for (; *w && n + 5 < cap; w++) {
+        if (*w == '\'') {
+            memcpy(out + n, "'\\''", 4);
+            n += 4;
+        } else {
+            out[n++] = *w;
         }
-        if (chdir(im->cwd) != 0)
-            _exit(126);
-        setsid();
-        execv(im->argv[0], im->argv);
-        _exit(127);
     }
-    return pid;
+    if (n + 1 < cap)
+        out[n++] = '\'';
+    out[n] = '\0';
+}
+
+static void host_of(const char *addr, char *out, size_t cap)
+{
+    const char *colon = strrchr(addr, ':');
+    size_t n = colon ? (size_t)(colon - addr) : strlen(addr);
+
+    if (addr[0] == '[' && n >= 2)
+        snprintf(out, cap, "%.*s", (int)(n - 2), addr + 1);
+    else
+        snprintf(out, cap, "%.*s", (int)n, addr);
+}
+
+int drill_act(struct drill *d, int i, const char *act, const char *arg, const char *arg2, char *out,
+              size_t cap)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    const struct ts_map_node *nd;
+    char cmd[4096], host[128], q[1200], line[1024];
+    size_t n = 0, len;
+    FILE *p;
+    int st;
+
+    if (!d->x->agent)
+        return agent_do(d->x, m->nodes[i].id, act, arg, arg2, out, cap);
+    nd = &m->nodes[i];
+    host_of(nd->addr, host, sizeof(host));
+    for (const char *t = d->x->agent; *t && n + 200 < sizeof(cmd);) {
+        const char *val = NULL;
+        size_t skip = 0;
+        if (!strncmp(t, "{node}", 6))
+            val = nd->id, skip = 6;
+        else if (!strncmp(t, "{host}", 6))
+            val = host, skip = 6;
+        else if (!strncmp(t, "{addr}", 6))
+            val = nd->addr, skip = 6;
+        else if (!strncmp(t, "{tls_addr}", 10))
+            val = nd->tls_addr[0] ? nd->tls_addr : nd->addr, skip = 10;
+        if (val) {
+            n += (size_t)snprintf(cmd + n, sizeof(cmd) - n, "%s", val);
+            t += skip;
+        } else {
+            cmd[n++] = *t++;
+        }
+    }
+    cmd[n] = '\0';
+    shell_quote(q, sizeof(q), act);
+    snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), "%s", q);
+    if (arg) {
+        shell_quote(q, sizeof(q), arg);
+        snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), "%s", q);
+    }
+    if (arg2) {
+        shell_quote(q, sizeof(q), arg2);
+        snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), "%s", q);
+    }
+    snprintf(cmd + strlen(cmd), sizeof(cmd) - strlen(cmd), " 2>&1");
+    p = popen(cmd, "r");
+    if (!p) {
+        snprintf(d->x->local, sizeof(d->x->local), "cannot run the agent: %s", strerror(errno));
+        return TS_EIO;
+    }
+    out[0] = '\0';
+    len = 0;
+    while (fgets(line, sizeof(line), p)) {
+        size_t k = strlen(line);
+        if (len + k < cap) {
+            memcpy(out + len, line, k + 1);
+            len += k;
+        }
+    }
+    st = pclose(p);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return 0;
+    if (!strcmp(act, "gone"))
+        return TS_EBUSY; /* still running (or the agent failed: ask again) */
+    out[strcspn(out, "\n")] = '\0';
+    snprintf(d->x->local, sizeof(d->x->local), "agent on %s: %s: %.400s", nd->id, act,
+             out[0] ? out : "failed");
+    return TS_EIO;
 }
 
 /* The node that leads the PG of the shard the load writes next. */
@@ -246,25 +281,6 @@ int drill_fail_over(struct drill *d, int i)
     return rc;
 }
 
-static int wait_ready(const char *log_path, long from, int secs)
-{
-    for (int i = 0; i < secs * 20; i++) {
-        FILE *f = fopen(log_path, "r");
-        char line[1024];
-        int ok = 0;
-        if (f) {
-            fseek(f, from, SEEK_SET);
-            while (fgets(line, sizeof(line), f))
-                ok |= strstr(line, "tesserad ready") != NULL;
-            fclose(f);
-        }
-        if (ok)
-            return 0;
-        usleep(50000);
-    }
-    return TS_ETIMEDOUT;
-}
-
 /* Marks node `id` up again (a map change pushed like `tessera node up`). */
 int drill_mark_up(struct drill *d, const char *id)
 {
@@ -293,24 +309,13 @@ int drill_mark_up(struct drill *d, const char *id)
     return rc;
 }
 
-/* Kills node i (-9) and fails it over; the image to restart it in *im. */
-static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, double secs)
+/* Kills node i (-9) and fails it over (the agent keeps what a restart needs). */
+static int kill_and_fail_over(struct drill *d, int i, double secs)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    pid_t pid = drill_node_pid(d, (size_t)i);
+    char out[256];
+    int rc;
 
-    if (!pid) {
-        snprintf(d->x->local, sizeof(d->x->local),
-                 "node %s is not a tesserad on this host: drills act on local nodes only "
-                 "(embedded mode)",
-                 m->nodes[i].id);
-        return TS_EINVAL;
-    }
-    if (drill_proc_image(pid, im) != 0) {
-        snprintf(d->x->local, sizeof(d->x->local), "cannot read node %s's command line",
-                 m->nodes[i].id);
-        return TS_EIO;
-    }
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
     if (d->recover_ns) /* a second act (node-return): the report times the last one */
         drill_note(d, "recovered from the previous act %.3f s after it",
@@ -318,27 +323,27 @@ static int kill_and_fail_over(struct drill *d, int i, struct proc_image *im, dou
     d->detect_ns = d->failover_ns = d->recover_ns = 0;
     d->phase = 1;
     d->act_ns = now_ns();
-    kill(pid, SIGKILL);
-    drill_note(d, "kill -9 %s (pid %d)", d->node, (int)pid);
+    rc = drill_act(d, i, "kill", NULL, NULL, out, sizeof(out));
+    if (rc)
+        return rc;
+    out[strcspn(out, "\n")] = '\0';
+    drill_note(d, "kill -9 %s (%s)", d->node, out);
     drill_load_for(d, secs); /* the load meets the dead node: detection */
     return drill_fail_over(d, i);
 }
 
-int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir)
+int drill_restart(struct drill *d, const char *logdir)
 {
-    char log[600];
-    struct stat st;
-    long from;
-    pid_t pid;
+    char out[1400];
+    int i = ts_map_find(ts_client_map(d->x->c), d->node);
+    int rc = i < 0 ? TS_ENOENT : drill_act(d, i, "start", logdir, NULL, out, sizeof(out));
 
-    snprintf(log, sizeof(log), "%s/drill-%s.log", logdir, d->node);
-    from = stat(log, &st) == 0 ? (long)st.st_size : 0;
-    pid = proc_start(im, log);
-    if (pid <= 0 || wait_ready(log, from, 30) != 0) {
-        drill_note(d, "%s did not start again (see %s)", d->node, log);
-        return TS_EIO;
+    if (rc) {
+        drill_note(d, "%s did not start again: %s", d->node, d->x->local);
+        return rc;
     }
-    drill_note(d, "%s started again (pid %d, log %s)", d->node, (int)pid, log);
+    out[strcspn(out, "\n")] = '\0';
+    drill_note(d, "%s started again (%s)", d->node, out);
     return drill_mark_up(d, d->node);
 }
 
@@ -394,7 +399,6 @@ int cmd_drill(struct ctx *x)
     const struct ts_map *m = ts_client_map(x->c);
     struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES};
     struct drill d;
-    struct proc_image im;
     double dur = x->duration ? (double)x->duration : 6;
     uint64_t lost, t_act_end;
     char logs[512];
@@ -439,6 +443,12 @@ int cmd_drill(struct ctx *x)
     rc = tessera_dataset_create(x->c, d.ds, &p);
     if (rc)
         goto out;
+    if (!strcmp(scenario, "corrupt-chunk")) /* flips only hit what the drill writes */
+        for (size_t k = 0; k < m->n; k++) {
+            char out[64];
+            if (m->nodes[k].state == TS_NODE_UP)
+                drill_act(&d, (int)k, "mark", d.ds, NULL, out, sizeof(out));
+        }
     drill_note(&d, "dataset %s created; load running", d.ds);
     drill_load_for(&d, dur / 4);
     d.secs_before = (double)(now_ns() - d.t0) / 1e9;
@@ -452,21 +462,24 @@ int cmd_drill(struct ctx *x)
         if (rc)
             goto out;
     } else if (!strcmp(scenario, "slow-node")) {
-        pid_t pid;
+        char out[256];
         i = drill_primary_next(&d);
-        pid = i >= 0 ? drill_node_pid(&d, (size_t)i) : 0;
-        if (!pid) {
-            snprintf(x->local, sizeof(x->local), "no local tesserad to slow down");
+        if (i < 0) {
             rc = TS_EINVAL;
             goto out;
         }
         snprintf(d.node, sizeof(d.node), "%s", m->nodes[i].id);
         d.phase = 1;
         d.act_ns = now_ns();
-        kill(pid, SIGSTOP);
-        drill_note(&d, "SIGSTOP %s (pid %d) for %.1f s", d.node, (int)pid, dur / 3);
+        rc = drill_act(&d, i, "stop", NULL, NULL, out, sizeof(out));
+        if (rc)
+            goto out;
+        out[strcspn(out, "\n")] = '\0';
+        drill_note(&d, "SIGSTOP %s (%s) for %.1f s", d.node, out, dur / 3);
         drill_load_for(&d, dur / 3);
-        kill(pid, SIGCONT);
+        rc = drill_act(&d, i, "cont", NULL, NULL, out, sizeof(out));
+        if (rc)
+            goto out;
         d.failover_ns = now_ns(); /* no failover: it resumes */
         drill_note(&d, "SIGCONT %s", d.node);
     } else {
@@ -476,17 +489,17 @@ int cmd_drill(struct ctx *x)
             rc = TS_EINVAL;
             goto out;
         }
-        rc = kill_and_fail_over(&d, i, &im, 1.0);
+        rc = kill_and_fail_over(&d, i, 1.0);
         if (rc)
             goto out;
         drill_load_for(&d, dur / 4);
         if (!strcmp(scenario, "node-return")) {
-            rc = drill_restart(&d, &im, logs);
+            rc = drill_restart(&d, logs);
             if (rc)
                 goto out;
             drill_load_for(&d, dur / 4);
             i = ts_map_find(ts_client_map(x->c), d.node);
-            rc = kill_and_fail_over(&d, i, &im, 1.0);
+            rc = kill_and_fail_over(&d, i, 1.0);
             if (rc)
                 goto out;
         }
@@ -499,7 +512,7 @@ int cmd_drill(struct ctx *x)
     if (strcmp(scenario, "slow-node") && strcmp(scenario, "corrupt-chunk") &&
         strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full") &&
         strcmp(scenario, "partition"))
-        drill_restart(&d, &im, logs); /* leave the cluster whole: the killed node back and up */
+        drill_restart(&d, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
     {
         struct json_object *o = json_object_new_object();

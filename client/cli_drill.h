@@ -1,7 +1,7 @@
 /*
- * tessera CLI: the failover drills' shared parts (cli_drill.c: the load, node processes, the
+ * tessera CLI: the failover drills' shared parts (cli_drill.c: the load, the acts on nodes, the
  * report; cli_drill_data.c: the drills on data, corrupt-chunk, fringe-lag and disk-full;
- * cli_drill_net.c: partition).
+ * cli_drill_net.c: partition; cli_agent.c: the acts themselves, here or on a node's host).
  */
 #ifndef TS_CLI_DRILL_H
 #define TS_CLI_DRILL_H
@@ -38,24 +38,24 @@ struct drill {
     uint64_t node_missing; /* partition: acknowledged shards the healed node does not serve */
 };
 
-/* A node's command line and working directory, to start it again after a kill. */
-struct proc_image {
-    char *argv[64];
-    char buf[8192];
-    char cwd[1024];
-};
-
 /* The drill's log: a timestamped line, kept for the report (and on stderr without --json). */
 void drill_note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Shard i's bytes (64 KiB, from its number). */
 void drill_shard_bytes(uint8_t *p, uint32_t i);
 /* The load (a write and a verified read per step) for secs seconds. */
 void drill_load_for(struct drill *d, double secs);
-/* Node i's process id (a local tesserad), or 0. */
-pid_t drill_node_pid(struct drill *d, size_t i);
-int drill_proc_image(pid_t pid, struct proc_image *im);
-/* Starts d->node again from im (output in logdir/drill-NODE.log) and marks it up. */
-int drill_restart(struct drill *d, const struct proc_image *im, const char *logdir);
+/* Act `act` (with up to two arguments) on node i (cli_agent.c lists them): done here in the
+ * embedded mode, else through d->x->agent. 0 with the agent's output in out, or TS_E* with
+ * d->x->local saying why. */
+int drill_act(struct drill *d, int i, const char *act, const char *arg, const char *arg2, char *out,
+              size_t cap);
+/* cli_agent.c: the act itself, on node `id` of this host (x->c, when set, is a client of the
+ * cluster; else the agent connects to x->opts->address when the act needs the running node). */
+int agent_do(struct ctx *x, const char *id, const char *act, const char *arg, const char *arg2,
+             char *out, size_t cap);
+/* Starts d->node again (the agent's saved command line; output in logdir/drill-NODE.log) and
+ * marks it up. */
+int drill_restart(struct drill *d, const char *logdir);
 /* The node that leads the PG of the shard the load writes next. */
 int drill_primary_next(struct drill *d);
 /* Fails node i over (marks it down in a new map epoch); marks node id up again. */

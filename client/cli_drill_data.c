@@ -39,7 +39,6 @@
 #include "cli_drill.h"
 #include "ts_map.h"
 
-#define FLIPS_PER_FILE 16
 #define DISK_FULL_MAX (8ull << 30) /* free bytes at most on a filesystem the drill fills */
 
 static uint64_t now_ns(void)
@@ -69,49 +68,6 @@ static int replica_next(struct drill *d, size_t k)
     if (!m || ts_map_pg_order(m, ts_map_pg_of(m, d->ds, d->next), order, k + 1) != k + 1)
         return -1;
     return order[k];
-}
-
-/* Flips FLIPS_PER_FILE bytes spread over the middle of every blob file in dir changed since
- * `since` (wall seconds): returns how many bytes were flipped. */
-static uint64_t flip_blob_files(struct drill *d, const char *dir, time_t since)
-{
-    struct dirent *e;
-    uint64_t flipped = 0;
-    DIR *dp = opendir(dir);
-
-    if (!dp)
-        return 0;
-    while ((e = readdir(dp))) {
-        char path[2400];
-        struct stat st;
-        size_t len = strlen(e->d_name);
-        int fd;
-
-        if (len < 6 || strcmp(e->d_name + len - 5, ".blob") != 0)
-            continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (stat(path, &st) != 0 || st.st_mtime < since || st.st_size < 64 * 1024)
-            continue;
-        fd = open(path, O_RDWR);
-        if (fd < 0)
-            continue;
-        for (int k = 0; k < FLIPS_PER_FILE; k++) {
-            /* The middle three quarters: values, not the file's header or footer. */
-            off_t at = st.st_size / 8 + (off_t)k * (st.st_size * 3 / 4) / FLIPS_PER_FILE;
-            uint8_t b;
-            if (pread(fd, &b, 1, at) == 1) {
-                b ^= 0x5a;
-                if (pwrite(fd, &b, 1, at) == 1)
-                    flipped++;
-            }
-        }
-        fsync(fd);
-        close(fd);
-        drill_note(d, "flipped %d bytes in %s (%lld bytes)", FLIPS_PER_FILE, path,
-                   (long long)st.st_size);
-    }
-    closedir(dp);
-    return flipped;
 }
 
 /* Reads every acknowledged shard that node i holds from it alone; *bad gets the ones that came
@@ -155,49 +111,43 @@ static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, 
 int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    struct json_object *doc, *v;
-    struct proc_image im;
-    char data_dir[1024] = "", full[2100];
     uint64_t nbad = 0, wrong = 0, still = 0, wrong2 = 0;
     uint8_t *bad = NULL;
     time_t since = time(NULL) - (time_t)(dur + 2);
+    char out[8192], arg[32], *line, *save = NULL;
     uint32_t upto;
-    pid_t pid;
-    int i = replica_next(d, 1), rc;
+    int i = replica_next(d, 1), rc, gone = 0;
 
-    if (i < 0 || !(pid = drill_node_pid(d, (size_t)i))) {
-        snprintf(d->x->local, sizeof(d->x->local),
-                 "no local tesserad holds a second replica to corrupt (embedded mode only)");
+    if (i < 0) {
+        snprintf(d->x->local, sizeof(d->x->local), "the next PG has no second replica");
         return TS_EINVAL;
     }
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
-    doc = status_of(d, (size_t)i);
-    if (doc && json_object_object_get_ex(doc, "data_dir", &v))
-        snprintf(data_dir, sizeof(data_dir), "%s", json_object_get_string(v));
-    json_object_put(doc);
-    if (!data_dir[0] || drill_proc_image(pid, &im) != 0) {
-        snprintf(d->x->local, sizeof(d->x->local), "cannot find node %s's data dir or command line",
-                 d->node);
-        return TS_EIO;
-    }
-    if (data_dir[0] != '/') /* relative to the node's working directory */
-        snprintf(full, sizeof(full), "%s/%s", im.cwd, data_dir);
-    else
-        snprintf(full, sizeof(full), "%s", data_dir);
     d->phase = 1;
     d->act_ns = now_ns();
-    kill(pid, SIGTERM);
-    for (int t = 0; t < 300 && kill(pid, 0) == 0; t++)
+    rc = drill_act(d, i, "term", NULL, NULL, out, sizeof(out));
+    if (rc)
+        return rc;
+    for (int t = 0; t < 300 && !gone; t++) {
         drill_load_for(d, 0.05); /* it drains its connections (drain_timeout_s), then exits */
-    if (kill(pid, 0) == 0) {
-        kill(pid, SIGKILL);
+        gone = drill_act(d, i, "gone", NULL, NULL, out, sizeof(out)) == 0;
+    }
+    if (!gone) {
+        drill_act(d, i, "kill", NULL, NULL, out, sizeof(out));
         usleep(200000);
     }
-    drill_note(d, "stopped %s (pid %d, SIGTERM: its memtables flushed)", d->node, (int)pid);
-    d->flipped = flip_blob_files(d, full, since);
+    drill_note(d, "stopped %s (SIGTERM: its memtables flushed)", d->node);
+    snprintf(arg, sizeof(arg), "%lld", (long long)since);
+    rc = drill_act(d, i, "flip", arg, NULL, out, sizeof(out));
+    for (line = strtok_r(out, "\n", &save); !rc && line; line = strtok_r(NULL, "\n", &save)) {
+        int k = 0;
+        if (sscanf(line, "flipped %d", &k) == 1)
+            d->flipped += (uint64_t)k;
+        drill_note(d, "%s", line);
+    }
     if (!d->flipped)
         drill_note(d, "no blob file of %s changed during the drill: nothing flipped", d->node);
-    rc = drill_restart(d, &im, logdir);
+    rc = drill_restart(d, logdir);
     d->failover_ns = now_ns(); /* the operator's answer: the node is back */
     if (rc)
         return rc;
@@ -266,23 +216,25 @@ static void lag_of(struct drill *d, int primary, const char *id, uint64_t *ops, 
 int drill_fringe_lag(struct drill *d, double dur)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    int primary = replica_next(d, 0), i = replica_next(d, 3);
+    int primary = replica_next(d, 0), i = replica_next(d, 3), rc;
     uint64_t end, ops;
+    char out[256];
     double s;
-    pid_t pid;
 
-    if (i < 0 || primary < 0 || !(pid = drill_node_pid(d, (size_t)i))) {
+    if (i < 0 || primary < 0) {
         snprintf(d->x->local, sizeof(d->x->local),
-                 "no local tesserad is the fringe replica (the 4th) of the next PG: fringe-lag "
-                 "needs 4 nodes up, in embedded mode");
+                 "the next PG has no fringe replica (the 4th): fringe-lag needs 4 nodes up");
         return TS_EINVAL;
     }
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
     d->avoid = i;
     d->phase = 1;
     d->act_ns = now_ns();
-    kill(pid, SIGSTOP);
-    drill_note(d, "SIGSTOP fringe replica %s (pid %d) for %.1f s", d->node, (int)pid, dur / 3);
+    rc = drill_act(d, i, "stop", NULL, NULL, out, sizeof(out));
+    if (rc)
+        return rc;
+    out[strcspn(out, "\n")] = '\0';
+    drill_note(d, "SIGSTOP fringe replica %s (%s) for %.1f s", d->node, out, dur / 3);
     end = now_ns() + (uint64_t)(dur / 3 * 1e9);
     while (now_ns() < end) {
         drill_load_for(d, 0.25);
@@ -294,7 +246,9 @@ int drill_fringe_lag(struct drill *d, double dur)
         if (s > d->lag_max_s)
             d->lag_max_s = s;
     }
-    kill(pid, SIGCONT);
+    rc = drill_act(d, i, "cont", NULL, NULL, out, sizeof(out));
+    if (rc)
+        return rc;
     d->failover_ns = now_ns();
     drill_note(d, "SIGCONT %s: lag was up to %llu ops, %.2f s", d->node,
                (unsigned long long)d->lag_max_ops, d->lag_max_s);
@@ -310,42 +264,21 @@ int drill_fringe_lag(struct drill *d, double dur)
     return ops ? TS_ETIMEDOUT : 0;
 }
 
-/* Node i's data directory (absolute), from its STATUS and /proc; 0 or TS_E*. */
-static int data_dir_of(struct drill *d, size_t i, char *out, size_t cap)
-{
-    struct json_object *doc = status_of(d, i), *v;
-    struct proc_image im;
-    char dir[1024] = "";
-    pid_t pid = drill_node_pid(d, i);
-
-    if (doc && json_object_object_get_ex(doc, "data_dir", &v))
-        snprintf(dir, sizeof(dir), "%s", json_object_get_string(v));
-    json_object_put(doc);
-    if (!dir[0] || !pid || drill_proc_image(pid, &im) != 0)
-        return TS_ENOENT;
-    if (dir[0] == '/')
-        snprintf(out, cap, "%s", dir);
-    else
-        snprintf(out, cap, "%s/%s", im.cwd, dir);
-    return 0;
-}
-
 /* The node disk-full may fill: a local one whose data dir's filesystem has at most
  * DISK_FULL_MAX free; -1 (d->x->local says why) when there is none. */
 int drill_disk_full_pick(struct drill *d)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    char dir[2200] = "", seen[1024] = "";
-    struct statvfs sv;
+    char out[1400], dir[1100], seen[1024] = "";
     int i = -1;
 
-    /* The node the drill may fill: a local one on a small enough filesystem. */
+    /* The node the drill may fill: one on a small enough filesystem. */
     for (size_t k = 0; k < m->n && i < 0; k++) {
-        uint64_t avail;
-        if (m->nodes[k].state != TS_NODE_UP || data_dir_of(d, k, dir, sizeof(dir)) != 0 ||
-            statvfs(dir, &sv) != 0)
+        unsigned long long avail = 0;
+        if (m->nodes[k].state != TS_NODE_UP ||
+            drill_act(d, (int)k, "datadir", NULL, NULL, out, sizeof(out)) != 0 ||
+            sscanf(out, "%1099s %llu", dir, &avail) != 2)
             continue;
-        avail = (uint64_t)sv.f_bavail * sv.f_frsize;
         if (avail <= DISK_FULL_MAX)
             i = (int)k;
         else
@@ -366,53 +299,37 @@ int drill_disk_full_pick(struct drill *d)
 int drill_disk_full(struct drill *d, double dur)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    static char zeros[1 << 20];
-    char dir[2200] = "", balloon[2300];
+    char out[1400], dir[1100] = "", arg[32];
     struct json_object *doc, *dj, *v;
-    struct statvfs sv;
-    uint64_t end, reserve = 0, leave;
-    int i = -1, fd;
+    unsigned long long bytes = 0, left = 0;
+    uint64_t end, reserve = 0;
+    int i = drill_disk_full_pick(d), rc;
 
-    i = drill_disk_full_pick(d);
     if (i < 0)
         return TS_EINVAL;
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
-    data_dir_of(d, (size_t)i, dir, sizeof(dir));
     doc = status_of(d, (size_t)i);
     if (doc && json_object_object_get_ex(doc, "disk", &dj) &&
         json_object_object_get_ex(dj, "reserve_bytes", &v))
         reserve = (uint64_t)json_object_get_int64(v);
     json_object_put(doc);
-    leave = reserve / 2;
-    snprintf(balloon, sizeof(balloon), "%s/drill-balloon", dir);
-    fd = open(balloon, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        snprintf(d->x->local, sizeof(d->x->local), "%.300s: %s", balloon, strerror(errno));
-        return TS_EIO;
-    }
+    snprintf(arg, sizeof(arg), "%llu", (unsigned long long)(reserve / 2));
     d->phase = 1;
     d->act_ns = now_ns();
-    for (;;) { /* down to `leave` free bytes */
-        uint64_t avail = statvfs(dir, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
-        size_t chunk = avail > leave ? (size_t)TS_MIN(avail - leave, (uint64_t)sizeof(zeros)) : 0;
-        ssize_t n = chunk ? write(fd, zeros, chunk) : 0;
-        if (n <= 0)
-            break;
-        d->balloon += (uint64_t)n;
-    }
-    fsync(fd);
-    close(fd);
-    drill_note(d, "filled %s's filesystem (%s): %llu bytes, %llu left", d->node, dir,
-               (unsigned long long)d->balloon,
-               statvfs(dir, &sv) == 0 ? (unsigned long long)sv.f_bavail * sv.f_frsize : 0ull);
+    rc = drill_act(d, i, "fill", arg, NULL, out, sizeof(out)); /* down to half the reserve */
+    if (rc)
+        return rc;
+    sscanf(out, "%llu %1099s %llu", &bytes, dir, &left);
+    d->balloon = bytes;
+    drill_note(d, "filled %s's filesystem (%s): %llu bytes, %llu left", d->node, dir, bytes, left);
     end = now_ns() + (uint64_t)(dur / 3 * 1e9);
     while (now_ns() < end)
         drill_load_for(d, 0.1);
-    unlink(balloon);
+    rc = drill_act(d, i, "unfill", NULL, NULL, out, sizeof(out));
     d->failover_ns = now_ns(); /* the operator's answer: space again */
     drill_note(d,
                "removed the balloon: %llu writes were refused with TS_ENOSPC meanwhile (the first "
                "write that failed: %s)",
                (unsigned long long)d->enospc, d->first_err[0] ? d->first_err : "none");
-    return 0;
+    return rc;
 }

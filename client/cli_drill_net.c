@@ -9,9 +9,10 @@
  * its PGs; healed and marked up, it must catch up — every acknowledged shard it is a replica of
  * is read from it alone at the end.
  *
- * Embedded mode: the rules go into this host's netfilter, so the nodes must run here, each on
- * an address of its own (127.0.1.x works on loopback), and the CLI needs root (CAP_NET_ADMIN)
- * and iptables. Anything else is refused before the drill creates its dataset.
+ * The rules go into the netfilter of the node's host (the agent's `cut` and `heal`,
+ * cli_agent.c): here in the embedded mode, where the CLI then needs root (CAP_NET_ADMIN) and
+ * iptables, or on the node through --agent. The nodes need addresses of their own (127.0.1.x
+ * works on loopback); anything else is refused before the drill creates its dataset.
  */
 #include <arpa/inet.h>
 #include <stdarg.h>
@@ -54,21 +55,6 @@ static int hosts_of(const struct ts_map *m, size_t i, char h[2][64])
     return n;
 }
 
-static int ipt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int ipt(const char *fmt, ...)
-{
-    char cmd[512];
-    va_list ap;
-    int n;
-
-    va_start(ap, fmt);
-    n = vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof(cmd))
-        return -1;
-    return system(cmd);
-}
-
 int drill_partition_check(struct drill *d)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
@@ -99,7 +85,7 @@ int drill_partition_check(struct drill *d)
                     }
         }
     }
-    if (ipt("iptables -w -L OUTPUT -n >/dev/null 2>&1") != 0) {
+    if (!d->x->agent && system("iptables -w -L OUTPUT -n >/dev/null 2>&1") != 0) {
         snprintf(d->x->local, sizeof(d->x->local),
                  "partition needs iptables and root (CAP_NET_ADMIN) on this host");
         return -1;
@@ -107,40 +93,37 @@ int drill_partition_check(struct drill *d)
     return 0;
 }
 
-/* Removes the drill's rules (also what an operator runs by hand if a drill was killed). */
-static void heal(void)
-{
-    while (ipt("iptables -w -D OUTPUT -j " CHAIN " 2>/dev/null") == 0)
-        ;
-    ipt("iptables -w -F " CHAIN " 2>/dev/null");
-    ipt("iptables -w -X " CHAIN " 2>/dev/null");
-}
-
-/* Drops every packet between node i's hosts and the other nodes' hosts, both ways. */
+/* Drops every packet between node i's hosts and the other nodes' hosts, both ways (the
+ * agent on node i's host does it). */
 static int cut(struct drill *d, int i)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    char hi[2][64], hj[2][64];
-    int ni = hosts_of(m, (size_t)i, hi), rules = 0;
+    char hi[2][64], hj[2][64], own[160] = "", peers[2048] = "", out[256];
+    int ni = hosts_of(m, (size_t)i, hi), rules = 0, rc;
 
-    heal(); /* a chain left by a drill that was killed */
-    if (ipt("iptables -w -N " CHAIN) != 0 || ipt("iptables -w -I OUTPUT -j " CHAIN) != 0)
-        return -1;
+    for (int k = 0; k < ni; k++)
+        snprintf(own + strlen(own), sizeof(own) - strlen(own), "%s%s", k ? "," : "", hi[k]);
     for (size_t j = 0; j < m->n; j++) {
         int nj = (int)j == i ? 0 : hosts_of(m, j, hj);
-        for (int k = 0; k < ni; k++)
-            for (int l = 0; l < nj; l++) {
-                if (ipt("iptables -w -A " CHAIN " -s %s -d %s -j DROP", hi[k], hj[l]) != 0 ||
-                    ipt("iptables -w -A " CHAIN " -s %s -d %s -j DROP", hj[l], hi[k]) != 0)
-                    return -1;
-                rules += 2;
-            }
+        for (int l = 0; l < nj; l++)
+            snprintf(peers + strlen(peers), sizeof(peers) - strlen(peers), "%s%s",
+                     peers[0] ? "," : "", hj[l]);
     }
+    rc = drill_act(d, i, "cut", own, peers, out, sizeof(out));
+    if (rc)
+        return rc;
+    sscanf(out, "rules %d", &rules);
     drill_note(d,
                "cut %s (%s) off from its %zu peers: %d DROP rules in iptables chain " CHAIN
                "; clients still reach it",
-               m->nodes[i].id, hi[0], m->n - 1, rules);
+               m->nodes[i].id, own, m->n - 1, rules);
     return 0;
+}
+
+static void heal(struct drill *d, int i)
+{
+    char out[64];
+    drill_act(d, i, "heal", NULL, NULL, out, sizeof(out));
 }
 
 /* Acknowledged shards node i is a core replica of that it does not serve, byte for byte, within
@@ -182,26 +165,24 @@ static uint64_t missing_on(struct drill *d, int i)
 int drill_partition(struct drill *d, double dur)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    int i = drill_primary_next(d), rc;
+    int i = drill_primary_next(d), cut_at, rc;
 
-    if (i < 0 || !drill_node_pid(d, (size_t)i)) {
-        snprintf(d->x->local, sizeof(d->x->local),
-                 "no local tesserad leads the next PG (embedded mode only)");
+    if (i < 0) {
+        snprintf(d->x->local, sizeof(d->x->local), "no node leads the next PG");
         return TS_EINVAL;
     }
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
     d->phase = 1;
     d->act_ns = ts_now_mono_ns();
-    if (cut(d, i) != 0) {
-        heal();
-        snprintf(d->x->local, sizeof(d->x->local), "iptables refused the drill's rules");
-        return TS_EIO;
-    }
+    cut_at = i;
+    rc = cut(d, i);
+    if (rc)
+        return rc;
     drill_load_for(d, 1.5); /* writes to its PGs cannot reach a quorum: detection */
     rc = drill_fail_over(d, i);
     if (!rc)
         drill_load_for(d, dur / 4); /* served by the others, the node still cut off */
-    heal();
+    heal(d, cut_at);
     drill_note(d, "healed: the rules removed");
     if (rc)
         return rc;

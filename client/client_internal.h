@@ -339,6 +339,9 @@ int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const
 /* PG_DROP on node i of the map. */
 int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
                        uint32_t *shards, uint64_t *bytes);
+/* DATASET_STAT on node i of the map alone (its own record: the dataset's id there). */
+int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
+                            struct ts_dataset_info *out);
 
 /* ---- cluster views for the CLI (api.c) ------------------------------------------------------ */
 
@@ -354,6 +357,9 @@ void ts_client_map_refresh(tessera_client *c);
 /* PG_DROP on node i of the handle's map. */
 int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t *shards,
                            uint64_t *bytes);
+/* DATASET_STAT on node i of the handle's map alone. */
+int ts_client_node_dataset_stat(tessera_client *c, size_t node, const char *name,
+                                struct ts_dataset_info *out);
 
 /* ---- pure reply decoders ------------------------------------------------------------------- */
 

@@ -539,6 +539,25 @@ int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, ui
     return ts_cl_peer_done(cl, p, sub, ts_conn_pg_drop(sub, pg, shards, bytes), NULL, 0);
 }
 
+int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
+                            struct ts_dataset_info *out)
+{
+    tessera_client *sub;
+    size_t p;
+    int rc;
+
+    if (node >= cl->map->n)
+        return TS_EINVAL;
+    ts_conn_set_error(c, "%s", "");
+    rc = ts_cl_node_peer(cl, cl->map, node, &p);
+    if (rc)
+        return rc;
+    rc = ts_cl_peer_conn(cl, p, 0, &sub);
+    if (rc)
+        return rc;
+    return ts_cl_peer_done(cl, p, sub, ts_conn_dataset_stat(sub, name, out), NULL, 0);
+}
+
 int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
                     uint32_t shard, uint64_t off, size_t len, void *buf, size_t *out_len)
 {

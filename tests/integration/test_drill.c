@@ -31,17 +31,22 @@ static struct tsd_cluster CL;
 static char report[600];
 static int own_netns; /* in a network namespace of our own, nodes on 127.0.1.x */
 
+static const char *agent; /* --agent TEMPLATE for the drills, or NULL (embedded mode) */
+
 static int drill(const char *scenario, struct json_object **rep)
 {
-    char cmd[2048];
+    char cmd[2048], opt[700] = "";
     int st;
 
+    /* The agent through a shell, as over ssh: the template names the node's own address. */
+    if (agent)
+        snprintf(opt, sizeof(opt), " --agent '%s'", agent);
     snprintf(report, sizeof(report), "%s/drill-%s.json", CL.dir, scenario);
     snprintf(cmd, sizeof(cmd),
              "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s --timeout 3000 drill %s "
-             "--duration 4 --report %s >&2",
+             "--duration 4 --report %s%s >&2",
              TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
-             test_cert("admin", "key"), scenario, report);
+             test_cert("admin", "key"), scenario, report, opt);
     st = system(cmd);
     *rep = json_object_from_file(report);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
@@ -167,6 +172,25 @@ static void test_partition(void **state)
     assert_int_not_equal(system("iptables -w -S TESSERA_DRILL >/dev/null 2>&1"), 0);
 }
 
+/* The same drills with every act done by `tessera agent` in a process of its own, started
+ * from the --agent template (as `ssh {host} tessera -s {addr} agent --node {node}` would on a
+ * real cluster):
+ * kill and start (kill-primary), stop and cont (slow-node), term, gone and flip
+ * (corrupt-chunk), cut and heal (partition). */
+static void test_through_agent(void **state)
+{
+    static char tmpl[700];
+
+    snprintf(tmpl, sizeof(tmpl), "%s -s {addr} agent --node {node}", TESSERA_CLI_PATH);
+    agent = tmpl;
+    check("kill-primary");
+    check("slow-node");
+    test_corrupt_chunk(state);
+    if (own_netns)
+        test_partition(state);
+    agent = NULL;
+}
+
 static void test_bad_scenario(void **state)
 {
     struct json_object *rep = NULL;
@@ -227,6 +251,7 @@ int main(void)
         cmocka_unit_test(test_bad_scenario),  cmocka_unit_test(test_kill_primary),
         cmocka_unit_test(test_kill_node),     cmocka_unit_test(test_node_return),
         cmocka_unit_test(test_slow_node),     cmocka_unit_test(test_partition),
+        cmocka_unit_test(test_through_agent),
     };
     if (enter_netns() != 0)
         return 1;
