@@ -494,13 +494,16 @@ static int rb_init(struct rb *b, struct ctx *x)
 
     memset(b, 0, sizeof(*b));
     b->x = x;
-    b->maxc = x->max_concurrent ? (unsigned)x->max_concurrent : 4;
     b->rate = x->rate;
     rc = widest(x, &b->width);
     if (!rc)
         rc = newest(x, &m);
     if (rc)
         return rc;
+    /* --max-concurrent, else what the map keeps from apply (or the last resume), else 4 */
+    b->maxc = x->max_concurrent                ? (unsigned)x->max_concurrent
+              : m->move && m->move->concurrent ? m->move->concurrent
+                                               : 4;
     b->want_drop = calloc(m->pg_count, 1);
     b->seen_ms = calloc(m->pg_count, sizeof(*b->seen_ms));
     b->pg_bytes = calloc(m->pg_count, sizeof(*b->pg_bytes));
@@ -581,8 +584,7 @@ static int drive_maybe_detached(struct ctx *x)
         return TS_EIO;
     exe[n] = '\0';
     snprintf(path, sizeof(path), "/tmp/tessera-rebalance-%ld.log", (long)getpid());
-    snprintf(conc, sizeof(conc), "%llu",
-             (unsigned long long)(x->max_concurrent ? x->max_concurrent : 4));
+    snprintf(conc, sizeof(conc), "%llu", (unsigned long long)x->max_concurrent);
     argv[argc++] = exe;
     argv[argc++] = "-s";
     argv[argc++] = x->server;
@@ -602,8 +604,10 @@ static int drive_maybe_detached(struct ctx *x)
     }
     argv[argc++] = "rebalance";
     argv[argc++] = "resume";
-    argv[argc++] = "--max-concurrent";
-    argv[argc++] = conc;
+    if (x->max_concurrent) { /* else the map's */
+        argv[argc++] = "--max-concurrent";
+        argv[argc++] = conc;
+    }
     argv[argc] = NULL;
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
@@ -698,6 +702,7 @@ int cmd_rebalance_apply(struct ctx *x)
     if (rc)
         goto out;
     next->move->driver = my_token();
+    next->move->concurrent = (uint32_t)maxc;
     if (x->dry_run) {
         printf("rebalance apply: %u of %u PGs would move, %llu at a time; dry run: nothing "
                "changed ('tessera rebalance plan %s' shows the bytes)\n",
@@ -745,6 +750,8 @@ static int set_paused(struct ctx *x, int paused)
         m->move->paused = paused;
         if (!paused)
             m->move->driver = my_token(); /* resume: this process drives it from now on */
+        if (!paused && x->max_concurrent)
+            m->move->concurrent = (uint32_t)x->max_concurrent; /* kept for the next resume */
         rc = push(x, m, &epoch);
         if (!rc && !x->json)
             printf("rebalance: %s (map epoch %llu)\n",
@@ -879,6 +886,7 @@ int cmd_rebalance_rollback(struct ctx *x)
     if (rc)
         goto out;
     back->move->driver = my_token();
+    back->move->concurrent = x->max_concurrent ? (uint32_t)x->max_concurrent : m->move->concurrent;
     rc = push(x, back, &epoch);
     if (rc)
         goto out;

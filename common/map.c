@@ -289,8 +289,10 @@ struct ts_map *ts_map_dup(const struct ts_map *m)
         ts_map_free(d);
         return NULL;
     }
-    if (m->move)
+    if (m->move) {
         d->move->driver = m->move->driver;
+        d->move->concurrent = m->move->concurrent;
+    }
     if (map_hot_copy(d, m) != 0) {
         ts_map_free(d);
         return NULL;

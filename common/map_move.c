@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const move_keys[] = {"paused", "rate", "driver", "from", "pending", "moving"};
+static const char *const move_keys[] = {"paused", "rate",    "driver", "concurrent",
+                                        "from",   "pending", "moving"};
 
 void map_move_free(struct ts_map_move *mv)
 {
@@ -219,7 +220,7 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
                    size_t errlen)
 {
     config_setting_t *list;
-    unsigned long long rate = 0, driver = 0;
+    unsigned long long rate = 0, driver = 0, concurrent = 0;
     struct ts_map_node *from = NULL;
     uint8_t *pgs = NULL;
     int paused = 0, n, rc;
@@ -245,6 +246,8 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
     rc = map_cfg_int(g, "rate", 0, 0, INT64_MAX, &rate, where, err, errlen);
     if (rc >= 0)
         rc = map_cfg_int(g, "driver", 0, 0, INT64_MAX, &driver, where, err, errlen);
+    if (rc >= 0)
+        rc = map_cfg_int(g, "concurrent", 0, 0, TS_MAP_MAX_PGS, &concurrent, where, err, errlen);
     if (rc < 0)
         return rc;
     list = config_setting_get_member(g, "from");
@@ -272,8 +275,10 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
     if (rc < 0)
         goto out_free;
     rc = ts_map_move_set(m, from, (size_t)n, pgs, paused, rate);
-    if (!rc)
+    if (!rc) {
         m->move->driver = driver;
+        m->move->concurrent = (uint32_t)concurrent;
+    }
     if (rc)
         rc = map_cfg_fail(err, errlen, where, config_setting_source_line(list),
                           "rebalance.from: every node must be in nodes too");
@@ -304,9 +309,11 @@ void map_move_emit(FILE *f, const struct ts_map *m)
 
     fprintf(f, "# A rebalance in progress (tessera rebalance status): PGs pending or moving keep\n"
                "# the placement of the node table `from`.\n");
-    fprintf(f, "rebalance = {\n  paused = %s;\n  rate = %lluL;\n  driver = %lluL;\n  from = (\n",
+    fprintf(f,
+            "rebalance = {\n  paused = %s;\n  rate = %lluL;\n  driver = %lluL;\n"
+            "  concurrent = %u;\n  from = (\n",
             mv->paused ? "true" : "false", (unsigned long long)mv->rate,
-            (unsigned long long)mv->driver);
+            (unsigned long long)mv->driver, mv->concurrent);
     for (size_t i = 0; i < mv->nfrom; i++)
         map_emit_node(f, &mv->from[i], i + 1 == mv->nfrom);
     fprintf(f, "  );\n");
@@ -327,6 +334,7 @@ void map_move_encode(struct ts_wr *w, const struct ts_map *m)
     ts_wr_u8(w, (uint8_t)mv->paused);
     ts_wr_u64(w, mv->rate);
     ts_wr_u64(w, mv->driver);
+    ts_wr_u32(w, mv->concurrent);
     ts_wr_u32(w, (uint32_t)mv->nfrom);
     for (size_t i = 0; i < mv->nfrom; i++)
         map_node_encode(w, &mv->from[i]);
@@ -338,6 +346,7 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     struct ts_map_node *from;
     uint32_t nfrom;
     uint64_t rate, driver;
+    uint32_t concurrent;
     const uint8_t *pgs;
     int paused, rc;
 
@@ -346,6 +355,7 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     paused = ts_rd_u8(r);
     rate = ts_rd_u64(r);
     driver = ts_rd_u64(r);
+    concurrent = ts_rd_u32(r);
     nfrom = ts_rd_u32(r);
     if (r->err || nfrom == 0 || nfrom > TS_MAP_MAX_NODES || nfrom > r->len - r->off)
         return TS_EPROTO;
@@ -358,8 +368,10 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     rc = r->err || !pgs || paused > 1 || m->pg_count == 0 || m->pg_count > TS_MAP_MAX_PGS
              ? TS_EPROTO
              : ts_map_move_set(m, from, nfrom, pgs, paused, rate);
-    if (!rc)
+    if (!rc) {
         m->move->driver = driver;
+        m->move->concurrent = concurrent > TS_MAP_MAX_PGS ? 0 : concurrent;
+    }
     free(from);
     return rc ? TS_EPROTO : 0;
 }

@@ -47,10 +47,11 @@ enum ts_pg_move { TS_PG_SETTLED = 0, TS_PG_PENDING = 1, TS_PG_MOVING = 2 };
 struct ts_map_move {
     struct ts_map_node *from; /* the node table before the rebalance */
     size_t nfrom;
-    uint8_t *pg;     /* pg_count entries: enum ts_pg_move */
-    int paused;      /* no new PG starts moving; backfills of moving PGs wait */
-    uint64_t rate;   /* bytes/s of each moving PG's backfill, 0: unlimited */
-    uint64_t driver; /* the CLI process that drives it (a random token): one at a time */
+    uint8_t *pg;         /* pg_count entries: enum ts_pg_move */
+    int paused;          /* no new PG starts moving; backfills of moving PGs wait */
+    uint64_t rate;       /* bytes/s of each moving PG's backfill, 0: unlimited */
+    uint64_t driver;     /* the CLI process that drives it (a random token): one at a time */
+    uint32_t concurrent; /* PGs moving at once (--max-concurrent; 0: the driver's default) */
     /* Derived: `from` with the states of now (a node down now is down there). */
     struct ts_map *old;
     int *old_idx; /* old->nodes[i] is nodes[old_idx[i]] */
@@ -92,7 +93,7 @@ const char *ts_node_state_name(int state);
  *   hot = ( { dataset = "imagenet"; fringe = 2; },   # extra fringe replicas (tessera hot)
  *           { dataset = "coco"; pg = 5; fringe = 1; } ); # in one PG only
  *   rebalance = {            # only while one is in progress (written by `tessera rebalance`)
- *     paused = false; rate = 0; driver = 0;
+ *     paused = false; rate = 0; driver = 0; concurrent = 4;
  *     from = ( { id = "n1"; ... } );   # the node table before, as `nodes`
  *     pending = [ 3, 7 ]; moving = [ 5 ];   # PGs that keep the placement `from` gives them
  *   };
@@ -119,11 +120,11 @@ int ts_map_write_file(const struct ts_map *m, const char *path);
 /*
  * Wire form: u64 epoch, u32 pg_count, u32 n, then n x (str id, str addr, str tls_addr,
  * u32 weight, str domain, u8 state), then u8 1 and the rebalance (u8 paused, u64 rate, u64 driver,
- * u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, then u32 nhot and nhot x
- * (str dataset, u64 pg (two's complement: -1 every PG), u8 fringe), with the ts_wr_* encodings.
- * Decoding is bounds-checked and validates like the parser (n <= TS_MAP_MAX_NODES); anything
- * malformed is TS_EPROTO (also left in r->err). Decoding does not require the map to end the
- * payload: call ts_rd_done().
+ * u32 concurrent, u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, then u32 nhot and
+ * nhot x (str dataset, u64 pg (two's complement: -1 every PG), u8 fringe), with the ts_wr_*
+ * encodings. Decoding is bounds-checked and validates like the parser (n <= TS_MAP_MAX_NODES);
+ * anything malformed is TS_EPROTO (also left in r->err). Decoding does not require the map to end
+ * the payload: call ts_rd_done().
  */
 void ts_map_encode(struct ts_wr *w, const struct ts_map *m);
 int ts_map_decode(struct ts_rd *r, struct ts_map **out);

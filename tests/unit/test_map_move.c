@@ -163,6 +163,8 @@ static void assert_same(const struct ts_map *a, const struct ts_map *b)
     assert_int_equal(a->move->nfrom, b->move->nfrom);
     assert_int_equal(a->move->paused, b->move->paused);
     assert_true(a->move->rate == b->move->rate);
+    assert_true(a->move->driver == b->move->driver);
+    assert_int_equal(a->move->concurrent, b->move->concurrent);
     assert_memory_equal(a->move->pg, b->move->pg, a->pg_count);
     for (uint32_t pg = 0; pg < a->pg_count; pg++) {
         ids(a, pg, 5, 0, x, sizeof(x));
@@ -186,6 +188,8 @@ static void test_file_and_wire(void **state)
     t = moving_map(old, st);
     t->move->paused = 1;
     t->move->rate = 5000000000ull;
+    t->move->driver = 0x123456789abcull;
+    t->move->concurrent = 7; /* --max-concurrent, kept for the next resume */
     fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
