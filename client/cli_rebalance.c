@@ -469,6 +469,10 @@ static int drive_step(struct rb *b, int tty, double *rate)
         ts_map_free(chk);
         if (!rc)
             rc = push(x, m, &epoch);
+        if (rc == TS_ESTALE) {
+            rc = 0; /* another change took this epoch on some node: look again */
+            goto out;
+        }
         if (rc)
             goto out;
         if (!x->json && !tty && (settle || start))
@@ -731,7 +735,7 @@ out:
 }
 
 /* pause / resume: the map's paused flag, pushed. */
-static int set_paused(struct ctx *x, int paused)
+static int set_paused_once(struct ctx *x, int paused)
 {
     struct ts_map *m = NULL;
     uint64_t epoch = 0;
@@ -761,6 +765,20 @@ static int set_paused(struct ctx *x, int paused)
                    (unsigned long long)epoch);
     }
     ts_map_free(m);
+    return rc;
+}
+
+/* A change that lost a race for its epoch (TS_ESTALE: another change got there first on some
+ * node) is made again over the newest map, a few times. */
+static int set_paused(struct ctx *x, int paused)
+{
+    int rc = TS_ESTALE;
+
+    for (int t = 0; t < 5 && rc == TS_ESTALE; t++) {
+        if (t)
+            usleep(200000);
+        rc = set_paused_once(x, paused);
+    }
     return rc;
 }
 
@@ -801,7 +819,7 @@ int cmd_rebalance_status(struct ctx *x)
     return rc;
 }
 
-int cmd_rebalance_rollback(struct ctx *x)
+static int rollback_once(struct ctx *x)
 {
     struct ts_map *m = NULL, *back = NULL;
     struct ts_map_node *nodes = NULL;
@@ -903,5 +921,17 @@ out:
     ts_map_free(back);
     free(nodes);
     free(st);
+    return rc;
+}
+
+int cmd_rebalance_rollback(struct ctx *x)
+{
+    int rc = TS_ESTALE;
+
+    for (int t = 0; t < 5 && rc == TS_ESTALE; t++) { /* lost a race for the epoch: again */
+        if (t)
+            usleep(200000);
+        rc = rollback_once(x);
+    }
     return rc;
 }

@@ -129,6 +129,22 @@ static int map_reachable(struct tsd_server *s, const struct ts_map *m, char *why
     return 0;
 }
 
+/* Whether two maps say the same (their wire forms are equal). */
+static int same_map(const struct ts_map *a, const struct ts_map *b)
+{
+    struct ts_wr x, y;
+    int same;
+
+    ts_wr_init(&x);
+    ts_wr_init(&y);
+    ts_map_encode(&x, a);
+    ts_map_encode(&y, b);
+    same = !x.err && !y.err && x.len == y.len && memcmp(x.buf, y.buf, x.len) == 0;
+    ts_wr_fini(&x);
+    ts_wr_fini(&y);
+    return same;
+}
+
 int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap)
 {
     struct ts_map *copy;
@@ -152,7 +168,16 @@ int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why,
         return TS_ENOMEM;
     pthread_rwlock_wrlock(&s->map_lock);
     if (s->map && copy->epoch <= s->map->epoch) {
-        rc = copy->epoch == s->map->epoch ? 0 : TS_ESTALE;
+        rc = TS_ESTALE;
+        if (copy->epoch == s->map->epoch && same_map(copy, s->map))
+            rc = 0; /* the same map again (a retried push) */
+        else if (copy->epoch == s->map->epoch)
+            /* Two changes raced to the same epoch (two admins, two rebalance drivers): the
+             * first one here stays; the other learns it lost and changes nothing here. */
+            snprintf(why, cap,
+                     "another map with epoch %llu is installed here: two changes raced (read "
+                     "the map again and push: the change gets the next epoch)",
+                     (unsigned long long)copy->epoch);
         goto out_unlock;
     }
     if (s->map && copy->pg_count != s->map->pg_count) {

@@ -511,7 +511,9 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     int rc;
 
     rc = tsd_map_install_why(s, m, why, sizeof(why));
-    if (rc == TS_ESTALE) {
+    if (rc == TS_ESTALE && why[0]) {
+        tsd_reply_stale(c, h, "map-push: %s", why);
+    } else if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "map-push: epoch %llu is older than this node's %llu",
                         (unsigned long long)m->epoch, (unsigned long long)atomic_load(&s->epoch));
     } else if (rc) {

@@ -839,8 +839,16 @@ static void test_bad_maps_refused(void **state)
         bad->nodes[i].state = TS_NODE_DOWN;
     assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EPROTO);
     ts_map_free(bad);
+    /* Another map at the epoch it has (two changes raced): refused, the first one stays; the
+     * same map again (a retried push) is accepted. */
+    bad = ts_map_dup(now);
+    bad->nodes[0].weight += 7;
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_ESTALE);
+    ts_map_free(bad);
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, now), 0);
     after = node_map(CL.node[n2].addr);
     assert_int_equal(after->epoch, before);
+    assert_int_equal(after->nodes[0].weight, now->nodes[0].weight);
     ts_map_free(after);
     /* What it would restart with is unchanged too. */
     {
