@@ -192,7 +192,15 @@ int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t
 {
     if (!routed(c))
         return TS_EINVAL;
-    return ts_cl_node_pg_drop(c, c->cl, node, pg, shards, bytes);
+    return ts_cl_node_pg_drop(c, c->cl, node, pg, NULL, shards, bytes);
+}
+
+int ts_client_node_pg_drop_dataset(tessera_client *c, size_t node, uint32_t pg, const char *dataset,
+                                   uint32_t *shards, uint64_t *bytes)
+{
+    if (!routed(c))
+        return TS_EINVAL;
+    return ts_cl_node_pg_drop(c, c->cl, node, pg, dataset, shards, bytes);
 }
 
 int ts_client_node_dataset_stat(tessera_client *c, size_t node, const char *name,

@@ -9,8 +9,9 @@
  *
  * The agent finds its tesserad by the process id the node's STATUS gives (confirmed by /proc:
  * a tesserad; only the acts that need the running node connect to ADDR), and keeps what a
- * restart needs (command line, working directory, data directory) in a state file,
- * $TMPDIR/tessera-agent-NODE.state (default /tmp), written by kill, term and stop.
+ * restart needs (executable, command line, working directory, data directory) in a state file,
+ * $TMPDIR/tessera-agent-EUID/NODE.state (default /tmp; a directory private to the user),
+ * written by kill, term and stop.
  *
  * The acts, and what they print:
  * - pid: "pid N", the node's tesserad here.
@@ -48,7 +49,7 @@
 
 struct image {
     pid_t pid;
-    char cwd[1100], data[2200];
+    char cwd[1100], data[2200], exe[1100];
     char buf[8192];
     char *argv[64];
 };
@@ -115,10 +116,51 @@ static pid_t node_pid(struct ctx *x, size_t i)
     return strstr(exe, "tesserad") ? pid : 0;
 }
 
-static void state_path(const char *id, char *out, size_t cap)
+/*
+ * The agent's own directory, $TMPDIR/tessera-agent-EUID (default /tmp): made 0700, and used only
+ * when it is a directory (not a link) that this user owns and nobody else can write or read. What
+ * is in it decides what `start` runs and which dataset `flip` damages: another local user must
+ * not be able to plant it.
+ */
+static int agent_dir(struct ctx *x, char *out, size_t cap)
 {
     const char *tmp = getenv("TMPDIR");
-    snprintf(out, cap, "%s/tessera-agent-%s.state", tmp && *tmp ? tmp : "/tmp", id);
+    struct stat st;
+
+    snprintf(out, cap, "%s/tessera-agent-%u", tmp && *tmp ? tmp : "/tmp", (unsigned)geteuid());
+    if (mkdir(out, 0700) != 0 && errno != EEXIST)
+        return fail(x, TS_EIO, "%s: %s", out, strerror(errno));
+    if (lstat(out, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077))
+        return fail(x, TS_EPERM,
+                    "%s is not a private directory of this user (a link, another owner, or "
+                    "open to others): the agent will not trust it",
+                    out);
+    return 0;
+}
+
+/* Opens DIR/ID.EXT of the agent's directory for reading or writing (0600, never through a
+ * link). */
+static FILE *agent_file(struct ctx *x, const char *id, const char *ext, int write, char *path,
+                        size_t cap)
+{
+    char dir[600];
+    int fd;
+    FILE *f;
+
+    if (agent_dir(x, dir, sizeof(dir)) != 0)
+        return NULL;
+    snprintf(path, cap, "%s/%s.%s", dir, id, ext);
+    fd = open(path, (write ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC,
+              0600);
+    if (fd < 0) {
+        fail(x, errno == ENOENT ? TS_ENOENT : TS_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    f = fdopen(fd, write ? "w" : "r");
+    if (!f)
+        close(fd);
+    return f;
 }
 
 /* Node id's index in the map of x's client, connecting first when the agent has no client yet
@@ -150,8 +192,8 @@ static int image_save(struct ctx *x, size_t i, pid_t pid)
 {
     const struct ts_map *m = ts_client_map(x->c);
     struct json_object *doc = status_of(x, i), *v;
-    char path[600], data[1024] = "", cwd[1024], cmd[8192];
-    ssize_t n, len;
+    char path[700], data[1024] = "", cwd[1024], exe[1024], cmd[8192];
+    ssize_t n, len, ne;
     FILE *f;
     int fd;
 
@@ -160,37 +202,38 @@ static int image_save(struct ctx *x, size_t i, pid_t pid)
     json_object_put(doc);
     snprintf(path, sizeof(path), "/proc/%d/cwd", (int)pid);
     n = readlink(path, cwd, sizeof(cwd) - 1);
+    snprintf(path, sizeof(path), "/proc/%d/exe", (int)pid); /* argv[0] may be a bare name */
+    ne = readlink(path, exe, sizeof(exe) - 1);
     snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     len = fd >= 0 ? read(fd, cmd, sizeof(cmd) - 1) : -1;
     if (fd >= 0)
         close(fd);
-    if (n <= 0 || len <= 0 || !data[0])
+    if (n <= 0 || ne <= 0 || len <= 0 || !data[0])
         return fail(x, TS_EIO, "cannot read node %s's command line or data dir", m->nodes[i].id);
     cwd[n] = '\0';
-    state_path(m->nodes[i].id, path, sizeof(path));
-    f = fopen(path, "w");
+    exe[ne] = '\0';
+    f = agent_file(x, m->nodes[i].id, "state", 1, path, sizeof(path));
     if (!f)
-        return fail(x, TS_EIO, "%s: %s", path, strerror(errno));
-    fprintf(f, "pid %d\ncwd %s\ndata %s%s%s\n", (int)pid, cwd, data[0] == '/' ? "" : cwd,
-            data[0] == '/' ? "" : "/", data);
+        return TS_EIO;
+    fprintf(f, "pid %d\ncwd %s\ndata %s%s%s\nexe %s\n", (int)pid, cwd, data[0] == '/' ? "" : cwd,
+            data[0] == '/' ? "" : "/", data, exe);
     fwrite(cmd, 1, (size_t)len, f);
     return fclose(f) == 0 ? 0 : fail(x, TS_EIO, "%s: %s", path, strerror(errno));
 }
 
 static int image_load(struct ctx *x, const char *id, struct image *im)
 {
-    char path[600], line[2300];
+    char path[700], line[2300];
     size_t len, argc = 0;
     FILE *f;
     int pid = 0;
 
     memset(im, 0, sizeof(*im));
-    state_path(id, path, sizeof(path));
-    f = fopen(path, "r");
+    f = agent_file(x, id, "state", 0, path, sizeof(path));
     if (!f)
         return fail(x, TS_ENOENT, "no agent state for node %s (%s): nothing stopped it here", id,
-                    path);
+                    x->local);
     if (!fgets(line, sizeof(line), f) || sscanf(line, "pid %d", &pid) != 1 ||
         !fgets(line, sizeof(line), f) || strncmp(line, "cwd ", 4) != 0) {
         fclose(f);
@@ -204,6 +247,12 @@ static int image_load(struct ctx *x, const char *id, struct image *im)
     }
     line[strcspn(line, "\n")] = '\0';
     snprintf(im->data, sizeof(im->data), "%.2100s", line + 5);
+    if (!fgets(line, sizeof(line), f) || strncmp(line, "exe ", 4) != 0) {
+        fclose(f);
+        return fail(x, TS_EIO, "%s: not an agent state file", path);
+    }
+    line[strcspn(line, "\n")] = '\0';
+    snprintf(im->exe, sizeof(im->exe), "%.1000s", line + 4);
     len = fread(im->buf, 1, sizeof(im->buf) - 1, f);
     fclose(f);
     im->pid = pid;
@@ -247,7 +296,7 @@ static int start(struct ctx *x, const char *id, const char *logdir, char *out, s
     from = stat(log, &st) == 0 ? (long)st.st_size : 0;
     pid = fork();
     if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0644);
         if (fd >= 0) {
             dup2(fd, 1);
             dup2(fd, 2);
@@ -255,7 +304,7 @@ static int start(struct ctx *x, const char *id, const char *logdir, char *out, s
         if (chdir(im.cwd) != 0)
             _exit(126);
         setsid();
-        execv(im.argv[0], im.argv);
+        execv(im.exe, im.argv);
         _exit(127);
     }
     if (pid < 0 || wait_ready(log, from, 30) != 0)
@@ -264,21 +313,13 @@ static int start(struct ctx *x, const char *id, const char *logdir, char *out, s
     return 0;
 }
 
-static void marks_path(const char *id, char *out, size_t cap)
-{
-    const char *tmp = getenv("TMPDIR");
-    snprintf(out, cap, "%s/tessera-agent-%s.marks", tmp && *tmp ? tmp : "/tmp", id);
-}
-
 /* The dataset id the mark recorded (0: none). */
-static uint64_t marked_id(const char *id)
+static uint64_t marked_id(struct ctx *x, const char *id)
 {
-    char path[600];
+    char path[700];
     unsigned long long v = 0;
-    FILE *f;
+    FILE *f = agent_file(x, id, "marks", 0, path, sizeof(path));
 
-    marks_path(id, path, sizeof(path));
-    f = fopen(path, "r");
     if (!f)
         return 0;
     if (fscanf(f, "dataset-id %llu", &v) != 1)
@@ -292,17 +333,16 @@ static uint64_t marked_id(const char *id)
 static int mark(struct ctx *x, const char *id, size_t i, const char *ds)
 {
     struct ts_dataset_info d;
-    char path[600];
+    char path[700];
     FILE *f;
     int rc = ts_client_node_dataset_stat(x->c, i, ds ? ds : "", &d);
 
     if (rc)
         return fail(x, rc, "mark: node %s has no dataset '%s' (%s)", id, ds ? ds : "",
                     ts_strerror(rc));
-    marks_path(id, path, sizeof(path));
-    f = fopen(path, "w");
+    f = agent_file(x, id, "marks", 1, path, sizeof(path));
     if (!f)
-        return fail(x, TS_EIO, "%s: %s", path, strerror(errno));
+        return TS_EIO;
     fprintf(f, "dataset-id %llu\n", (unsigned long long)d.id);
     return fclose(f) == 0 ? 0 : fail(x, TS_EIO, "%s: %s", path, strerror(errno));
 }
@@ -317,7 +357,7 @@ static int mark(struct ctx *x, const char *id, size_t i, const char *ds)
  */
 static int flip(struct ctx *x, const char *id, const char *dir, time_t since, char *out, size_t cap)
 {
-    uint64_t dsid = marked_id(id);
+    uint64_t dsid = marked_id(x, id);
     struct dirent *e;
     DIR *dp;
 
@@ -482,10 +522,12 @@ static void heal(void)
 /* Comma-separated IPv4 addresses into v (at most max); how many, or -1 if one is not. */
 static int hosts_parse(const char *s, char (*v)[16], int max)
 {
-    char buf[1024], *save = NULL, *t;
+    char buf[4096], *save = NULL, *t;
     struct in_addr a;
     int n = 0;
 
+    if (strlen(s) >= sizeof(buf))
+        return -1; /* never a list cut short */
     snprintf(buf, sizeof(buf), "%s", s);
     for (t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         if (n == max || inet_pton(AF_INET, t, &a) != 1)
@@ -497,8 +539,8 @@ static int hosts_parse(const char *s, char (*v)[16], int max)
 
 static int cut(struct ctx *x, const char *own_s, const char *peers_s, char *out, size_t cap)
 {
-    char own[4][16], peers[64][16];
-    int no = hosts_parse(own_s, own, 4), np = hosts_parse(peers_s, peers, 64), rules = 0;
+    char own[4][16], peers[256][16];
+    int no = hosts_parse(own_s, own, 4), np = hosts_parse(peers_s, peers, 256), rules = 0;
 
     if (no <= 0 || np <= 0)
         return fail(x, TS_EINVAL, "cut: want OWN and PEERS as comma-separated IPv4 addresses");

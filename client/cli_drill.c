@@ -186,7 +186,7 @@ int drill_act(struct drill *d, int i, const char *act, const char *arg, const ch
 {
     const struct ts_map *m = ts_client_map(d->x->c);
     const struct ts_map_node *nd;
-    char cmd[4096], host[128], q[1200], line[1024];
+    char cmd[8192], host[128], q[4200], line[1024];
     size_t n = 0, len;
     FILE *p;
     int st;
@@ -444,11 +444,13 @@ int cmd_drill(struct ctx *x)
     if (rc)
         goto out;
     if (!strcmp(scenario, "corrupt-chunk")) /* flips only hit what the drill writes */
-        for (size_t k = 0; k < m->n; k++) {
+        for (size_t k = 0; k < m->n && !rc; k++) {
             char out[64];
             if (m->nodes[k].state == TS_NODE_UP)
-                drill_act(&d, (int)k, "mark", d.ds, NULL, out, sizeof(out));
+                rc = drill_act(&d, (int)k, "mark", d.ds, NULL, out, sizeof(out));
         }
+    if (rc)
+        goto out;
     drill_note(&d, "dataset %s created; load running", d.ds);
     drill_load_for(&d, dur / 4);
     d.secs_before = (double)(now_ns() - d.t0) / 1e9;

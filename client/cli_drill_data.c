@@ -116,7 +116,7 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     time_t since = time(NULL) - (time_t)(dur + 2);
     char out[8192], arg[32], *line, *save = NULL;
     uint32_t upto;
-    int i = replica_next(d, 1), rc, gone = 0;
+    int i = replica_next(d, 1), rc, gone = 0, flip_rc;
 
     if (i < 0) {
         snprintf(d->x->local, sizeof(d->x->local), "the next PG has no second replica");
@@ -139,6 +139,9 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     drill_note(d, "stopped %s (SIGTERM: its memtables flushed)", d->node);
     snprintf(arg, sizeof(arg), "%lld", (long long)since);
     rc = drill_act(d, i, "flip", arg, NULL, out, sizeof(out));
+    flip_rc = rc;
+    if (rc)
+        drill_note(d, "flip failed: %s", d->x->local);
     for (line = strtok_r(out, "\n", &save); !rc && line; line = strtok_r(NULL, "\n", &save)) {
         int k = 0;
         if (sscanf(line, "flipped %d", &k) == 1)
@@ -151,6 +154,13 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     d->failover_ns = now_ns(); /* the operator's answer: the node is back */
     if (rc)
         return rc;
+    if (flip_rc || !d->flipped) {
+        /* Nothing damaged: the drill would test nothing. The node is back; say so and fail. */
+        snprintf(d->x->local, sizeof(d->x->local), "corrupt-chunk flipped nothing on %s%s%s",
+                 d->node, flip_rc ? ": " : " (no blob file held the drill's chunks)",
+                 flip_rc ? ts_strerror(flip_rc) : "");
+        return flip_rc ? flip_rc : TS_EIO;
+    }
     drill_load_for(d, dur / 4);
     upto = d->next;
     bad = calloc(upto ? upto : 1, 1);

@@ -98,7 +98,7 @@ int drill_partition_check(struct drill *d)
 static int cut(struct drill *d, int i)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
-    char hi[2][64], hj[2][64], own[160] = "", peers[2048] = "", out[256];
+    char hi[2][64], hj[2][64], own[160] = "", peers[4096] = "", out[256];
     int ni = hosts_of(m, (size_t)i, hi), rules = 0, rc;
 
     for (int k = 0; k < ni; k++)
@@ -108,6 +108,10 @@ static int cut(struct drill *d, int i)
         for (int l = 0; l < nj; l++)
             snprintf(peers + strlen(peers), sizeof(peers) - strlen(peers), "%s%s",
                      peers[0] ? "," : "", hj[l]);
+    }
+    if (strlen(peers) + 1 >= sizeof(peers)) {
+        snprintf(d->x->local, sizeof(d->x->local), "partition: too many peer addresses");
+        return TS_EINVAL;
     }
     rc = drill_act(d, i, "cut", own, peers, out, sizeof(out));
     if (rc)

@@ -18,6 +18,9 @@
 #include "ts_map.h"
 
 #define MAX_RANK 64
+/* Replicas a PG's placement gives a dataset at most: replication orders that many ranks
+ * (TS_REPL_MAX_REPLICAS, replication/ts_repl.h). */
+#define MAX_REPLICAS 8
 
 static unsigned up_nodes(const struct ts_map *m)
 {
@@ -54,13 +57,15 @@ static int push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
 }
 
 /* After a removal: the nodes past the dataset's new width in each PG it had extras in drop
- * the copies they hold no rank for. The count of shards dropped, or -1 (x->local says). */
+ * their copies of it (PG_DROP of that dataset only). The count of shards dropped; *failed the
+ * nodes that did not answer (their copies stay: unused, they cost only space). */
 static long drop_extras(struct ctx *x, const struct ts_map *m, const struct ts_dataset_info *d,
-                        int64_t only_pg, unsigned old_extra)
+                        int64_t only_pg, unsigned old_extra, unsigned *failed)
 {
     unsigned base = (unsigned)d->policy.core + d->policy.fringe;
     long dropped = 0;
 
+    *failed = 0;
     for (uint32_t pg = 0; pg < m->pg_count; pg++) {
         int order[MAX_RANK];
         unsigned width = base + ts_map_hot_extra(m, d->name, pg);
@@ -71,11 +76,15 @@ static long drop_extras(struct ctx *x, const struct ts_map *m, const struct ts_d
         for (size_t k = width; k < n; k++) {
             uint32_t shards = 0;
             uint64_t bytes = 0;
-            int rc = ts_client_node_pg_drop(x->c, (size_t)order[k], pg, &shards, &bytes);
+            int rc = ts_client_node_pg_drop_dataset(x->c, (size_t)order[k], pg, d->name, &shards,
+                                                    &bytes);
             if (rc) {
-                snprintf(x->local, sizeof(x->local), "PG %u: %s did not drop its copies: %s", pg,
-                         m->nodes[order[k]].id, tessera_client_error(x->c));
-                return -1;
+                if (!*failed)
+                    snprintf(x->local, sizeof(x->local),
+                             "PG %u: %s did not drop its copies of %s: %s (they stay, unused)", pg,
+                             m->nodes[order[k]].id, d->name, tessera_client_error(x->c));
+                (*failed)++;
+                continue;
             }
             dropped += shards;
         }
@@ -86,7 +95,7 @@ static long drop_extras(struct ctx *x, const struct ts_map *m, const struct ts_d
 static int hot_change(struct ctx *x, int add)
 {
     const char *name = x->argv[0];
-    const struct ts_map *cur = ts_client_map(x->c);
+    const struct ts_map *cur;
     struct ts_dataset_info d;
     struct ts_map *next;
     unsigned base, before = 0, after, extra = add ? (unsigned)x->hot_fringe : 0;
@@ -95,6 +104,8 @@ static int hot_change(struct ctx *x, int add)
     char where[32];
     int rc;
 
+    ts_client_map_refresh(x->c); /* the newest map any node has: never push an older one */
+    cur = ts_client_map(x->c);
     if (!cur) {
         snprintf(x->local, sizeof(x->local), "hot datasets need a cluster (this node has no map)");
         return TS_EINVAL;
@@ -111,8 +122,14 @@ static int hot_change(struct ctx *x, int add)
         return TS_EINVAL;
     }
     rc = tessera_dataset_stat(x->c, name, &d);
-    if (rc)
+    if (rc == TS_ENOENT && !add) {
+        /* A deleted dataset's entry can still go (else a new dataset of that name would be
+         * hot at once); no copies are left to drop. */
+        memset(&d, 0, sizeof(d));
+        snprintf(d.name, sizeof(d.name), "%s", name);
+    } else if (rc) {
         return rc; /* unknown name: the server's message */
+    }
     base = (unsigned)d.policy.core + d.policy.fringe;
     for (size_t i = 0; i < cur->nhot; i++)
         if (cur->hot[i].pg == pg && !strcmp(cur->hot[i].dataset, name))
@@ -120,6 +137,13 @@ static int hot_change(struct ctx *x, int add)
     if (add && (extra < 1 || extra > TS_MAP_MAX_HOT_FRINGE)) {
         snprintf(x->local, sizeof(x->local), "--fringe: want +1 to +%d extra replicas",
                  TS_MAP_MAX_HOT_FRINGE);
+        return TS_EINVAL;
+    }
+    if (add && base + extra > MAX_REPLICAS) {
+        snprintf(x->local, sizeof(x->local),
+                 "%s has %u replicas per PG; %u more would make %u, and a PG's placement gives a "
+                 "dataset at most %d",
+                 name, base, extra, base + extra, MAX_REPLICAS);
         return TS_EINVAL;
     }
     if (add && base + extra > up_nodes(cur)) {
@@ -143,7 +167,10 @@ static int hot_change(struct ctx *x, int add)
         return rc;
     }
     after = extra;
-    if (!x->json)
+    if (!x->json && !add && !d.id)
+        printf("hot rm %s: %s: the entry goes (the dataset no longer exists)\n", name,
+               pg_words(pg, where, sizeof(where)));
+    else if (!x->json)
         printf("hot %s %s: %s: %u extra fringe replica%s -> %u (replicas per PG %u -> %u); "
                "about %.1f MB to %s\n",
                add ? "add" : "rm", name, pg_words(pg, where, sizeof(where)), before,
@@ -162,15 +189,18 @@ static int hot_change(struct ctx *x, int add)
         ts_map_free(next);
         return rc;
     }
-    if (!add) {
-        long dropped = drop_extras(x, next, &d, pg, before);
-        if (dropped < 0) {
+    if (!add && d.id) {
+        unsigned failed = 0;
+        long dropped = drop_extras(x, next, &d, pg, before, &failed);
+        if (!x->json)
+            printf("map epoch %llu; %ld shard copies dropped%s\n", (unsigned long long)epoch,
+                   dropped, failed ? " (some nodes did not answer: see below)" : "");
+        if (failed) {
             ts_map_free(next);
             return TS_EIO;
         }
-        if (!x->json)
-            printf("map epoch %llu; %ld shard copies dropped\n", (unsigned long long)epoch,
-                   dropped);
+    } else if (!add && !x->json) {
+        printf("map epoch %llu\n", (unsigned long long)epoch);
     } else if (!x->json) {
         printf("map epoch %llu; the new replicas fill in the background (tessera status)\n",
                (unsigned long long)epoch);

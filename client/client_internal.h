@@ -228,7 +228,8 @@ int ts_conn_map_get(tessera_client *c, struct ts_map **out, uint64_t *epoch);
 /* MAP_PUSH: *epoch the epoch now in force on the node. */
 int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch);
 /* PG_DROP: the node deletes its copies of pg's shards it no longer holds a rank for. */
-int ts_conn_pg_drop(tessera_client *c, uint32_t pg, uint32_t *shards, uint64_t *bytes);
+int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_t *shards,
+                    uint64_t *bytes);
 
 /* The public calls of the same names, on one connection. */
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p);
@@ -338,7 +339,7 @@ int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const
                     uint32_t shard, uint64_t off, size_t len, void *buf, size_t *out_len);
 /* PG_DROP on node i of the map. */
 int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
-                       uint32_t *shards, uint64_t *bytes);
+                       const char *dataset, uint32_t *shards, uint64_t *bytes);
 /* DATASET_STAT on node i of the map alone (its own record: the dataset's id there). */
 int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
                             struct ts_dataset_info *out);
@@ -357,6 +358,9 @@ void ts_client_map_refresh(tessera_client *c);
 /* PG_DROP on node i of the handle's map. */
 int ts_client_node_pg_drop(tessera_client *c, size_t node, uint32_t pg, uint32_t *shards,
                            uint64_t *bytes);
+/* The same for one dataset's copies only (tessera hot rm). */
+int ts_client_node_pg_drop_dataset(tessera_client *c, size_t node, uint32_t pg, const char *dataset,
+                                   uint32_t *shards, uint64_t *bytes);
 /* DATASET_STAT on node i of the handle's map alone. */
 int ts_client_node_dataset_stat(tessera_client *c, size_t node, const char *name,
                                 struct ts_dataset_info *out);

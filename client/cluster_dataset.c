@@ -519,7 +519,7 @@ void ts_cl_map_refresh(struct ts_cluster *cl)
 }
 
 int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
-                       uint32_t *shards, uint64_t *bytes)
+                       const char *dataset, uint32_t *shards, uint64_t *bytes)
 {
     tessera_client *sub;
     size_t p;
@@ -536,7 +536,7 @@ int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, ui
     rc = ts_cl_peer_conn(cl, p, 0, &sub);
     if (rc)
         return rc;
-    return ts_cl_peer_done(cl, p, sub, ts_conn_pg_drop(sub, pg, shards, bytes), NULL, 0);
+    return ts_cl_peer_done(cl, p, sub, ts_conn_pg_drop(sub, pg, dataset, shards, bytes), NULL, 0);
 }
 
 int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,

@@ -74,7 +74,8 @@ int ts_conn_map_push(tessera_client *c, const struct ts_map *m, uint64_t *epoch)
     return rc;
 }
 
-int ts_conn_pg_drop(tessera_client *c, uint32_t pg, uint32_t *shards, uint64_t *bytes)
+int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_t *shards,
+                    uint64_t *bytes)
 {
     struct ts_req *r;
     struct ts_rd body;
@@ -89,6 +90,8 @@ int ts_conn_pg_drop(tessera_client *c, uint32_t pg, uint32_t *shards, uint64_t *
     if (!r)
         return TS_ENOMEM;
     ts_wr_u32(&r->w, pg);
+    if (dataset && dataset[0])
+        ts_wr_str(&r->w, dataset);
     rc = ts_call(c, r, &body);
     if (rc)
         return rc;

@@ -52,6 +52,17 @@ int ts_map_hot_same(const struct ts_map *a, const struct ts_map *b, uint32_t pg)
     return 1;
 }
 
+int ts_map_hot_grew(const struct ts_map *old, const struct ts_map *m, uint32_t pg)
+{
+    for (size_t i = 0; m && i < m->nhot; i++) {
+        const struct ts_map_hot *h = &m->hot[i];
+        if ((h->pg < 0 || (uint32_t)h->pg == pg) &&
+            ts_map_hot_extra(m, h->dataset, pg) > ts_map_hot_extra(old, h->dataset, pg))
+            return 1;
+    }
+    return 0;
+}
+
 static int hot_find(const struct ts_map *m, const char *dataset, int64_t pg)
 {
     for (size_t i = 0; i < m->nhot; i++)

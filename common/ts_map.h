@@ -179,8 +179,10 @@ int ts_map_pg_move_state(const struct ts_map *m, uint32_t pg);
  * over every dataset of PG pg. */
 unsigned ts_map_hot_extra(const struct ts_map *m, const char *dataset, uint32_t pg);
 unsigned ts_map_hot_extra_max(const struct ts_map *m, uint32_t pg);
-/* 1 when maps a and b give every dataset the same extra replicas in PG pg. */
+/* 1 when maps a and b give every dataset the same extra replicas in PG pg; 1 when m gives some
+ * dataset more extra replicas in PG pg than old did. */
 int ts_map_hot_same(const struct ts_map *a, const struct ts_map *b, uint32_t pg);
+int ts_map_hot_grew(const struct ts_map *old, const struct ts_map *m, uint32_t pg);
 /* Sets the entry (dataset, pg) (pg -1: every PG) to `fringe` extra replicas; 0 removes it
  * (TS_ENOENT when there is none). TS_EINVAL for a bad name, pg or count, or a full list. */
 int ts_map_hot_set(struct ts_map *m, const char *dataset, int64_t pg, unsigned fringe);

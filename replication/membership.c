@@ -86,7 +86,7 @@ int ts_repl_gains_data(const struct ts_map *old, const struct ts_map *m, uint32_
      * (judged with the widest and narrowest datasets: may ask for a backfill not needed). */
     if (before > after && (unsigned)before >= w->min)
         return 1;
-    /* A hot dataset's extra replicas changed in this PG (tessera hot add): a node past some
-     * dataset's base width may be one of them now. */
-    return !ts_map_hot_same(old, m, pg) && (unsigned)after >= w->min;
+    /* A hot dataset got more extra replicas in this PG (tessera hot add): a node past some
+     * dataset's base width may be one of them now (a removal gains nobody anything). */
+    return ts_map_hot_grew(old, m, pg) && (unsigned)after >= w->min;
 }

@@ -64,17 +64,21 @@ static struct ts_peering_set *set_add(struct ts_peering_out *out, uint64_t epoch
 /*
  * How fit a replier is to be the source of the head: 0 when it is in none of the sets peering
  * needed (what it holds beyond their head was never acknowledged, and it may hold a log without
- * the data: a rebalance drops a moved PG's old copies and keeps their log), else 1 + the epoch of
- * the newest set it belongs to.
+ * the data: a rebalance drops a moved PG's old copies and keeps their log); else higher for a
+ * newer set, and within a set for an earlier place in its acting order — the first is that
+ * interval's primary, which holds every dataset's shards, where a member past a narrow
+ * dataset's width holds its log entries as no-ops.
  */
 static uint64_t source_fitness(const struct ts_peering_out *out, const char *id)
 {
     uint64_t fit = 0;
 
     for (unsigned k = 0; k < out->nsets; k++)
-        for (unsigned i = 0; i < out->sets[k].n; i++)
-            if (!strcmp(out->sets[k].ids[i], id) && out->sets[k].epoch + 1 > fit)
-                fit = out->sets[k].epoch + 1;
+        for (unsigned i = 0; i < out->sets[k].n; i++) {
+            uint64_t f = (out->sets[k].epoch + 1) * (TS_PG_MAX_ACTING + 1) + (TS_PG_MAX_ACTING - i);
+            if (!strcmp(out->sets[k].ids[i], id) && f > fit)
+                fit = f;
+        }
     return fit;
 }
 

@@ -29,6 +29,7 @@ struct drop_acc {
     int rank;
     struct ts_map *map; /* a copy of the node's map: its hot datasets */
     uint32_t pg;
+    const char *only; /* a dataset name, or "" for every dataset */
     struct drop_item *v;
     size_t n, cap;
     int rc;
@@ -40,7 +41,8 @@ static int drop_collect_cb(void *arg, const char *dataset, const struct ts_shard
     struct ts_dataset_info d;
     struct drop_item *it;
 
-    if (ts_store_dataset_get(a->s->store, dataset, &d) != 0)
+    if ((a->only[0] && strcmp(a->only, dataset) != 0) ||
+        ts_store_dataset_get(a->s->store, dataset, &d) != 0)
         return 0;
     if (a->rank >= 0 && a->rank < (int)d.policy.core + d.policy.fringe +
                                       (int)ts_map_hot_extra(a->map, dataset, a->pg))
@@ -66,7 +68,8 @@ void tsd_op_pg_drop(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
 {
     struct tsd_server *s = c->w->srv;
     uint32_t pg = q->u.pg_drop.pg;
-    struct drop_acc a = {.s = s};
+    struct drop_acc a = {.s = s, .only = q->u.pg_drop.dataset};
+    uint64_t epoch;
     uint64_t bytes = 0;
     uint32_t removed = 0, npg;
     struct ts_wr w;
@@ -84,6 +87,7 @@ void tsd_op_pg_drop(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
     a.rank = ts_repl_rank_of(s->map, pg, s->cfg->node_id);
     a.map = ts_map_dup(s->map);
     a.pg = pg;
+    epoch = s->map->epoch;
     pthread_rwlock_unlock(&s->map_lock);
     if (!a.map) {
         tsd_reply_error(c, h, TS_ENOMEM, "pg-drop %u: out of memory", pg);
@@ -98,6 +102,12 @@ void tsd_op_pg_drop(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
     if (!rc)
         rc = a.rc;
     ts_map_free(a.map);
+    if (!rc && atomic_load(&s->epoch) != epoch) {
+        /* A map change since the ranks were read may have given this node a rank again. */
+        free(a.v);
+        tsd_reply_error(c, h, TS_EBUSY, "pg-drop %u: the map changed meanwhile: ask again", pg);
+        return;
+    }
     for (size_t i = 0; !rc && i < a.n; i++) {
         int drc = ts_store_shard_delete(s->store, a.v[i].dataset, a.v[i].shard);
         if (drc == 0) {

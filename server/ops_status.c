@@ -84,8 +84,8 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
         json_object_array_add(arr, o);
     }
     free(ps);
-    /* PGs this node holds a replica of (by placement, for the widest dataset policy) and does
-     * not lead, that its primary has not confirmed yet. */
+    /* PGs this node holds a replica of (by placement, for the widest dataset policy and the
+     * map's hot datasets) and does not lead, that its primary has not confirmed yet. */
     {
         unsigned width = 0;
         ts_store_dataset_list(s->store, width_cb, &width);
@@ -93,7 +93,8 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
         for (uint32_t pg = 0; s->map && s->pg_clean && pg < s->npg; pg++) {
             int order[TS_REPL_MAX_REPLICAS];
             size_t no = ts_map_pg_order(s->map, pg, order, TS_REPL_MAX_REPLICAS);
-            for (size_t k = 1; k < no && k < width; k++)
+            size_t w = width + ts_map_hot_extra_max(s->map, pg); /* hot datasets' extras */
+            for (size_t k = 1; k < no && k < w; k++)
                 if (order[k] == s->self && !atomic_load(&s->pg_clean[pg]))
                     unclean++;
         }

@@ -281,6 +281,16 @@ static int dec_pg_info(struct dec *d, struct tsd_req_pg_info *q)
     return done(d);
 }
 
+static int dec_pg_drop(struct dec *d, struct tsd_req_pg_drop *q)
+{
+    q->pg = ts_rd_u32(&d->r);
+    q->dataset[0] = '\0';
+    q->dataset_len = 0;
+    if (d->r.off < d->r.len) /* the dataset filter (tessera hot rm) */
+        str(d, q->dataset, sizeof(q->dataset), &q->dataset_len);
+    return done(d);
+}
+
 static int dec_pg_query(struct dec *d, struct tsd_req_pg_query *q)
 {
     q->pg = ts_rd_u32(&d->r);
@@ -388,7 +398,7 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
         rc = dec_pg_info(&d, &q->u.pg_info);
         break;
     case TS_OP_PG_DROP:
-        rc = dec_pg_info(&d, &q->u.pg_drop);
+        rc = dec_pg_drop(&d, &q->u.pg_drop);
         break;
     case TS_OP_PG_QUERY:
         rc = dec_pg_query(&d, &q->u.pg_query);

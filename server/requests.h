@@ -147,6 +147,13 @@ struct tsd_req_pg_info {
     uint32_t pg;
 };
 
+/* PG_DROP: u32 pg, then optionally str dataset (only that dataset's copies; "" every one). */
+struct tsd_req_pg_drop {
+    uint32_t pg;
+    char dataset[TS_NAME_MAX + 1];
+    uint16_t dataset_len;
+};
+
 struct tsd_req_pg_query {
     uint32_t pg;
     uint64_t epoch;
@@ -201,7 +208,7 @@ struct tsd_req {
         struct tsd_req_repl_write repl_write;
         struct tsd_req_repl_seal repl_seal;
         struct tsd_req_pg_info pg_info;
-        struct tsd_req_pg_info pg_drop; /* the same u32 pg */
+        struct tsd_req_pg_drop pg_drop;
         struct tsd_req_pg_query pg_query;
         struct tsd_req_pg_activate pg_activate;
         struct tsd_req_pg_pull pg_pull;

@@ -130,6 +130,8 @@ static void test_refused_changes_change_nothing(void **state)
     assert_int_not_equal(cli("hot add hot --fringe +9"), 0);
     assert_int_not_equal(cli("hot add hot --fringe +4"), 0); /* 2 + 4 replicas, 5 nodes */
     assert_non_null(strstr(out, "are up"));
+    assert_int_not_equal(cli("hot add hot --fringe +7"), 0); /* 9: placement orders 8 ranks */
+    assert_non_null(strstr(out, "at most 8"));
     assert_int_not_equal(cli("hot add hot --fringe +1 --pg 99"), 0);
     assert_int_not_equal(cli("hot rm hot"), 0); /* no entry */
     assert_int_not_equal(cli("hot add hot --fringe x"), 0);
@@ -184,6 +186,21 @@ static void test_add_then_rm(void **state)
     }
     assert_int_equal(cli("hot ls"), 0);
     assert_null(strstr(out, "+2"));
+    /* The entry of a dataset deleted meanwhile can still be removed. */
+    {
+        struct ts_dataset_policy p = {2, 0, 2, 65536};
+        assert_int_equal(test_tls_open(&c, CL.tls_listen[1], "writer", NULL, NULL), 0);
+        assert_int_equal(tessera_dataset_create(c, "gone", &p), 0);
+        put_shards(c, "gone", 0, 3, LEN);
+        tessera_client_close(c);
+        assert_int_equal(cli("hot add gone --fringe +1"), 0);
+        assert_int_equal(test_tls_open(&c, CL.tls_listen[1], "admin", NULL, NULL), 0);
+        assert_int_equal(tessera_dataset_delete(c, "gone"), 0);
+        tessera_client_close(c);
+        assert_int_equal(cli("hot rm gone"), 0);
+        assert_int_equal(cli("hot ls"), 0);
+        assert_null(strstr(out, "gone"));
+    }
 }
 
 static int64_t read_bytes(int i)

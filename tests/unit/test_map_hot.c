@@ -144,6 +144,8 @@ static void test_set_and_same(void **state)
     assert_true(ts_map_hot_same(a, b, 3));
     assert_int_equal(ts_map_hot_set(b, "img", -1, 2), 0);
     assert_false(ts_map_hot_same(a, b, 3));
+    assert_true(ts_map_hot_grew(a, b, 3));                /* added: grew */
+    assert_false(ts_map_hot_grew(b, a, 3));               /* removed: nobody gains */
     assert_int_equal(ts_map_hot_set(b, "img", -1, 3), 0); /* replaces */
     assert_int_equal(b->nhot, 1);
     assert_int_equal(ts_map_hot_extra(b, "img", 9), 3);

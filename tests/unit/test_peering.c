@@ -232,6 +232,14 @@ static void test_pull_source_is_a_member(void **state)
     assert_int_equal(out.verdict, TS_PEERING_PULL);
     assert_string_equal(out.pull_from, "n2");
     assert_int_equal(out.head_seq, 7);
+    /* Between members at the head, the interval's primary (first in its acting order) is the
+     * source, whoever answered first: a member past a narrow dataset's width holds that
+     * dataset's entries as no-ops. */
+    {
+        struct ts_peer_reply sw[4] = {rs[0], rs[1], rs[3], rs[2]}; /* n3 before n2 */
+        assert_int_equal(decide("n1", sw, 4, &out), 0);
+        assert_string_equal(out.pull_from, "n2");
+    }
     /* A node outside every set never leads the head, even when it reports a longer log: what
      * it holds beyond the sets' head was never acknowledged. */
     rs[1].st.applied = 9;
