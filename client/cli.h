@@ -78,6 +78,11 @@ void dataset_print(const struct ts_dataset_info *d);
 
 /* ---- commands: 0 or TS_E* (a local failure explained in x->local) ---------------------------- */
 
+/* cli_admin.c: writes m to a temporary map file and pushes it to every node (one epoch past
+ * every node's: tessera_map_push_file); the new epoch in *epoch. */
+struct ts_map;
+int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch);
+
 /* cli_drill.c */
 int cmd_drill(struct ctx *x);
 /* cli_agent.c: tessera agent ACT [ARG...] (the drills' acts on this host's node) */

@@ -4,6 +4,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "ts_map.h"
@@ -113,6 +114,22 @@ static struct json_object *map_node_json(const struct ts_map_node *nd, unsigned 
     json_object_object_add(o, "state", json_object_new_string(ts_node_state_name(nd->state)));
     json_object_object_add(o, "primary_pgs", json_u64(primary_pgs));
     return o;
+}
+
+int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
+{
+    char dir[] = "/tmp/tessera-map-XXXXXX", path[64];
+    int rc;
+
+    if (!mkdtemp(dir))
+        return TS_EIO;
+    snprintf(path, sizeof(path), "%s/cluster.map", dir);
+    rc = ts_map_write_file(m, path);
+    if (rc == 0)
+        rc = tessera_map_push_file(x->c, path, epoch);
+    unlink(path);
+    rmdir(dir);
+    return rc;
 }
 
 int cmd_map_show(struct ctx *x)

@@ -284,25 +284,20 @@ int drill_fail_over(struct drill *d, int i)
 /* Marks node `id` up again (a map change pushed like `tessera node up`). */
 int drill_mark_up(struct drill *d, const char *id)
 {
-    const struct ts_map *cur = ts_client_map(d->x->c);
-    struct ts_map *m = cur ? ts_map_dup(cur) : NULL;
-    char dir[] = "/tmp/tessera-drill-XXXXXX", path[600];
+    const struct ts_map *cur;
+    struct ts_map *m;
     uint64_t epoch = 0;
     int i, rc;
 
-    if (!m || !mkdtemp(dir)) {
-        ts_map_free(m);
+    ts_client_map_refresh(d->x->c); /* the newest map any node has */
+    cur = ts_client_map(d->x->c);
+    m = cur ? ts_map_dup(cur) : NULL;
+    if (!m)
         return TS_ENOMEM;
-    }
     i = ts_map_find(m, id);
     if (i >= 0)
         m->nodes[i].state = TS_NODE_UP;
-    snprintf(path, sizeof(path), "%s/cluster.map", dir);
-    rc = ts_map_write_file(m, path);
-    if (!rc)
-        rc = tessera_map_push_file(d->x->c, path, &epoch);
-    unlink(path);
-    rmdir(dir);
+    rc = cli_map_push(d->x, m, &epoch);
     ts_map_free(m);
     drill_note(d, "%s marked up: map epoch %llu (%s)", id, (unsigned long long)epoch,
                rc ? ts_strerror(rc) : "ok");

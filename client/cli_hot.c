@@ -39,23 +39,6 @@ static const char *pg_words(int64_t pg, char *buf, size_t cap)
     return buf;
 }
 
-/* The map with the change, pushed (one epoch more than any node has). */
-static int push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
-{
-    char dir[] = "/tmp/tessera-hot-XXXXXX", path[600];
-    int rc;
-
-    if (!mkdtemp(dir))
-        return TS_EIO;
-    snprintf(path, sizeof(path), "%s/cluster.map", dir);
-    rc = ts_map_write_file(m, path);
-    if (!rc)
-        rc = tessera_map_push_file(x->c, path, epoch);
-    unlink(path);
-    rmdir(dir);
-    return rc;
-}
-
 /* After a removal: the nodes past the dataset's new width in each PG it had extras in drop
  * their copies of it (PG_DROP of that dataset only). The count of shards dropped; *failed the
  * nodes that did not answer (their copies stay: unused, they cost only space). */
@@ -184,7 +167,7 @@ static int hot_change(struct ctx *x, int add)
             printf("dry run: nothing changed\n");
         return 0;
     }
-    rc = push(x, next, &epoch);
+    rc = cli_map_push(x, next, &epoch);
     if (rc) {
         ts_map_free(next);
         return rc;

@@ -151,23 +151,6 @@ static int newest(struct ctx *x, struct ts_map **out)
     return *out ? 0 : TS_ENOMEM;
 }
 
-/* Writes m to a temporary file and pushes it (an epoch past every node's). */
-static int push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
-{
-    char dir[] = "/tmp/tessera-rebalance-XXXXXX", path[64];
-    int rc;
-
-    if (!mkdtemp(dir))
-        return TS_EIO;
-    snprintf(path, sizeof(path), "%s/cluster.map", dir);
-    rc = ts_map_write_file(m, path);
-    if (rc == 0)
-        rc = tessera_map_push_file(x->c, path, epoch);
-    unlink(path);
-    rmdir(dir);
-    return rc;
-}
-
 /* ---- progress ---------------------------------------------------------------------------------
  */
 
@@ -468,7 +451,7 @@ static int drive_step(struct rb *b, int tty, double *rate)
         }
         ts_map_free(chk);
         if (!rc)
-            rc = push(x, m, &epoch);
+            rc = cli_map_push(x, m, &epoch);
         if (rc == TS_ESTALE) {
             rc = 0; /* another change took this epoch on some node: look again */
             goto out;
@@ -713,7 +696,7 @@ int cmd_rebalance_apply(struct ctx *x)
                changing, cur->pg_count, (unsigned long long)maxc, x->argv[0]);
         goto out;
     }
-    rc = push(x, next, &epoch);
+    rc = cli_map_push(x, next, &epoch);
     if (rc)
         goto out;
     if (!x->json)
@@ -756,7 +739,7 @@ static int set_paused_once(struct ctx *x, int paused)
             m->move->driver = my_token(); /* resume: this process drives it from now on */
         if (!paused && x->max_concurrent)
             m->move->concurrent = (uint32_t)x->max_concurrent; /* kept for the next resume */
-        rc = push(x, m, &epoch);
+        rc = cli_map_push(x, m, &epoch);
         if (!rc && !x->json)
             printf("rebalance: %s (map epoch %llu)\n",
                    paused ? "paused"
@@ -905,7 +888,7 @@ static int rollback_once(struct ctx *x)
         goto out;
     back->move->driver = my_token();
     back->move->concurrent = x->max_concurrent ? (uint32_t)x->max_concurrent : m->move->concurrent;
-    rc = push(x, back, &epoch);
+    rc = cli_map_push(x, back, &epoch);
     if (rc)
         goto out;
     if (!x->json)

@@ -518,6 +518,19 @@ void ts_cl_map_refresh(struct ts_cluster *cl)
     ts_cl_refresh(cl, NO_PEER);
 }
 
+/* The sub-connection to node i of the map alone (*p its peer), for the per-node calls below. */
+static int node_sub(tessera_client *c, struct ts_cluster *cl, size_t node, size_t *p,
+                    tessera_client **sub)
+{
+    int rc;
+
+    if (node >= cl->map->n)
+        return TS_EINVAL;
+    ts_conn_set_error(c, "%s", "");
+    rc = ts_cl_node_peer(cl, cl->map, node, p);
+    return rc ? rc : ts_cl_peer_conn(cl, *p, 0, sub);
+}
+
 int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, uint32_t pg,
                        const char *dataset, uint32_t *shards, uint64_t *bytes)
 {
@@ -527,13 +540,7 @@ int ts_cl_node_pg_drop(tessera_client *c, struct ts_cluster *cl, size_t node, ui
 
     *shards = 0;
     *bytes = 0;
-    if (node >= cl->map->n)
-        return TS_EINVAL;
-    ts_conn_set_error(c, "%s", "");
-    rc = ts_cl_node_peer(cl, cl->map, node, &p);
-    if (rc)
-        return rc;
-    rc = ts_cl_peer_conn(cl, p, 0, &sub);
+    rc = node_sub(c, cl, node, &p, &sub);
     if (rc)
         return rc;
     return ts_cl_peer_done(cl, p, sub, ts_conn_pg_drop(sub, pg, dataset, shards, bytes), NULL, 0);
@@ -544,15 +551,8 @@ int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t nod
 {
     tessera_client *sub;
     size_t p;
-    int rc;
+    int rc = node_sub(c, cl, node, &p, &sub);
 
-    if (node >= cl->map->n)
-        return TS_EINVAL;
-    ts_conn_set_error(c, "%s", "");
-    rc = ts_cl_node_peer(cl, cl->map, node, &p);
-    if (rc)
-        return rc;
-    rc = ts_cl_peer_conn(cl, p, 0, &sub);
     if (rc)
         return rc;
     return ts_cl_peer_done(cl, p, sub, ts_conn_dataset_stat(sub, name, out), NULL, 0);
@@ -566,13 +566,7 @@ int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const
     int rc;
 
     *out_len = 0;
-    if (node >= cl->map->n)
-        return TS_EINVAL;
-    ts_conn_set_error(c, "%s", "");
-    rc = ts_cl_node_peer(cl, cl->map, node, &p);
-    if (rc)
-        return rc;
-    rc = ts_cl_peer_conn(cl, p, 0, &sub);
+    rc = node_sub(c, cl, node, &p, &sub);
     if (rc)
         return rc;
     return ts_cl_peer_done(cl, p, sub, ts_conn_read(sub, name, shard, off, len, buf, out_len), NULL,

@@ -13,6 +13,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -454,4 +455,36 @@ int test_tls_open(struct tessera_client **c, const char *addr, const char *role,
     }
     *c = NULL;
     return tessera_client_open(c, &o);
+}
+
+int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
+            const char *fmt, ...)
+{
+    char args[768], cmd[2048], line[1024];
+    size_t n = 0;
+    va_list ap;
+    FILE *p;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd), "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s %s 2>&1", cli_path,
+             cl->tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
+             test_cert("admin", "key"), args);
+    fprintf(stderr, "$ tessera %s\n", args);
+    p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    out[0] = '\0';
+    while (fgets(line, sizeof(line), p)) { /* shown as it comes; kept up to cap */
+        size_t k = strlen(line);
+        fputs(line, stderr);
+        if (n + k < cap) {
+            memcpy(out + n, line, k + 1);
+            n += k;
+        }
+    }
+    st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }

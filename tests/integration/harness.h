@@ -109,6 +109,11 @@ int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
 int tsd_cluster_stop(struct tsd_cluster *cl);
 void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
+/* Runs `CLI -s <node 0's TLS address> <admin certificate options> ARGS` (the command's output
+ * shown on stderr as it comes and kept in out[cap]); its exit status, or -1. */
+int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
+            const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
 /* Path of certificate file NAME.EXT in test_certs() (a small ring of static buffers). */
 const char *test_cert(const char *name, const char *ext);
 
