@@ -23,29 +23,8 @@
 static struct tsd_cluster CL;
 static char out[1 << 16];
 
-/* Runs the CLI as admin against node 0's TLS listener; its output (both streams) in out. */
-static int cli(const char *fmt, ...)
-{
-    char args[512], cmd[2048];
-    va_list ap;
-    FILE *p;
-    size_t n;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s %s 2>&1",
-             TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
-             test_cert("admin", "key"), args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    n = fread(out, 1, sizeof(out) - 1, p);
-    out[n] = '\0';
-    st = pclose(p);
-    fprintf(stderr, "$ tessera %s\n%s", args, out);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+/* The CLI as admin against node 0's TLS listener; its output (both streams) in out. */
+#define cli(...) tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), __VA_ARGS__)
 
 /* The map epoch node i has. */
 static uint64_t epoch_of(int i)

@@ -33,35 +33,8 @@ static char out[1 << 16];
 #define NTRAIN 12
 #define MAXW 4096
 
-static int cli(const char *fmt, ...)
-{
-    char args[768], cmd[2048], line[1024];
-    size_t n = 0;
-    va_list ap;
-    FILE *p;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s %s 2>&1",
-             TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
-             test_cert("admin", "key"), args);
-    fprintf(stderr, "$ tessera %s\n", args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    out[0] = '\0';
-    while (fgets(line, sizeof(line), p)) { /* shown as it comes; kept up to sizeof(out) */
-        size_t k = strlen(line);
-        fputs(line, stderr);
-        if (n + k < sizeof(out)) {
-            memcpy(out + n, line, k + 1);
-            n += k;
-        }
-    }
-    st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+/* The CLI as admin against node 0's TLS listener; its output (both streams) in out. */
+#define cli(...) tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), __VA_ARGS__)
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
 {
