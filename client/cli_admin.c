@@ -282,7 +282,7 @@ int cmd_pg(struct ctx *x)
     struct ts_dataset_info d;
     struct cli_table t;
     int order[256], rc;
-    unsigned core = 0, fringe = 0;
+    unsigned core = 0, fringe = 0, hot = 0;
     uint64_t pg = 0;
     size_t n;
 
@@ -305,6 +305,8 @@ int cmd_pg(struct ctx *x)
         return TS_EINVAL;
     }
     n = ts_map_pg_order(m, (uint32_t)pg, order, TS_ARRAY_SIZE(order));
+    if (x->dataset)
+        hot = ts_map_hot_extra(m, x->dataset, (uint32_t)pg); /* a hot dataset's extra fringe */
     if (x->json) {
         struct json_object *o = json_object_new_object(), *a = json_object_new_array();
         json_object_object_add(o, "pg", json_u64(pg));
@@ -315,11 +317,12 @@ int cmd_pg(struct ctx *x)
             json_object_object_add(o, "shard", json_u64(x->shard));
         for (size_t i = 0; i < n; i++) {
             struct json_object *e = json_object_new_object();
-            const char *role = i == 0                      ? "primary"
-                               : !x->dataset               ? NULL
-                               : i < core                  ? "core"
-                               : i < (size_t)core + fringe ? "fringe"
-                                                           : NULL;
+            const char *role = i == 0                            ? "primary"
+                               : !x->dataset                     ? NULL
+                               : i < core                        ? "core"
+                               : i < (size_t)core + fringe       ? "fringe"
+                               : i < (size_t)core + fringe + hot ? "fringe (hot)"
+                                                                 : NULL;
             json_object_object_add(e, "rank", json_u64(i));
             json_object_object_add(e, "node", json_object_new_string(m->nodes[order[i]].id));
             json_object_object_add(e, "addr", json_object_new_string(m->nodes[order[i]].addr));
@@ -332,7 +335,11 @@ int cmd_pg(struct ctx *x)
     }
     printf("PG %llu, map epoch %llu", (unsigned long long)pg, (unsigned long long)m->epoch);
     if (x->dataset)
-        printf(", dataset %s (core %u, fringe %u)", x->dataset, core, fringe);
+        printf(", dataset %s (core %u, fringe %u", x->dataset, core, fringe);
+    if (x->dataset && hot)
+        printf(", hot +%u", hot);
+    if (x->dataset)
+        printf(")");
     if (x->shard_set)
         printf(" shard %llu", (unsigned long long)x->shard);
     printf(": %zu node%s up\n", n, n == 1 ? "" : "s");
@@ -340,11 +347,12 @@ int cmd_pg(struct ctx *x)
     for (size_t i = 0; i < n && !rc; i++) {
         const struct ts_map_node *nd = &m->nodes[order[i]];
         char rank[24];
-        const char *role = i == 0                      ? "primary"
-                           : !x->dataset               ? "-"
-                           : i < core                  ? "core"
-                           : i < (size_t)core + fringe ? "fringe"
-                                                       : "-";
+        const char *role = i == 0                            ? "primary"
+                           : !x->dataset                     ? "-"
+                           : i < core                        ? "core"
+                           : i < (size_t)core + fringe       ? "fringe"
+                           : i < (size_t)core + fringe + hot ? "fringe (hot)"
+                                                             : "-";
         const char *row[] = {rank, nd->id, nd->addr, nd->domain[0] ? nd->domain : "-", role};
         snprintf(rank, sizeof(rank), "%zu", i);
         rc = cli_table_add(&t, row);

@@ -123,6 +123,9 @@ static void test_add_then_rm(void **state)
     assert_true(epoch_now() > e0);
     assert_int_equal(cli("hot ls"), 0);
     assert_non_null(strstr(out, "+2"));
+    assert_int_equal(cli("pg --dataset hot --shard 0"), 0); /* the extra ranks are shown */
+    assert_non_null(strstr(out, "fringe (hot)"));
+    assert_non_null(strstr(out, "hot +2"));
     /* Every shard on each of its PG's first 4 nodes, read from each alone. */
     for (uint32_t s = 0; s < 30; s++) {
         int order[4];
