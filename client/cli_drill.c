@@ -66,8 +66,7 @@ void drill_note(struct drill *d, const char *fmt, ...)
     snprintf(d->log + have, sizeof(d->log) - have, "%s\n", line);
 }
 
-/* Node i is a core replica (of the first 3) of shard s's PG. */
-static int core_of(struct drill *d, uint32_t s, int i)
+int drill_core_of(struct drill *d, uint32_t s, int i)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
     int order[3];
@@ -79,6 +78,20 @@ static int core_of(struct drill *d, uint32_t s, int i)
     return 0;
 }
 
+int drill_begin(struct drill *d, int i, const char *why_none)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+
+    if (i < 0 || !m || (size_t)i >= m->n) {
+        snprintf(d->x->local, sizeof(d->x->local), "%s", why_none);
+        return TS_EINVAL;
+    }
+    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    d->phase = 1;
+    d->act_ns = now_ns();
+    return 0;
+}
+
 /* One write and one read of the load; 1 when both succeeded. */
 static int load_step(struct drill *d)
 {
@@ -86,7 +99,7 @@ static int load_step(struct drill *d)
     uint64_t t = now_ns();
     int ok_w, ok_r = 1, rc;
 
-    while (d->avoid >= 0 && d->next < MAX_SHARDS && core_of(d, d->next, d->avoid))
+    while (d->avoid >= 0 && d->next < MAX_SHARDS && drill_core_of(d, d->next, d->avoid))
         d->next++; /* a shard number the load skips: never written, never read */
     if (d->next < MAX_SHARDS) {
         drill_shard_bytes(buf, d->next);
@@ -461,14 +474,9 @@ int cmd_drill(struct ctx *x)
     } else if (!strcmp(scenario, "slow-node")) {
         char out[256];
         i = drill_primary_next(&d);
-        if (i < 0) {
-            rc = TS_EINVAL;
-            goto out;
-        }
-        snprintf(d.node, sizeof(d.node), "%s", m->nodes[i].id);
-        d.phase = 1;
-        d.act_ns = now_ns();
-        rc = drill_act(&d, i, "stop", NULL, NULL, out, sizeof(out));
+        rc = drill_begin(&d, i, "no node leads the next PG");
+        if (!rc)
+            rc = drill_act(&d, i, "stop", NULL, NULL, out, sizeof(out));
         if (rc)
             goto out;
         out[strcspn(out, "\n")] = '\0';

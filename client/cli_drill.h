@@ -58,6 +58,11 @@ int agent_do(struct ctx *x, const char *id, const char *act, const char *arg, co
 int drill_restart(struct drill *d, const char *logdir);
 /* The node that leads the PG of the shard the load writes next. */
 int drill_primary_next(struct drill *d);
+/* Node i is one of the first 3 replicas (the drill dataset's core) of shard s's PG. */
+int drill_core_of(struct drill *d, uint32_t s, int i);
+/* The act on node i begins (d->node, the phase, the act's time); TS_EINVAL with why_none in
+ * d->x->local when i < 0 (no such node). */
+int drill_begin(struct drill *d, int i, const char *why_none);
 /* Fails node i over (marks it down in a new map epoch); marks node id up again. */
 int drill_fail_over(struct drill *d, int i);
 int drill_mark_up(struct drill *d, const char *id);

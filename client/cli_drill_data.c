@@ -76,20 +76,14 @@ static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, 
                            uint64_t *wrong)
 {
     static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
-    const struct ts_map *m = ts_client_map(d->x->c);
 
     uint64_t deadline = now_ns() + 30ull * 1000000000; /* for the node to serve again */
 
     *nbad = *wrong = 0;
     for (uint32_t s = 0; s < upto; s++) {
-        int order[3], holds = 0, rc = TS_EBUSY;
-        size_t n = 0, k;
-        if (!d->acked[s] || (bad && bad[s] == 2))
-            continue;
-        k = ts_map_pg_order(m, ts_map_pg_of(m, d->ds, s), order, 3);
-        for (size_t j = 0; j < k; j++)
-            holds |= order[j] == i;
-        if (!holds)
+        int rc = TS_EBUSY;
+        size_t n = 0;
+        if (!d->acked[s] || (bad && bad[s] == 2) || !drill_core_of(d, s, i))
             continue;
         /* Restarted, the node serves a PG once its primary has compared its log: wait. */
         for (int t = 0; t < 50 && (rc == TS_EBUSY || rc == TS_ESTALE) && now_ns() < deadline; t++) {
@@ -110,7 +104,6 @@ static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, 
 
 int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
 {
-    const struct ts_map *m = ts_client_map(d->x->c);
     uint64_t nbad = 0, wrong = 0, still = 0, wrong2 = 0;
     uint8_t *bad = NULL;
     time_t since = time(NULL) - (time_t)(dur + 2);
@@ -118,14 +111,9 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     uint32_t upto;
     int i = replica_next(d, 1), rc, gone = 0, flip_rc;
 
-    if (i < 0) {
-        snprintf(d->x->local, sizeof(d->x->local), "the next PG has no second replica");
-        return TS_EINVAL;
-    }
-    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
-    d->phase = 1;
-    d->act_ns = now_ns();
-    rc = drill_act(d, i, "term", NULL, NULL, out, sizeof(out));
+    rc = drill_begin(d, i, "the next PG has no second replica");
+    if (!rc)
+        rc = drill_act(d, i, "term", NULL, NULL, out, sizeof(out));
     if (rc)
         return rc;
     for (int t = 0; t < 300 && !gone; t++) {
@@ -225,22 +213,16 @@ static void lag_of(struct drill *d, int primary, const char *id, uint64_t *ops, 
 
 int drill_fringe_lag(struct drill *d, double dur)
 {
-    const struct ts_map *m = ts_client_map(d->x->c);
     int primary = replica_next(d, 0), i = replica_next(d, 3), rc;
     uint64_t end, ops;
     char out[256];
     double s;
 
-    if (i < 0 || primary < 0) {
-        snprintf(d->x->local, sizeof(d->x->local),
-                 "the next PG has no fringe replica (the 4th): fringe-lag needs 4 nodes up");
-        return TS_EINVAL;
-    }
-    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
+    rc = drill_begin(d, primary < 0 ? -1 : i,
+                     "the next PG has no fringe replica (the 4th): fringe-lag needs 4 nodes up");
     d->avoid = i;
-    d->phase = 1;
-    d->act_ns = now_ns();
-    rc = drill_act(d, i, "stop", NULL, NULL, out, sizeof(out));
+    if (!rc)
+        rc = drill_act(d, i, "stop", NULL, NULL, out, sizeof(out));
     if (rc)
         return rc;
     out[strcspn(out, "\n")] = '\0';

@@ -139,14 +139,9 @@ static uint64_t missing_on(struct drill *d, int i)
     uint64_t deadline = ts_now_mono_ns() + 30ull * 1000000000, missing = 0;
 
     for (uint32_t s = 0; s < d->next; s++) {
-        int order[3], holds = 0, rc = TS_EBUSY;
-        size_t n = 0, k;
-        if (!d->acked[s])
-            continue;
-        k = ts_map_pg_order(m, ts_map_pg_of(m, d->ds, s), order, 3);
-        for (size_t j = 0; j < k; j++)
-            holds |= order[j] == i;
-        if (!holds)
+        int rc = TS_EBUSY;
+        size_t n = 0;
+        if (!d->acked[s] || !drill_core_of(d, s, i))
             continue;
         drill_shard_bytes(buf, s);
         for (;;) {
@@ -168,18 +163,10 @@ static uint64_t missing_on(struct drill *d, int i)
 
 int drill_partition(struct drill *d, double dur)
 {
-    const struct ts_map *m = ts_client_map(d->x->c);
-    int i = drill_primary_next(d), cut_at, rc;
+    int i = drill_primary_next(d), cut_at = i, rc = drill_begin(d, i, "no node leads the next PG");
 
-    if (i < 0) {
-        snprintf(d->x->local, sizeof(d->x->local), "no node leads the next PG");
-        return TS_EINVAL;
-    }
-    snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
-    d->phase = 1;
-    d->act_ns = ts_now_mono_ns();
-    cut_at = i;
-    rc = cut(d, i);
+    if (!rc)
+        rc = cut(d, i);
     if (rc)
         return rc;
     drill_load_for(d, 1.5); /* writes to its PGs cannot reach a quorum: detection */

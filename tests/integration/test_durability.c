@@ -1896,10 +1896,16 @@ static void test_damaged_wal_recovers_from_peers(void **state)
         assert_int_equal(put_retry(ds, sh[i], 300 + (uint64_t)i, why, sizeof(why)), 0);
     assert_int_equal(wait_settled(), 0);
     assert_int_equal(node_pg_info(R1, pg, &before), 0);
-    assert_int_equal(tsd_stop(&CL.node[R1]), 0);
-    if (damage_wal(CL.node[R1].data) == 0) {
-        fprintf(stderr, "  no WAL file to damage (flushed?): nothing to test\n");
-    } else {
+    /* kill -9, not a clean stop: a clean stop flushes the memtables and empties the WAL, and
+     * the test would have nothing to damage (it passed that way, testing nothing, after the
+     * store's close began to flush). */
+    tsd_kill9(&CL.node[R1]);
+    {
+        int flipped = damage_wal(CL.node[R1].data);
+        if (!flipped)
+            fail_msg("no WAL file of %s to damage: the test would test nothing", CL.id[R1]);
+    }
+    {
         int rc = tsd_start(&CL.node[R1], NULL);
         fprintf(stderr, "  %s restarted on the damaged WAL: %s\n", CL.id[R1],
                 rc ? "it did not start" : "up");

@@ -60,33 +60,8 @@ static const char *cli_prefix(char *b, size_t n)
     return b;
 }
 
-static int cli(const char *fmt, ...)
-{
-    char args[768], cmd[2048], line[1024], pre[1200];
-    size_t n = 0;
-    va_list ap;
-    FILE *p;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", cli_prefix(pre, sizeof(pre)), args);
-    LOG("$ tessera %s", args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    out[0] = '\0';
-    while (fgets(line, sizeof(line), p)) {
-        size_t k = strlen(line);
-        fprintf(stderr, "    %s", line);
-        if (n + k < sizeof(out)) {
-            memcpy(out + n, line, k + 1);
-            n += k;
-        }
-    }
-    st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+/* The CLI as admin against node 0's TLS listener; its output (both streams) in out. */
+#define cli(...) tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), __VA_ARGS__)
 
 static void fill(uint8_t *p, size_t n, uint32_t seed)
 {
