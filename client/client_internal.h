@@ -40,6 +40,31 @@ struct ts_transport {
 };
 
 /*
+ * Device memory (GPU memory) as a transport registers it for the peer to write (GPUDirect
+ * RDMA): dmabuf gives a DMA-BUF file descriptor covering [buf, buf+len) and buf's offset in it
+ * (0, or TS_E*; the transport closes *fd once registered). With dmabuf NULL the device address
+ * is registered as it is, which works where the nvidia-peermem module is loaded.
+ */
+struct ts_reg_src {
+    int (*dmabuf)(void *ctx, void *buf, size_t len, int *fd, uint64_t *off);
+    void *ctx;
+};
+
+/*
+ * A read into memory the host cannot touch (GPU memory; gpu/placed.c): the node places the
+ * bytes (RDMA), src says how the transport registers dst, and verify checks the placed bytes
+ * against the reply's piece table (npieces entries of length and CRC32C, le32 each) once the
+ * table is in: 0, TS_ECORRUPT (a piece fails), or TS_E* (the check itself failed). Such a read
+ * is never received in-band (a reply that would be fails with TS_EPROTO) and never retried
+ * here: its caller decides.
+ */
+struct ts_read_target {
+    const struct ts_reg_src *src;
+    int (*verify)(void *ctx, const uint8_t *table, uint32_t npieces, const void *dst, size_t len);
+    void *ctx;
+};
+
+/*
  * One table per transport (style rule 10). Every function returns a TS_E* code on failure,
  * converted from the dependency's convention inside the transport's own file.
  *   connect: a connected, handshaken transport in *out.
@@ -58,7 +83,8 @@ struct ts_transport {
  *   close:   releases everything (registrations left included); NULL is a no-op.
  *   reg:     (optional: a transport the server can write into) registers [buf, buf+len) for
  *            the peer to write: its address and key in *addr, *key, a handle in *h. TS_ENOTSUP
- *            when this range cannot be (the read goes in-band).
+ *            when this range cannot be (the read goes in-band). src NULL: host memory; else
+ *            memory the host cannot touch (GPU memory), registered as src says.
  *   dereg:   (with reg) the read into a handle's memory is over, before close; bad: its
  *            bytes failed their CRC (a registration that may point at other pages: drop it).
  */
@@ -71,8 +97,8 @@ struct ts_transport_ops {
     const char *(*error)(struct ts_transport *t);
     int (*pollfd)(struct ts_transport *t, int events, int *fd, short *pevents);
     void (*close)(struct ts_transport *t);
-    int (*reg)(struct ts_transport *t, void *buf, size_t len, uint64_t *addr, uint32_t *key,
-               void **h);
+    int (*reg)(struct ts_transport *t, void *buf, size_t len, const struct ts_reg_src *src,
+               uint64_t *addr, uint32_t *key, void **h);
     void (*dereg)(struct ts_transport *t, void *h, int bad);
 };
 
@@ -249,6 +275,12 @@ int ts_conn_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
                  void *buf, size_t *out_len);
 int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
                         size_t len, void *buf, uint64_t *op);
+/* ts_conn_read_submit into device memory (tgt): TS_ENOTSUP when the connection cannot place
+ * reads (not RDMA) or the transport cannot register buf as tgt->src says. */
+int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                           size_t len, void *buf, const struct ts_read_target *tgt, uint64_t *op);
+/* 1 when c is one connection whose transport lets the node place reads (RDMA), else 0. */
+int ts_conn_can_place(const tessera_client *c);
 int ts_conn_wait(tessera_client *c, uint64_t op, size_t *out_len);
 int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len);
 int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,

@@ -36,6 +36,7 @@ struct ts_req {
     uint64_t shard_size;
     char *msg; /* the server's message for a refused READ */
     void *mr;  /* placed by the server (RDMA): the registration of dst, until the reply */
+    const struct ts_read_target *tgt; /* dst is device memory (NULL: host memory) */
 };
 
 enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };

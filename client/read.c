@@ -49,13 +49,20 @@ int ts_submit_args(tessera_client *c, const char *name, uint64_t off, size_t len
     return 0;
 }
 
+/* Queues a READ of [off, off+len) into buf: placed by the node where the transport can register
+ * buf (RDMA), else in-band. Into device memory (tgt) it must be placed: TS_ENOTSUP if not. */
 static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint64_t off, size_t len,
-                      void *buf, int user, uint16_t hflags, struct ts_req **out)
+                      void *buf, int user, uint16_t hflags, const struct ts_read_target *tgt,
+                      struct ts_req **out)
 {
     struct ts_req *r;
     int rc;
 
     *out = NULL;
+    if (tgt && (!c->t->ops->reg || !len)) {
+        ts_conn_set_error(c, "%s cannot place reads into device memory", c->t->ops->name);
+        return TS_ENOTSUP;
+    }
     r = ts_req_name(c, TS_OP_READ, name);
     if (!r)
         return TS_ENOMEM;
@@ -66,13 +73,19 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
         /* RDMA: the server writes the data into buf itself; the reply carries the CRCs. */
         uint64_t addr;
         uint32_t key;
-        if (c->t->ops->reg(c->t, buf, len, &addr, &key, &r->mr) == 0) {
+        rc = c->t->ops->reg(c->t, buf, len, tgt ? tgt->src : NULL, &addr, &key, &r->mr);
+        if (rc == 0) {
             hflags |= TS_F_RDMA;
             ts_wr_u64(&r->w, addr);
             ts_wr_u32(&r->w, key);
             ts_wr_u32(&r->w, 0);
+        } else if (tgt) {
+            ts_conn_set_error(c, "cannot register device memory for RDMA: %s", ts_strerror(rc));
+            ts_req_free(c, r);
+            return rc;
         }
     }
+    r->tgt = tgt;
     r->user = (uint8_t)user;
     r->hflags = hflags;
     r->dst = buf;
@@ -86,6 +99,11 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
     }
     *out = r;
     return 0;
+}
+
+int ts_conn_can_place(const tessera_client *c)
+{
+    return c && !c->cl && c->t && c->t->ops->reg && !c->broken;
 }
 
 void ts_conn_reg_stats(tessera_client *c, uint64_t *hits, uint64_t *misses)
@@ -129,7 +147,7 @@ static int read_window(tessera_client *c, const char *name, uint32_t shard, uint
             if (next > 0 && poff >= size)
                 break;
             rc = read_queue(c, name, shard, poff, plen, dst + next * (size_t)TESSERA_MAX_READ, 0,
-                            hflags, &win[next % READ_WINDOW]);
+                            hflags, NULL, &win[next % READ_WINDOW]);
             if (rc) {
                 first = rc;
                 break;
@@ -193,13 +211,19 @@ int ts_conn_read(tessera_client *c, const char *name, uint32_t shard, uint64_t o
 int ts_conn_read_submit(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
                         size_t len, void *buf, uint64_t *op)
 {
+    return ts_conn_read_submit_to(c, name, shard, off, len, buf, NULL, op);
+}
+
+int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                           size_t len, void *buf, const struct ts_read_target *tgt, uint64_t *op)
+{
     struct ts_req *r;
     int rc, progress = 0;
 
     rc = ts_submit_args(c, name, off, len, buf, op);
     if (rc)
         return rc;
-    rc = read_queue(c, name, shard, off, len, buf, 1, 0, &r);
+    rc = read_queue(c, name, shard, off, len, buf, 1, 0, tgt, &r);
     if (rc)
         return rc;
     *op = r->id;
@@ -225,8 +249,8 @@ static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len
     struct ts_rd rd;
     uint32_t shard;
 
-    if (rc != TS_ECORRUPT || c->broken || (r->hflags & TS_F_VERIFY))
-        return rc;
+    if (rc != TS_ECORRUPT || c->broken || (r->hflags & TS_F_VERIFY) || r->tgt)
+        return rc; /* a read into device memory is retried by its caller */
     ts_rd_init(&rd, r->w.buf + TS_HDR_LEN, r->w.len - TS_HDR_LEN);
     ts_rd_str(&rd, name, sizeof(name));
     shard = ts_rd_u32(&rd);

@@ -186,6 +186,11 @@ static int rx_read_head(struct tessera_client *c)
         rx_drain(c, payload - x->rhead_len, TS_EPROTO);
         return 0;
     }
+    if (!x->placed && r->tgt && x->rd.data_len) { /* host bytes never go into device memory */
+        ts_proto_err(c, "an in-band READ reply to a read into device memory");
+        rx_drain(c, payload - x->rhead_len, TS_EPROTO);
+        return 0;
+    }
     /* From here the data (at most r->cap bytes, checked above) may land in r->dst. */
     x->have = 0;
     if (x->rd.npieces) {
@@ -242,12 +247,22 @@ static int rx_read_data(struct tessera_client *c, size_t n)
     } else {
         x->have += n;
     }
-    rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
+    if (r->tgt) /* placed in device memory: checked there, all pieces at once */
+        rc = r->tgt->verify(r->tgt->ctx, x->table, x->rd.npieces, r->dst, x->rd.data_len);
+    else
+        rc = ts_read_pieces_verify(x->table, x->rd.npieces, r->dst, x->have, &x->pdone, &x->pdoff);
     if (rc) {
-        ts_conn_set_error(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
+        if (r->tgt)
+            ts_conn_set_error(c,
+                              rc == TS_ECORRUPT
+                                  ? "a piece placed in device memory fails its CRC32C"
+                                  : "the check of the bytes placed in device memory failed: %s",
+                              ts_strerror(rc));
+        else
+            ts_conn_set_error(c, "piece %u of a READ reply fails its CRC32C", x->pdone);
         free(r->msg);
         r->msg = strdup(c->err); /* for tessera_wait*, which report the read's own message */
-        TS_ERROR(FAC, rc, "shard data corrupt in transit: piece %u of request %llu", x->pdone,
+        TS_ERROR(FAC, rc, "shard data corrupt in transit: %s (request %llu)", c->err,
                  (unsigned long long)r->id);
         rx_read_fail(c, rc);
         return 0;

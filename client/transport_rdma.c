@@ -59,6 +59,7 @@ struct rdma_transport {
         size_t len;
         unsigned busy; /* reads in flight into it */
         int stale;     /* a read into it failed its CRC: deregister once idle */
+        int kind;      /* how it was registered: REG_HOST, REG_DMABUF, REG_DEVADDR */
         uint64_t used;
     } regs[REG_CACHE];
     unsigned nregs;
@@ -81,6 +82,7 @@ static int from_errno(int e)
         return TS_ENOMEM;
     case ENODEV:
     case ENOSYS:
+    case EOPNOTSUPP:
         return TS_ENOTSUP;
     default:
         return TS_EIO;
@@ -364,9 +366,36 @@ static void reg_make_room(struct rdma_transport *r, size_t len)
     }
 }
 
-static int tr_reg(struct ts_transport *t, void *buf, size_t len, uint64_t *addr, uint32_t *key,
-                  void **h)
+/* A registration of device memory (src): from its DMA-BUF where src gives one, else of the
+ * device address itself (nvidia-peermem). NULL with errno set when the device or driver
+ * cannot. */
+static struct ibv_mr *reg_device(struct rdma_transport *r, void *buf, size_t len,
+                                 const struct ts_reg_src *src, int access)
 {
+    struct ibv_mr *mr;
+    uint64_t off = 0;
+    int fd = -1, rc, e;
+
+    if (!src->dmabuf)
+        return ibv_reg_mr(r->pd, buf, len, access);
+    rc = src->dmabuf(src->ctx, buf, len, &fd, &off);
+    if (rc) {
+        errno = rc == TS_ENOTSUP ? EOPNOTSUPP : EIO;
+        return NULL;
+    }
+    mr = ibv_reg_dmabuf_mr(r->pd, off, len, (uintptr_t)buf, fd, access);
+    e = errno;
+    close(fd); /* the registration holds the buffer */
+    errno = e;
+    return mr;
+}
+
+enum { REG_HOST, REG_DMABUF, REG_DEVADDR };
+
+static int tr_reg(struct ts_transport *t, void *buf, size_t len, const struct ts_reg_src *src,
+                  uint64_t *addr, uint32_t *key, void **h)
+{
+    int kind = !src ? REG_HOST : src->dmabuf ? REG_DMABUF : REG_DEVADDR;
     struct rdma_transport *r = (struct rdma_transport *)t;
     uint8_t *p = buf;
     struct reg *e;
@@ -379,7 +408,7 @@ static int tr_reg(struct ts_transport *t, void *buf, size_t len, uint64_t *addr,
         return TS_ENOTSUP; /* the caller reads this range in-band instead */
     for (unsigned i = 0; i < r->nregs; i++) {
         e = &r->regs[i];
-        if (!e->stale && p >= e->addr && p + len <= e->addr + e->len) {
+        if (!e->stale && e->kind == kind && p >= e->addr && p + len <= e->addr + e->len) {
             e->busy++;
             e->used = ++r->reg_clock;
             r->reg_hits++;
@@ -392,12 +421,15 @@ static int tr_reg(struct ts_transport *t, void *buf, size_t len, uint64_t *addr,
     reg_make_room(r, len);
     if (r->nregs == REG_CACHE)
         return TS_ENOTSUP; /* all busy: in-band */
-    mr = ibv_reg_mr(r->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    if (src)
+        mr = reg_device(r, buf, len, src, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    else
+        mr = ibv_reg_mr(r->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (!mr)
         return from_errno(errno);
     r->reg_misses++;
     e = &r->regs[r->nregs++];
-    *e = (struct reg){mr, p, len, 1, 0, ++r->reg_clock};
+    *e = (struct reg){mr, p, len, 1, 0, kind, ++r->reg_clock};
     r->reg_bytes += len;
     *addr = (uintptr_t)buf;
     *key = mr->rkey;

@@ -1,17 +1,27 @@
 /*
- * tessera_read_device with CUDA (tessera/gpu.h): the staging pipeline (gpu/staging.c) with
- * pinned host buffers (cudaHostAlloc) and cudaMemcpyAsync on a stream of its own, so the copy
- * of one verified piece to the device overlaps the receive of the next. The CUDA runtime is
- * loaded at the first call (dlopen of libcudart), so a libtessera built with CUDA still loads
- * and works on a host without it; its errors become TS_EIO here, with the CUDA error's name in
- * the handle's message. Built only when the CUDA toolkit is found (device_stub.c otherwise).
+ * tessera_read_device with CUDA (tessera/gpu.h). On one RDMA connection the node places the
+ * bytes straight into GPU memory (gpu/placed.c): registered from a DMA-BUF of the range
+ * (cuMemGetHandleForAddressRange, then ibv_reg_dmabuf_mr), else as a device address
+ * (nvidia-peermem), and checked on the GPU (gpu/cuda_drv.c). Otherwise, or when neither
+ * registration works, the staging pipeline (gpu/staging.c): pinned host buffers
+ * (cudaHostAlloc) and cudaMemcpyAsync on a stream of its own, so the copy of one verified piece
+ * to the device overlaps the receive of the next. TESSERA_GPU_PATH=staging|dmabuf|peermem
+ * narrows the choice. The CUDA runtime and driver are loaded at the first call (dlopen), so a
+ * libtessera built with CUDA still loads and works on a host without them; their errors become
+ * TS_EIO here, with the CUDA error's name in the handle's message. Built only when the CUDA
+ * toolkit is found (device_stub.c otherwise).
  */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 
+#include "gpu/crc32c_gpu.h"
+#include "gpu/placed.h"
 #include "gpu/staging.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 /* The runtime's entry points this file uses. */
 static struct {
@@ -84,11 +94,53 @@ static int cuda_sync(void *ctx)
     return cuda_rc(x, rt.stream_sync(x->stream), "cudaStreamSynchronize");
 }
 
+/* ---- placed by the node (GPUDirect RDMA) ------------------------------------------------ */
+
+static int cuda_dmabuf(void *ctx, void *buf, size_t len, int *fd, uint64_t *off)
+{
+    return ts_cu_dmabuf(buf, len, fd, off, NULL, 0);
+}
+
+static int cuda_verify(void *ctx, const uint8_t *table, uint32_t n, const void *dst, size_t len)
+{
+    uint32_t bad;
+    char why[160];
+    int rc = ts_cu_verify_pieces(dst, table, n, &bad, why, sizeof(why));
+
+    if (rc && rc != TS_ECORRUPT)
+        TS_WARN("gpu", rc, "the GPU check of placed bytes failed: %s", why);
+    return rc;
+}
+
+static const struct ts_place_path cuda_paths[] = {
+    {"dmabuf", {cuda_dmabuf, NULL}},
+    {"peermem", {NULL, NULL}},
+};
+
+/* The placed read on the paths TESSERA_GPU_PATH allows: TS_ENOTSUP when none is allowed. */
+static int read_placed(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
+                       size_t len, void *dev, size_t *out_len, struct tessera_device_stats *st)
+{
+    const char *want = getenv("TESSERA_GPU_PATH");
+    struct ts_place_ops ops = {cuda_paths, 2, cuda_verify, NULL};
+
+    if (want && !strcmp(want, "staging"))
+        return TS_ENOTSUP;
+    if (want && !strcmp(want, "peermem")) {
+        ops.paths = &cuda_paths[1];
+        ops.npaths = 1;
+    } else if (want && !strcmp(want, "dmabuf")) {
+        ops.npaths = 1;
+    }
+    return ts_read_placed(c, name, shard, off, len, dev, out_len, &ops, st);
+}
+
 int tessera_read_device(tessera_client *c, const char *name, uint32_t shard, uint64_t off,
                         size_t len, void *dev, size_t *out_len, struct tessera_device_stats *st)
 {
     struct cuda_ctx x = {NULL, c};
     struct ts_stage_ops ops = {"cuda", cuda_alloc, cuda_free, cuda_copy, cuda_sync, &x};
+    char why[200];
     int rc;
 
     if (out_len)
@@ -99,6 +151,14 @@ int tessera_read_device(tessera_client *c, const char *name, uint32_t shard, uin
     if (!rt.loaded) {
         ts_conn_set_error(c, "no CUDA runtime (libcudart) on this host: no reads into GPU memory");
         return TS_ENOTSUP;
+    }
+    if (len && ts_cu_device_ptr(dev, why, sizeof(why)) == 0) {
+        rc = read_placed(c, name, shard, off, len, dev, out_len, st);
+        if (rc != TS_ENOTSUP && rc != TS_ECORRUPT)
+            return rc;
+        /* Not placed, or placed bytes failed their check: read through staging, which reads
+         * a bad range again from the node's store. */
+        TS_INFO("gpu", "%s/%u: through staging: %s", name, shard, tessera_client_error(c));
     }
     rc = cuda_rc(&x, rt.stream_create(&x.stream, cudaStreamNonBlocking),
                  "no CUDA device to read into (cudaStreamCreate)");

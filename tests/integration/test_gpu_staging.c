@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "gpu/placed.h"
 #include "gpu/staging.h"
 #include "tessera/gpu.h"
 #include "tessera/tessera.h"
@@ -142,11 +143,37 @@ static void test_failures_copy_nothing(void **state)
     }
 }
 
+/* GPUDirect's placed path needs a transport the node writes into (RDMA): over TCP it reads
+ * nothing and says so, so tessera_read_device goes on through staging (test_rdma covers the
+ * placed path itself). */
+static int never(void *ctx, const uint8_t *table, uint32_t n, const void *dst, size_t len)
+{
+    return TS_EIO;
+}
+
+static void test_placed_needs_rdma(void **state)
+{
+    const struct ts_place_path paths[] = {{"peermem", {NULL, NULL}}};
+    struct ts_place_ops ops = {paths, 1, never, NULL};
+    struct tessera_device_stats st;
+    uint8_t dst[4096];
+    size_t n = 7;
+
+    memset(dst, 0xEE, sizeof(dst));
+    assert_int_equal(ts_read_placed(C, "stage", 0, 0, sizeof(dst), dst, &n, &ops, &st), TS_ENOTSUP);
+    assert_int_equal(n, 0);
+    assert_non_null(strstr(tessera_client_error(C), "RDMA"));
+    for (size_t i = 0; i < sizeof(dst); i++)
+        assert_int_equal(dst[i], 0xEE);
+    staged(0, 4096, 1024); /* the handle still works */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_failures_copy_nothing),
+        cmocka_unit_test(test_placed_needs_rdma),
     };
     return cmocka_run_group_tests_name("gpu_staging", tests, setup, teardown);
 }

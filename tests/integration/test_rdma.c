@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "client_internal.h"
+#include "gpu/placed.h"
 #include "tessera/reader.h"
 #include "tessera/tessera.h"
 #include "ts_common.h"
@@ -450,6 +451,97 @@ static void test_registration_cache(void **state)
     tessera_client_close(c);
 }
 
+/*
+ * The pipeline of reads placed into device memory (client/gpu/placed.c: tessera_read_device's
+ * GPUDirect path), with host memory standing in for GPU memory: the CUDA backend differs only
+ * in the registration source (a DMA-BUF of the range, or the device address) and in where the
+ * check of the piece table runs (on the GPU; tests/gpu/test_gpu_device checks that part).
+ */
+struct fake_dev {
+    int dmabuf_tries, verifies, corrupt;
+    uint32_t pieces;
+};
+
+static int fake_dmabuf(void *ctx, void *buf, size_t len, int *fd, uint64_t *off)
+{
+    ((struct fake_dev *)ctx)->dmabuf_tries++;
+    return TS_ENOTSUP; /* as on a driver or NIC without DMA-BUF */
+}
+
+static int fake_verify(void *ctx, const uint8_t *table, uint32_t n, const void *dst, size_t len)
+{
+    struct fake_dev *f = ctx;
+    size_t at = 0;
+
+    f->verifies++;
+    f->pieces += n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t plen = ts_get_le32(table + (size_t)i * 8);
+        if (f->corrupt ||
+            ts_crc32c(0, (const uint8_t *)dst + at, plen) != ts_get_le32(table + (size_t)i * 8 + 4))
+            return TS_ECORRUPT;
+        at += plen;
+    }
+    return at == len ? 0 : TS_EPROTO;
+}
+
+static void test_placed_into_device_memory(void **state)
+{
+    tessera_client *c = open_url(rdma_url);
+    struct fake_dev f = {0, 0, 0, 0};
+    const struct ts_place_path paths[] = {{"dmabuf", {fake_dmabuf, &f}}, {"peermem", {NULL, NULL}}};
+    struct ts_place_ops ops = {paths, 2, fake_verify, &f};
+    struct tessera_device_stats st;
+    size_t size = sizes[4], n = 0;
+    uint8_t *ref = malloc(size), *buf = malloc(size + 64);
+    long long before = status_num("rdma_placed_bytes");
+    uint64_t h0, m0, h1, m1;
+
+    fill(ref, size, 5);
+    memset(buf, 0xEE, size + 64);
+    /* DMA-BUF refused, so the device address is registered (the peermem path); the node
+     * writes every byte, the backend checks every piece, nothing lands past the shard's end. */
+    assert_int_equal(ts_read_placed(c, DS, 4, 0, size + 64, buf, &n, &ops, &st), 0);
+    assert_int_equal(n, size);
+    assert_memory_equal(buf, ref, size);
+    for (size_t k = size; k < size + 64; k++)
+        assert_int_equal(buf[k], 0xEE);
+    assert_string_equal(st.path, "peermem");
+    assert_int_equal(st.bytes, size);
+    assert_int_equal(f.dmabuf_tries, 1);
+    assert_int_equal(f.verifies, 1);
+    assert_true(f.pieces >= size / CHUNK); /* one per chunk at least */
+    assert_true(status_num("rdma_placed_bytes") - before >= (long long)size);
+    /* An offset range across chunks. */
+    memset(buf, 0, size);
+    assert_int_equal(ts_read_placed(c, DS, 4, CHUNK - 7, 3 * CHUNK, buf, &n, &ops, &st), 0);
+    assert_int_equal(n, 3 * CHUNK);
+    assert_memory_equal(buf, ref + CHUNK - 7, 3 * CHUNK);
+    /* Placed bytes that fail their check: TS_ECORRUPT, not retried in-band into the "device";
+     * the registration is dropped, and the connection goes on. */
+    ts_conn_reg_stats(c, &h0, &m0);
+    f.corrupt = 1;
+    assert_int_equal(ts_read_placed(c, DS, 4, 0, size, buf, &n, &ops, &st), TS_ECORRUPT);
+    assert_int_equal(n, 0);
+    f.corrupt = 0;
+    memset(buf, 0, size);
+    assert_int_equal(ts_read_placed(c, DS, 4, 0, size, buf, &n, &ops, &st), 0);
+    assert_memory_equal(buf, ref, size);
+    ts_conn_reg_stats(c, &h1, &m1);
+    assert_int_equal(m1 - m0, 1); /* registered afresh after the bad read */
+    /* No path that registers: nothing is read, and the caller is told why. */
+    ops.npaths = 1;
+    assert_int_equal(ts_read_placed(c, DS, 4, 0, size, buf, &n, &ops, &st), TS_ENOTSUP);
+    assert_non_null(strstr(tessera_client_error(c), "dmabuf"));
+    /* Refusals come back as for tessera_read. */
+    ops.npaths = 2;
+    assert_int_equal(ts_read_placed(c, "no-such-ds", 0, 0, 4096, buf, &n, &ops, &st), TS_ENOENT);
+    assert_int_equal(ts_read_placed(c, DS, 4, 0, size, buf, &n, &ops, &st), 0);
+    free(ref);
+    free(buf);
+    tessera_client_close(c);
+}
+
 /* A frame by hand over a transport (what the connection layer would send). */
 static void send_frame(struct ts_transport *t, uint8_t op, uint16_t flags, uint64_t id,
                        const struct ts_wr *body)
@@ -493,7 +585,7 @@ static void test_deregistered_mid_read(void **state)
 
     get_token(tok, host, sizeof(host), port, sizeof(port));
     assert_int_equal(connect_with(tok, host, port, err, sizeof(err), &t), 0);
-    assert_int_equal(t->ops->reg(t, buf, sizes[4], &addr, &key, &h), 0);
+    assert_int_equal(t->ops->reg(t, buf, sizes[4], NULL, &addr, &key, &h), 0);
     ts_wr_init(&w);
     ts_wr_str(&w, DS);
     ts_wr_u32(&w, 4);
@@ -638,6 +730,7 @@ int main(void)
         cmocka_unit_test(test_deregistered_mid_read),
         cmocka_unit_test(test_idle_session),
         cmocka_unit_test(test_registration_cache),
+        cmocka_unit_test(test_placed_into_device_memory),
         cmocka_unit_test(test_cluster_mixed),
     };
     return cmocka_run_group_tests_name("rdma", tests, group_setup, group_teardown);
