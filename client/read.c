@@ -80,9 +80,11 @@ static int read_queue(tessera_client *c, const char *name, uint32_t shard, uint6
             ts_wr_u32(&r->w, key);
             ts_wr_u32(&r->w, 0);
         } else if (tgt) {
+            /* Any refusal (no DMA-BUF, no peer memory: EFAULT, EINVAL, ...) means this path
+             * cannot place here; the caller tries the next one. */
             ts_conn_set_error(c, "cannot register device memory for RDMA: %s", ts_strerror(rc));
             ts_req_free(c, r);
-            return rc;
+            return c->broken ? c->broken : TS_ENOTSUP;
         }
     }
     r->tgt = tgt;

@@ -38,16 +38,21 @@ static struct {
     CUresult (*dtoh)(void *, CUdeviceptr, size_t);
     CUresult (*range_handle)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
     CUresult (*error_name)(CUresult, const char **);
+    CUresult (*ctx_id)(CUcontext, unsigned long long *); /* CUDA 12+: may be absent */
+    CUresult (*module_unload)(CUmodule);
     int loaded;
     char why[160];
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 
+/* Loaded modules by context: its unique id where the driver gives one (a new context may get
+ * a destroyed one's handle), else its handle. */
 static struct {
-    CUcontext ctx;
+    unsigned long long key;
+    CUmodule mod;
     CUfunction blocks, join;
 } modules[MODULES];
-static unsigned nmodules;
+static unsigned nmodules, next_evict;
 static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void drv_load(void)
@@ -72,9 +77,11 @@ static void drv_load(void)
     *(void **)&drv.dtoh = dlsym(h, "cuMemcpyDtoH_v2");
     *(void **)&drv.range_handle = dlsym(h, "cuMemGetHandleForAddressRange"); /* may be absent */
     *(void **)&drv.error_name = dlsym(h, "cuGetErrorName");
+    *(void **)&drv.ctx_id = dlsym(h, "cuCtxGetId");
+    *(void **)&drv.module_unload = dlsym(h, "cuModuleUnload");
     if (!drv.init || !drv.ptr_attr || !drv.ctx_push || !drv.ctx_pop || !drv.module_load ||
         !drv.module_fn || !drv.launch || !drv.mem_alloc || !drv.mem_free || !drv.htod ||
-        !drv.dtoh || !drv.error_name) {
+        !drv.dtoh || !drv.error_name || !drv.module_unload) {
         snprintf(drv.why, sizeof(drv.why), "the CUDA driver lacks an entry point libtessera uses");
         return;
     }
@@ -145,14 +152,18 @@ static void ctx_leave(void)
 static int kernels(CUfunction *blocks, CUfunction *join, char *why, size_t whylen)
 {
     CUcontext ctx = NULL;
-    CUmodule mod;
+    unsigned long long key;
+    CUmodule mod = NULL;
     int rc = 0;
 
     drv.ctx_pop(&ctx); /* which one: pop it and push it back */
     drv.ctx_push(ctx);
+    key = (unsigned long long)(uintptr_t)ctx;
+    if (drv.ctx_id)
+        drv.ctx_id(ctx, &key);
     pthread_mutex_lock(&modules_lock);
     for (unsigned i = 0; i < nmodules; i++)
-        if (modules[i].ctx == ctx) {
+        if (modules[i].key == key) {
             *blocks = modules[i].blocks;
             *join = modules[i].join;
             goto out;
@@ -163,10 +174,19 @@ static int kernels(CUfunction *blocks, CUfunction *join, char *why, size_t whyle
     if (!rc)
         rc = cu_rc(drv.module_fn(join, mod, "ts_crc_join"), "ts_crc_join", why, whylen);
     if (!rc) {
-        unsigned i = nmodules < MODULES ? nmodules++ : 0; /* a context long gone makes room */
-        modules[i].ctx = ctx;
+        unsigned i;
+        if (nmodules < MODULES) {
+            i = nmodules++;
+        } else { /* the oldest goes (its unload fails harmlessly if its context is gone) */
+            i = next_evict++ % MODULES;
+            drv.module_unload(modules[i].mod);
+        }
+        modules[i].key = key;
+        modules[i].mod = mod;
         modules[i].blocks = *blocks;
         modules[i].join = *join;
+    } else if (mod) {
+        drv.module_unload(mod);
     }
 out:
     pthread_mutex_unlock(&modules_lock);
@@ -213,7 +233,7 @@ static int crc_pieces(const void *dev, const uint32_t *plen, uint32_t n, uint32_
         poff[i] = i ? poff[i - 1] + plen[i - 1] : 0;
         len[i] = plen[i];
         pblk[i] = (uint32_t)nblocks;
-        nblocks += (plen[i] + TS_GPU_CRC_BLOCK - 1) / TS_GPU_CRC_BLOCK;
+        nblocks += ((size_t)plen[i] + TS_GPU_CRC_BLOCK - 1) / TS_GPU_CRC_BLOCK;
     }
     pblk[n] = (uint32_t)nblocks;
     bytes = head + (nblocks + n) * 4;

@@ -154,10 +154,11 @@ int tessera_read_device(tessera_client *c, const char *name, uint32_t shard, uin
     }
     if (len && ts_cu_device_ptr(dev, why, sizeof(why)) == 0) {
         rc = read_placed(c, name, shard, off, len, dev, out_len, st);
-        if (rc != TS_ENOTSUP && rc != TS_ECORRUPT)
+        if (rc != TS_ENOTSUP && rc != TS_ECORRUPT && rc != TS_EIO)
             return rc;
-        /* Not placed, or placed bytes failed their check: read through staging, which reads
-         * a bad range again from the node's store. */
+        /* Not placed, placed bytes that failed their check, or a check that could not run (the
+         * GPU out of memory): read through staging, which reads a bad range again from the
+         * node's store. */
         TS_INFO("gpu", "%s/%u: through staging: %s", name, shard, tessera_client_error(c));
     }
     rc = cuda_rc(&x, rt.stream_create(&x.stream, cudaStreamNonBlocking),

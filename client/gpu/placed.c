@@ -79,8 +79,8 @@ int ts_read_placed(tessera_client *c, const char *name, uint32_t shard, uint64_t
         /* Collect in order; after a failure or the shard's end, only what is in flight. */
         w = ts_conn_wait(c, op[done % TS_PLACE_WINDOW], &n);
         if (w == TS_ERANGE && done > 0 && !rc)
-            ended = 1; /* the shard ended where this read begins */
-        else if (w && !rc)
+            ended = 1;               /* the shard ended where this read begins */
+        else if (w && !rc && !ended) /* reads past the shard's end do not count */
             rc = w;
         if (!w && !rc && !ended) {
             total += n;

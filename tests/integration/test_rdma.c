@@ -464,8 +464,9 @@ struct fake_dev {
 
 static int fake_dmabuf(void *ctx, void *buf, size_t len, int *fd, uint64_t *off)
 {
-    ((struct fake_dev *)ctx)->dmabuf_tries++;
-    return TS_ENOTSUP; /* as on a driver or NIC without DMA-BUF */
+    /* An export that fails (a driver without DMA-BUF says TS_ENOTSUP; others fail otherwise):
+     * either way the next path is tried. */
+    return ((struct fake_dev *)ctx)->dmabuf_tries++ % 2 ? TS_ENOTSUP : TS_EIO;
 }
 
 static int fake_verify(void *ctx, const uint8_t *table, uint32_t n, const void *dst, size_t len)
