@@ -1,8 +1,8 @@
 /*
  * tessera CLI: the drill agent (tessera -s ADDR agent --node ID ACT [ARG...];
  * docs/operations.md "Failover drills"). Every act a drill does to a node — kill it, stop and
- * continue it, start it again, flip bytes in its blob files, fill its filesystem, cut it off
- * from its peers — is an agent act on that node's host. In the embedded mode (no --agent) the
+ * continue it, start it again, flip bytes in its chunk or blob files, fill its filesystem, cut it
+ * off from its peers — is an agent act on that node's host. In the embedded mode (no --agent) the
  * drill does the acts itself (the nodes run here); with `tessera drill ... --agent TEMPLATE` it
  * runs TEMPLATE ACT [ARG...] for each, e.g. `ssh {host} tessera -s {addr} agent --node {node}`,
  * and the agent does it there.
@@ -19,8 +19,9 @@
  * - cont: SIGCONT to the stopped process; gone: exits 0 once the process has exited.
  * - start LOGDIR: "pid N log FILE"; from the state file, waiting for its ready line.
  * - mark DATASET: the node's numeric id of DATASET (a .marks file beside the state).
- * - flip SINCE: "flipped ..." per file; one byte in the middle of up to 16 of the marked
- *   dataset's chunk values in each blob file changed since SINCE (wall seconds).
+ * - flip SINCE: "flipped ..." per file; 16 bytes spread over each of the marked dataset's chunk
+ *   files, and one byte in the middle of up to 16 of its chunk values in each blob file,
+ *   changed since SINCE (wall seconds).
  * - datadir: "DIR AVAIL", its data dir and the bytes free there.
  * - fill LEAVE: "BYTES DIR LEFT"; a balloon file DIR/drill-balloon until LEAVE bytes are free.
  *   unfill: the balloon removed.
@@ -348,10 +349,56 @@ static int mark(struct ctx *x, const char *id, size_t i, const char *ds)
 }
 
 /*
- * Flips one byte in the middle of the value of up to FLIPS_PER_FILE records of the marked
- * dataset in every blob file in dir changed since `since`. A blob file (RocksDB's integrated
- * BlobDB, little-endian): a 30-byte header, then records of a 32-byte header (u64 key length,
- * u64 value length, u64 expiration, u32 header CRC, u32 blob CRC), the key and the value; a
+ * Flips FLIPS_PER_FILE bytes spread over each chunk file of dataset dsid (DIR/chunks/DSID/, see
+ * storage/chunkfile.c) changed since `since`: a chunk file holds only that shard's bytes.
+ */
+static void flip_chunk_files(uint64_t dsid, const char *dir, time_t since, char *out, size_t cap)
+{
+    char ddir[2300];
+    struct dirent *e;
+    DIR *dp;
+
+    snprintf(ddir, sizeof(ddir), "%s/chunks/%016llx", dir, (unsigned long long)dsid);
+    dp = opendir(ddir);
+    if (!dp)
+        return;
+    while ((e = readdir(dp))) {
+        char path[2600];
+        struct stat st;
+        int fd, flipped = 0;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", ddir, e->d_name);
+        if (stat(path, &st) != 0 || st.st_mtime < since || st.st_size == 0)
+            continue;
+        fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0)
+            continue;
+        for (int k = 0; k < FLIPS_PER_FILE; k++) {
+            off_t at = (off_t)((uint64_t)st.st_size * (uint64_t)(2 * k + 1) / (2 * FLIPS_PER_FILE));
+            uint8_t b;
+            if (pread(fd, &b, 1, at) == 1) {
+                b ^= 0x5a;
+                flipped += pwrite(fd, &b, 1, at) == 1;
+            }
+        }
+        if (flipped)
+            fsync(fd);
+        close(fd);
+        if (flipped)
+            add_line(out, cap, "flipped %d bytes in %s (a chunk file of the dataset)", flipped,
+                     path);
+    }
+    closedir(dp);
+}
+
+/*
+ * Flips bytes of the marked dataset's chunks: in its chunk files (flip_chunk_files), and, for
+ * chunks a store keeps in RocksDB, one byte in the middle of the value of up to FLIPS_PER_FILE
+ * records of the dataset in every blob file in dir changed since `since`. A blob file (RocksDB's
+ * integrated BlobDB, little-endian): a 30-byte header, then records of a 32-byte header (u64 key
+ * length, u64 value length, u64 expiration, u32 header CRC, u32 blob CRC), the key and the value; a
  * 32-byte footer. Chunk keys start with the dataset's id (big-endian u64). Only values are
  * touched: what a disk error in the data would do, which the chunk's CRC32C must catch.
  */
@@ -363,6 +410,7 @@ static int flip(struct ctx *x, const char *id, const char *dir, time_t since, ch
 
     if (!dsid)
         return fail(x, TS_EINVAL, "flip: no mark for node %s (mark DATASET first)", id);
+    flip_chunk_files(dsid, dir, since, out, cap);
     dp = opendir(dir);
     if (!dp)
         return fail(x, TS_EIO, "%s: %s", dir, strerror(errno));

@@ -2,8 +2,9 @@
  * tessera CLI: the drills on data (tessera drill corrupt-chunk | fringe-lag; see cli_drill.c).
  *
  * corrupt-chunk: a core replica (not the primary) of the PG the load writes next is stopped
- * (SIGTERM: it flushes, so the drill's chunks are in its blob files), bytes are flipped in the
- * middle of every blob file it wrote since the drill began, and it is started again. Every
+ * (SIGTERM: it flushes), bytes are flipped in every chunk file of the drill's dataset it wrote
+ * since the drill began (and in the blob files of a store that keeps chunks in RocksDB), and
+ * it is started again. Every
  * acknowledged shard it holds is then read from it alone: a flipped chunk must come back as a
  * checksum error (never as wrong bytes), the cluster's reads must not fail (they go to another
  * replica), and the node must repair what it reported from its PG's primary.
@@ -137,7 +138,8 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
         drill_note(d, "%s", line);
     }
     if (!d->flipped)
-        drill_note(d, "no blob file of %s changed during the drill: nothing flipped", d->node);
+        drill_note(d, "no chunk or blob file of %s changed during the drill: nothing flipped",
+                   d->node);
     rc = drill_restart(d, logdir);
     d->failover_ns = now_ns(); /* the operator's answer: the node is back */
     if (rc)
@@ -145,7 +147,7 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
     if (flip_rc || !d->flipped) {
         /* Nothing damaged: the drill would test nothing. The node is back; say so and fail. */
         snprintf(d->x->local, sizeof(d->x->local), "corrupt-chunk flipped nothing on %s%s%s",
-                 d->node, flip_rc ? ": " : " (no blob file held the drill's chunks)",
+                 d->node, flip_rc ? ": " : " (no chunk or blob file held the drill's chunks)",
                  flip_rc ? ts_strerror(flip_rc) : "");
         return flip_rc ? flip_rc : TS_EIO;
     }

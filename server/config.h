@@ -22,6 +22,7 @@ struct tsd_config {
     char *map_file;
     int tls_require_client_cert;
     int workers;
+    int chunk_files;
     int blob_files;
     int verify_engine_checksums;
     int block_cache_mb;

@@ -247,8 +247,10 @@ int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force)
     rocksdb_writebatch_destroy(b);
     ds_invalidate(s, name);
     ts_cache_drop_dataset(s->ccache, d.id);
-    if (rc == 0)
+    if (rc == 0) {
+        chunkfile_drop_dataset(s, d.id);
         TS_INFO(FAC, "deleted dataset %s (id %llu)", name, (unsigned long long)d.id);
+    }
 out_unlock:
     pthread_mutex_unlock(&s->lock);
     return rc;

@@ -5,7 +5,11 @@
  * Column families:
  *   default  unused (RocksDB requires it)
  *   meta     dataset, shard and chunk-checksum records (small; block cache; verified reads)
- *   chunks   chunk bytes; integrated BlobDB keeps them in blob files, out of compaction
+ *   chunks   chunk bytes of shards written without chunk files (ts_store_opts.chunk_files 0,
+ *            or before chunk files existed); integrated BlobDB keeps them in blob files
+ *
+ * A shard written with chunk files keeps its bytes in PATH/chunks/ (chunkfile.c): its record
+ * names the file, and nothing of it is in the chunks column family.
  *   oplog    per-PG operation log (used by replication)
  *
  * meta keys ("id" is the dataset's 8-byte big-endian id, so a dataset's keys are contiguous):
@@ -13,7 +17,8 @@
  *   'T' name                 -> tombstone: le64 incarnation (created_ns) last deleted
  *   'I' id                   -> dataset name (reverse index for scrub and PG iteration)
  *   'N'                      -> next dataset id
- *   'S' id shard(be32)       -> shard record (+ per-chunk CRC list once complete)
+ *   'S' id shard(be32)       -> shard record (+ per-chunk CRC list once complete); bytes
+ *                               36..39: the chunk file's id (0: none)
  *   'C' id shard idx(be32)   -> chunk record (crc, len) while the shard is being written
  *   'R' id shard             -> record index (le64 offsets, then the u32 CRC32C of them)
  * chunks keys: id shard(be32) idx(be32) -> chunk bytes
@@ -95,7 +100,7 @@ int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_inf
     return 0;
 }
 
-void shard_encode(uint8_t *b, const struct ts_shard_info *si)
+void shard_encode(uint8_t *b, const struct ts_shard_info *si, uint32_t file)
 {
     memset(b, 0, SHARD_REC_LEN);
     b[0] = REC_VERSION;
@@ -106,9 +111,11 @@ void shard_encode(uint8_t *b, const struct ts_shard_info *si)
     ts_put_le32(b + 24, si->nchunks);
     ts_put_le32(b + 28, si->crc);
     ts_put_le32(b + 32, si->nrecords);
+    ts_put_le32(b + 36, file);
 }
 
-int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si)
+int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si,
+                 uint32_t *file)
 {
     const uint8_t *b = (const uint8_t *)v;
 
@@ -123,6 +130,8 @@ int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info
     si->nchunks = ts_get_le32(b + 24);
     si->crc = ts_get_le32(b + 28);
     si->nrecords = ts_get_le32(b + 32);
+    if (file)
+        *file = ts_get_le32(b + 36);
     if (si->state == TS_SHARD_COMPLETE && len != SHARD_REC_LEN + 4 * (size_t)si->nchunks)
         return TS_ECORRUPT;
     return 0;

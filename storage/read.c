@@ -11,13 +11,15 @@
 #define FAC "storage"
 
 /*
- * A verified chunk shared by readers through the cache: either the pinned engine buffer, or
- * (cache arena on) a copy in the arena, a memfd that the server can sendfile() from.
+ * A verified chunk shared by readers through the cache: the pinned engine buffer, a buffer
+ * of its own (read from a chunk file), or (cache arena on) a copy in the arena, a memfd that
+ * the server can sendfile() from.
  */
 struct chunk_entry {
     struct ts_cache_entry base;
     ts_store *s;
-    rocksdb_pinnableslice_t *pin; /* NULL when the bytes live in the arena */
+    rocksdb_pinnableslice_t *pin; /* NULL when the bytes live in the arena or in heap */
+    uint8_t *heap;                /* the bytes, read from a chunk file (else NULL) */
     const uint8_t *data;
     size_t len;
     uint32_t crc;
@@ -29,6 +31,7 @@ struct chunk_entry {
 struct shard_entry {
     struct ts_cache_entry base;
     struct ts_shard_info info;
+    uint32_t file;
     uint32_t crcs[];
 };
 
@@ -57,11 +60,12 @@ int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplet
     if (ce) {
         r->se = (struct shard_entry *)ce;
         r->info = r->se->info;
+        r->file = r->se->file;
         r->crcs = r->se->crcs;
         *out = r;
         return 0;
     }
-    rc = shard_get(s, dsid, shard, &r->info, &crcs);
+    rc = shard_get(s, dsid, shard, &r->info, &crcs, &r->file);
     if (rc == 0 && r->info.state != TS_SHARD_COMPLETE && !allow_incomplete)
         rc = TS_EINCOMPLETE;
     if (rc == 0 && r->info.state == TS_SHARD_COMPLETE) {
@@ -77,6 +81,7 @@ int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplet
             se->base.refs = 1;
             se->base.destroy = shard_entry_destroy;
             se->info = r->info;
+            se->file = r->file;
             if (r->info.nchunks)
                 memcpy(se->crcs, crcs, 4 * (size_t)r->info.nchunks);
             r->se = (struct shard_entry *)ts_cache_insert(s->ccache, &se->base);
@@ -119,6 +124,7 @@ static void chunk_entry_destroy(struct ts_cache_entry *e)
         rocksdb_pinnableslice_destroy(ce->pin);
     if (ce->arena_off >= 0)
         arena_release(&ce->s->arena, ce->arena_off, ce->len);
+    free(ce->heap);
     free(ce->sub);
     free(ce);
 }
@@ -132,6 +138,106 @@ static void chunk_ref_fill(ts_store *s, struct chunk_entry *ce, struct ts_chunk_
     out->fd = ce->arena_off >= 0 ? s->arena.fd : -1;
     out->file_off = ce->arena_off >= 0 ? (uint64_t)ce->arena_off : 0;
     out->sub = ce->sub;
+}
+
+/* TS_ENOENT when dataset dsid is gone (deleted while it was read), else TS_ECORRUPT: a chunk
+ * its records name is missing. */
+static int chunk_missing(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx)
+{
+    uint8_t k[9];
+    char *nv = NULL;
+    size_t nvlen = 0;
+    int nrc = meta_get(s, k, key_id(k, 'I', dsid), &nv, &nvlen);
+
+    if (nrc == TS_ENOENT)
+        return TS_ENOENT;
+    if (nrc == 0)
+        rocksdb_free(nv);
+    TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u is missing", idx, shard);
+    return TS_ECORRUPT;
+}
+
+/* Per-sub-block CRCs of a verified chunk about to be cached: a partial read of the cached copy
+ * checks what it touches (cheaply) before it is sent. */
+static int chunk_entry_subs(struct chunk_entry *ce)
+{
+    size_t nsub = (ce->len + TS_SUB_BLOCK - 1) / TS_SUB_BLOCK;
+
+    ce->sub = malloc((nsub ? nsub : 1) * sizeof(*ce->sub));
+    if (!ce->sub)
+        return TS_ENOMEM;
+    for (size_t b = 0; b < nsub; b++)
+        ce->sub[b] = ts_crc32c(0, ce->data + b * TS_SUB_BLOCK,
+                               TS_MIN((size_t)TS_SUB_BLOCK, ce->len - b * TS_SUB_BLOCK));
+    return 0;
+}
+
+static struct chunk_entry *chunk_entry_new(ts_read_ctx *r, uint32_t idx, const uint8_t *data,
+                                           size_t len, uint32_t crc)
+{
+    struct chunk_entry *ce = malloc(sizeof(*ce));
+
+    if (!ce)
+        return NULL;
+    memset(ce, 0, sizeof(*ce));
+    ce->base.dsid = r->dsid;
+    ce->base.shard = r->info.shard;
+    ce->base.idx = idx;
+    ce->base.bytes = len + sizeof(*ce);
+    ce->base.refs = 1;
+    ce->base.destroy = chunk_entry_destroy;
+    ce->s = r->s;
+    ce->data = data;
+    ce->len = len;
+    ce->crc = crc;
+    ce->arena_off = -1;
+    return ce;
+}
+
+/* Chunk idx of a shard with a chunk file: read straight into the arena when it will be cached
+ * (one copy), verified against its CRC32C. */
+static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t len,
+                           struct ts_chunk_ref *out)
+{
+    ts_store *s = r->s;
+    int cache = r->crcs && !r->nocache, rc;
+    int64_t off = cache ? arena_alloc(&s->arena, len) : -1;
+    uint8_t *buf = off >= 0 ? s->arena.base + off : malloc(len ? len : 1);
+    struct ts_cache_entry *hit;
+    struct chunk_entry *ce;
+
+    if (!buf)
+        return TS_ENOMEM;
+    rc = chunkfile_read(s, r->dsid, r->info.shard, r->file, (uint64_t)idx * r->info.chunk_size, buf,
+                        len);
+    if (rc == TS_ENOENT)
+        rc = chunk_missing(s, r->dsid, r->info.shard, idx);
+    if (rc == 0 && ts_crc32c(0, buf, len) != want) {
+        TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
+                 r->info.shard, (unsigned long long)r->dsid);
+        rc = TS_ECORRUPT;
+    }
+    ce = rc ? NULL : chunk_entry_new(r, idx, buf, len, want);
+    if (!rc && !ce)
+        rc = TS_ENOMEM;
+    if (ce) {
+        ce->arena_off = off;
+        ce->heap = off >= 0 ? NULL : buf;
+        if (cache && (rc = chunk_entry_subs(ce)) != 0) {
+            chunk_entry_destroy(&ce->base);
+            return rc;
+        }
+    }
+    if (rc) {
+        if (off >= 0)
+            arena_release(&s->arena, off, len);
+        else
+            free(buf);
+        return rc;
+    }
+    hit = cache ? ts_cache_insert(s->ccache, &ce->base) : &ce->base;
+    chunk_ref_fill(s, (struct chunk_entry *)hit, out);
+    return 0;
 }
 
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)
@@ -193,22 +299,14 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
         expect_len = ts_get_le32((const uint8_t *)cv + 4);
         rocksdb_free(cv);
     }
+    if (r->file)
+        return chunk_from_file(r, idx, want, expect_len, out);
     pin = rocksdb_get_pinned_cf(s->db, s->ro_chunk, s->cf[CF_CHUNKS], (const char *)k,
                                 key_chunk(k, r->dsid, r->info.shard, idx), &err);
     if (err)
         return from_rocksdb(err, "chunk read");
-    if (!pin) {
-        /* Gone because the dataset was deleted meanwhile, or lost: corruption. */
-        char *nv = NULL;
-        size_t nvlen = 0;
-        int nrc = meta_get(s, k, key_id(k, 'I', r->dsid), &nv, &nvlen);
-        if (nrc == TS_ENOENT)
-            return TS_ENOENT;
-        if (nrc == 0)
-            rocksdb_free(nv);
-        TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u is missing", idx, r->info.shard);
-        return TS_ECORRUPT;
-    }
+    if (!pin) /* gone because the dataset was deleted meanwhile, or lost: corruption */
+        return chunk_missing(s, r->dsid, r->info.shard, idx);
     v = rocksdb_pinnableslice_value(pin, &vlen);
     if (vlen != expect_len || ts_crc32c(0, v, vlen) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
@@ -216,40 +314,19 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
         rocksdb_pinnableslice_destroy(pin);
         return TS_ECORRUPT;
     }
-    ce = malloc(sizeof(*ce));
+    ce = chunk_entry_new(r, idx, (const uint8_t *)v, vlen, want);
     if (!ce) {
         rocksdb_pinnableslice_destroy(pin);
         return TS_ENOMEM;
     }
-    memset(&ce->base, 0, sizeof(ce->base));
-    ce->base.dsid = r->dsid;
-    ce->base.shard = r->info.shard;
-    ce->base.idx = idx;
-    ce->base.bytes = vlen + sizeof(*ce);
-    ce->base.refs = 1;
-    ce->base.destroy = chunk_entry_destroy;
-    ce->s = s;
     ce->pin = pin;
-    ce->data = (const uint8_t *)v;
-    ce->len = vlen;
-    ce->crc = want;
-    ce->arena_off = -1;
-    ce->sub = NULL;
     /* Only verified chunks of complete (immutable) shards are shared. */
     if (r->crcs && !r->nocache) {
         int64_t off;
-        /* CRCs per sub-block of the verified bytes: a partial read of the cached copy checks
-         * what it touches (cheaply) before it is sent. */
-        size_t nsub = (vlen + TS_SUB_BLOCK - 1) / TS_SUB_BLOCK;
-        ce->sub = malloc((nsub ? nsub : 1) * sizeof(*ce->sub));
-        if (!ce->sub) {
-            rocksdb_pinnableslice_destroy(pin);
-            free(ce);
+        if (chunk_entry_subs(ce) != 0) {
+            chunk_entry_destroy(&ce->base);
             return TS_ENOMEM;
         }
-        for (size_t b = 0; b < nsub; b++)
-            ce->sub[b] = ts_crc32c(0, v + b * TS_SUB_BLOCK,
-                                   TS_MIN((size_t)TS_SUB_BLOCK, vlen - b * TS_SUB_BLOCK));
         off = arena_alloc(&s->arena, vlen);
         if (off >= 0) {
             /* One copy on a miss; hits are then served from the arena (sendfile). */

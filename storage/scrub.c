@@ -114,7 +114,10 @@ int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint
     rc = ts_read_ctx_chunk_crc(r, idx, &crc, &clen);
     if (rc == 0 && (clen != len || ts_crc32c(0, data, len) != crc))
         rc = TS_ECORRUPT;
-    if (rc == 0) {
+    if (rc == 0 && r->file) {
+        rc = chunkfile_repair(s, r->dsid, shard, r->file, (uint64_t)idx * r->info.chunk_size, data,
+                              len);
+    } else if (rc == 0) {
         rocksdb_put_cf(s->db, s->wo, s->cf[CF_CHUNKS], (const char *)k,
                        key_chunk(k, r->dsid, shard, idx), data, len, &err);
         rc = from_rocksdb(err, "chunk repair");

@@ -12,7 +12,8 @@
 
 #define FAC "storage"
 
-int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si, uint32_t **crcs)
+int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si, uint32_t **crcs,
+              uint32_t *file)
 {
     uint8_t k[13];
     char *v;
@@ -22,7 +23,7 @@ int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *
     rc = meta_get(s, k, key_shard(k, 'S', dsid, shard), &v, &vlen);
     if (rc)
         return rc;
-    rc = shard_decode(v, vlen, shard, si);
+    rc = shard_decode(v, vlen, shard, si, file);
     if (rc == 0 && crcs) {
         *crcs = NULL;
         if (si->state == TS_SHARD_COMPLETE && si->nchunks) {
@@ -52,7 +53,7 @@ static int shard_scan_cb(void *arg, const uint8_t *k, size_t klen, const char *v
 
     if (klen != 13)
         return TS_ECORRUPT;
-    rc = shard_decode(v, vlen, ts_get_be32(k + 9), &si);
+    rc = shard_decode(v, vlen, ts_get_be32(k + 9), &si, NULL);
     if (rc)
         return rc;
     if (a->d) {
@@ -84,7 +85,7 @@ int ts_store_shard_stat(ts_store *s, const char *dataset, uint32_t shard, struct
     rc = dataset_get(s, dataset, &d);
     if (rc)
         return rc;
-    return shard_get(s, d.id, shard, out, NULL);
+    return shard_get(s, d.id, shard, out, NULL, NULL);
 }
 
 int ts_store_shard_list(ts_store *s, const char *dataset,
@@ -117,7 +118,7 @@ int ts_store_shard_records(ts_store *s, const char *dataset, uint32_t shard, uin
     *n = 0;
     rc = dataset_get(s, dataset, &d);
     if (rc == 0)
-        rc = shard_get(s, d.id, shard, &si, NULL);
+        rc = shard_get(s, d.id, shard, &si, NULL, NULL);
     if (rc)
         return rc;
     if (si.state != TS_SHARD_COMPLETE)
@@ -178,6 +179,8 @@ void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uin
 int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard)
 {
     struct ts_dataset_info d;
+    struct ts_shard_info si;
+    uint32_t file = 0;
     uint8_t k[13];
     rocksdb_writebatch_t *b;
     int rc;
@@ -192,6 +195,8 @@ int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard)
         rc = TS_EBUSY;
         goto out_unlock;
     }
+    if (shard_get(s, d.id, shard, &si, NULL, &file) != 0)
+        file = 0;
     b = rocksdb_writebatch_create();
     shard_range_delete(s, b, d.id, shard);
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
@@ -202,8 +207,10 @@ int ts_store_shard_delete(ts_store *s, const char *dataset, uint32_t shard)
     rocksdb_writebatch_destroy(b);
     /* Cached chunks and shard records of the dataset go too (coarse, and rare: rollback). */
     ts_cache_drop_dataset(s->ccache, d.id);
-    if (rc == 0)
+    if (rc == 0) {
+        chunkfile_unlink(s, d.id, shard, file); /* no record names it any more */
         TS_INFO(FAC, "removed shard %s/%u", dataset, shard);
+    }
 out_unlock:
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -225,7 +232,7 @@ static int pg_iter_cb(void *arg, const uint8_t *k, size_t klen, const char *v, s
 
     if (klen != 13)
         return 0;
-    rc = shard_decode(v, vlen, ts_get_be32(k + 9), &si);
+    rc = shard_decode(v, vlen, ts_get_be32(k + 9), &si, NULL);
     if (rc || si.state != TS_SHARD_COMPLETE)
         return rc;
     rc = id_name(a->s, ts_get_be64(k + 1), name);

@@ -1,6 +1,8 @@
 /*
  * Shard writes: a writer's begin (registered in the writer table, one writer per shard; a
- * takeover supersedes the one left open), put, seal (with its log record) and abort.
+ * takeover supersedes the one left open), put, seal (with its log record) and abort. With
+ * chunk files (the default) a chunk's bytes go to the shard's file (chunkfile.c) and only its
+ * record goes through the engine; under TS_SYNC_ALWAYS the file is synced before the record.
  */
 #include "store_internal.h"
 
@@ -38,6 +40,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     struct ts_dataset_info d;
     struct ts_shard_info si;
     ts_shard_writer *w = NULL;
+    uint32_t old_file = 0;
     uint8_t k[13], rec[SHARD_REC_LEN];
     rocksdb_writebatch_t *b;
     int rc;
@@ -66,7 +69,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
         rc = TS_EBUSY;
         goto out_unlock;
     }
-    rc = shard_get(s, d.id, shard, &si, NULL);
+    rc = shard_get(s, d.id, shard, &si, NULL, &old_file);
     if (rc == 0 && si.state == TS_SHARD_COMPLETE) {
         rc = TS_EEXIST;
         goto out_unlock;
@@ -93,12 +96,20 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     w->shard = shard;
     w->chunk_size = d.policy.chunk_size;
     w->expect_size = expect_size;
+    w->fd = -1;
+    if (s->o.chunk_files) {
+        rc = chunkfile_create(s, d.id, shard, &w->file, &w->fd);
+        if (rc) {
+            free(w);
+            goto out_unlock;
+        }
+    }
 
     memset(&si, 0, sizeof(si));
     si.state = TS_SHARD_WRITING;
     si.chunk_size = w->chunk_size;
     si.expect_size = expect_size;
-    shard_encode(rec, &si);
+    shard_encode(rec, &si, w->file);
     b = rocksdb_writebatch_create();
     shard_range_delete(s, b, d.id, shard); /* an abandoned upload of this shard, if any */
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
@@ -108,9 +119,13 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     rc = batch_write(s, b, "shard begin");
     rocksdb_writebatch_destroy(b);
     if (rc) {
+        chunkfile_close(&w->fd);
+        chunkfile_unlink(s, d.id, shard, w->file);
         free(w);
         goto out_unlock;
     }
+    if (old_file != w->file)
+        chunkfile_unlink(s, d.id, shard, old_file); /* an abandoned upload's file */
     s->writers[s->nwriters].dsid = d.id;
     s->writers[s->nwriters].shard = shard;
     s->writers[s->nwriters].w = w;
@@ -168,13 +183,24 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     si.size = w->bytes + len;
     si.nchunks = idx + 1;
     si.crc = ts_crc32c(w->crc, data, len);
-    shard_encode(srec, &si);
+    shard_encode(srec, &si, w->file);
     ts_put_le32(crec, crc);
     ts_put_le32(crec + 4, (uint32_t)len);
 
+    if (w->fd >= 0) {
+        /* The bytes to the shard's file, durable first where the record will be. */
+        rc = chunkfile_write(w->fd, data, len, (uint64_t)idx * w->chunk_size);
+        if (rc == 0 && s->o.sync == TS_SYNC_ALWAYS)
+            rc = chunkfile_sync(w->fd);
+        if (rc) {
+            TS_WARN(FAC, rc, "chunk %u of shard %u: the chunk file write failed", idx, w->shard);
+            return rc;
+        }
+    }
     b = rocksdb_writebatch_create();
-    rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
-                              key_chunk(kc, w->dsid, w->shard, idx), data, len);
+    if (w->fd < 0)
+        rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
+                                  key_chunk(kc, w->dsid, w->shard, idx), data, len);
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)kr,
                               key_chunkrec(kr, w->dsid, w->shard, idx), (const char *)crec,
                               sizeof(crec));
@@ -256,7 +282,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         rc = TS_ENOMEM;
         goto out_free;
     }
-    shard_encode(rec, &si);
+    shard_encode(rec, &si, w->file);
     for (uint32_t i = 0; i < w->next; i++)
         ts_put_le32(rec + SHARD_REC_LEN + 4 * i, w->crcs[i]);
     for (uint32_t i = 0; i < nrecords; i++)
@@ -264,6 +290,11 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     if (nrecords) /* the index carries its own CRC32C (checked by ts_store_shard_records) */
         ts_put_le32(ridx + 8 * (size_t)nrecords, ts_crc32c(0, ridx, 8 * (size_t)nrecords));
 
+    if (w->fd >= 0 && s->o.sync == TS_SYNC_ALWAYS) {
+        rc = chunkfile_sync(w->fd); /* written chunk by chunk; once more costs nothing */
+        if (rc)
+            goto out_free;
+    }
     b = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                               key_shard(ks, 'S', w->dsid, w->shard), (const char *)rec, reclen);
@@ -294,6 +325,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     if (rc)
         goto out_free;
     writer_unregister(s, w);
+    chunkfile_close(&w->fd);
     free(w->crcs);
     free(w);
 out_free:
@@ -307,6 +339,7 @@ void ts_shard_writer_abort(ts_shard_writer *w)
     if (!w)
         return;
     writer_unregister(w->s, w);
+    chunkfile_close(&w->fd);
     free(w->crcs);
     free(w);
 }

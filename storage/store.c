@@ -35,6 +35,7 @@ void ts_store_opts_init(struct ts_store_opts *o)
 {
     memset(o, 0, sizeof(*o));
     o->sync = TS_SYNC_ALWAYS;
+    o->chunk_files = 1;
     o->blob_files = 1;
     o->min_blob_size = 4096;
     o->blob_file_size = 256ull << 20;
@@ -143,8 +144,10 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     rocksdb_writeoptions_set_sync(s->wo, o->sync == TS_SYNC_ALWAYS);
     s->ro_chunk = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(s->ro_chunk, o->verify_engine_checksums ? 1 : 0);
-    TS_INFO(FAC, "opened store at %s (blob files %s, sync %s)", s->path,
-            o->blob_files ? "on" : "off", o->sync == TS_SYNC_ALWAYS ? "always" : "none");
+    chunkfile_sweep(s); /* files of uploads and deletes a crash cut short */
+    TS_INFO(FAC, "opened store at %s (chunk files %s, blob files %s, sync %s)", s->path,
+            o->chunk_files ? "on" : "off", o->blob_files ? "on" : "off",
+            o->sync == TS_SYNC_ALWAYS ? "always" : "none");
     *out = s;
     return 0;
 

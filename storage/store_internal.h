@@ -30,8 +30,10 @@ size_t key_chunkrec(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
 size_t key_chunk(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
 void ds_encode(uint8_t *b, const struct ts_dataset_info *d);
 int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_info *d);
-void shard_encode(uint8_t *b, const struct ts_shard_info *si);
-int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si);
+/* A shard record; file: its chunk file's id (0: its chunks are in CF_CHUNKS). */
+void shard_encode(uint8_t *b, const struct ts_shard_info *si, uint32_t file);
+int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si,
+                 uint32_t *file);
 
 #define DS_BUCKETS 1024 /* buckets of the dataset-record cache (s->dstab) */
 
@@ -97,6 +99,7 @@ struct ts_read_ctx {
     ts_store *s;
     uint64_t dsid;
     struct ts_shard_info info;
+    uint32_t file;          /* the shard's chunk file (0: chunks in CF_CHUNKS) */
     const uint32_t *crcs;   /* NULL while the shard is incomplete: per-chunk records are used */
     struct shard_entry *se; /* holds crcs */
     int nocache;            /* scrub: always read and verify what is on disk */
@@ -133,10 +136,29 @@ int id_name(ts_store *s, uint64_t dsid, char *name);
 
 /* shard.c: a shard's record (and, if crcs and complete, its malloc'ed CRC list); the walk
  * over dataset dsid's shard records, counting them into d if not NULL, calling cb if not NULL. */
-int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si,
-              uint32_t **crcs);
+int shard_get(ts_store *s, uint64_t dsid, uint32_t shard, struct ts_shard_info *si, uint32_t **crcs,
+              uint32_t *file);
 int shard_scan(ts_store *s, uint64_t dsid, struct ts_dataset_info *d,
                int (*cb)(void *arg, const struct ts_shard_info *info), void *arg);
+/*
+ * chunkfile.c: a shard's chunks in a file of its own (see there). create: a new file (random
+ * id in *file) for dataset dsid's shard, open for writing; write/sync/close on its fd; read
+ * and repair: [off, off+len) of a shard's file (TS_ENOENT: no such file); unlink: after the
+ * record that named it is gone; drop_dataset: every file of a deleted dataset; sweep: at open,
+ * removes what no record names.
+ */
+int chunkfile_create(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t *file, int *fd);
+int chunkfile_write(int fd, const void *data, size_t len, uint64_t off);
+int chunkfile_sync(int fd);
+void chunkfile_close(int *fd);
+int chunkfile_read(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file, uint64_t off,
+                   void *buf, size_t len);
+int chunkfile_repair(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file, uint64_t off,
+                     const void *data, size_t len);
+void chunkfile_unlink(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file);
+void chunkfile_drop_dataset(ts_store *s, uint64_t dsid);
+void chunkfile_sweep(ts_store *s);
+
 /* Adds to b the deletion of a shard's chunk records and chunks. */
 void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uint32_t shard);
 
@@ -151,6 +173,8 @@ struct ts_shard_writer {
     uint32_t next;
     uint32_t crc;
     int short_seen; /* a chunk shorter than chunk_size was written: it must be the last */
+    int fd;         /* the chunk file being written (-1: chunks go to CF_CHUNKS) */
+    uint32_t file;  /* its id, in the shard record */
     uint32_t *crcs;
     uint32_t cap;
     _Atomic int superseded; /* a newer upload of the shard (or its dataset's delete) took over */

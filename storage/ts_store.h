@@ -27,6 +27,9 @@ enum ts_sync_policy {
 struct ts_store_opts {
     const char *path;            /* directory of the RocksDB database (created if missing) */
     int sync;                    /* enum ts_sync_policy; default TS_SYNC_ALWAYS */
+    int chunk_files;             /* 1 (default): a shard's chunks in a file of its own, RocksDB
+                                    keeping the records only (storage/chunkfile.c); 0: chunk
+                                    values in RocksDB (blob files or SSTs, below) */
     int blob_files;              /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs */
     uint32_t min_blob_size;      /* values at least this large go to blob files (default 4096) */
     uint64_t blob_file_size;     /* target blob file size (default 256 MiB) */

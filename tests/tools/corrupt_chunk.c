@@ -1,16 +1,25 @@
 /*
- * Test tool: flips one byte of a stored chunk directly in a (stopped) node's RocksDB,
- * bypassing the store, to simulate on-disk corruption; or drops a shard's record, as a store
- * that lost data behind its log's back would (its PG log still has the shard).
+ * Test tool: flips one byte of a stored chunk directly in a (stopped) node's chunk file, or in
+ * its RocksDB for a shard without one, bypassing the store, to simulate on-disk corruption; or
+ * drops a shard's record, as a store that lost data behind its log's back would (its PG log still
+ * has the shard).
  *
  *   corrupt_chunk DATA_DIR DATASET SHARD CHUNK [BYTE_OFFSET]
  *   corrupt_chunk DATA_DIR DATASET SHARD drop
  */
+#include <fcntl.h>
 #include <rocksdb/c.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+static uint32_t get_le32(const char *p)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
 
 static void put_be(uint8_t *p, uint64_t v, int n)
 {
@@ -69,6 +78,41 @@ int main(int argc, char **argv)
         }
         printf("dropped the record of shard %s/%s\n", argv[2], argv[3]);
         goto out;
+    }
+    {
+        /* A shard with a chunk file (storage/chunkfile.c): its record names the file (bytes
+         * 36..39) and gives the chunk size (bytes 4..7); chunk i is at i * chunk_size. */
+        uint8_t sk[13] = {'S'};
+        put_be(sk + 1, id, 8);
+        put_be(sk + 9, strtoul(argv[3], NULL, 0), 4);
+        v = rocksdb_get_cf(db, ro, cf[1], (const char *)sk, sizeof(sk), &vlen, &err);
+        if (!err && v && vlen >= 40 && get_le32(v + 36)) {
+            char path[1400];
+            uint64_t pos = (uint64_t)strtoul(argv[4], NULL, 0) * get_le32(v + 4) + at;
+            int fd;
+            uint8_t b;
+            snprintf(path, sizeof(path), "%s/chunks/%016llx/%08lx.%08x", argv[1],
+                     (unsigned long long)id, strtoul(argv[3], NULL, 0), get_le32(v + 36));
+            rocksdb_free(v);
+            fd = open(path, O_RDWR);
+            if (fd < 0 || pread(fd, &b, 1, (off_t)pos) != 1) {
+                fprintf(stderr, "corrupt_chunk: no chunk %s/%s/%s in %s\n", argv[2], argv[3],
+                        argv[4], path);
+                return 1;
+            }
+            b ^= 0x5a;
+            if (pwrite(fd, &b, 1, (off_t)pos) != 1 || fsync(fd) != 0) {
+                fprintf(stderr, "corrupt_chunk: %s: write failed\n", path);
+                return 1;
+            }
+            close(fd);
+            printf("flipped byte %zu of chunk %s of %s/%s (chunk file)\n", at, argv[4], argv[2],
+                   argv[3]);
+            goto out;
+        }
+        if (v)
+            rocksdb_free(v);
+        err = NULL;
     }
     put_be(key, id, 8);
     put_be(key + 8, strtoul(argv[3], NULL, 0), 4);

@@ -31,7 +31,8 @@ static int fx_open(struct fx *f)
     return ts_store_open(&f->s, &f->o);
 }
 
-static int setup_blob(void **state)
+/* The default store: chunk files (storage/chunkfile.c). */
+static int setup_files(void **state)
 {
     struct fx *f = calloc(1, sizeof(*f));
     f->dir = ts_test_tmpdir("store");
@@ -41,6 +42,16 @@ static int setup_blob(void **state)
     assert_int_equal(fx_open(f), 0);
     *state = f;
     return 0;
+}
+
+/* Chunk bytes in RocksDB's blob files (chunk_files 0): stores written before chunk files. */
+static int setup_blob(void **state)
+{
+    setup_files(state);
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    f->o.chunk_files = 0;
+    return fx_open(f);
 }
 
 static int setup_sst(void **state)
@@ -550,11 +561,62 @@ static void test_pg_iter(void **state)
 
 /* ---- corruption: flip one byte behind the store's back ------------------------------ */
 
+/* The path of dataset dsid's shard's chunk file in the store at dir into out: 0, or -1 when
+ * the shard has none (its chunks are in RocksDB). */
+static int chunk_file_of(const char *dir, uint64_t dsid, uint32_t shard, char *out, size_t cap)
+{
+    char d[1100], prefix[16];
+    struct dirent *e;
+    DIR *dp;
+    int rc = -1;
+
+    snprintf(d, sizeof(d), "%s/chunks/%016llx", dir, (unsigned long long)dsid);
+    snprintf(prefix, sizeof(prefix), "%08x.", shard);
+    dp = opendir(d);
+    while (dp && (e = readdir(dp)) != NULL)
+        if (!strncmp(e->d_name, prefix, 9)) {
+            snprintf(out, cap, "%s/%s", d, e->d_name);
+            rc = 0;
+        }
+    if (dp)
+        closedir(dp);
+    return rc;
+}
+
+/* Files in the store's chunks/DSID folder (-1: no folder). */
+static int chunk_files_in(const char *dir, uint64_t dsid)
+{
+    char d[1100];
+    struct dirent *e;
+    DIR *dp;
+    int n = 0;
+
+    snprintf(d, sizeof(d), "%s/chunks/%016llx", dir, (unsigned long long)dsid);
+    dp = opendir(d);
+    if (!dp)
+        return -1;
+    while ((e = readdir(dp)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(dp);
+    return n;
+}
+
 static void flip_chunk_byte(const char *path, uint64_t dsid, uint32_t shard, uint32_t idx,
                             size_t at)
 {
     uint8_t k[16];
+    char file[1400];
 
+    if (chunk_file_of(path, dsid, shard, file, sizeof(file)) == 0) {
+        int fd = open(file, O_RDWR);
+        uint8_t b;
+        assert_true(fd >= 0);
+        assert_int_equal(pread(fd, &b, 1, (off_t)idx * CHUNK + (off_t)at), 1);
+        b ^= 0x40;
+        assert_int_equal(pwrite(fd, &b, 1, (off_t)idx * CHUNK + (off_t)at), 1);
+        close(fd);
+        return;
+    }
     ts_put_be64(k, dsid);
     ts_put_be32(k + 8, shard);
     ts_put_be32(k + 12, idx);
@@ -621,6 +683,88 @@ static void test_corruption(void **state)
     memset(&bad, 0, sizeof(bad));
     assert_int_equal(ts_store_scrub(f->s, "other", scrub_cb, &bad, &rep), 0);
     assert_int_equal(bad.n, 0);
+    free(buf);
+}
+
+/*
+ * Chunk files come and go with their records: the file holds the shard's bytes; it goes with
+ * its shard, a dataset's folder with the dataset, an abandoned upload's file when the shard is
+ * written again; at open, a file no record names (a crash between a file and its record) is
+ * removed, and the files records name are kept. Bytes flipped in a file are found by the
+ * chunk's CRC32C, and a repair writes the good bytes back into the file.
+ */
+static void test_chunk_files(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    struct ts_scrub_report rep;
+    ts_shard_writer *w;
+    char path[1400], stray[1400];
+    uint8_t *buf = malloc(3 * CHUNK);
+    struct stat st;
+    size_t n;
+    int fd;
+
+    mk_dataset(f->s, "cf", CHUNK);
+    assert_int_equal(ts_store_dataset_stat(f->s, "cf", &d), 0);
+    put_shard(f->s, "cf", 0, 3 * CHUNK, CHUNK, 5);
+    put_shard(f->s, "cf", 1, 2 * CHUNK + 7, CHUNK, 6);
+    assert_int_equal(chunk_files_in(f->dir, d.id), 2);
+    assert_int_equal(chunk_file_of(f->dir, d.id, 1, path, sizeof(path)), 0);
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_size, 2 * CHUNK + 7); /* the shard's bytes, nothing else */
+    /* An upload abandoned half way, then the shard written again: one file, the new one. */
+    assert_int_equal(ts_store_shard_begin(f->s, "cf", 2, TS_SIZE_UNKNOWN, &w), 0);
+    ts_test_fill(buf, CHUNK, 99, 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
+    ts_shard_writer_abort(w);
+    assert_int_equal(chunk_files_in(f->dir, d.id), 3);
+    put_shard(f->s, "cf", 2, CHUNK, CHUNK, 7);
+    assert_int_equal(chunk_files_in(f->dir, d.id), 3);
+    check_range(f->s, "cf", 2, 7, 0, CHUNK, CHUNK);
+    /* A shard delete removes its file. */
+    assert_int_equal(ts_store_shard_delete(f->s, "cf", 1), 0);
+    assert_int_equal(chunk_files_in(f->dir, d.id), 2);
+    assert_int_equal(access(path, F_OK), -1);
+    /* A stray file goes at the next open; the named ones stay and read back. */
+    snprintf(stray, sizeof(stray), "%s/chunks/%016llx/%08x.%08x", f->dir, (unsigned long long)d.id,
+             7u, 0x1234u);
+    fd = open(stray, O_WRONLY | O_CREAT, 0640);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, buf, 100), 100);
+    close(fd);
+    ts_store_close_unflushed(f->s);
+    f->s = NULL;
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(access(stray, F_OK), -1);
+    assert_int_equal(chunk_files_in(f->dir, d.id), 2);
+    check_range(f->s, "cf", 0, 5, 0, 3 * CHUNK, 3 * CHUNK);
+    check_range(f->s, "cf", 2, 7, 0, CHUNK, CHUNK);
+    /* A byte flipped in the file: that chunk fails its CRC32C, is repaired from good bytes
+     * (as a replica sends them), and then reads back right; scrub agrees. */
+    ts_store_close(f->s);
+    f->s = NULL;
+    flip_chunk_byte(f->dir, d.id, 0, 1, 77);
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(ts_store_read(f->s, "cf", 0, CHUNK, 10, buf, &n), TS_ECORRUPT);
+    check_range(f->s, "cf", 0, 5, 2 * CHUNK, CHUNK, CHUNK);
+    assert_int_equal(ts_store_scrub(f->s, "cf", NULL, NULL, &rep), 0);
+    assert_int_equal(rep.corrupt, 1);
+    ts_test_fill(buf, CHUNK, 5, CHUNK);
+    assert_int_equal(ts_store_chunk_repair(f->s, "cf", 0, 1, buf, CHUNK), 0);
+    check_range(f->s, "cf", 0, 5, 0, 3 * CHUNK, 3 * CHUNK);
+    assert_int_equal(ts_store_scrub(f->s, "cf", NULL, NULL, &rep), 0);
+    assert_int_equal(rep.corrupt, 0);
+    /* A file gone from under its record: TS_ECORRUPT (a replica repairs), never other bytes. */
+    assert_int_equal(chunk_file_of(f->dir, d.id, 2, path, sizeof(path)), 0);
+    ts_store_close(f->s);
+    f->s = NULL;
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(ts_store_read(f->s, "cf", 2, 0, 10, buf, &n), TS_ECORRUPT);
+    /* A dataset delete removes its folder. */
+    assert_int_equal(ts_store_dataset_delete(f->s, "cf"), 0);
+    assert_int_equal(chunk_files_in(f->dir, d.id), -1);
     free(buf);
 }
 
@@ -838,7 +982,7 @@ static void test_cache(void **state)
 
 static int setup_small_cache(void **state)
 {
-    setup_blob(state);
+    setup_files(state);
     struct fx *f = *state;
     ts_store_close(f->s);
     f->o.cache_bytes = 8 * (CHUNK + 4096); /* a few chunks: constant eviction */
@@ -847,7 +991,7 @@ static int setup_small_cache(void **state)
 
 static int setup_no_cache(void **state)
 {
-    setup_blob(state);
+    setup_files(state);
     struct fx *f = *state;
     ts_store_close(f->s);
     f->o.cache_bytes = 0;
@@ -918,6 +1062,7 @@ static void test_damaged_wal_reported(void **state)
     char wal[1100];
     off_t size;
     int fd, present = 0;
+    size_t nchunks = f->o.chunk_files ? 32 : 1;
 
     mk_dataset(f->s, "wal", CHUNK);
     ts_store_close(f->s);
@@ -925,13 +1070,17 @@ static void test_damaged_wal_reported(void **state)
     assert_true(ts_store_wal_damage_ns(f->s) == 0); /* a clean restart */
     /* The recovery at that open moved the WAL's contents into tables: the shards below are in
      * the new WAL only. */
+    /* With chunk files the WAL holds records only: shards of 32 chunks make it span several
+     * of its 32 KiB blocks (damage in the last one reads as a torn tail, dropped quietly). */
     for (uint32_t i = 0; i < 40; i++)
-        put_shard(f->s, "wal", i, CHUNK, CHUNK, 900 + i);
+        put_shard(f->s, "wal", i, nchunks * CHUNK, CHUNK, 900 + i);
     ts_store_close_unflushed(f->s); /* as a crash leaves it: these shards in the WAL only */
     f->s = NULL;
 
     size = largest_wal(f->dir, wal, sizeof(wal));
-    assert_true(size > 16 * (off_t)CHUNK);
+    /* With chunk files the WAL holds the records only (the bytes are in the files). */
+    fprintf(stderr, "  WAL %lld bytes\n", (long long)size);
+    assert_true(size > (f->o.chunk_files ? 4 * 32768 : 16 * (off_t)CHUNK));
     fd = open(wal, O_RDWR);
     assert_true(fd >= 0);
     for (off_t at = size / 2; at < size / 2 + 64; at++) {
@@ -948,7 +1097,7 @@ static void test_damaged_wal_reported(void **state)
         struct ts_shard_info si;
         int rc = ts_store_shard_stat(f->s, "wal", i, &si);
         if (rc == 0 && si.state == TS_SHARD_COMPLETE) {
-            check_range(f->s, "wal", i, 900 + i, 0, CHUNK, CHUNK);
+            check_range(f->s, "wal", i, 900 + i, 0, nchunks * CHUNK, nchunks * CHUNK);
             present++;
         }
     }
@@ -999,23 +1148,27 @@ int main(void)
 {
     ts_test_log_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_roundtrip_sizes, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_roundtrip_64mib, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_range_reads, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_seal_rules, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_names_and_duplicates, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_delete_and_list, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_pg_iter, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_pg_log_and_peering_facts, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_incarnations_and_tombstones, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_sizes, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_64mib, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_range_reads, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_seal_rules, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_names_and_duplicates, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_delete_and_list, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_iter, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_log_and_peering_facts, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_incarnations_and_tombstones, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_blob_file_damage_keeps_writes, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_files, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_blob, teardown),
-        cmocka_unit_test_setup_teardown(test_writer_takeover, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_takeover, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_sst_mode, setup_sst, teardown),
-        cmocka_unit_test_setup_teardown(test_cache, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_cache, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_cache_eviction, setup_small_cache, teardown),
         cmocka_unit_test_setup_teardown(test_cache_eviction, setup_no_cache, teardown),
     };
