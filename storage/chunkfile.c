@@ -50,18 +50,37 @@ static int dir_sync(const char *path)
     return rc;
 }
 
+/* mkdir of path in parent; a folder made is synced into its parent (sync always). */
+static int dir_make(ts_store *s, const char *parent, const char *path)
+{
+    if (mkdir(path, 0750) != 0)
+        return errno == EEXIST ? 0 : ts_from_errno(errno);
+    return s->o.sync == TS_SYNC_ALWAYS ? dir_sync(parent) : 0;
+}
+
+/* The folders of dataset dsid's chunk files, made where missing. */
+static int dirs_make(ts_store *s, uint64_t dsid)
+{
+    char top[PATH_MAX], path[PATH_MAX];
+    int rc;
+
+    snprintf(top, sizeof(top), "%s/chunks", s->path);
+    rc = dir_make(s, s->path, top);
+    if (rc)
+        return rc;
+    dir_path(s, dsid, path, sizeof(path));
+    return dir_make(s, top, path);
+}
+
 int chunkfile_create(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t *file, int *fd)
 {
     char path[PATH_MAX];
     int rc;
 
     *fd = -1;
-    snprintf(path, sizeof(path), "%s/chunks", s->path);
-    if (mkdir(path, 0750) != 0 && errno != EEXIST)
-        return ts_from_errno(errno);
-    dir_path(s, dsid, path, sizeof(path));
-    if (mkdir(path, 0750) != 0 && errno != EEXIST)
-        return ts_from_errno(errno);
+    rc = dirs_make(s, dsid);
+    if (rc)
+        return rc;
     for (int tries = 0; tries < 16; tries++) {
         uint32_t id = 0;
         if (getrandom(&id, sizeof(id), 0) != sizeof(id) || id == 0)
@@ -84,7 +103,7 @@ int chunkfile_create(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t *file,
         if (errno != EEXIST)
             break;
     }
-    rc = ts_from_errno(errno);
+    rc = errno == EEXIST ? TS_EIO : ts_from_errno(errno); /* not "the shard exists" */
     TS_ERROR(FAC, rc, "cannot create a chunk file in %s: %s", path, strerror(errno));
     return rc;
 }
@@ -153,8 +172,21 @@ int chunkfile_repair(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file, 
     char path[PATH_MAX];
     int fd, rc;
 
+    /* The file may be gone (lost with its folder, removed by hand): made again, it holds the
+     * repaired chunks, and reads of the others fail their CRC32C until they are repaired too. */
+    rc = dirs_make(s, dsid);
+    if (rc)
+        return rc;
     file_path(s, dsid, shard, file, path, sizeof(path));
     fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) {
+        fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
+        if (fd >= 0 && s->o.sync == TS_SYNC_ALWAYS) {
+            char dir[PATH_MAX];
+            dir_path(s, dsid, dir, sizeof(dir));
+            dir_sync(dir);
+        }
+    }
     if (fd < 0)
         return ts_from_errno(errno);
     rc = chunkfile_write(fd, data, len, off);

@@ -210,8 +210,12 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
         return TS_ENOMEM;
     rc = chunkfile_read(s, r->dsid, r->info.shard, r->file, (uint64_t)idx * r->info.chunk_size, buf,
                         len);
-    if (rc == TS_ENOENT)
+    if (rc == TS_ENOENT) {
+        /* The shard was deleted (and maybe written again) since this record was read: forget
+         * the cached record, so the next read context reads the current one. */
+        ts_cache_remove(s->ccache, r->dsid, r->info.shard, TS_CACHE_SHARD);
         rc = chunk_missing(s, r->dsid, r->info.shard, idx);
+    }
     if (rc == 0 && ts_crc32c(0, buf, len) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
                  r->info.shard, (unsigned long long)r->dsid);

@@ -97,6 +97,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     w->chunk_size = d.policy.chunk_size;
     w->expect_size = expect_size;
     w->fd = -1;
+    pthread_mutex_init(&w->lock, NULL);
     if (s->o.chunk_files) {
         rc = chunkfile_create(s, d.id, shard, &w->file, &w->fd);
         if (rc) {
@@ -121,6 +122,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     if (rc) {
         chunkfile_close(&w->fd);
         chunkfile_unlink(s, d.id, shard, w->file);
+        pthread_mutex_destroy(&w->lock);
         free(w);
         goto out_unlock;
     }
@@ -197,6 +199,11 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
             return rc;
         }
     }
+    pthread_mutex_lock(&w->lock);
+    if (atomic_load(&w->superseded)) { /* taken over while the bytes were written */
+        pthread_mutex_unlock(&w->lock);
+        return TS_ESTALE;
+    }
     b = rocksdb_writebatch_create();
     if (w->fd < 0)
         rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
@@ -208,6 +215,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
                               key_shard(ks, 'S', w->dsid, w->shard), (const char *)srec,
                               sizeof(srec));
     rc = batch_write(s, b, "chunk write");
+    pthread_mutex_unlock(&w->lock);
     rocksdb_writebatch_destroy(b);
     if (rc)
         return rc;
@@ -295,6 +303,12 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         if (rc)
             goto out_free;
     }
+    pthread_mutex_lock(&w->lock);
+    if (atomic_load(&w->superseded)) {
+        pthread_mutex_unlock(&w->lock);
+        rc = TS_ESTALE;
+        goto out_free;
+    }
     b = rocksdb_writebatch_create();
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                               key_shard(ks, 'S', w->dsid, w->shard), (const char *)rec, reclen);
@@ -314,6 +328,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         log->nchunks = si.nchunks;
         rc = ts_pglog_begin(s, log, b);
         if (rc) {
+            pthread_mutex_unlock(&w->lock);
             rocksdb_writebatch_destroy(b);
             goto out_free;
         }
@@ -321,11 +336,13 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     rc = batch_write(s, b, "shard seal");
     if (log)
         ts_pglog_end(s);
+    pthread_mutex_unlock(&w->lock);
     rocksdb_writebatch_destroy(b);
     if (rc)
         goto out_free;
     writer_unregister(s, w);
     chunkfile_close(&w->fd);
+    pthread_mutex_destroy(&w->lock);
     free(w->crcs);
     free(w);
 out_free:
@@ -340,6 +357,7 @@ void ts_shard_writer_abort(ts_shard_writer *w)
         return;
     writer_unregister(w->s, w);
     chunkfile_close(&w->fd);
+    pthread_mutex_destroy(&w->lock);
     free(w->crcs);
     free(w);
 }

@@ -178,6 +178,9 @@ struct ts_shard_writer {
     uint32_t *crcs;
     uint32_t cap;
     _Atomic int superseded; /* a newer upload of the shard (or its dataset's delete) took over */
+    pthread_mutex_t lock;   /* held over a put's or seal's last check and its batch: a takeover
+                               (writers_supersede) waits for it, so no batch of a superseded
+                               writer lands after the takeover's own records */
 };
 
 /* writers.c, under s->lock: whether dataset dsid (any_shard) or its shard has a writer;

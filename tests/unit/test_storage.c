@@ -762,6 +762,10 @@ static void test_chunk_files(void **state)
     assert_int_equal(unlink(path), 0);
     assert_int_equal(fx_open(f), 0);
     assert_int_equal(ts_store_read(f->s, "cf", 2, 0, 10, buf, &n), TS_ECORRUPT);
+    /* ... and a repair makes the file again. */
+    ts_test_fill(buf, CHUNK, 7, 0);
+    assert_int_equal(ts_store_chunk_repair(f->s, "cf", 2, 0, buf, CHUNK), 0);
+    check_range(f->s, "cf", 2, 7, 0, CHUNK, CHUNK);
     /* A dataset delete removes its folder. */
     assert_int_equal(ts_store_dataset_delete(f->s, "cf"), 0);
     assert_int_equal(chunk_files_in(f->dir, d.id), -1);
