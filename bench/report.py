@@ -194,13 +194,20 @@ def main():
     # writes
     w("## Writes: sealed-shard uploads, one node, one connection")
     w("")
-    w("| test | GB/s | s per shard (p50) | tesserad CPU s/GB | runs |")
-    w("|---|---|---|---|---|")
-    if groups.get(("put", "tessera")):
-        w(f"| tessera put, {meta.get('put_count')} x {meta.get('put_size')} shards, 1 MiB chunks, "
-          f"sync none | {fmt(m('put', 'tessera', 'gb_per_s'))} "
-          f"| {fmt((m('put', 'tessera', 'p50_us') or 0) / 1e6, 3)} "
-          f"| {fmt(m('put', 'tessera', 'server_cpu_s_per_gb'), 3)} | {n('put', 'tessera')} |")
+    w(f"{meta.get('put_count')} x {meta.get('put_size')} in 1 MiB pieces: tessera sealed shards "
+      f"(sync none), nginx WebDAV PUTs of each piece, dd of the same bytes to a file.")
+    w("")
+    w("| system | GB/s | s per shard (p50) | server CPU s/GB | tessera / it | runs |")
+    w("|---|---|---|---|---|---|")
+    put_ts = m("put", "tessera", "gb_per_s")
+    for sysid in ("tessera", "nginx", "dd"):
+        if not groups.get(("put", sysid)):
+            continue
+        g = m("put", sysid, "gb_per_s")
+        vs_peer = fmt(put_ts / g, 2) + "x" if put_ts and g and sysid != "tessera" else ""
+        p50 = m("put", sysid, "p50_us")
+        w(f"| {sysid} | {fmt(g)} | {fmt(p50 / 1e6, 3) if p50 else ''} "
+          f"| {fmt(m('put', sysid, 'server_cpu_s_per_gb'), 3)} | {vs_peer} | {n('put', sysid)} |")
     w("")
 
     plan_section(w, m, n, meta, groups)

@@ -20,7 +20,8 @@
  * Commands:
  *   tsload read  [options]   the load test; prints one JSON object on stdout
  *   tsload load  [options]   writes the data set into the system (http: files under --dir)
- *   tsload put   [options]   tessera upload throughput: --count shards of --size bytes
+ *   tsload put   [options]   upload throughput: --count shards of --size bytes (--proto http:
+ *                            the same bytes as --chunk-sized WebDAV PUTs, /PREFIX/SHARD-I)
  *   tsload ports N           prints N free loopback TCP ports
  *   tsload wait  --addr A    waits until A accepts TCP connections (--timeout seconds)
  *
@@ -49,6 +50,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -1126,7 +1128,90 @@ static int cmd_load(struct cfg *c)
     return rc;
 }
 
-/* Upload throughput: --count shards of --size bytes, one tessera_put each, on one connection. */
+/* One HTTP/1.1 PUT of len bytes to path on a keep-alive connection: the status, or -1. */
+static int http_put_one(int fd, const char *host, const char *path, const uint8_t *buf, size_t len)
+{
+    char head[512], resp[4096];
+    struct iovec iov[2];
+    size_t have = 0, body = 0, sent = 0, total;
+    int status = -1, hl;
+    char *end, *cl;
+
+    hl = snprintf(head, sizeof(head), "PUT %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %zu\r\n\r\n",
+                  path, host, len);
+    total = (size_t)hl + len;
+    while (sent < total) {
+        int n = 0;
+        ssize_t k;
+        if (sent < (size_t)hl)
+            iov[n++] = (struct iovec){head + sent, (size_t)hl - sent};
+        iov[n] = (struct iovec){(uint8_t *)buf + (sent > (size_t)hl ? sent - (size_t)hl : 0),
+                                len - (sent > (size_t)hl ? sent - (size_t)hl : 0)};
+        n++;
+        k = writev(fd, iov, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        sent += (size_t)k;
+    }
+    for (;;) { /* the reply's head, then its body (if any) */
+        ssize_t k = read(fd, resp + have, sizeof(resp) - 1 - have);
+        if (k <= 0)
+            return -1;
+        have += (size_t)k;
+        resp[have] = '\0';
+        end = strstr(resp, "\r\n\r\n");
+        if (end)
+            break;
+        if (have == sizeof(resp) - 1)
+            return -1;
+    }
+    if (sscanf(resp, "HTTP/1.%*d %d", &status) != 1)
+        return -1;
+    cl = strcasestr(resp, "Content-Length:");
+    if (cl && cl < end)
+        body = strtoul(cl + 15, NULL, 10);
+    have -= (size_t)(end + 4 - resp);
+    while (have < body) {
+        ssize_t k = read(fd, resp, (body - have < sizeof(resp) ? body - have : sizeof(resp)));
+        if (k <= 0)
+            return -1;
+        have += (size_t)k;
+    }
+    return status;
+}
+
+/* The same bytes as cmd_put, as objects of --chunk bytes PUT over HTTP (WebDAV): /PREFIX/S-I. */
+static void put_http(struct cfg *c, struct worker *w, const uint8_t *buf, uint64_t n)
+{
+    int fd = tcp_connect(c);
+    char path[300];
+
+    if (fd < 0)
+        die("connect %s:%d: %s", c->host, c->port, strerror(errno));
+    for (uint64_t i = 0; i < n; i++) {
+        int64_t ts = now_ns();
+        for (size_t off = 0, k = 0; off < c->size; off += c->chunk, k++) {
+            size_t len = c->size - off < c->chunk ? c->size - off : c->chunk;
+            int st;
+            snprintf(path, sizeof(path), "/%s/%" PRIu64 "-%zu", c->prefix, i, k);
+            st = http_put_one(fd, c->host, path, buf + off, len);
+            if (st < 0) { /* the server closed the keep-alive connection: once more on a new one */
+                close(fd);
+                fd = tcp_connect(c);
+                st = fd < 0 ? -1 : http_put_one(fd, c->host, path, buf + off, len);
+            }
+            if (st != 201 && st != 204)
+                die("PUT %s: status %d", path, st);
+        }
+        account(w, ts, now_ns(), c->size);
+    }
+    close(fd);
+}
+
+/* Upload throughput: --count shards of --size bytes, one tessera_put each, on one connection
+ * (--proto http: the same bytes as --chunk-sized objects PUT to a WebDAV server). */
 static int cmd_put(struct cfg *c)
 {
     struct worker w = {.c = c};
@@ -1137,11 +1222,25 @@ static int cmd_put(struct cfg *c)
     uint64_t n = c->count ? c->count : 1;
     int rc;
 
-    if (c->proto != P_TESSERA)
-        die("put is for --proto tessera");
+    if (c->proto != P_TESSERA && c->proto != P_HTTP)
+        die("put is for --proto tessera or http");
     if (!buf)
         die("out of memory");
     obj_fill(c, 0, buf, c->size);
+    if (c->proto == P_HTTP) {
+        c->conns = 1;
+        c->t0 = 0;
+        c->t1 = INT64_MAX;
+        a = take_sample(c);
+        start = now_ns();
+        put_http(c, &w, buf, n);
+        end = now_ns();
+        b = take_sample(c);
+        report(c, &w, (end - start) / 1e9, a, b, mem_sample(c));
+        free(w.lat);
+        free(buf);
+        return 0;
+    }
     tc = ts_open_main(c);
     ts_create(c, tc);
     c->conns = 1;
