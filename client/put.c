@@ -176,11 +176,10 @@ static int put_end(tessera_client *c, struct put *p, const uint64_t *records, ui
  * another shard. The same bytes: SHARD_SEAL with their CRC, answered once the shard is as
  * durable as a fresh seal; other bytes: TS_EEXIST saying so.
  */
-static int put_exists(tessera_client *c, const char *name, uint32_t shard, const void *buf,
-                      size_t len, const uint64_t *records, uint32_t nrecords)
+static int put_exists_crc(tessera_client *c, const char *name, uint32_t shard, uint64_t len,
+                          uint32_t crc, const uint64_t *records, uint32_t nrecords)
 {
     struct ts_shard_info si;
-    uint32_t crc = ts_crc32c(0, buf, len);
     int rc;
 
     rc = ts_conn_shard_stat(c, name, shard, &si);
@@ -190,14 +189,20 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
         ts_conn_set_error(
             c,
             "%s/%u already exists with other contents (%llu bytes, CRC32C %08x; this put: "
-            "%zu bytes, %08x)",
-            name, shard, (unsigned long long)si.size, si.crc, len, crc);
+            "%llu bytes, %08x)",
+            name, shard, (unsigned long long)si.size, si.crc, (unsigned long long)len, crc);
         return TS_EEXIST;
     }
     rc = seal_call(c, name, shard, crc, records, nrecords, &si);
     if (!rc)
         TS_INFO(FAC, "%s/%u was sealed already with these bytes: put confirmed", name, shard);
     return rc;
+}
+
+static int put_exists(tessera_client *c, const char *name, uint32_t shard, const void *buf,
+                      size_t len, const uint64_t *records, uint32_t nrecords)
+{
+    return put_exists_crc(c, name, shard, len, ts_crc32c(0, buf, len), records, nrecords);
 }
 
 int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
@@ -256,11 +261,37 @@ static long read_full(int fd, uint8_t *buf, size_t len)
     return (long)got;
 }
 
+/* ts_conn_put_fd found the shard complete already (an earlier try landed): the same bytes
+ * confirm it, as ts_conn_put does. The rest of the input (after got bytes whose CRC32C is crc)
+ * is read for its CRC32C. */
+static int put_fd_exists(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size,
+                         uint64_t got, uint32_t crc)
+{
+    uint64_t total = size == TS_SIZE_UNKNOWN ? UINT64_MAX : size;
+    uint8_t *buf = malloc(1u << 20);
+    long n = 0;
+
+    if (!buf)
+        return TS_ENOMEM;
+    while (got < total) {
+        n = read_full(fd, buf, (size_t)TS_MIN((uint64_t)1u << 20, total - got));
+        if (n <= 0)
+            break;
+        crc = ts_crc32c(crc, buf, (size_t)n);
+        got += (uint64_t)n;
+    }
+    free(buf);
+    if (n < 0 || (size != TS_SIZE_UNKNOWN && got != size))
+        return TS_EEXIST; /* cannot tell: the shard exists */
+    return put_exists_crc(c, name, shard, got, crc, NULL, 0);
+}
+
 int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size)
 {
     uint8_t **bufs = NULL;
     struct put p;
-    uint32_t slot;
+    uint32_t slot, crc = 0; /* of the input read so far */
+    uint64_t got = 0;
     long n;
     int rc;
 
@@ -294,6 +325,8 @@ int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
             p.rc = (int)n;
             break;
         }
+        crc = ts_crc32c(crc, bufs[slot], (size_t)n);
+        got += (uint64_t)n;
         if (size != TS_SIZE_UNKNOWN && (size_t)n < want) {
             ts_conn_set_error(c, "the input ended after %llu of %llu bytes",
                               (unsigned long long)(p.bytes + (uint64_t)n),
@@ -320,5 +353,7 @@ out_free:
         for (uint32_t i = 0; i < p.nwin; i++)
             free(bufs[i]);
     free(bufs);
+    if (rc == TS_EEXIST)
+        rc = put_fd_exists(c, name, shard, fd, size, got, crc);
     return rc;
 }

@@ -240,6 +240,34 @@ static void test_names_and_rules(void **state)
     memset(b, 0x5a, sizeof(b));
     assert_int_equal(tessera_put(c, "rules", 0, b, 4, NULL, 0), TS_EEXIST);
     assert_non_null(strstr(tessera_client_error(c), "other contents"));
+    /* The same from a file or a pipe (tessera_put_fd, the CLI's put): the same bytes again
+     * succeed, read whole for their CRC32C; other bytes are refused (found by a fault hunt). */
+    {
+        uint8_t big[3 * CHUNK + 5];
+        int pfd[2];
+        FILE *f = tmpfile();
+        for (size_t i = 0; i < sizeof(big); i++)
+            big[i] = (uint8_t)(i * 7 + 1);
+        assert_int_equal(tessera_put(c, "rules", 1, big, sizeof(big), NULL, 0), 0);
+        assert_int_equal(fwrite(big, 1, sizeof(big), f), sizeof(big));
+        fflush(f);
+        rewind(f);
+        assert_int_equal(tessera_put_fd(c, "rules", 1, fileno(f), sizeof(big)), 0);
+        assert_int_equal(pipe(pfd), 0);
+        assert_true(fcntl(pfd[1], F_SETPIPE_SZ, 1 << 20) >= (int)sizeof(big)); /* no reader yet */
+        assert_int_equal(write(pfd[1], big, sizeof(big)), (ssize_t)sizeof(big));
+        close(pfd[1]);
+        assert_int_equal(tessera_put_fd(c, "rules", 1, pfd[0], TS_SIZE_UNKNOWN), 0);
+        close(pfd[0]);
+        big[2 * CHUNK] ^= 1;
+        rewind(f);
+        assert_int_equal(fwrite(big, 1, sizeof(big), f), sizeof(big));
+        fflush(f);
+        rewind(f);
+        assert_int_equal(tessera_put_fd(c, "rules", 1, fileno(f), sizeof(big)), TS_EEXIST);
+        assert_non_null(strstr(tessera_client_error(c), "other contents"));
+        fclose(f);
+    }
     /* A shard that would need more chunks than the server keeps is refused before any byte. */
     {
         int zfd = open("/dev/zero", O_RDONLY);
@@ -251,7 +279,7 @@ static void test_names_and_rules(void **state)
     }
     assert_int_equal(tessera_dataset_seal(c, "rules"), 0);
     /* A write to a sealed dataset. */
-    assert_int_equal(tessera_put(c, "rules", 1, b, 4, NULL, 0), TS_ESEALED);
+    assert_int_equal(tessera_put(c, "rules", 2, b, 4, NULL, 0), TS_ESEALED);
     assert_int_equal(tessera_dataset_list(c, &list, &n), 0);
     assert_true(n >= 2);
     free(list);
