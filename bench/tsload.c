@@ -76,6 +76,8 @@ struct cfg {
     char host[64];
     int port;
     const char *ca;
+    const char *cert, *key;  /* tessera: a client certificate (a cluster's writer role) */
+    unsigned core, min_core; /* tessera: the dataset's replicas (a cluster; 1 1) */
     unsigned conns;
     unsigned depth;
     double duration;
@@ -560,8 +562,11 @@ static int ts_open(struct worker *w, tessera_client **out)
     o.address = c->addr;
     o.client_name = "tsload";
     o.max_inflight = c->depth > 64 ? c->depth : 64;
-    if (c->tls)
+    if (c->tls) {
         o.tls_ca = c->ca;
+        o.tls_cert = c->cert;
+        o.tls_key = c->key;
+    }
     rc = tessera_client_open(out, &o);
     if (rc)
         return fail(w, "tessera_client_open %s: %s (%s)", c->addr, ts_strerror(rc), ts_errname(rc));
@@ -1076,7 +1081,10 @@ static tessera_client *ts_open_main(struct cfg *c)
 
 static void ts_create(struct cfg *c, tessera_client *tc)
 {
-    struct ts_dataset_policy p = {.core = 1, .fringe = 0, .min_core = 1, .chunk_size = c->chunk};
+    struct ts_dataset_policy p = {.core = c->core ? c->core : 1,
+                                  .fringe = 0,
+                                  .min_core = c->min_core ? c->min_core : 1,
+                                  .chunk_size = c->chunk};
     int rc = tessera_dataset_create(tc, c->prefix, &p);
     if (rc)
         die("dataset create %s: %s (%s) %s", c->prefix, ts_strerror(rc), ts_errname(rc),
@@ -1316,6 +1324,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: tsload read|load|put [options]    tsload ports N    tsload wait --addr A\n"
             "  --proto tessera|http|redis|memcache   --tls  --ca FILE (TLS 1.3, " CIPHER ")\n"
+            "  --cert FILE --key FILE (tessera: a client certificate)   --core N --min-core N\n"
             "  --addr 127.0.0.1:PORT   --conns N (1)   --depth D (1, pipelined when > 1)\n"
             "  --duration S (3)   --warmup S (1)   --count N (instead of a duration)\n"
             "  --size B (object size, K/M suffixes)   --keys N   --prefix NAME\n"
@@ -1327,29 +1336,16 @@ static void usage(void)
 
 static void parse(struct cfg *c, int argc, char **argv)
 {
-    static const struct option lo[] = {{"proto", 1, 0, 'P'},
-                                       {"tls", 0, 0, 'T'},
-                                       {"ca", 1, 0, 'C'},
-                                       {"addr", 1, 0, 'a'},
-                                       {"conns", 1, 0, 'c'},
-                                       {"depth", 1, 0, 'd'},
-                                       {"duration", 1, 0, 't'},
-                                       {"warmup", 1, 0, 'w'},
-                                       {"count", 1, 0, 'n'},
-                                       {"size", 1, 0, 's'},
-                                       {"keys", 1, 0, 'k'},
-                                       {"prefix", 1, 0, 'p'},
-                                       {"per-shard", 1, 0, 'S'},
-                                       {"chunk", 1, 0, 'K'},
-                                       {"server-pid", 1, 0, 'i'},
-                                       {"reset-hwm", 0, 0, 'R'},
-                                       {"label", 1, 0, 'l'},
-                                       {"dir", 1, 0, 'D'},
-                                       {"seed", 1, 0, 'e'},
-                                       {"cleanup", 0, 0, 'X'},
-                                       {"timeout", 1, 0, 'o'},
-                                       {"help", 0, 0, 'h'},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"proto", 1, 0, 'P'},      {"tls", 0, 0, 'T'},       {"ca", 1, 0, 'C'},
+        {"cert", 1, 0, 1001},      {"key", 1, 0, 1002},      {"core", 1, 0, 1003},
+        {"min-core", 1, 0, 1004},  {"addr", 1, 0, 'a'},      {"conns", 1, 0, 'c'},
+        {"depth", 1, 0, 'd'},      {"duration", 1, 0, 't'},  {"warmup", 1, 0, 'w'},
+        {"count", 1, 0, 'n'},      {"size", 1, 0, 's'},      {"keys", 1, 0, 'k'},
+        {"prefix", 1, 0, 'p'},     {"per-shard", 1, 0, 'S'}, {"chunk", 1, 0, 'K'},
+        {"server-pid", 1, 0, 'i'}, {"reset-hwm", 0, 0, 'R'}, {"label", 1, 0, 'l'},
+        {"dir", 1, 0, 'D'},        {"seed", 1, 0, 'e'},      {"cleanup", 0, 0, 'X'},
+        {"timeout", 1, 0, 'o'},    {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
     int ch;
 
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -1370,6 +1366,18 @@ static void parse(struct cfg *c, int argc, char **argv)
             break;
         case 'C':
             c->ca = optarg;
+            break;
+        case 1001:
+            c->cert = optarg;
+            break;
+        case 1002:
+            c->key = optarg;
+            break;
+        case 1003:
+            c->core = (unsigned)strtoul(optarg, NULL, 10);
+            break;
+        case 1004:
+            c->min_core = (unsigned)strtoul(optarg, NULL, 10);
             break;
         case 'a':
             c->addr = optarg;
