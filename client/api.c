@@ -152,12 +152,12 @@ const char *ts_client_served(const tessera_client *c)
     return routed(c) ? ts_cl_served(c->cl) : ts_conn_node(c);
 }
 
-void ts_client_defer_sends(tessera_client *c, int on)
+void ts_client_batch(tessera_client *c, const struct ts_batch *b)
 {
     if (routed(c))
-        ts_cl_defer_sends(c->cl, on);
+        ts_cl_batch(c->cl, b);
     else
-        ts_conn_defer_sends(c, on);
+        ts_conn_batch(c, b);
 }
 
 uint64_t ts_client_resubmits(const tessera_client *c)

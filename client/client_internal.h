@@ -183,9 +183,20 @@ int ts_client_open_transport(tessera_client **out, const struct tessera_opts *o,
 const char *ts_client_served(const tessera_client *c);
 /* Submitted reads the handle sent to another replica after theirs failed (0: a single node). */
 uint64_t ts_client_resubmits(const tessera_client *c);
-/* on: submitted reads are queued and sent together by the next tessera_wait* (fewer, larger
- * sends, for a caller that submits in bursts and then waits: the plan reader). */
-void ts_client_defer_sends(tessera_client *c, int on);
+/*
+ * For a caller that submits reads in bursts and then waits (the plan reader):
+ * defer_tx: submitted reads are queued and sent together by the next tessera_wait* (fewer,
+ *           larger sends);
+ * on_block: called (no lock of the library held) each time a wait is about to sleep in the
+ *           kernel, so the caller can hand over what it finished in one go instead of waking
+ *           its own consumer once per reply.
+ */
+struct ts_batch {
+    int defer_tx;
+    void (*on_block)(void *arg);
+    void *arg;
+};
+void ts_client_batch(tessera_client *c, const struct ts_batch *b);
 
 /* ---- the connection layer (open.c, ops.c, read.c, put.c, conn.c) ------------------------------
  *
@@ -236,8 +247,8 @@ const struct tessera_opts *ts_conn_opts(const tessera_client *c);
 int ts_conn_timeout(const tessera_client *c);
 /* Sets it (0: the default). */
 void ts_conn_set_timeout(tessera_client *c, int timeout_ms);
-/* Submitted reads wait for the next wait to be sent (on), or go at once (off, the default). */
-void ts_conn_defer_sends(tessera_client *c, int on);
+/* ts_client_batch for one connection (the default: sends go at once, no hook). */
+void ts_conn_batch(tessera_client *c, const struct ts_batch *b);
 /* What tessera_client_role / _error / _node say of a handle (NULL: 0, ""). */
 int ts_conn_role(const tessera_client *c);
 const char *ts_conn_error(const tessera_client *c);
@@ -326,8 +337,8 @@ void ts_cl_set_timeout(struct ts_cluster *cl, int timeout_ms);
 const struct ts_map *ts_cl_map(const struct ts_cluster *cl);
 const char *ts_cl_served(const struct ts_cluster *cl);
 uint64_t ts_cl_resubmits(const struct ts_cluster *cl);
-/* ts_client_defer_sends for the router: its sub-connections, now and later. */
-void ts_cl_defer_sends(struct ts_cluster *cl, int on);
+/* ts_client_batch for the router: its sub-connections, now and later. */
+void ts_cl_batch(struct ts_cluster *cl, const struct ts_batch *b);
 
 int ts_cl_dataset_create(tessera_client *c, struct ts_cluster *cl, const char *name,
                          const struct ts_dataset_policy *p);

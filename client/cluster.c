@@ -218,7 +218,7 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
         return rc;
     }
     ts_conn_set_timeout(sub, cl->timeout_ms);
-    ts_conn_defer_sends(sub, cl->defer_tx);
+    ts_conn_batch(sub, &cl->batch);
     cl->peers[p].failed_ns = 0;
     if (strcmp(ts_conn_node(sub), cl->peers[p].id) != 0)
         TS_WARN(FAC, 0, "%s answers as node '%s', the map says '%s'", cl->peers[p].addr,
@@ -422,6 +422,11 @@ void ts_cl_free(struct ts_cluster *cl)
         free(cl->cops[i]);
     }
     free(cl->cops);
+    while (cl->free_cops) {
+        struct cop *k = cl->free_cops;
+        cl->free_cops = k->next_free;
+        free(k);
+    }
     free(cl->peers);
     free(cl->pols);
     ts_cl_order_forget(cl);

@@ -59,6 +59,7 @@ struct cop {
     size_t len;
     void *buf;
     struct sel sel;
+    struct cop *next_free; /* on cl->free_cops */
 };
 
 struct ts_cluster {
@@ -72,13 +73,14 @@ struct ts_cluster {
     size_t npols, cappols;
     struct cop **cops; /* by id */
     size_t ncops, capcops;
+    struct cop *free_cops; /* finished ones, kept for the next submitted read */
     uint64_t next_op;
     uint64_t salt;
     const struct tessera_opts *o; /* the router's options (strings owned by it) */
     int timeout_ms;
-    size_t served;      /* the peer that served the submitted read last collected, or NO_PEER */
-    uint64_t resubmits; /* submitted reads sent to another replica after theirs failed */
-    int defer_tx;       /* sub-connections batch submitted reads (ts_cl_defer_sends) */
+    size_t served;         /* the peer that served the submitted read last collected, or NO_PEER */
+    uint64_t resubmits;    /* submitted reads sent to another replica after theirs failed */
+    struct ts_batch batch; /* for the sub-connections (ts_cl_batch) */
     /* Each PG's replica order under map (ts_map_pg_order, which costs more than the read's
      * own work on a small read): computed at first use, dropped with the map. */
     uint16_t *pg_ord; /* pg_count x PG_ORD_MAX node indexes */

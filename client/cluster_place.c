@@ -152,7 +152,11 @@ void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint
 {
     uint64_t h = ts_crc32c(0, name, strlen(name));
 
-    memset(s, 0, sizeof(*s));
+    /* Field by field: a read of a small record would otherwise clear why[] every time. */
+    s->ntried = 0;
+    s->adopted = 0;
+    s->rc = 0;
+    s->why[0] = '\0';
     s->spread = spread;
     /* The same 64 MiB region of a shard goes to the same replica from this handle (its
      * cache stays warm); different handles start at different replicas. */

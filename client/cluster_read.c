@@ -62,7 +62,8 @@ static void cop_remove(struct ts_cluster *cl, size_t at)
     memmove(&cl->cops[at], &cl->cops[at + 1], (cl->ncops - at - 1) * sizeof(cl->cops[0]));
     cl->ncops--;
     free(k->msg);
-    free(k);
+    k->next_free = cl->free_cops;
+    cl->free_cops = k;
 }
 
 /* Sends read k to the next replica that takes it; else k's final error. */
@@ -137,10 +138,19 @@ int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name
     if (!v)
         return TS_ENOMEM;
     cl->cops = v;
-    k = calloc(1, sizeof(*k));
-    if (!k)
+    k = cl->free_cops; /* a read is submitted per small record: no calloc, no printf */
+    if (k)
+        cl->free_cops = k->next_free;
+    else if (!(k = malloc(sizeof(*k))))
         return TS_ENOMEM;
-    snprintf(k->name, sizeof(k->name), "%s", name);
+    size_t nlen = strnlen(name, sizeof(k->name) - 1);
+    k->inflight = k->retry = k->rc = 0;
+    k->peer = 0;
+    k->sub_op = 0;
+    k->got = 0;
+    k->msg = NULL;
+    memcpy(k->name, name, nlen);
+    k->name[nlen] = '\0';
     k->shard = shard;
     k->off = off;
     k->len = len;
@@ -176,7 +186,7 @@ int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *ou
 
 int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_t *out_len)
 {
-    tessera_client **v;
+    tessera_client *few[64], **v = few; /* on the heap only for a map of many nodes */
     size_t nv;
     int rc;
 
@@ -186,15 +196,16 @@ int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_
         for (size_t i = 0; i < cl->ncops; i++)
             if (cop_settle(cl, cl->cops[i]))
                 return cop_result(cl, i, op, out_len);
-        v = calloc(cl->npeers, sizeof(*v));
-        if (!v)
+        if (cl->npeers > TS_ARRAY_SIZE(few) && !(v = calloc(cl->npeers, sizeof(*v))))
             return TS_ENOMEM;
         nv = 0;
         for (size_t p = 0; p < cl->npeers; p++)
             if (cl->peers[p].reads && cl->peers[p].conn)
                 v[nv++] = cl->peers[p].conn;
         rc = ts_conns_wait(v, nv, cl->timeout_ms);
-        free(v);
+        if (v != few)
+            free(v);
+        v = few;
         if (rc)
             return rc == TS_ENOENT ? TS_EINTERNAL : rc;
         for (size_t i = 0; i < cl->ncops; i++) {
@@ -215,10 +226,10 @@ uint64_t ts_cl_resubmits(const struct ts_cluster *cl)
     return cl->resubmits;
 }
 
-void ts_cl_defer_sends(struct ts_cluster *cl, int on)
+void ts_cl_batch(struct ts_cluster *cl, const struct ts_batch *b)
 {
-    cl->defer_tx = on;
+    cl->batch = *b;
     for (size_t p = 0; p < cl->npeers; p++)
         if (cl->peers[p].conn)
-            ts_conn_defer_sends(cl->peers[p].conn, on);
+            ts_conn_batch(cl->peers[p].conn, b);
 }

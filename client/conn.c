@@ -168,6 +168,8 @@ int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg)
             left = (int)TS_MIN((deadline - now + 999999) / 1000000, (uint64_t)INT32_MAX);
         }
         events = TS_IO_READ | (c->tx_head ? TS_IO_WRITE : 0);
+        if (c->batch.on_block)
+            c->batch.on_block(c->batch.arg);
         rc = c->t->ops->wait(c->t, events, left);
         if (rc < 0)
             ts_fail_conn(c, rc);
@@ -256,6 +258,11 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
         }
         if (k == 0 || rc != 0)
             continue;
+        for (size_t i = 0; i < k; i++) /* a router's connections share one hook */
+            if (on[i]->batch.on_block &&
+                (i == 0 || on[i]->batch.on_block != on[0]->batch.on_block ||
+                 on[i]->batch.arg != on[0]->batch.arg))
+                on[i]->batch.on_block(on[i]->batch.arg);
         do {
             rc = poll(pfd, (nfds_t)k, left);
         } while (rc < 0 && errno == EINTR);

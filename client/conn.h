@@ -89,7 +89,7 @@ struct tessera_client {
     uint32_t max_frame;
     int timeout_ms;
     unsigned max_inflight;
-    int defer_tx; /* submitted reads go out with the next wait, several per send */
+    struct ts_batch batch; /* how a caller that submits in bursts wants sends and waits */
     unsigned inflight;
     struct ts_req **live; /* requests queued or awaiting tessera_wait, in id order */
     size_t nlive, caplive;

@@ -231,7 +231,7 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
     *op = r->id;
     /* Get the request on its way now (unless sends are batched until the next wait); its
      * outcome is reported by ts_conn_wait*. */
-    if (c->defer_tx)
+    if (c->batch.defer_tx)
         return 0;
     rc = ts_tx_step(c, &progress);
     if (rc < 0)
@@ -316,7 +316,7 @@ int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len)
     return rc;
 }
 
-void ts_conn_defer_sends(tessera_client *c, int on)
+void ts_conn_batch(tessera_client *c, const struct ts_batch *b)
 {
-    c->defer_tx = on;
+    c->batch = *b;
 }

@@ -38,7 +38,12 @@ struct ts_worker {
     int filling;  /* claiming a burst of units: their reads leave in one send */
     uint64_t pend_k;
     uint64_t resubmits_seen; /* of the handle's router */
+    int wake_due;            /* the caller waits for a unit this thread finished */
+    uint32_t since_due;      /* reads collected since then */
 };
+
+/* Reads collected after the caller's unit before it is woken anyway. */
+#define WAKE_AFTER 16
 
 /* ---- bookkeeping under the lock ------------------------------------------------------------ */
 
@@ -80,6 +85,41 @@ static void slot_fail(struct tessera_reader *r, struct slot *s, int rc, const ch
     if (s->k < r->fail_k)
         r->fail_k = s->k;
     ts_reader_wake_caller(r, s);
+}
+
+/*
+ * Wakes the caller for the unit it waits for (lock held). Not at once when this thread
+ * finishes it: the replies already received are collected first and the caller is woken
+ * when the thread is about to sleep (wake_flush from the connection's on_block hook), or
+ * WAKE_AFTER reads later. One wake-up then hands over a run of units; waking the caller per
+ * reply costs two context switches per unit where both threads share a core.
+ */
+static void wake_flush_locked(struct ts_worker *w)
+{
+    struct slot *s = ts_reader_slot(w->r, w->r->consumed);
+
+    if (w->wake_due && s->state == SLOT_DONE)
+        ts_reader_wake_caller(w->r, s);
+    w->wake_due = 0;
+    w->since_due = 0;
+}
+
+static void wake_flush(void *arg)
+{
+    struct ts_worker *w = arg;
+
+    if (!w->wake_due) /* set and cleared by this thread only */
+        return;
+    pthread_mutex_lock(&w->r->m);
+    wake_flush_locked(w);
+    pthread_mutex_unlock(&w->r->m);
+}
+
+static void batch_on(struct ts_worker *w)
+{
+    struct ts_batch b = {1, wake_flush, w};
+
+    ts_client_batch(w->c, &b);
 }
 
 static int push(struct piece **v, size_t *n, size_t *cap, const struct piece *p)
@@ -235,8 +275,8 @@ static void collect(struct ts_worker *w)
         snprintf(why, sizeof(why), "%zu bytes came back of the %zu at offset %llu", got, p.len,
                  (unsigned long long)p.off);
         rc = TS_EPROTO;
-    } else {
-        snprintf(why, sizeof(why), "%s", rc ? tessera_client_error(w->c) : "");
+    } else if (rc) {
+        snprintf(why, sizeof(why), "%s", tessera_client_error(w->c));
     }
     if (rc) {
         piece_failed(w, &p, rc, why);
@@ -246,12 +286,18 @@ static void collect(struct ts_worker *w)
     struct slot *s = ts_reader_slot(r, p.k);
     note_resubmits(w);
     if (s->state == SLOT_READING) {
-        snprintf(s->node, sizeof(s->node), "%s", ts_client_served(w->c));
+        const char *node = ts_client_served(w->c); /* a copy per reply: no printf here */
+        size_t n = strnlen(node, sizeof(s->node) - 1);
+        memcpy(s->node, node, n);
+        s->node[n] = '\0';
         if (--s->pieces_left == 0) {
             s->state = SLOT_DONE;
-            ts_reader_wake_caller(r, s);
+            if (r->caller_waits && s->k == r->consumed)
+                w->wake_due = 1;
         }
     }
+    if (w->wake_due && ++w->since_due >= WAKE_AFTER)
+        wake_flush_locked(w);
     pthread_mutex_unlock(&r->m);
 }
 
@@ -264,6 +310,7 @@ static void redo(struct ts_worker *w)
     char err[512] = "";
     int rc = 0;
 
+    wake_flush(w);
     if (ts_conn_broken(w->c)) {
         uint32_t a = ts_reader_slot(r, v[0].k)->attempts;
         struct timespec ts = {0, (long)BACKOFF_MS * 1000000L << TS_MIN(a, 4u)};
@@ -274,7 +321,7 @@ static void redo(struct ts_worker *w)
         if (!rc) {
             tessera_client_close(w->c);
             w->c = c;
-            ts_client_defer_sends(c, 1);
+            batch_on(w);
             w->resubmits_seen = 0;
             pthread_mutex_lock(&r->m);
             r->st.reconnects++;
@@ -297,7 +344,7 @@ static void redo(struct ts_worker *w)
 /*
  * The window has room for the next plan position (lock held). A connection claims in bursts:
  * once half its reads are back it claims until `depth` are in flight again, and the burst's
- * reads leave together with its next wait (ts_client_defer_sends): one send for many.
+ * reads leave together with its next wait (ts_client_batch): one send for many.
  */
 static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
 {
@@ -363,6 +410,7 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&r->m);
             collect(w);
         } else {
+            wake_flush_locked(w);
             r->idle++;
             pthread_cond_wait(&r->space, &r->m);
             r->idle--;
@@ -370,6 +418,7 @@ static void *worker_main(void *arg)
         }
         pthread_mutex_lock(&r->m);
     }
+    wake_flush_locked(w);
     pthread_mutex_unlock(&r->m);
     return NULL;
 }
@@ -413,7 +462,7 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
             rc = ts_client_open_ex(&w->c, &r->copts, err, errlen);
     }
     for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
-        ts_client_defer_sends(r->workers[i].c, 1);
+        batch_on(&r->workers[i]);
         if (pthread_create(&r->workers[i].th, NULL, worker_main, &r->workers[i]) != 0) {
             if (err && errlen)
                 snprintf(err, errlen, "cannot start a reader thread");
