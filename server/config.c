@@ -1,6 +1,8 @@
 /* tesserad settings table, config file (libconfig) and command line. */
 #include "config.h"
 
+#include "ts_store.h"
+
 #include "ts_common.h"
 #include "ts_proto.h"
 
@@ -46,9 +48,10 @@ static const struct setting settings[] = {
         "picks one); sessions are admitted by tokens from the TCP/TLS listeners"),
     STR("data_dir", data_dir, "./tessera-data", "directory of the chunk store (RocksDB)"),
     STR("log_level", log_level, "info", "error | warn | info | debug"),
-    STR("sync", sync, "always",
-        "always: fsync the WAL before each acknowledgement; none: WAL without fsync (survives a "
-        "process crash, not a power loss)"),
+    STR("sync", sync, "seal",
+        "seal: a shard's file and the WAL are synced before its seal is acknowledged (a put is "
+        "acknowledged at its seal); always: also before each chunk's acknowledgement; none: "
+        "nothing synced (survives a process crash, not a power loss)"),
     STR("anonymous_role", anonymous_role, "auto",
         "role of clients without a certificate: none | reader | writer | admin, at most reader on "
         "a "
@@ -425,8 +428,8 @@ int tsd_config_validate(const struct tsd_config *c)
         fprintf(stderr, "tesserad: log_level must be error, warn, info or debug\n");
         return TS_ECONFIG;
     }
-    if (strcmp(c->sync, "always") && strcmp(c->sync, "none")) {
-        fprintf(stderr, "tesserad: sync must be 'always' or 'none'\n");
+    if (ts_store_sync_parse(c->sync) < 0) {
+        fprintf(stderr, "tesserad: sync must be 'seal', 'always' or 'none'\n");
         return TS_ECONFIG;
     }
     if (!c->listen[0] && !c->tls_listen[0]) {

@@ -358,7 +358,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
 
     ts_store_opts_init(&so);
     so.path = cfg->data_dir;
-    so.sync = strcmp(cfg->sync, "none") == 0 ? TS_SYNC_NONE : TS_SYNC_ALWAYS;
+    so.sync = ts_store_sync_parse(cfg->sync); /* checked by tsd_config_check */
     so.chunk_files = cfg->chunk_files;
     so.blob_files = cfg->blob_files;
     so.verify_engine_checksums = cfg->verify_engine_checksums;

@@ -55,7 +55,7 @@ static int dir_make(ts_store *s, const char *parent, const char *path)
 {
     if (mkdir(path, 0750) != 0)
         return errno == EEXIST ? 0 : ts_from_errno(errno);
-    return s->o.sync == TS_SYNC_ALWAYS ? dir_sync(parent) : 0;
+    return sync_seals(s) ? dir_sync(parent) : 0;
 }
 
 /* The folders of dataset dsid's chunk files, made where missing. */
@@ -89,7 +89,7 @@ int chunkfile_create(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t *file,
         *fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0640);
         if (*fd >= 0) {
             *file = id;
-            if (s->o.sync == TS_SYNC_ALWAYS) {
+            if (sync_seals(s)) {
                 dir_path(s, dsid, path, sizeof(path));
                 rc = dir_sync(path);
                 if (rc) {
@@ -128,6 +128,12 @@ int chunkfile_write(int fd, const void *data, size_t len, uint64_t off)
 int chunkfile_sync(int fd)
 {
     return fdatasync(fd) == 0 ? 0 : ts_from_errno(errno);
+}
+
+void chunkfile_start_writeback(int fd, uint64_t off, size_t len)
+{
+    /* Best effort: a failure only leaves more for the seal's fdatasync, which reports it. */
+    (void)sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
 }
 
 void chunkfile_close(int *fd)
@@ -181,7 +187,7 @@ int chunkfile_repair(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file, 
     fd = open(path, O_WRONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) {
         fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0640);
-        if (fd >= 0 && s->o.sync == TS_SYNC_ALWAYS) {
+        if (fd >= 0 && sync_seals(s)) {
             char dir[PATH_MAX];
             dir_path(s, dsid, dir, sizeof(dir));
             dir_sync(dir);

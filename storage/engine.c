@@ -56,8 +56,14 @@ int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size_t *vle
 
 int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what)
 {
+    return batch_write_wo(s, s->wo, b, what);
+}
+
+int batch_write_wo(ts_store *s, rocksdb_writeoptions_t *wo, rocksdb_writebatch_t *b,
+                   const char *what)
+{
     char *err = NULL;
-    rocksdb_write(s->db, s->wo, b, &err);
+    rocksdb_write(s->db, wo, b, &err);
     if (err && !strncmp(err, "Corruption: ", 12)) {
         /* A write finds no corruption itself: RocksDB stopped writes after a background error
          * (a flush or compaction that read damaged data). Not the client's data: TS_EIO. */

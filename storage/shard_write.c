@@ -2,7 +2,9 @@
  * Shard writes: a writer's begin (registered in the writer table, one writer per shard; a
  * takeover supersedes the one left open), put, seal (with its log record) and abort. With
  * chunk files (the default) a chunk's bytes go to the shard's file (chunkfile.c) and only its
- * record goes through the engine; under TS_SYNC_ALWAYS the file is synced before the record.
+ * record goes through the engine. Under TS_SYNC_ALWAYS the file is synced before each chunk's
+ * record; under TS_SYNC_SEAL once, before the seal's record (a chunk of an unsealed shard is
+ * not durable on its own: a put is acknowledged at its seal).
  */
 #include "store_internal.h"
 
@@ -192,8 +194,10 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     if (w->fd >= 0) {
         /* The bytes to the shard's file, durable first where the record will be. */
         rc = chunkfile_write(w->fd, data, len, (uint64_t)idx * w->chunk_size);
-        if (rc == 0 && s->o.sync == TS_SYNC_ALWAYS)
+        if (rc == 0 && sync_chunks(s))
             rc = chunkfile_sync(w->fd);
+        else if (rc == 0 && sync_seals(s))
+            chunkfile_start_writeback(w->fd, (uint64_t)idx * w->chunk_size, len);
         if (rc) {
             TS_WARN(FAC, rc, "chunk %u of shard %u: the chunk file write failed", idx, w->shard);
             return rc;
@@ -214,7 +218,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                               key_shard(ks, 'S', w->dsid, w->shard), (const char *)srec,
                               sizeof(srec));
-    rc = batch_write(s, b, "chunk write");
+    rc = batch_write_wo(s, s->wo_chunk, b, "chunk write");
     pthread_mutex_unlock(&w->lock);
     rocksdb_writebatch_destroy(b);
     if (rc)
@@ -298,8 +302,10 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     if (nrecords) /* the index carries its own CRC32C (checked by ts_store_shard_records) */
         ts_put_le32(ridx + 8 * (size_t)nrecords, ts_crc32c(0, ridx, 8 * (size_t)nrecords));
 
-    if (w->fd >= 0 && s->o.sync == TS_SYNC_ALWAYS) {
-        rc = chunkfile_sync(w->fd); /* written chunk by chunk; once more costs nothing */
+    if (w->fd >= 0 && sync_seals(s)) {
+        /* Under always written chunk by chunk (once more costs nothing); under seal the
+         * shard's bytes become durable here, before the record that seals them. */
+        rc = chunkfile_sync(w->fd);
         if (rc)
             goto out_free;
     }

@@ -31,10 +31,23 @@
 
 /* ---- open / close ------------------------------------------------------------------------ */
 
+const char *ts_store_sync_name(int sync)
+{
+    return sync == TS_SYNC_ALWAYS ? "always" : sync == TS_SYNC_NONE ? "none" : "seal";
+}
+
+int ts_store_sync_parse(const char *name)
+{
+    for (int p = TS_SYNC_ALWAYS; p <= TS_SYNC_SEAL; p++)
+        if (!strcmp(name, ts_store_sync_name(p)))
+            return p;
+    return -1;
+}
+
 void ts_store_opts_init(struct ts_store_opts *o)
 {
     memset(o, 0, sizeof(*o));
-    o->sync = TS_SYNC_ALWAYS;
+    o->sync = TS_SYNC_SEAL;
     o->chunk_files = 1;
     o->blob_files = 1;
     o->min_blob_size = 4096;
@@ -141,13 +154,15 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
         goto out_destroy_opts;
     }
     s->wo = rocksdb_writeoptions_create();
-    rocksdb_writeoptions_set_sync(s->wo, o->sync == TS_SYNC_ALWAYS);
+    rocksdb_writeoptions_set_sync(s->wo, sync_seals(s));
+    s->wo_chunk = rocksdb_writeoptions_create();
+    rocksdb_writeoptions_set_sync(s->wo_chunk, sync_chunks(s));
     s->ro_chunk = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(s->ro_chunk, o->verify_engine_checksums ? 1 : 0);
     chunkfile_sweep(s); /* files of uploads and deletes a crash cut short */
     TS_INFO(FAC, "opened store at %s (chunk files %s, blob files %s, sync %s)", s->path,
             o->chunk_files ? "on" : "off", o->blob_files ? "on" : "off",
-            o->sync == TS_SYNC_ALWAYS ? "always" : "none");
+            ts_store_sync_name(o->sync));
     *out = s;
     return 0;
 
@@ -215,6 +230,7 @@ static void store_close(ts_store *s, int flush)
         rocksdb_column_family_handle_destroy(s->cf[i]);
     rocksdb_close(s->db);
     rocksdb_writeoptions_destroy(s->wo);
+    rocksdb_writeoptions_destroy(s->wo_chunk);
     rocksdb_readoptions_destroy(s->ro_meta);
     rocksdb_readoptions_destroy(s->ro_chunk);
     for (int i = 0; i < CF_COUNT; i++)

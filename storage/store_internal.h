@@ -71,7 +71,8 @@ struct ts_store {
     rocksdb_cache_t *cache;
     rocksdb_block_based_table_options_t *bbto;
     rocksdb_column_family_handle_t *cf[CF_COUNT];
-    rocksdb_writeoptions_t *wo;
+    rocksdb_writeoptions_t *wo;       /* every write: synced unless sync = none */
+    rocksdb_writeoptions_t *wo_chunk; /* a chunk of an unsealed shard: synced under always */
     rocksdb_readoptions_t *ro_meta;
     rocksdb_readoptions_t *ro_chunk;
     struct ts_store_opts o;
@@ -113,6 +114,18 @@ int from_rocksdb(char *err, const char *what);
 /* A meta value into a malloc'ed buffer (rocksdb_free); TS_ENOENT if absent. */
 int meta_get(ts_store *s, const uint8_t *k, size_t klen, char **val, size_t *vlen);
 int batch_write(ts_store *s, rocksdb_writebatch_t *b, const char *what);
+/* The same with other write options (s->wo_chunk). */
+int batch_write_wo(ts_store *s, rocksdb_writeoptions_t *wo, rocksdb_writebatch_t *b,
+                   const char *what);
+/* Whether the sync policy makes a chunk durable on its own, or a seal (with its shard's file). */
+static inline int sync_chunks(const ts_store *s)
+{
+    return s->o.sync == TS_SYNC_ALWAYS;
+}
+static inline int sync_seals(const ts_store *s)
+{
+    return s->o.sync != TS_SYNC_NONE;
+}
 /* Iterates meta keys starting with prefix; a non-zero return from cb stops and is returned. */
 int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
               int (*cb)(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen),
@@ -150,6 +163,9 @@ int shard_scan(ts_store *s, uint64_t dsid, struct ts_dataset_info *d,
 int chunkfile_create(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t *file, int *fd);
 int chunkfile_write(int fd, const void *data, size_t len, uint64_t off);
 int chunkfile_sync(int fd);
+/* Starts writing [off, off + len) of the file to the disk without waiting for it (under
+ * sync = seal after every chunk: the seal's fdatasync then waits only for the last ones). */
+void chunkfile_start_writeback(int fd, uint64_t off, size_t len);
 void chunkfile_close(int *fd);
 int chunkfile_read(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file, uint64_t off,
                    void *buf, size_t len);

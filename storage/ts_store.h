@@ -22,11 +22,14 @@ typedef struct ts_read_ctx ts_read_ctx;
 enum ts_sync_policy {
     TS_SYNC_ALWAYS = 0, /* fsync the WAL before acknowledging each write (survives power loss) */
     TS_SYNC_NONE = 1,   /* write the WAL, do not fsync it (survives kill -9, not power loss) */
+    TS_SYNC_SEAL = 2,   /* as ALWAYS, except a chunk of an unsealed shard: its bytes and record
+                           become durable with the shard's seal (the file is fdatasync'ed and
+                           the seal's WAL write synced, which covers the records before it) */
 };
 
 struct ts_store_opts {
     const char *path;            /* directory of the RocksDB database (created if missing) */
-    int sync;                    /* enum ts_sync_policy; default TS_SYNC_ALWAYS */
+    int sync;                    /* enum ts_sync_policy; default TS_SYNC_SEAL */
     int chunk_files;             /* 1 (default): a shard's chunks in a file of its own, RocksDB
                                     keeping the records only (storage/chunkfile.c); 0: chunk
                                     values in RocksDB (blob files or SSTs, below) */
@@ -66,6 +69,9 @@ struct ts_chunk_ref {
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);
 
 void ts_store_opts_init(struct ts_store_opts *o);
+/* "always", "none" or "seal"; ts_store_sync_parse: the policy, or -1 for another name. */
+const char *ts_store_sync_name(int sync);
+int ts_store_sync_parse(const char *name);
 int ts_store_open(ts_store **out, const struct ts_store_opts *o);
 /* When this store last opened on a write-ahead log damaged before its end (wall-clock ns; 0:
  * never): writes logged after the damage were lost here (storage/engine_open.c). */

@@ -1,7 +1,7 @@
 /*
  * Durability of acknowledged writes across failover and the return of a failed primary, with
- * real daemons on loopback and the default sync policy (sync = always: every acknowledgement
- * follows an fsync of the WAL).
+ * real daemons on loopback and the default sync policy (sync = seal: a put is acknowledged after
+ * its shard's file and the WAL were fsynced at its seal).
  *
  *   test_return_then_second_failover: a primary fails, its PG fails over, the node returns and
  *     is marked up (it leads the PG again), then it fails once more. Every write acknowledged
@@ -28,7 +28,7 @@
  * daemon log there, also of tests that pass), TESSERA_TEST_FILTER (run only the tests whose
  * names match this cmocka pattern, e.g. "test_divergent*").
  *
- * The harness starts every daemon with "--sync none"; the "--sync always" passed here comes
+ * The harness starts every daemon with "--sync none"; the "--sync seal" passed here comes
  * later on the command line and wins (the last flag counts), which restores the default.
  */
 #include "harness.h"
@@ -67,7 +67,7 @@ static struct tsd_cluster CL;
 static int test_passed; /* set at the very end of a test body; the teardown dumps logs if not */
 
 /* Durability on: the default policy (overrides the harness's "--sync none"). */
-static const char *const durable_args[] = {"--sync", "always", NULL};
+static const char *const durable_args[] = {"--sync", "seal", NULL};
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
@@ -194,7 +194,7 @@ static int wait_settled(void)
 }
 
 /* Starts the cluster with the durable sync policy and the extra daemon arguments (NULL: none;
- * they come after "--sync always", so e.g. a "--peer-timeout-ms" there overrides the
+ * they come after "--sync seal", so e.g. a "--peer-timeout-ms" there overrides the
  * harness's). */
 static int start_cluster_with(int n, const char *const *domains, uint32_t pgs,
                               const char *const *extra)
@@ -215,8 +215,8 @@ static int start_cluster_with(int n, const char *const *domains, uint32_t pgs,
     for (int i = 0; i < n; i++) {
         char sync[32];
         node_sync_setting(i, sync, sizeof(sync));
-        if (strcmp(sync, "always") != 0) {
-            fprintf(stderr, "%s runs with sync '%s', not the default 'always'\n", CL.id[i], sync);
+        if (strcmp(sync, "seal") != 0) {
+            fprintf(stderr, "%s runs with sync '%s', not the default 'seal'\n", CL.id[i], sync);
             return -1;
         }
     }

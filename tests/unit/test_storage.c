@@ -54,6 +54,16 @@ static int setup_blob(void **state)
     return fx_open(f);
 }
 
+/* The default sync policy: chunks durable with their shard's seal (fsyncs for real). */
+static int setup_seal(void **state)
+{
+    setup_files(state);
+    struct fx *f = *state;
+    ts_store_close(f->s);
+    f->o.sync = TS_SYNC_SEAL;
+    return fx_open(f);
+}
+
 static int setup_sst(void **state)
 {
     setup_blob(state);
@@ -852,16 +862,14 @@ static void test_blob_file_damage_keeps_writes(void **state)
 
 /* ---- crash: kill -9 a writer mid-stream ---------------------------------------------- */
 
-static void crash_child(const char *path, int fd)
+/* Writes with the fixture's options (the storage mode and sync policy under test). */
+static void crash_child(const struct ts_store_opts *fo, int fd)
 {
-    struct ts_store_opts o;
+    struct ts_store_opts o = *fo;
     ts_store *s;
     ts_shard_writer *w;
     uint8_t *buf = malloc(CHUNK);
 
-    ts_store_opts_init(&o);
-    o.path = path;
-    o.sync = TS_SYNC_NONE;
     if (ts_store_open(&s, &o))
         _exit(2);
     for (uint32_t shard = 0;; shard++) {
@@ -899,7 +907,7 @@ static void test_crash_kill9(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         close(pfd[0]);
-        crash_child(f->dir, pfd[1]);
+        crash_child(&f->o, pfd[1]);
         _exit(0);
     }
     close(pfd[1]);
@@ -1170,6 +1178,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_seal, teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_files, setup_seal, teardown),
+        cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_seal, teardown),
+        cmocka_unit_test_setup_teardown(test_writer_takeover, setup_seal, teardown),
         cmocka_unit_test_setup_teardown(test_writer_takeover, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_sst_mode, setup_sst, teardown),
         cmocka_unit_test_setup_teardown(test_cache, setup_files, teardown),
