@@ -1,6 +1,6 @@
 /*
  * A full disk, for real: tesserad's data directory on a small tmpfs this test mounts, with the
- * default durable `sync always`. Puts go on until the filesystem is full; the one that does not
+ * default durable `sync seal` (and once more with `sync always`). Puts go on until the filesystem is full; the one that does not
  * fit gets TS_ENOSPC with a message, the daemon stays up and serves every acknowledged shard,
  * a restart (SIGTERM and kill -9) on the nearly full disk works, and writes work again once
  * space returns, without a restart; `tessera drill disk-full` on a cluster node so placed. Skips
@@ -32,7 +32,7 @@
 
 static char mnt[256], datadir[300], filler[300];
 static struct tsd_proc P;
-static const char *extra[] = {"--data", datadir, "--sync", "always", NULL};
+static const char *extra[] = {"--data", datadir, "--sync", "seal", NULL}; /* [3]: the policy */
 
 static void fill(void *buf, size_t len, uint64_t seed)
 {
@@ -105,8 +105,17 @@ static int setup(void **state)
     return tsd_start(&P, extra);
 }
 
+/* The same with an fdatasync before every chunk's acknowledgement (restarts too; teardown
+ * goes back to the default). */
+static int setup_always(void **state)
+{
+    extra[3] = "always";
+    return setup(state);
+}
+
 static int teardown(void **state)
 {
+    extra[3] = "seal";
     if (P.pid > 0)
         tsd_stop(&P);
     if (mnt[0]) {
@@ -335,6 +344,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_full_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_disk, setup_always, teardown),
         cmocka_unit_test_setup_teardown(test_full_replica, setup_cluster, teardown_cluster),
         cmocka_unit_test_setup_teardown(test_drill_full_node, setup_cluster, teardown_cluster),
     };
