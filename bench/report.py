@@ -80,6 +80,50 @@ def load_meta(path):
     return meta
 
 
+def targets_section(w, m, ceil1):
+    """Issue 15's rows, each against its target, from this run's medians."""
+    def best(test, systems):
+        v = [x for x in (m(test, s, "ops_per_s") for s in systems) if x]
+        return max(v) if v else None
+    rows = [
+        ("put, 1 conn, sync none", ratio(m("put", "tessera", "gb_per_s"), m("put", "nginx", "gb_per_s")),
+         1.0, "x nginx WebDAV PUT"),
+        ("put, sync none, GB/s", m("put", "tessera", "gb_per_s"), 1.5, "GB/s"),
+        ("put, sync none, server CPU s/GB (at most)", m("put", "tessera", "server_cpu_s_per_gb"), 0.6,
+         "s/GB"),
+        ("put, sync seal", ratio(m("put-seal", "tessera", "gb_per_s"), m("put-seal", "dd", "gb_per_s")),
+         0.8, "x dd conv=fdatasync"),
+        ("put, 5-node cluster (core 3)", ratio(m("put", "cluster", "gb_per_s"), m("put", "tessera", "gb_per_s")),
+         1 / 3, "x one node"),
+        ("tessera ingest (TFRecord)", ratio(m("put", "ingest", "gb_per_s"), m("put", "tessera", "gb_per_s")),
+         0.8, "x put"),
+        ("GET 1 MiB, 1 conn", ratio(m("get1m-c1", "tessera", "gb_per_s"), m("get1m-c1", "nginx", "gb_per_s")),
+         1.0, "x nginx sendfile"),
+        ("GET 1 MiB, 1 conn", ratio(m("get1m-c1", "tessera", "gb_per_s"), ceil1), 0.9, "x iperf3"),
+        ("GET 16 KiB, 16 conns", ratio(m("get16k-c16", "tessera", "ops_per_s"),
+                                       best("get16k-c16", ("redis", "memcached"))),
+         1.1, "x the better of Redis/memcached"),
+        ("GET 16 KiB, 16 conns, p99 (at most)",
+         ratio(m("get16k-c16", "tessera", "p99_us"),
+               min([x for x in (m("get16k-c16", s, "p99_us") for s in ("redis", "memcached")) if x],
+                   default=None)), 1.0, "x the better p99"),
+        ("GET 1 MiB over TLS, 16 conns", ratio(m("get1m-c16", "tessera-tls", "gb_per_s"),
+                                               m("get1m-c16", "nginx-https", "gb_per_s")),
+         1.5, "x nginx HTTPS"),
+    ]
+    w("## Issue 15: every row against its target")
+    w("")
+    w("| row | this run | target | |")
+    w("|---|---|---|---|")
+    for name, v, target, unit in rows:
+        at_most = "(at most)" in name
+        ok = None if v is None else (v <= target if at_most else v >= target)
+        shown = "-" if v is None else f"{v:.2f}"
+        w(f"| {name} | {shown} | {'<=' if at_most else '>='} {target:.2f} {unit} "
+          f"| {'' if ok is None else 'met' if ok else 'MISSED'} |")
+    w("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True)
@@ -191,24 +235,36 @@ def main():
               f"| {fmt(m(test, sysid, 'client_cpu'))} | {fmt(m(test, sysid, 'other_cpu'))} | {vs} | {vc} | {n(test, sysid)} |")
     w("")
 
-    # writes
-    w("## Writes: sealed-shard uploads, one node, one connection")
+    # writes (bench/put/run; its runs carry no other-CPU figure)
+    w("## Writes: sealed-shard uploads, one connection")
     w("")
-    w(f"{meta.get('put_count')} x {meta.get('put_size')} in 1 MiB pieces: tessera sealed shards "
-      f"(sync none), nginx WebDAV PUTs of each piece, dd of the same bytes to a file.")
+    w(f"{meta.get('put_count')} x {meta.get('put_size')} in 1 MiB pieces (bench/put/run, systems "
+      "alternating run by run, each in a fresh daemon after warming the page cache): tessera "
+      "sealed shards into one node, nginx WebDAV PUTs of each piece, dd of the same bytes to a "
+      "file, `tessera ingest` of TFRecord files of the same size (100 KiB records), a 5-node "
+      "cluster (core 3, min_core 2, TLS between the nodes; CPU of all five daemons); then "
+      "`sync = seal` beside dd `conv=fdatasync`.")
     w("")
-    w("| system | GB/s | s per shard (p50) | server CPU s/GB | tessera / it | runs |")
-    w("|---|---|---|---|---|---|")
-    put_ts = m("put", "tessera", "gb_per_s")
-    for sysid in ("tessera", "nginx", "dd"):
-        if not groups.get(("put", sysid)):
-            continue
-        g = m("put", sysid, "gb_per_s")
-        vs_peer = fmt(put_ts / g, 2) + "x" if put_ts and g and sysid != "tessera" else ""
-        p50 = m("put", sysid, "p50_us")
-        w(f"| {sysid} | {fmt(g)} | {fmt(p50 / 1e6, 3) if p50 else ''} "
-          f"| {fmt(m('put', sysid, 'server_cpu_s_per_gb'), 3)} | {vs_peer} | {n('put', sysid)} |")
+    w("| sync | system | GB/s | server CPU s/GB | vs | ratio | runs |")
+    w("|---|---|---|---|---|---|---|")
+    for test, sync, rows in (("put", "none", (("tessera", None), ("nginx", "tessera / nginx"),
+                                              ("dd", "tessera / dd"),
+                                              ("ingest", "ingest / tessera"),
+                                              ("cluster", "cluster / tessera"))),
+                             ("put-seal", "seal", (("tessera", None), ("dd", "tessera / dd")))):
+        ts = m(test, "tessera", "gb_per_s")
+        for sysid, label in rows:
+            if not groups.get((test, sysid)):
+                continue
+            g = m(test, sysid, "gb_per_s")
+            if label and label.startswith("tessera"):
+                r = ratio(ts, g)
+            else:
+                r = ratio(g, ts) if label else None
+            w(f"| {sync} | {sysid} | {fmt(g)} | {fmt(m(test, sysid, 'server_cpu_s_per_gb'), 3)} "
+              f"| {label or ''} | {fr(r) if label else ''} | {len(allruns.get((test, sysid), []))} |")
     w("")
+    targets_section(w, m, ceil1)
 
     plan_section(w, m, n, meta, groups)
 

@@ -22,6 +22,8 @@
  *   tsload load  [options]   writes the data set into the system (http: files under --dir)
  *   tsload put   [options]   upload throughput: --count shards of --size bytes (--proto http:
  *                            the same bytes as --chunk-sized WebDAV PUTs, /PREFIX/SHARD-I)
+ *   tsload tfrecord [options] writes --count TFRecord files of about --size bytes each into
+ *                            --dir, records of --record bytes (the input of `tessera ingest`)
  *   tsload ports N           prints N free loopback TCP ports
  *   tsload wait  --addr A    waits until A accepts TCP connections (--timeout seconds)
  *
@@ -78,6 +80,7 @@ struct cfg {
     const char *ca;
     const char *cert, *key;  /* tessera: a client certificate (a cluster's writer role) */
     unsigned core, min_core; /* tessera: the dataset's replicas (a cluster; 1 1) */
+    size_t record;           /* tfrecord: payload bytes per record */
     unsigned conns;
     unsigned depth;
     double duration;
@@ -1279,6 +1282,63 @@ static int cmd_put(struct cfg *c)
     return 0;
 }
 
+/* ---- TFRecord files for `tessera ingest` ------------------------------------------------------
+ */
+
+static uint32_t crc32c_sw(uint32_t crc, const uint8_t *p, size_t n)
+{
+    static uint32_t t[256];
+    if (!t[1])
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t v = i;
+            for (int k = 0; k < 8; k++)
+                v = v & 1 ? (v >> 1) ^ 0x82f63b78u : v >> 1;
+            t[i] = v;
+        }
+    crc = ~crc;
+    while (n--)
+        crc = t[(crc ^ *p++) & 0xff] ^ (crc >> 8);
+    return ~crc;
+}
+
+static uint32_t tf_mask(uint32_t crc)
+{
+    return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+/* --count files DIR/fNNN.tfrecord, each of whole records of --record payload bytes, up to
+ * --size bytes; every payload the data set's object bytes. */
+static int cmd_tfrecord(struct cfg *c)
+{
+    size_t rec = c->record ? c->record : 100 << 10, per = c->size / (rec + 16);
+    uint8_t *buf = malloc(rec + 16);
+    char path[4096];
+
+    if (!c->dir || !buf || per == 0)
+        die("tfrecord needs --dir, and --size of at least one --record");
+    for (uint64_t f = 0; f < (c->count ? c->count : 1); f++) {
+        snprintf(path, sizeof(path), "%s/f%03" PRIu64 ".tfrecord", c->dir, f);
+        FILE *o = fopen(path, "wb");
+        if (!o)
+            die("%s: %s", path, strerror(errno));
+        for (size_t r = 0; r < per; r++) {
+            uint64_t len = rec;
+            memcpy(buf, &len, 8); /* little-endian hosts only, as the rest of this tool */
+            uint32_t m = tf_mask(crc32c_sw(0, buf, 8));
+            memcpy(buf + 8, &m, 4);
+            obj_fill(c, (uint32_t)(f * per + r), buf + 12, rec);
+            m = tf_mask(crc32c_sw(0, buf + 12, rec));
+            memcpy(buf + 12 + rec, &m, 4);
+            if (fwrite(buf, 1, rec + 16, o) != rec + 16)
+                die("%s: %s", path, strerror(errno));
+        }
+        if (fclose(o) != 0)
+            die("%s: %s", path, strerror(errno));
+    }
+    free(buf);
+    return 0;
+}
+
 static int cmd_ports(int n)
 {
     int fds[64];
@@ -1321,31 +1381,37 @@ static int cmd_wait(struct cfg *c)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: tsload read|load|put [options]    tsload ports N    tsload wait --addr A\n"
-            "  --proto tessera|http|redis|memcache   --tls  --ca FILE (TLS 1.3, " CIPHER ")\n"
-            "  --cert FILE --key FILE (tessera: a client certificate)   --core N --min-core N\n"
-            "  --addr 127.0.0.1:PORT   --conns N (1)   --depth D (1, pipelined when > 1)\n"
-            "  --duration S (3)   --warmup S (1)   --count N (instead of a duration)\n"
-            "  --size B (object size, K/M suffixes)   --keys N   --prefix NAME\n"
-            "  --per-shard K (tessera: objects per shard)   --chunk B (tessera chunk size)\n"
-            "  --server-pid PID[,PID]   --reset-hwm   --label TEXT   --dir DIR (http load)\n"
-            "  --seed N   --cleanup (put: delete the dataset)   --timeout S (wait)\n");
+    fprintf(
+        stderr,
+        "usage: tsload read|load|put|tfrecord [options]   tsload ports N   tsload wait --addr A\n"
+        "  --proto tessera|http|redis|memcache   --tls  --ca FILE (TLS 1.3, " CIPHER ")\n"
+        "  --cert FILE --key FILE (tessera: a client certificate)   --core N --min-core N\n"
+        "  --addr 127.0.0.1:PORT   --conns N (1)   --depth D (1, pipelined when > 1)\n"
+        "  --duration S (3)   --warmup S (1)   --count N (instead of a duration)\n"
+        "  --size B (object size, K/M suffixes)   --keys N   --prefix NAME\n"
+        "  --per-shard K (tessera: objects per shard)   --chunk B (tessera chunk size)\n"
+        "  --server-pid PID[,PID]   --reset-hwm   --label TEXT   --dir DIR (http load)\n"
+        "  --seed N   --cleanup (put: delete the dataset)   --timeout S (wait)\n"
+        "  --record B (tfrecord: payload bytes per record, 100K)\n");
     exit(2);
 }
 
 static void parse(struct cfg *c, int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"proto", 1, 0, 'P'},      {"tls", 0, 0, 'T'},       {"ca", 1, 0, 'C'},
-        {"cert", 1, 0, 1001},      {"key", 1, 0, 1002},      {"core", 1, 0, 1003},
-        {"min-core", 1, 0, 1004},  {"addr", 1, 0, 'a'},      {"conns", 1, 0, 'c'},
-        {"depth", 1, 0, 'd'},      {"duration", 1, 0, 't'},  {"warmup", 1, 0, 'w'},
-        {"count", 1, 0, 'n'},      {"size", 1, 0, 's'},      {"keys", 1, 0, 'k'},
-        {"prefix", 1, 0, 'p'},     {"per-shard", 1, 0, 'S'}, {"chunk", 1, 0, 'K'},
-        {"server-pid", 1, 0, 'i'}, {"reset-hwm", 0, 0, 'R'}, {"label", 1, 0, 'l'},
-        {"dir", 1, 0, 'D'},        {"seed", 1, 0, 'e'},      {"cleanup", 0, 0, 'X'},
-        {"timeout", 1, 0, 'o'},    {"help", 0, 0, 'h'},      {0, 0, 0, 0}};
+    static const struct option lo[] = {{"proto", 1, 0, 'P'},      {"tls", 0, 0, 'T'},
+                                       {"ca", 1, 0, 'C'},         {"cert", 1, 0, 1001},
+                                       {"key", 1, 0, 1002},       {"core", 1, 0, 1003},
+                                       {"min-core", 1, 0, 1004},  {"addr", 1, 0, 'a'},
+                                       {"conns", 1, 0, 'c'},      {"depth", 1, 0, 'd'},
+                                       {"duration", 1, 0, 't'},   {"warmup", 1, 0, 'w'},
+                                       {"count", 1, 0, 'n'},      {"size", 1, 0, 's'},
+                                       {"keys", 1, 0, 'k'},       {"prefix", 1, 0, 'p'},
+                                       {"per-shard", 1, 0, 'S'},  {"chunk", 1, 0, 'K'},
+                                       {"server-pid", 1, 0, 'i'}, {"reset-hwm", 0, 0, 'R'},
+                                       {"label", 1, 0, 'l'},      {"dir", 1, 0, 'D'},
+                                       {"seed", 1, 0, 'e'},       {"cleanup", 0, 0, 'X'},
+                                       {"timeout", 1, 0, 'o'},    {"help", 0, 0, 'h'},
+                                       {"record", 1, 0, 1005},    {0, 0, 0, 0}};
     int ch;
 
     while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -1378,6 +1444,9 @@ static void parse(struct cfg *c, int argc, char **argv)
             break;
         case 1004:
             c->min_core = (unsigned)strtoul(optarg, NULL, 10);
+            break;
+        case 1005:
+            c->record = (size_t)parse_size(optarg);
             break;
         case 'a':
             c->addr = optarg;
@@ -1496,6 +1565,8 @@ int main(int argc, char **argv)
     if (!strcmp(c.cmd, "ports"))
         return cmd_ports(argc > 2 ? atoi(argv[2]) : 1);
     parse(&c, argc - 1, argv + 1);
+    if (!strcmp(c.cmd, "tfrecord"))
+        return cmd_tfrecord(&c);
     if (!c.addr)
         die("--addr HOST:PORT is needed");
     if (!strcmp(c.cmd, "wait"))
