@@ -99,10 +99,11 @@ static int put_room(tessera_client *c, struct put *p)
     return p->rc;
 }
 
-/* Queues one chunk (data borrowed until it is acknowledged). */
-static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len)
+/* Queues one chunk whose CRC32C is crc (data borrowed until it is acknowledged). The shard's
+ * CRC grows by combination: one pass over the bytes per chunk, not two. */
+static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len,
+                     uint32_t crc)
 {
-    uint32_t crc = ts_crc32c(0, data, len);
     struct ts_req *r;
     int rc;
 
@@ -123,7 +124,7 @@ static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_
     p->count++;
     p->index++;
     p->bytes += len;
-    p->crc = ts_crc32c(p->crc, data, len);
+    p->crc = ts_crc32c_combine(p->crc, crc, len);
     return 0;
 }
 
@@ -223,7 +224,7 @@ int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void 
         goto out_end;
     do { /* an empty shard is one empty chunk */
         uint32_t n = (uint32_t)TS_MIN((size_t)p.chunk, len - off);
-        if (put_room(c, &p) || put_chunk(c, &p, src + off, n))
+        if (put_room(c, &p) || put_chunk(c, &p, src + off, n, ts_crc32c(0, src + off, n)))
             break;
         off += n;
     } while (off < len);
@@ -290,7 +291,7 @@ int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
 {
     uint8_t **bufs = NULL;
     struct put p;
-    uint32_t slot, crc = 0; /* of the input read so far */
+    uint32_t slot, crc = 0, ccrc; /* of the input read so far; of the chunk just read */
     uint64_t got = 0;
     long n;
     int rc;
@@ -325,7 +326,8 @@ int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
             p.rc = (int)n;
             break;
         }
-        crc = ts_crc32c(crc, bufs[slot], (size_t)n);
+        ccrc = ts_crc32c(0, bufs[slot], (size_t)n);
+        crc = ts_crc32c_combine(crc, ccrc, (uint64_t)n);
         got += (uint64_t)n;
         if (size != TS_SIZE_UNKNOWN && (size_t)n < want) {
             ts_conn_set_error(c, "the input ended after %llu of %llu bytes",
@@ -341,7 +343,7 @@ int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
             p.rc = TS_ETOOBIG;
             break;
         }
-        if (put_chunk(c, &p, bufs[slot], (uint32_t)n))
+        if (put_chunk(c, &p, bufs[slot], (uint32_t)n, ccrc))
             break;
         if ((size_t)n < want || (size != TS_SIZE_UNKNOWN && p.bytes == size))
             break;

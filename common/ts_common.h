@@ -44,6 +44,9 @@ void ts_log_write(int level, const char *facility, int rc, const char *fmt, ...)
  * ts_crc32c(ts_crc32c(0, a), b) equals the CRC of a followed by b.
  */
 uint32_t ts_crc32c(uint32_t crc, const void *buf, size_t len);
+/* The CRC32C of A followed by B from crc(A), crc(B) and B's length, without a pass over the
+ * bytes (common/crc_combine.c): a chunk's CRC, computed once, extends a running shard CRC. */
+uint32_t ts_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 /* ---- explicit byte order for wire and on-disk records ---------------------------------- */
 

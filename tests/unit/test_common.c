@@ -72,6 +72,36 @@ static void test_crc32c_chaining(void **state)
     free(buf);
 }
 
+/* crc(A || B) from crc(A), crc(B), |B|: every split of a buffer, empty parts included, and the
+ * running CRC of many parts (as a shard's from its chunks); a flipped bit still shows. */
+static void test_crc32c_combine(void **state)
+{
+    size_t len = (1 << 20) + 4093;
+    uint8_t *buf = malloc(len);
+    uint32_t whole, run = 0;
+
+    assert_non_null(buf);
+    ts_test_fill(buf, len, 11, 0);
+    whole = ts_crc32c(0, buf, len);
+    for (size_t cut = 0; cut <= len; cut = cut ? cut * 3 + 1 : 1) {
+        size_t at = TS_MIN(cut, len);
+        uint32_t a = ts_crc32c(0, buf, at), b = ts_crc32c(0, buf + at, len - at);
+        assert_int_equal(ts_crc32c_combine(a, b, len - at), whole);
+    }
+    for (size_t off = 0; off < len;) {
+        size_t n = TS_MIN((size_t)65536 + off % 777, len - off);
+        run = ts_crc32c_combine(run, ts_crc32c(0, buf + off, n), n);
+        off += n;
+    }
+    assert_int_equal(run, whole);
+    assert_int_equal(ts_crc32c_combine(whole, 0, 0), whole);
+    buf[12345] ^= 0x10;
+    assert_int_not_equal(ts_crc32c_combine(ts_crc32c(0, buf, 20000),
+                                           ts_crc32c(0, buf + 20000, len - 20000), len - 20000),
+                         whole);
+    free(buf);
+}
+
 static void test_names(void **state)
 {
     char long_name[TS_NAME_MAX + 2];
@@ -145,6 +175,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errno_table),    cmocka_unit_test(test_errno_conversion),
         cmocka_unit_test(test_crc32c_vectors), cmocka_unit_test(test_crc32c_chaining),
+        cmocka_unit_test(test_crc32c_combine),
         cmocka_unit_test(test_names),          cmocka_unit_test(test_byte_order),
         cmocka_unit_test(test_logging),
     };
