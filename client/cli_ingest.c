@@ -96,7 +96,7 @@ static int scan_file(struct ctx *x, int fmt, struct in_file *f)
         return TS_EIO;
     }
     f->size = (size_t)st.st_size;
-    f->map = f->size ? mmap(NULL, f->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0) : NULL;
+    f->map = f->size ? mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
     close(fd);
     if (f->size && f->map == MAP_FAILED) {
         f->map = NULL;
