@@ -101,8 +101,7 @@ static int put_room(tessera_client *c, struct put *p)
 
 /* Queues one chunk whose CRC32C is crc (data borrowed until it is acknowledged). The shard's
  * CRC grows by combination: one pass over the bytes per chunk, not two. */
-static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len,
-                     uint32_t crc)
+static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_t len, uint32_t crc)
 {
     struct ts_req *r;
     int rc;

@@ -1,10 +1,10 @@
 /*
  * A full disk, for real: tesserad's data directory on a small tmpfs this test mounts, with the
- * default durable `sync seal` (and once more with `sync always`). Puts go on until the filesystem is full; the one that does not
- * fit gets TS_ENOSPC with a message, the daemon stays up and serves every acknowledged shard,
- * a restart (SIGTERM and kill -9) on the nearly full disk works, and writes work again once
- * space returns, without a restart; `tessera drill disk-full` on a cluster node so placed. Skips
- * (77) where mounting is refused (not root).
+ * default durable `sync seal` (and once more with `sync always`). Puts go on until the filesystem
+ * is full; the one that does not fit gets TS_ENOSPC with a message, the daemon stays up and serves
+ * every acknowledged shard, a restart (SIGTERM and kill -9) on the nearly full disk works, and
+ * writes work again once space returns, without a restart; `tessera drill disk-full` on a cluster
+ * node so placed. Skips (77) where mounting is refused (not root).
  */
 #include "harness.h"
 

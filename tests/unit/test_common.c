@@ -175,9 +175,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errno_table),    cmocka_unit_test(test_errno_conversion),
         cmocka_unit_test(test_crc32c_vectors), cmocka_unit_test(test_crc32c_chaining),
-        cmocka_unit_test(test_crc32c_combine),
-        cmocka_unit_test(test_names),          cmocka_unit_test(test_byte_order),
-        cmocka_unit_test(test_logging),
+        cmocka_unit_test(test_crc32c_combine), cmocka_unit_test(test_names),
+        cmocka_unit_test(test_byte_order),     cmocka_unit_test(test_logging),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }
