@@ -186,6 +186,10 @@ int ts_cl_peer_conn(struct ts_cluster *cl, size_t p, int probe, tessera_client *
         *out = cl->peers[p].conn;
         return 0;
     }
+    /* Connecting may take a while (connect, TLS, HELLO) on a connection that has no hook yet:
+     * the caller's deferred work (ts_client_batch) is done first. */
+    if (cl->batch.on_block)
+        cl->batch.on_block(cl->batch.arg);
     o = *cl->o;
     o.address = cl->peers[p].addr;
     o.timeout_ms = cl->timeout_ms;

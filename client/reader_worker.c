@@ -202,6 +202,7 @@ static void unit_start(struct ts_worker *w, uint64_t k)
     size_t cap = 0;
 
     if (r->o.alloc) {
+        wake_flush(w); /* the caller's allocator may wait for the caller */
         buf = r->o.alloc(r->o.alloc_arg, s->len);
         pthread_mutex_lock(&r->m);
     } else {

@@ -13,7 +13,9 @@
 
 #define POLY 0x82f63b78u /* CRC32C (Castagnoli), reflected */
 
-static uint32_t x2k[32]; /* x^(2^k) mod POLY */
+#define X2K_N 67 /* 8 n < 2^67 for every 64-bit n */
+
+static uint32_t x2k[X2K_N]; /* x^(2^k) mod POLY */
 static pthread_once_t x2k_once = PTHREAD_ONCE_INIT;
 
 /* a * b modulo POLY (both reflected). */
@@ -37,8 +39,10 @@ static void x2k_init(void)
 {
     uint32_t p = 1u << 30; /* x^1 */
 
+    /* Every k up to 66: the powers do not cycle with period 32 for this polynomial (its
+     * factors differ from CRC-32's), so no index may wrap. */
     x2k[0] = p;
-    for (int k = 1; k < 32; k++)
+    for (int k = 1; k < X2K_N; k++)
         x2k[k] = p = mulmod(p, p);
 }
 
@@ -51,7 +55,7 @@ static uint32_t x8n(uint64_t n)
     pthread_once(&x2k_once, x2k_init);
     while (n) {
         if (n & 1)
-            p = mulmod(x2k[k & 31], p);
+            p = mulmod(x2k[k], p);
         n >>= 1;
         k++;
     }

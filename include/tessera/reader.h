@@ -63,7 +63,9 @@ struct tessera_reader_opts {
      * Caller-owned buffers: when alloc is set, each unit is read into alloc(arg, len) (len may
      * be 0) and belongs to the caller once tessera_reader_next returned it; free_fn(arg, p)
      * releases buffers the caller never received (close, a failed unit). Both are called from
-     * the reader's threads, several at once. NULL: the reader owns
+     * the reader's threads, several at once, and must not wait for the caller (a thread in
+     * alloc collects no replies meanwhile; NULL fails the unit with TS_ENOMEM instead). NULL:
+     * the reader owns
      * the buffers, and a returned unit's data stays valid until the next tessera_reader_next
      * or tessera_reader_close.
      */

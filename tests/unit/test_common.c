@@ -95,6 +95,22 @@ static void test_crc32c_combine(void **state)
     }
     assert_int_equal(run, whole);
     assert_int_equal(ts_crc32c_combine(whole, 0, 0), whole);
+    {
+        /* A second part of 2^29 + 6 bytes (zeros, CRC'd by streaming): past where a table of
+         * 32 powers would wrap (found by a review). */
+        uint64_t zl = (1ull << 29) + 6;
+        uint8_t *z = calloc(1, 1 << 20);
+        uint32_t cz = 0, ca = ts_crc32c(0, buf, 100), cat = ca;
+        assert_non_null(z);
+        for (uint64_t done = 0; done < zl;) {
+            size_t n = (size_t)TS_MIN((uint64_t)1 << 20, zl - done);
+            cz = ts_crc32c(cz, z, n);
+            cat = ts_crc32c(cat, z, n);
+            done += n;
+        }
+        assert_int_equal(ts_crc32c_combine(ca, cz, zl), cat);
+        free(z);
+    }
     buf[12345] ^= 0x10;
     assert_int_not_equal(ts_crc32c_combine(ts_crc32c(0, buf, 20000),
                                            ts_crc32c(0, buf + 20000, len - 20000), len - 20000),
