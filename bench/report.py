@@ -264,6 +264,22 @@ def main():
             w(f"| {sync} | {sysid} | {fmt(g)} | {fmt(m(test, sysid, 'server_cpu_s_per_gb'), 3)} "
               f"| {label or ''} | {fr(r) if label else ''} | {len(allruns.get((test, sysid), []))} |")
     w("")
+    w("## Small writes: 16 KiB, 16 connections, one in flight each")
+    w("")
+    w("tessera: each write a sealed shard of 16 KiB (`tessera_put`: dataset stat, SHARD_WRITE, "
+      "SHARD_SEAL); Redis `SET` and memcached `set` of 16 KiB values (tsload write).")
+    w("")
+    w("| system | ops/s | p50 µs | p99 µs | server CPU | client CPU | tessera ÷ this | runs |")
+    w("|---|---|---|---|---|---|---|---|")
+    for sysid in ("tessera", "redis", "memcached"):
+        if not groups.get(("put16k-c16", sysid)):
+            continue
+        ops = m("put16k-c16", sysid, "ops_per_s")
+        vs = "-" if sysid == "tessera" else fr(ratio(m("put16k-c16", "tessera", "ops_per_s"), ops))
+        w(f"| {sysid} | {fmt(ops)} | {fmt(m('put16k-c16', sysid, 'p50_us'), 1)} "
+          f"| {fmt(m('put16k-c16', sysid, 'p99_us'), 1)} | {fmt(m('put16k-c16', sysid, 'server_cpu_util'))} "
+          f"| {fmt(m('put16k-c16', sysid, 'client_cpu'))} | {vs} | {n('put16k-c16', sysid)} |")
+    w("")
     targets_section(w, m, ceil1)
 
     plan_section(w, m, n, meta, groups)

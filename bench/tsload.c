@@ -20,6 +20,9 @@
  * Commands:
  *   tsload read  [options]   the load test; prints one JSON object on stdout
  *   tsload load  [options]   writes the data set into the system (http: files under --dir)
+ *   tsload write [options]   small writes, timed like read: --conns connections, each writing
+ *                            --size objects one at a time (redis SET, memcache set; tessera: a
+ *                            sealed shard of --size bytes per write, a new shard each time)
  *   tsload put   [options]   upload throughput: --count shards of --size bytes (--proto http:
  *                            the same bytes as --chunk-sized WebDAV PUTs, /PREFIX/SHARD-I)
  *   tsload tfrecord [options] writes --count TFRecord files of about --size bytes each into
@@ -100,6 +103,7 @@ struct cfg {
     uint64_t seed;
     double timeout;
     SSL_CTX *ssl_ctx;
+    int write; /* tsload write: the workers write instead of reading */
     /* measurement window, CLOCK_MONOTONIC ns; set by main after every worker connected */
     int64_t t0, t1;
 };
@@ -686,10 +690,72 @@ out:
         free(slot[i].buf);
 }
 
+/* tsload write: one object at a time per connection; keys cycle through --keys per worker
+ * (peers overwrite them), tessera writes shard (worker << 20) + n, each a new sealed shard. */
+static void run_write(struct worker *w)
+{
+    struct cfg *c = w->c;
+    uint8_t *buf = malloc(c->size);
+    tessera_client *tc = NULL;
+    struct conn k = {0};
+    char hdr[512], key[160];
+
+    if (!buf)
+        fail(w, "out of memory");
+    else if (c->proto == P_TESSERA)
+        ts_open(w, &tc);
+    else
+        conn_open(w, &k);
+    pthread_barrier_wait(&g_ready);
+    if (w->failed)
+        goto out;
+    sleep_until(c->t0 - (int64_t)(c->warmup * 1e9));
+    for (uint32_t n = 0; keep_going(w, now_ns()); n++) {
+        uint32_t id = (w->idx << 20) | (n & 0xfffff);
+        int64_t ts;
+        obj_fill(c, id, buf, c->size);
+        ts = now_ns();
+        if (c->proto == P_TESSERA) {
+            int rc = tessera_put(tc, c->prefix, id, buf, c->size, NULL, 0);
+            if (rc) {
+                fail(w, "put %s/%u: %s (%s) %s", c->prefix, id, ts_strerror(rc), ts_errname(rc),
+                     tessera_client_error(tc));
+                goto out;
+            }
+        } else {
+            int kl = snprintf(key, sizeof(key), "%s:w%u:%u", c->prefix, w->idx, n % c->nkeys);
+            size_t hn =
+                c->proto == P_REDIS
+                    ? (size_t)snprintf(hdr, sizeof(hdr), "*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%zu\r\n",
+                                       kl, key, c->size)
+                    : (size_t)snprintf(hdr, sizeof(hdr), "set %s 0 0 %zu\r\n", key, c->size);
+            char *l;
+            if (conn_write(&k, hdr, hn) < 0 || conn_write(&k, buf, c->size) < 0 ||
+                conn_write(&k, "\r\n", 2) < 0 || !(l = conn_line(&k))) {
+                fail(w, "set %s: connection lost", key);
+                goto out;
+            }
+            if (strcmp(l, c->proto == P_REDIS ? "+OK" : "STORED")) {
+                fail(w, "set %s: '%.100s'", key, l);
+                goto out;
+            }
+        }
+        account(w, ts, now_ns(), c->size);
+    }
+out:
+    if (c->proto == P_TESSERA)
+        tessera_client_close(tc);
+    else if (buf)
+        conn_close(&k);
+    free(buf);
+}
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
-    if (w->c->proto == P_TESSERA)
+    if (w->c->write)
+        run_write(w);
+    else if (w->c->proto == P_TESSERA)
         run_tessera(w);
     else
         run_peer(w);
@@ -1381,18 +1447,18 @@ static int cmd_wait(struct cfg *c)
 
 static void usage(void)
 {
-    fprintf(
-        stderr,
-        "usage: tsload read|load|put|tfrecord [options]   tsload ports N   tsload wait --addr A\n"
-        "  --proto tessera|http|redis|memcache   --tls  --ca FILE (TLS 1.3, " CIPHER ")\n"
-        "  --cert FILE --key FILE (tessera: a client certificate)   --core N --min-core N\n"
-        "  --addr 127.0.0.1:PORT   --conns N (1)   --depth D (1, pipelined when > 1)\n"
-        "  --duration S (3)   --warmup S (1)   --count N (instead of a duration)\n"
-        "  --size B (object size, K/M suffixes)   --keys N   --prefix NAME\n"
-        "  --per-shard K (tessera: objects per shard)   --chunk B (tessera chunk size)\n"
-        "  --server-pid PID[,PID]   --reset-hwm   --label TEXT   --dir DIR (http load)\n"
-        "  --seed N   --cleanup (put: delete the dataset)   --timeout S (wait)\n"
-        "  --record B (tfrecord: payload bytes per record, 100K)\n");
+    fprintf(stderr,
+            "usage: tsload read|write|load|put|tfrecord [options]   tsload ports N   tsload wait "
+            "--addr A\n"
+            "  --proto tessera|http|redis|memcache   --tls  --ca FILE (TLS 1.3, " CIPHER ")\n"
+            "  --cert FILE --key FILE (tessera: a client certificate)   --core N --min-core N\n"
+            "  --addr 127.0.0.1:PORT   --conns N (1)   --depth D (1, pipelined when > 1)\n"
+            "  --duration S (3)   --warmup S (1)   --count N (instead of a duration)\n"
+            "  --size B (object size, K/M suffixes)   --keys N   --prefix NAME\n"
+            "  --per-shard K (tessera: objects per shard)   --chunk B (tessera chunk size)\n"
+            "  --server-pid PID[,PID]   --reset-hwm   --label TEXT   --dir DIR (http load)\n"
+            "  --seed N   --cleanup (put: delete the dataset)   --timeout S (wait)\n"
+            "  --record B (tfrecord: payload bytes per record, 100K)\n");
     exit(2);
 }
 
@@ -1579,6 +1645,23 @@ int main(int argc, char **argv)
         die("--keys and --size must be positive");
     if (!strcmp(c.cmd, "read"))
         return cmd_read(&c);
+    if (!strcmp(c.cmd, "write")) {
+        int rc;
+        tessera_client *tc = NULL;
+        if (c.proto == P_HTTP)
+            die("write is for --proto tessera, redis or memcache");
+        c.write = 1;
+        c.depth = 1;
+        if (c.proto == P_TESSERA) { /* a fresh dataset of --chunk chunks */
+            tc = ts_open_main(&c);
+            ts_create(&c, tc);
+        }
+        rc = cmd_read(&c);
+        if (tc && c.cleanup)
+            tessera_dataset_delete(tc, c.prefix);
+        tessera_client_close(tc);
+        return rc;
+    }
     if (!strcmp(c.cmd, "load"))
         return cmd_load(&c);
     if (!strcmp(c.cmd, "put"))

@@ -45,7 +45,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     uint32_t old_file = 0;
     uint8_t k[13], rec[SHARD_REC_LEN];
     rocksdb_writebatch_t *b;
-    int rc;
+    int rc, abandoned;
 
     if (!s || !out)
         return TS_EINVAL;
@@ -78,6 +78,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     }
     if (rc != 0 && rc != TS_ENOENT)
         goto out_unlock;
+    abandoned = rc == 0; /* a record in state writing: an upload left unfinished */
     if (s->nwriters == s->capwriters) {
         size_t cap = s->capwriters ? 2 * s->capwriters : 16;
         struct writer_slot *nw = realloc(s->writers, cap * sizeof(*nw));
@@ -114,7 +115,11 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     si.expect_size = expect_size;
     shard_encode(rec, &si, w->file);
     b = rocksdb_writebatch_create();
-    shard_range_delete(s, b, d.id, shard); /* an abandoned upload of this shard, if any */
+    /* An abandoned upload of this shard (its record says writing): its chunks go. Only then:
+     * a range delete per upload would pile range tombstones into the memtable, which RocksDB
+     * fragments again on every read (small shards slowed down without bound). */
+    if (abandoned)
+        shard_range_delete(s, b, d.id, shard);
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
                                  key_shard(k, 'R', d.id, shard));
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'S', d.id, shard),
@@ -253,7 +258,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
 {
     ts_store *s;
     struct ts_shard_info si;
-    uint8_t ks[13], lo[17], hi[17];
+    uint8_t ks[13], lo[17];
     uint8_t *rec = NULL, *ridx = NULL;
     size_t reclen;
     rocksdb_writebatch_t *b;
@@ -322,11 +327,12 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
         rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                                   key_shard(ks, 'R', w->dsid, w->shard), (const char *)ridx,
                                   8 * (size_t)nrecords + 4);
-    /* The CRC list now lives in the shard record; drop the per-chunk records. */
-    key_chunkrec(lo, w->dsid, w->shard, 0);
-    key_chunkrec(hi, w->dsid, w->shard, UINT32_MAX);
-    rocksdb_writebatch_delete_range_cf(b, s->cf[CF_META], (const char *)lo, 17, (const char *)hi,
-                                       17);
+    /* The CRC list now lives in the shard record; drop the per-chunk records: exactly the
+     * w->next this writer put (begin removed older ones), as point deletes, not a range
+     * tombstone per seal (see begin). */
+    for (uint32_t i = 0; i < w->next; i++)
+        rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)lo,
+                                     key_chunkrec(lo, w->dsid, w->shard, i));
     if (log) {
         log->type = TS_LOG_SEAL;
         log->size = si.size;

@@ -5,6 +5,7 @@
 #include "ts_test.h"
 
 #include "ts_store.h"
+#include "store_internal.h" /* key layout and meta_scan: the chunk records */
 #include "ts_map.h"
 
 #include <rocksdb/c.h>
@@ -187,6 +188,56 @@ static void test_range_reads(void **state)
         uint64_t off = (uint64_t)rand() % len;
         size_t l = (size_t)rand() % (2 * CHUNK);
         check_range(f->s, "ranges", 0, 9, off, l, TS_MIN(l, len - off));
+    }
+}
+
+static int count_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen)
+{
+    (*(int *)arg)++;
+    return 0;
+}
+
+/* The per-chunk records of an upload (meta 'C' keys) while it is written, and none once it is
+ * sealed: they are dropped by point deletes of exactly those written (a range delete per
+ * upload piled up range tombstones that RocksDB fragments again on every read). An
+ * abandoned upload's records go when the shard is begun again. */
+static void test_chunk_records_dropped(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    ts_shard_writer *w;
+    uint8_t buf[CHUNK], k[17];
+    int n;
+
+    mk_dataset(f->s, "crec", CHUNK);
+    assert_int_equal(ts_store_dataset_stat(f->s, "crec", &d), 0);
+    memset(buf, 7, sizeof(buf));
+    assert_int_equal(ts_store_shard_begin(f->s, "crec", 5, TS_SIZE_UNKNOWN, &w), 0);
+    for (uint32_t i = 0; i < 6; i++)
+        assert_int_equal(ts_shard_writer_put(w, i, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
+    n = 0;
+    key_chunkrec(k, d.id, 5, 0);
+    assert_int_equal(meta_scan(f->s, k, 13, count_cb, &n), 0);
+    assert_int_equal(n, 6);
+    ts_shard_writer_abort(w); /* abandoned: begun again below */
+    assert_int_equal(ts_store_shard_begin(f->s, "crec", 5, TS_SIZE_UNKNOWN, &w), 0);
+    n = 0;
+    assert_int_equal(meta_scan(f->s, k, 13, count_cb, &n), 0);
+    assert_int_equal(n, 0);
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(ts_shard_writer_put(w, i, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
+    uint32_t crc = ts_crc32c(0, buf, CHUNK);
+    crc = ts_crc32c_combine(ts_crc32c_combine(crc, crc, CHUNK), crc, CHUNK);
+    assert_int_equal(ts_shard_writer_seal(w, 1, crc, NULL, 0), 0);
+    n = 0;
+    assert_int_equal(meta_scan(f->s, k, 13, count_cb, &n), 0);
+    assert_int_equal(n, 0);
+    {
+        uint8_t got[CHUNK];
+        size_t g = 0;
+        assert_int_equal(ts_store_read(f->s, "crec", 5, 2 * CHUNK, CHUNK, got, &g), 0);
+        assert_int_equal(g, CHUNK);
+        assert_memory_equal(got, buf, CHUNK);
     }
 }
 
@@ -1164,6 +1215,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_roundtrip_64mib, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_range_reads, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_seal_rules, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_records_dropped, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_chunk_records_dropped, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_names_and_duplicates, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_delete_and_list, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_files, teardown),
