@@ -26,10 +26,11 @@
  * TESSERA_TEST_ROUNDS (default 4), TESSERA_TEST_FULL_LOGS=1 (dump whole daemon logs on
  * failure instead of their last lines), TESSERA_TEST_SAVE_LOGS=DIR (keep a copy of every
  * daemon log there, also of tests that pass), TESSERA_TEST_FILTER (run only the tests whose
- * names match this cmocka pattern, e.g. "test_divergent*").
+ * names match this cmocka pattern, e.g. "test_divergent*"), TESSERA_TEST_SYNC (the durable
+ * policy the nodes run: seal, the default, or always; ctest runs the file under both).
  *
- * The harness starts every daemon with "--sync none"; the "--sync seal" passed here comes
- * later on the command line and wins (the last flag counts), which restores the default.
+ * The harness starts every daemon with "--sync none"; the "--sync POLICY" passed here comes
+ * later on the command line and wins (the last flag counts).
  */
 #include "harness.h"
 
@@ -66,8 +67,13 @@
 static struct tsd_cluster CL;
 static int test_passed; /* set at the very end of a test body; the teardown dumps logs if not */
 
-/* Durability on: the default policy (overrides the harness's "--sync none"). */
-static const char *const durable_args[] = {"--sync", "seal", NULL};
+/* Durability on (overrides the harness's "--sync none"): the default policy, seal, or the one
+ * TESSERA_TEST_SYNC names; never none, which promises nothing across a power loss. */
+static const char *durable_sync(void)
+{
+    const char *v = getenv("TESSERA_TEST_SYNC");
+    return v && !strcmp(v, "always") ? "always" : "seal";
+}
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
@@ -194,7 +200,7 @@ static int wait_settled(void)
 }
 
 /* Starts the cluster with the durable sync policy and the extra daemon arguments (NULL: none;
- * they come after "--sync seal", so e.g. a "--peer-timeout-ms" there overrides the
+ * they come after "--sync POLICY", so e.g. a "--peer-timeout-ms" there overrides the
  * harness's). */
 static int start_cluster_with(int n, const char *const *domains, uint32_t pgs,
                               const char *const *extra)
@@ -202,8 +208,8 @@ static int start_cluster_with(int n, const char *const *domains, uint32_t pgs,
     const char *args[32];
     int k = 0;
 
-    for (int j = 0; durable_args[j]; j++)
-        args[k++] = durable_args[j];
+    args[k++] = "--sync";
+    args[k++] = durable_sync();
     for (int j = 0; extra && extra[j] && k < 31; j++)
         args[k++] = extra[j];
     args[k] = NULL;
@@ -215,8 +221,8 @@ static int start_cluster_with(int n, const char *const *domains, uint32_t pgs,
     for (int i = 0; i < n; i++) {
         char sync[32];
         node_sync_setting(i, sync, sizeof(sync));
-        if (strcmp(sync, "seal") != 0) {
-            fprintf(stderr, "%s runs with sync '%s', not the default 'seal'\n", CL.id[i], sync);
+        if (strcmp(sync, durable_sync()) != 0) {
+            fprintf(stderr, "%s runs with sync '%s', not '%s'\n", CL.id[i], sync, durable_sync());
             return -1;
         }
     }

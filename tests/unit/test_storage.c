@@ -46,11 +46,19 @@ static int setup_files(void **state)
 }
 
 /* Chunk bytes in RocksDB's blob files (chunk_files 0): stores written before chunk files. */
-static int setup_blob(void **state)
+/* The default store, closed again: a setup changes an option and reopens it. */
+static struct fx *fx_closed(void **state)
 {
     setup_files(state);
     struct fx *f = *state;
     ts_store_close(f->s);
+    f->s = NULL;
+    return f;
+}
+
+static int setup_blob(void **state)
+{
+    struct fx *f = fx_closed(state);
     f->o.chunk_files = 0;
     return fx_open(f);
 }
@@ -58,9 +66,7 @@ static int setup_blob(void **state)
 /* The default sync policy: chunks durable with their shard's seal (fsyncs for real). */
 static int setup_seal(void **state)
 {
-    setup_files(state);
-    struct fx *f = *state;
-    ts_store_close(f->s);
+    struct fx *f = fx_closed(state);
     f->o.sync = TS_SYNC_SEAL;
     return fx_open(f);
 }
@@ -1045,18 +1051,14 @@ static void test_cache(void **state)
 
 static int setup_small_cache(void **state)
 {
-    setup_files(state);
-    struct fx *f = *state;
-    ts_store_close(f->s);
+    struct fx *f = fx_closed(state);
     f->o.cache_bytes = 8 * (CHUNK + 4096); /* a few chunks: constant eviction */
     return fx_open(f);
 }
 
 static int setup_no_cache(void **state)
 {
-    setup_files(state);
-    struct fx *f = *state;
-    ts_store_close(f->s);
+    struct fx *f = fx_closed(state);
     f->o.cache_bytes = 0;
     return fx_open(f);
 }
