@@ -278,22 +278,38 @@ const char *test_certs(void)
     return dir;
 }
 
+int tsd_free_ports(int *ports, int n)
+{
+    int fds[2 * TSD_CLUSTER_MAX + 2], rc = 0;
+
+    if (n < 1 || n > (int)(sizeof(fds) / sizeof(fds[0])))
+        return -1;
+    /* Every socket stays bound until all are chosen: the ports differ (one at a time, the
+     * kernel may hand the same port out twice, and two nodes then share an address). */
+    for (int i = 0; i < n; i++) {
+        struct sockaddr_in sa;
+        socklen_t len = sizeof(sa);
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        memset(&sa, 0, sizeof(sa));
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ports[i] = -1;
+        if (fds[i] >= 0 && bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+            getsockname(fds[i], (struct sockaddr *)&sa, &len) == 0)
+            ports[i] = ntohs(sa.sin_port);
+        if (ports[i] < 0)
+            rc = -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    return rc;
+}
+
 int tsd_free_port(void)
 {
-    struct sockaddr_in sa;
-    socklen_t len = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
-
-    if (fd < 0)
-        return -1;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
+    int port;
+    return tsd_free_ports(&port, 1) == 0 ? port : -1;
 }
 
 int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains, uint32_t pg_count,
@@ -322,14 +338,19 @@ int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *dom
         return -1;
     if (!test_certs())
         return -1;
+    int ports[2 * TSD_CLUSTER_MAX];
+    if (tsd_free_ports(ports, 2 * n) != 0) {
+        fclose(f);
+        return -1;
+    }
     fprintf(f, "epoch = 1;\npg_count = %u;\nnodes = (\n", pg_count);
     for (int i = 0; i < n; i++) {
         snprintf(cl->id[i], sizeof(cl->id[i]), "n%d", i + 1);
         char host[32] = "127.0.0.1";
         if (tsd_cluster_own_hosts)
             snprintf(host, sizeof(host), "127.0.1.%d", i + 1);
-        snprintf(cl->listen[i], sizeof(cl->listen[i]), "%s:%d", host, tsd_free_port());
-        snprintf(cl->tls_listen[i], sizeof(cl->tls_listen[i]), "%s:%d", host, tsd_free_port());
+        snprintf(cl->listen[i], sizeof(cl->listen[i]), "%s:%d", host, ports[2 * i]);
+        snprintf(cl->tls_listen[i], sizeof(cl->tls_listen[i]), "%s:%d", host, ports[2 * i + 1]);
         fprintf(f,
                 "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = 100; "
                 "domain = \"%s\"; }%s\n",

@@ -76,6 +76,8 @@ int raw_wait_closed(int fd, int timeout_ms);
 
 /* A free TCP port on 127.0.0.1 (bound and released: a tiny race, fine for tests). */
 int tsd_free_port(void);
+/* n distinct free loopback ports at once (0, or -1). */
+int tsd_free_ports(int *ports, int n);
 
 /* A cluster of real daemons on loopback with a generated map file. */
 #define TSD_CLUSTER_MAX 8

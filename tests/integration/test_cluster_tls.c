@@ -44,14 +44,19 @@ static int group_setup(void **state)
     f = fopen(map_path, "w");
     if (!f)
         return -1;
+    int ports[2 * N];
+    if (tsd_free_ports(ports, 2 * N) != 0) {
+        fclose(f);
+        return -1;
+    }
     fprintf(f, "epoch = 1;\npg_count = 8;\nnodes = (\n");
     for (int i = 0; i < N; i++) {
         snprintf(ids[i], sizeof(ids[i]), "t%d", i + 1);
         /* Its node certificate serves the TLS listener and authenticates it to peers. */
         snprintf(ncert[i], sizeof(ncert[i]), "%s/node-%s.pem", certs, ids[i]);
         snprintf(nkey[i], sizeof(nkey[i]), "%s/node-%s.key", certs, ids[i]);
-        snprintf(plain[i], sizeof(plain[i]), "127.0.0.1:%d", tsd_free_port());
-        snprintf(tlsa[i], sizeof(tlsa[i]), "127.0.0.1:%d", tsd_free_port());
+        snprintf(plain[i], sizeof(plain[i]), "127.0.0.1:%d", ports[2 * i]);
+        snprintf(tlsa[i], sizeof(tlsa[i]), "127.0.0.1:%d", ports[2 * i + 1]);
         fprintf(f, "  { id = \"%s\"; addr = \"%s\"; tls_addr = \"%s\"; weight = 100; }%s\n", ids[i],
                 plain[i], tlsa[i], i + 1 < N ? "," : "");
     }
