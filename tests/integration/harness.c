@@ -284,19 +284,41 @@ int tsd_free_ports(int *ports, int n)
 
     if (n < 1 || n > (int)(sizeof(fds) / sizeof(fds[0])))
         return -1;
-    /* Every socket stays bound until all are chosen: the ports differ (one at a time, the
-     * kernel may hand the same port out twice, and two nodes then share an address). */
+    /*
+     * Every socket stays bound until all are chosen, so the ports differ (one at a time, the
+     * kernel handed the same port to two nodes). And they are picked below the ephemeral
+     * range: a port from bind(0) is an ephemeral one, which an outgoing connection (a node's
+     * replication link, started before the next node binds) may take in the meantime.
+     */
+    int lo = 32768, hi = 60999, below;
+    FILE *pr = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (pr) {
+        if (fscanf(pr, "%d %d", &lo, &hi) != 2)
+            lo = 32768;
+        fclose(pr);
+    }
+    below = lo > 12000;
+    static int seeded;
+    if (!seeded) { /* tests run side by side (ctest -j): each its own sequence */
+        srandom((unsigned)getpid() ^ (unsigned)time(NULL) * 2654435761u);
+        seeded = 1;
+    }
     for (int i = 0; i < n; i++) {
         struct sockaddr_in sa;
         socklen_t len = sizeof(sa);
-        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-        memset(&sa, 0, sizeof(sa));
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         ports[i] = -1;
-        if (fds[i] >= 0 && bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-            getsockname(fds[i], (struct sockaddr *)&sa, &len) == 0)
-            ports[i] = ntohs(sa.sin_port);
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        for (int tries = 0; fds[i] >= 0 && tries < 200 && ports[i] < 0; tries++) {
+            memset(&sa, 0, sizeof(sa));
+            sa.sin_family = AF_INET;
+            sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            /* below: a random port in [10000, lo); otherwise the kernel's choice */
+            sa.sin_port =
+                below ? htons((uint16_t)(10000 + (unsigned)random() % (unsigned)(lo - 10000))) : 0;
+            if (bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+                getsockname(fds[i], (struct sockaddr *)&sa, &len) == 0)
+                ports[i] = ntohs(sa.sin_port);
+        }
         if (ports[i] < 0)
             rc = -1;
     }
