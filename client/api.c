@@ -390,6 +390,33 @@ int tessera_read_submit(tessera_client *c, const char *name, uint32_t shard, uin
     return ts_cl_read_submit(c, c->cl, name, shard, off, len, buf, op);
 }
 
+int ts_client_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
+                           uint64_t *op)
+{
+    int rc;
+
+    if (!routed(c))
+        return ts_conn_readv_submit(c, name, v, n, op);
+    if (op)
+        *op = 0;
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (!op || !v)
+        return TS_EINVAL;
+    return ts_cl_readv_submit(c, c->cl, name, v, n, op);
+}
+
+size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, uint64_t off)
+{
+    return routed(c) ? ts_cl_read_lane(c->cl, name, shard, off) : 0;
+}
+
+int ts_client_readv_useful(const tessera_client *c)
+{
+    return routed(c) || !ts_conn_can_place(c);
+}
+
 int tessera_wait(tessera_client *c, uint64_t op, size_t *out_len)
 {
     if (!routed(c))

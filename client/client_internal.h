@@ -198,6 +198,32 @@ struct ts_batch {
 };
 void ts_client_batch(tessera_client *c, const struct ts_batch *b);
 
+/*
+ * Many small reads in one request (READV, docs/protocol.md): n ranges of the dataset's shards,
+ * each into its own host buffer. The whole READV is collected by tessera_wait / _wait_any as
+ * one op (0: every range has its own outcome in rc and got; TS_E*: none was read). On a router
+ * the READV goes to the node that serves its first range, once, without failover: ranges that
+ * fail are for the caller to read again one by one (tessera_read_submit), which fails over.
+ * v must stay in place until the op is collected. At most TS_READV_MAX ranges and
+ * TS_READV_BYTES bytes.
+ */
+struct ts_readv {
+    uint32_t shard;
+    uint64_t off;
+    size_t len;
+    uint8_t *dst;
+    int rc; /* the range's outcome, once the READV is collected */
+    size_t got;
+};
+int ts_client_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
+                           uint64_t *op);
+/* Which connection a read of (shard, off) goes to first (READVs are grouped by it): 0 on a
+ * single node; SIZE_MAX when none is usable. */
+size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, uint64_t off);
+/* Whether reads of the handle are better sent as READVs when small: not where the transport
+ * places reads straight into the caller's memory (RDMA). */
+int ts_client_readv_useful(const tessera_client *c);
+
 /* ---- the connection layer (open.c, ops.c, read.c, put.c, conn.c) ------------------------------
  *
  * One connection to one node: a single-node handle, or a sub-connection of the router (which
@@ -292,6 +318,8 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
                            size_t len, void *buf, const struct ts_read_target *tgt, uint64_t *op);
 /* 1 when c is one connection whose transport lets the node place reads (RDMA), else 0. */
 int ts_conn_can_place(const tessera_client *c);
+int ts_conn_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
+                         uint64_t *op);
 int ts_conn_wait(tessera_client *c, uint64_t op, size_t *out_len);
 int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len);
 int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
@@ -363,6 +391,9 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
 int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                       uint64_t off, size_t len, void *buf, uint64_t *op);
 int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len);
+int ts_cl_readv_submit(tessera_client *c, struct ts_cluster *cl, const char *name,
+                       struct ts_readv *v, size_t n, uint64_t *op);
+size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off);
 int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_t *out_len);
 int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
                 struct ts_scrub_report *rep,

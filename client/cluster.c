@@ -511,4 +511,6 @@ void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k)
     if (k->msg)
         sprintf(k->msg, "%s: %s", cl->peers[k->peer].id, msg);
     k->retry = ts_cl_sel_fail(cl, &k->sel, k->peer, k->rc, msg, k->name, k->shard, k->off);
+    if (k->rv)
+        k->retry = 0; /* a READV's ranges are read again one by one, by its caller */
 }

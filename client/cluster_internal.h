@@ -58,6 +58,8 @@ struct cop {
     uint64_t off;
     size_t len;
     void *buf;
+    struct ts_readv *rv; /* a READV (ts_cl_readv_submit): its ranges; sent once, no failover */
+    size_t nrv;
     struct sel sel;
     struct cop *next_free; /* on cl->free_cops */
 };

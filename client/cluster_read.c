@@ -77,7 +77,10 @@ static int cop_submit(struct ts_cluster *cl, struct cop *k)
         rc = ts_cl_sel_next(cl, &k->sel, k->name, k->shard, k->off, &p, &sub);
         if (rc)
             return rc;
-        rc = ts_conn_read_submit(sub, k->name, k->shard, k->off, k->len, k->buf, &k->sub_op);
+        if (k->rv)
+            rc = ts_conn_readv_submit(sub, k->name, k->rv, k->nrv, &k->sub_op);
+        else
+            rc = ts_conn_read_submit(sub, k->name, k->shard, k->off, k->len, k->buf, &k->sub_op);
         if (!rc) {
             k->inflight = 1;
             k->retry = 0;
@@ -85,7 +88,7 @@ static int cop_submit(struct ts_cluster *cl, struct cop *k)
             cl->peers[p].reads++;
             return 0;
         }
-        if (!ts_cl_sel_retry(cl, &k->sel, p, sub, rc, k->name, k->shard, k->off))
+        if (!ts_cl_sel_retry(cl, &k->sel, p, sub, rc, k->name, k->shard, k->off) || k->rv)
             return rc;
     }
 }
@@ -128,21 +131,20 @@ static int cop_result(struct ts_cluster *cl, size_t at, uint64_t *op, size_t *ou
     return rc;
 }
 
-int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
-                      uint64_t off, size_t len, void *buf, uint64_t *op)
+/* A new read (cop) for the router's list, from its free list; TS_ENOMEM. */
+static struct cop *cop_new(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off)
 {
     struct cop **v, *k;
-    int rc;
 
     v = ts_grow(cl->cops, cl->ncops, &cl->capcops, sizeof(*v), 64);
     if (!v)
-        return TS_ENOMEM;
+        return NULL;
     cl->cops = v;
     k = cl->free_cops; /* a read is submitted per small record: no calloc, no printf */
     if (k)
         cl->free_cops = k->next_free;
     else if (!(k = malloc(sizeof(*k))))
-        return TS_ENOMEM;
+        return NULL;
     size_t nlen = strnlen(name, sizeof(k->name) - 1);
     k->inflight = k->retry = k->rc = 0;
     k->peer = 0;
@@ -153,10 +155,19 @@ int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name
     k->name[nlen] = '\0';
     k->shard = shard;
     k->off = off;
-    k->len = len;
-    k->buf = buf;
+    k->len = 0;
+    k->buf = NULL;
+    k->rv = NULL;
+    k->nrv = 0;
     ts_cl_sel_init(cl, &k->sel, name, shard, off, 1);
-    rc = cop_submit(cl, k);
+    return k;
+}
+
+/* Sends k and lists it (its id in *op); on failure k is freed. */
+static int cop_start(struct ts_cluster *cl, struct cop *k, uint64_t *op)
+{
+    int rc = cop_submit(cl, k);
+
     if (rc) {
         free(k);
         return rc;
@@ -165,6 +176,43 @@ int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name
     cl->cops[cl->ncops++] = k;
     *op = k->id;
     return 0;
+}
+
+int ts_cl_read_submit(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                      uint64_t off, size_t len, void *buf, uint64_t *op)
+{
+    struct cop *k = cop_new(cl, name, shard, off);
+
+    if (!k)
+        return TS_ENOMEM;
+    k->len = len;
+    k->buf = buf;
+    return cop_start(cl, k, op);
+}
+
+int ts_cl_readv_submit(tessera_client *c, struct ts_cluster *cl, const char *name,
+                       struct ts_readv *v, size_t n, uint64_t *op)
+{
+    struct cop *k;
+
+    if (n == 0)
+        return TS_EINVAL;
+    k = cop_new(cl, name, v[0].shard, v[0].off);
+    if (!k)
+        return TS_ENOMEM;
+    k->rv = v;
+    k->nrv = n;
+    return cop_start(cl, k, op);
+}
+
+size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off)
+{
+    struct sel s;
+    tessera_client *sub;
+    size_t p;
+
+    ts_cl_sel_init(cl, &s, name, shard, off, 1);
+    return ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub) ? SIZE_MAX : p;
 }
 
 int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len)

@@ -37,6 +37,9 @@ struct ts_req {
     char *msg; /* the server's message for a refused READ */
     void *mr;  /* placed by the server (RDMA): the registration of dst, until the reply */
     const struct ts_read_target *tgt; /* dst is device memory (NULL: host memory) */
+    /* READV: the caller's ranges (readv.c) */
+    struct ts_readv *rv;
+    size_t nrv;
 };
 
 enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
@@ -185,6 +188,11 @@ int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg);
 /* Queues r with its data tail (borrowed until r is done) once fewer than max_inflight
  * requests are in flight. On failure r is still the caller's to free. */
 int ts_req_send(struct tessera_client *c, struct ts_req *r, const void *data, size_t len);
+/* A submitted read r (tessera_read_submit, READV): its id into *op, sent now unless sends are
+ * batched until the next wait (read.c). */
+void ts_req_submitted(tessera_client *c, struct ts_req *r, uint64_t *op);
+/* A collected READV (readv.c): its ranges' outcomes into r->rv; 0 or why none was read. */
+int ts_conn_readv_result(tessera_client *c, struct ts_req *r, size_t *out_len);
 /* A request-reply round trip. On success the reply body is in *body (pointing into r, which
  * the caller frees after decoding); on failure r is freed and the server's message is in
  * c->err. */

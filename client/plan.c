@@ -48,6 +48,8 @@ struct tessera_plan {
     uint64_t key;
     uint64_t *group_start; /* WINDOW with groups: first unit of group g, g in unit order */
     uint64_t *perm_prefix; /* WINDOW with groups: prefix sums of sizes in the shuffled order */
+    uint64_t *perm_group;  /* WINDOW with groups: the group at each place of the shuffled order
+                              (permute(key, ngroups, t), kept: asked for once per unit) */
     uint64_t groups_hash;  /* of the group sizes given (0: none): part of the fingerprint */
     uint64_t nlevels;
     struct level lv[MAX_LEVELS];
@@ -123,7 +125,7 @@ static uint64_t order(const tessera_plan *p, uint64_t pos)
             uint64_t lo = s[win * w], hi = s[TS_MIN((size_t)(win + 1) * w, ng)];
             uint64_t q = lo + permute(mix(p->key ^ (0x5bd1e995ull + win)), hi - lo, pos - lo);
             size_t t2 = upper_slot(s, ng, q);
-            uint64_t g = permute(p->key, ng, t2);
+            uint64_t g = p->perm_group[t2];
             return p->group_start[g] + (q - s[t2]);
         }
     default:
@@ -233,6 +235,7 @@ void tessera_plan_free(tessera_plan *p)
     }
     free(p->group_start);
     free(p->perm_prefix);
+    free(p->perm_group);
     free(p);
 }
 
@@ -278,7 +281,8 @@ static int plan_base(tessera_plan **out, const struct tessera_plan_opts *o)
         size_t ng = o->ngroups;
         p->group_start = malloc((ng + 1) * sizeof(uint64_t));
         p->perm_prefix = malloc((ng + 1) * sizeof(uint64_t));
-        if (!p->group_start || !p->perm_prefix) {
+        p->perm_group = malloc((ng + 1) * sizeof(uint64_t));
+        if (!p->group_start || !p->perm_prefix || !p->perm_group) {
             tessera_plan_free(p);
             return TS_ENOMEM;
         }
@@ -286,8 +290,10 @@ static int plan_base(tessera_plan **out, const struct tessera_plan_opts *o)
         for (size_t g = 0; g < ng; g++)
             p->group_start[g + 1] = p->group_start[g] + o->group_sizes[g];
         /* Slot t of the shuffled group order holds group permute(key, ng, t). */
-        for (size_t t = 0; t < ng; t++)
-            p->perm_prefix[t + 1] = p->perm_prefix[t] + o->group_sizes[permute(p->key, ng, t)];
+        for (size_t t = 0; t < ng; t++) {
+            p->perm_group[t] = permute(p->key, ng, t);
+            p->perm_prefix[t + 1] = p->perm_prefix[t] + o->group_sizes[p->perm_group[t]];
+        }
     }
     p->nlevels = 1;
     p->lv[0].kind = LEVEL_BASE;

@@ -220,7 +220,7 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
                            size_t len, void *buf, const struct ts_read_target *tgt, uint64_t *op)
 {
     struct ts_req *r;
-    int rc, progress = 0;
+    int rc;
 
     rc = ts_submit_args(c, name, off, len, buf, op);
     if (rc)
@@ -228,15 +228,22 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
     rc = read_queue(c, name, shard, off, len, buf, 1, 0, tgt, &r);
     if (rc)
         return rc;
+    ts_req_submitted(c, r, op);
+    return 0;
+}
+
+void ts_req_submitted(tessera_client *c, struct ts_req *r, uint64_t *op)
+{
+    int rc, progress = 0;
+
     *op = r->id;
     /* Get the request on its way now (unless sends are batched until the next wait); its
      * outcome is reported by ts_conn_wait*. */
     if (c->batch.defer_tx)
-        return 0;
+        return;
     rc = ts_tx_step(c, &progress);
     if (rc < 0)
         ts_fail_conn(c, rc);
-    return 0;
 }
 
 /*
@@ -246,6 +253,8 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
  */
 static int submitted_result(tessera_client *c, struct ts_req *r, size_t *out_len)
 {
+    if (r->op == TS_OP_READV)
+        return ts_conn_readv_result(c, r, out_len);
     int rc = read_result(c, r, out_len);
     char name[TS_NAME_MAX + 1];
     struct ts_rd rd;

@@ -25,9 +25,33 @@ struct piece {
     uint8_t *dst;
 };
 
+/*
+ * Small units are read many to a request (READV): the units admitted in a burst are gathered
+ * per lane (the node that serves them first), and a lane's READV leaves when it is full or the
+ * thread is about to wait. A range that fails is read again on its own (a READ, which fails
+ * over to another replica and reports the final error), without using up an attempt.
+ */
+#define RV_UNIT_MAX (32u << 10) /* units up to this size go by READV */
+#define RV_RANGES 64            /* ranges per READV */
+#define RV_LANES 8              /* READVs being gathered at once */
+
+struct rvb {
+    size_t lane;
+    uint64_t op;
+    size_t n, bytes;
+    uint64_t k[RV_RANGES]; /* the units */
+    struct ts_readv v[RV_RANGES];
+};
+
 struct ts_worker {
     struct tessera_reader *r;
     tessera_client *c;
+    int readv; /* small units go by READV */
+    struct rvb *gather[RV_LANES];
+    size_t ngather;   /* ranges gathered, not sent */
+    struct rvb **rvs; /* READVs in flight */
+    size_t nrvs, caprvs;
+    size_t rv_ranges; /* their ranges */
     pthread_t th;
     int started;
     struct piece *inf; /* in flight */
@@ -178,6 +202,7 @@ static int place(struct ts_worker *w, struct slot *s)
 /* ---- reading ------------------------------------------------------------------------------- */
 
 static void piece_failed(struct ts_worker *w, const struct piece *p, int rc, const char *why);
+static int readv_add(struct ts_worker *w, struct slot *s, uint8_t *buf);
 
 static void piece_send(struct ts_worker *w, struct piece *p)
 {
@@ -221,6 +246,8 @@ static void unit_start(struct ts_worker *w, uint64_t k)
     pthread_mutex_unlock(&r->m);
     if (!buf)
         return;
+    if (w->readv && npieces == 1 && s->len <= RV_UNIT_MAX && readv_add(w, s, buf) == 0)
+        return;
     for (size_t i = 0; i < npieces; i++) {
         struct piece p = {0};
         p.k = k;
@@ -249,6 +276,145 @@ static void piece_failed(struct ts_worker *w, const struct piece *p, int rc, con
     pthread_mutex_unlock(&r->m);
 }
 
+/* Piece p of unit k came back whole (lock held). */
+static void piece_done_locked(struct ts_worker *w, uint64_t k)
+{
+    struct tessera_reader *r = w->r;
+    struct slot *s = ts_reader_slot(r, k);
+
+    if (s->state == SLOT_READING) {
+        const char *node = ts_client_served(w->c); /* a copy per reply: no printf here */
+        size_t n = strnlen(node, sizeof(s->node) - 1);
+        memcpy(s->node, node, n);
+        s->node[n] = '\0';
+        if (--s->pieces_left == 0) {
+            s->state = SLOT_DONE;
+            if (r->caller_waits && s->k == r->consumed)
+                w->wake_due = 1;
+        }
+    }
+    if (w->wake_due && ++w->since_due >= WAKE_AFTER)
+        wake_flush_locked(w);
+}
+
+/* A range of a READV that failed (or whose READV did): read again on its own (unlocked). */
+static void range_redo(struct ts_worker *w, const struct rvb *b, size_t i, int rc)
+{
+    struct tessera_reader *r = w->r;
+    struct slot *s = ts_reader_slot(r, b->k[i]);
+    struct piece p = {0, b->k[i], b->v[i].off, b->v[i].len, b->v[i].dst};
+
+    pthread_mutex_lock(&r->m);
+    if (s->state == SLOT_READING && !r->stop && push(&w->redo, &w->nredo, &w->capredo, &p) == 0)
+        r->st.retries++;
+    else
+        slot_fail(r, s, rc, "READV failed and the range could not be read again");
+    pthread_mutex_unlock(&r->m);
+}
+
+/* A collected READV (rc: its own outcome): its units done or read again one by one. */
+static void readv_collected(struct ts_worker *w, size_t at, int rc)
+{
+    struct tessera_reader *r = w->r;
+    struct rvb *b = w->rvs[at];
+
+    w->rvs[at] = w->rvs[--w->nrvs];
+    w->rv_ranges -= b->n;
+    if (rc == TS_ENOTSUP)
+        w->readv = 0; /* a node without READV: single reads from now on */
+    pthread_mutex_lock(&r->m);
+    note_resubmits(w);
+    for (size_t i = 0; i < b->n; i++)
+        if (!rc && b->v[i].rc == 0 && b->v[i].got == b->v[i].len)
+            piece_done_locked(w, b->k[i]);
+    pthread_mutex_unlock(&r->m);
+    for (size_t i = 0; i < b->n; i++)
+        if (rc || b->v[i].rc != 0 || b->v[i].got != b->v[i].len)
+            range_redo(w, b, i, rc ? rc : b->v[i].rc ? b->v[i].rc : TS_EPROTO);
+    free(b);
+}
+
+/* Sends gathered READV b (unlocked). */
+static void readv_send(struct ts_worker *w, struct rvb *b)
+{
+    struct rvb **v;
+    int rc;
+
+    w->ngather -= b->n;
+    v = ts_grow(w->rvs, w->nrvs, &w->caprvs, sizeof(*v), 8);
+    if (!v) {
+        rc = TS_ENOMEM;
+    } else {
+        w->rvs = v;
+        rc = ts_client_readv_submit(w->c, w->r->dataset, b->v, b->n, &b->op);
+    }
+    if (!rc) {
+        w->rvs[w->nrvs++] = b;
+        w->rv_ranges += b->n;
+        return;
+    }
+    for (size_t i = 0; i < b->n; i++)
+        range_redo(w, b, i, rc);
+    free(b);
+}
+
+/* Sends every READV being gathered (unlocked). */
+static void readv_flush(struct ts_worker *w)
+{
+    for (size_t i = 0; i < RV_LANES; i++) {
+        struct rvb *b = w->gather[i];
+        w->gather[i] = NULL;
+        if (b)
+            readv_send(w, b);
+    }
+}
+
+/* Adds admitted unit s (one piece, small) to its lane's READV; 0, or -1 to read it alone. */
+static int readv_add(struct ts_worker *w, struct slot *s, uint8_t *buf)
+{
+    size_t lane = ts_client_read_lane(w->c, w->r->dataset, s->shard, s->offset), at = RV_LANES;
+    struct rvb *b;
+
+    if (lane == SIZE_MAX)
+        return -1; /* the single read finds out why */
+    for (size_t i = 0; i < RV_LANES; i++) {
+        if (w->gather[i] && w->gather[i]->lane == lane) {
+            at = i;
+            break;
+        }
+        if (!w->gather[i] && at == RV_LANES)
+            at = i;
+    }
+    if (at == RV_LANES) { /* more lanes than slots: the first one leaves now */
+        at = 0;
+        readv_send(w, w->gather[0]);
+        w->gather[0] = NULL;
+    }
+    b = w->gather[at];
+    if (b && b->bytes + s->len > TS_READV_BYTES) {
+        readv_send(w, b);
+        b = w->gather[at] = NULL;
+    }
+    if (!b) {
+        b = malloc(sizeof(*b));
+        if (!b)
+            return -1;
+        b->lane = lane;
+        b->n = b->bytes = 0;
+        w->gather[at] = b;
+    }
+    b->k[b->n] = s->k;
+    b->v[b->n] = (struct ts_readv){s->shard, s->offset, s->len, buf, 0, 0};
+    b->n++;
+    b->bytes += s->len;
+    w->ngather++;
+    if (b->n == RV_RANGES) {
+        w->gather[at] = NULL;
+        readv_send(w, b);
+    }
+    return 0;
+}
+
 /* Collects one finished read of the connection (unlocked). */
 static void collect(struct ts_worker *w)
 {
@@ -262,12 +428,20 @@ static void collect(struct ts_worker *w)
     rc = tessera_wait_any(w->c, &op, &got);
     for (i = 0; i < w->ninf && w->inf[i].op != op; i++)
         ;
-    if (i == w->ninf) { /* nothing the connection knows of: every read in flight failed */
+    if (i == w->ninf) {
+        for (size_t j = 0; op && j < w->nrvs; j++)
+            if (w->rvs[j]->op == op) {
+                readv_collected(w, j, rc);
+                return;
+            }
+        /* Nothing the connection knows of: every read in flight failed. */
         snprintf(why, sizeof(why), "%s", tessera_client_error(w->c));
         while (w->ninf) {
             p = w->inf[--w->ninf];
             piece_failed(w, &p, rc ? rc : TS_EINTERNAL, why);
         }
+        while (w->nrvs)
+            readv_collected(w, w->nrvs - 1, rc ? rc : TS_EINTERNAL);
         return;
     }
     p = w->inf[i];
@@ -284,21 +458,8 @@ static void collect(struct ts_worker *w)
         return;
     }
     pthread_mutex_lock(&r->m);
-    struct slot *s = ts_reader_slot(r, p.k);
     note_resubmits(w);
-    if (s->state == SLOT_READING) {
-        const char *node = ts_client_served(w->c); /* a copy per reply: no printf here */
-        size_t n = strnlen(node, sizeof(s->node) - 1);
-        memcpy(s->node, node, n);
-        s->node[n] = '\0';
-        if (--s->pieces_left == 0) {
-            s->state = SLOT_DONE;
-            if (r->caller_waits && s->k == r->consumed)
-                w->wake_due = 1;
-        }
-    }
-    if (w->wake_due && ++w->since_due >= WAKE_AFTER)
-        wake_flush_locked(w);
+    piece_done_locked(w, p.k);
     pthread_mutex_unlock(&r->m);
 }
 
@@ -349,7 +510,9 @@ static void redo(struct ts_worker *w)
  */
 static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
 {
-    return !w->has_pend && w->ninf < r->o.depth && (w->filling || w->ninf <= r->o.depth / 2) &&
+    size_t n = w->ninf + w->rv_ranges + w->ngather;
+
+    return !w->has_pend && n < r->o.depth && (w->filling || n <= r->o.depth / 2) &&
            r->next_claim < r->len && r->next_claim < r->fail_k &&
            r->next_claim - r->consumed < r->o.window_units;
 }
@@ -372,7 +535,7 @@ static void *worker_main(void *arg)
     pthread_mutex_lock(&r->m);
     while (!r->stop) {
         struct slot *s;
-        if (w->nredo && !(ts_conn_broken(w->c) && w->ninf)) {
+        if (w->nredo && !(ts_conn_broken(w->c) && (w->ninf || w->nrvs))) {
             pthread_mutex_unlock(&r->m);
             redo(w);
         } else if (w->has_pend && admits(r, w->pend_k, ts_reader_slot(r, w->pend_k)->len)) {
@@ -406,7 +569,10 @@ static void *worker_main(void *arg)
                 w->pend_k = k;
             }
             continue;
-        } else if (w->ninf) {
+        } else if (w->ngather) { /* about to wait: the gathered READVs leave first */
+            pthread_mutex_unlock(&r->m);
+            readv_flush(w);
+        } else if (w->ninf || w->nrvs) {
             w->filling = 0;
             pthread_mutex_unlock(&r->m);
             collect(w);
@@ -463,6 +629,8 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
             rc = ts_client_open_ex(&w->c, &r->copts, err, errlen);
     }
     for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
+        const char *e = getenv("TESSERA_READER_READV"); /* "0": one READ per unit (A/B runs) */
+        r->workers[i].readv = ts_client_readv_useful(r->workers[i].c) && !(e && !strcmp(e, "0"));
         batch_on(&r->workers[i]);
         if (pthread_create(&r->workers[i].th, NULL, worker_main, &r->workers[i]) != 0) {
             if (err && errlen)
@@ -485,6 +653,11 @@ void ts_reader_workers_stop(struct tessera_reader *r)
         tessera_client_close(w->c);
         free(w->inf);
         free(w->redo);
+        for (size_t j = 0; j < w->nrvs; j++)
+            free(w->rvs[j]);
+        free(w->rvs);
+        for (size_t j = 0; j < RV_LANES; j++)
+            free(w->gather[j]);
     }
     free(r->workers);
     r->workers = NULL;

@@ -79,6 +79,11 @@ int ts_role_may(int role, int need);
 #define TS_SMALL_PAYLOAD (64u << 10)
 #define TS_MAX_CHUNK (64u << 20)
 #define TS_MAX_READ (64u << 20) /* largest range one READ may ask for */
+/* READV: many small ranges (of any shards of one dataset) in one request and one reply. */
+#define TS_READV_MAX 256          /* ranges per READV */
+#define TS_READV_BYTES (4u << 20) /* bytes asked for by one READV, all ranges together */
+#define TS_READV_ENTRY 16         /* request bytes per range: u32 shard, u64 offset, u32 length */
+#define TS_READV_RESULT 12        /* reply bytes per range: i32 status, u32 length, u32 CRC32C */
 
 /* X(name, value, wire name, minimum role, largest request payload) */
 #define TS_OPCODE_TABLE(X)                                                                         \
@@ -106,7 +111,8 @@ int ts_role_may(int role, int need);
     X(PG_INVENTORY, 22, "pg-inventory", TS_ROLE_READER, TS_SMALL_PAYLOAD)                          \
     X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)                        \
     X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
-    X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)
+    X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                     \
+    X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

@@ -984,6 +984,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_SHARD_RECORDS] = op_shard_records,
     [TS_OP_RDMA_TOKEN] = op_rdma_token,
     [TS_OP_PG_DROP] = tsd_op_pg_drop,
+    [TS_OP_READV] = tsd_op_readv,
 };
 
 static tsd_handler handler_for(unsigned opcode)

@@ -36,6 +36,9 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
 /* A local chunk failed verification (rc TS_ECORRUPT): in a cluster, fetch a good copy. */
 void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc);
 
+/* ops_readv.c */
+void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+
 /* ops_status.c */
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 

@@ -176,6 +176,19 @@ static int dec_read(struct dec *d, struct tsd_req_read *q)
     return done(d);
 }
 
+static int dec_readv(struct dec *d, struct tsd_req_readv *q)
+{
+    int rc = name(d, q->name);
+
+    if (rc)
+        return rc;
+    q->n = ts_rd_u32(&d->r);
+    if (d->r.err || q->n > (d->r.len - d->r.off) / TS_READV_ENTRY)
+        return malformed(d);
+    q->p = ts_rd_bytes(&d->r, (size_t)q->n * TS_READV_ENTRY);
+    return done(d);
+}
+
 static int dec_shard_stat(struct dec *d, struct tsd_req_shard_stat *q)
 {
     int rc = name(d, q->name);
@@ -286,7 +299,8 @@ static int dec_pg_drop(struct dec *d, struct tsd_req_pg_drop *q)
     q->pg = ts_rd_u32(&d->r);
     q->dataset[0] = '\0';
     q->dataset_len = 0;
-    if (d->r.off < d->r.len) /* the dataset filter (tessera hot rm) */
+    q->has_dataset = d->r.off < d->r.len;
+    if (q->has_dataset) /* the dataset filter (tessera hot rm) */
         str(d, q->dataset, sizeof(q->dataset), &q->dataset_len);
     return done(d);
 }
@@ -372,6 +386,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
         break;
     case TS_OP_READ:
         rc = dec_read(&d, &q->u.read);
+        break;
+    case TS_OP_READV:
+        rc = dec_readv(&d, &q->u.readv);
         break;
     case TS_OP_SHARD_STAT:
         rc = dec_shard_stat(&d, &q->u.shard_stat);

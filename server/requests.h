@@ -95,6 +95,25 @@ struct tsd_req_read {
     uint32_t rkey;
 };
 
+/* READV: n ranges (TS_READV_ENTRY bytes each, filling the rest of the payload), left in the
+ * payload; the handler refuses n = 0 or n > TS_READV_MAX. */
+struct tsd_req_readv {
+    char name[TS_NAME_MAX + 1];
+    const uint8_t *p;
+    uint32_t n;
+};
+
+/* Range i of a READV. */
+static inline void tsd_readv_at(const struct tsd_req_readv *v, uint32_t i, uint32_t *shard,
+                                uint64_t *off, uint32_t *len)
+{
+    const uint8_t *e = v->p + (size_t)TS_READV_ENTRY * i;
+
+    *shard = ts_get_le32(e);
+    *off = ts_get_le64(e + 4);
+    *len = ts_get_le32(e + 12);
+}
+
 struct tsd_req_shard_stat {
     char name[TS_NAME_MAX + 1];
     uint32_t shard;
@@ -152,6 +171,7 @@ struct tsd_req_pg_drop {
     uint32_t pg;
     char dataset[TS_NAME_MAX + 1];
     uint16_t dataset_len;
+    uint8_t has_dataset; /* the field was sent ("" and no field both mean every dataset) */
 };
 
 struct tsd_req_pg_query {
@@ -200,6 +220,7 @@ struct tsd_req {
         struct tsd_req_shard_write shard_write;
         struct tsd_req_shard_seal shard_seal;
         struct tsd_req_read read;
+        struct tsd_req_readv readv;
         struct tsd_req_shard_stat shard_stat;
         struct tsd_req_shard_stat shard_records; /* the same fields */
         struct tsd_req_dataset shard_list;

@@ -3,11 +3,21 @@ plan order (docs/client.md "Readers"). Iterating gives the units' bytes; with co
 memoryviews over the library's buffers, freed when the last view goes."""
 
 import ctypes
+from itertools import accumulate, chain
 
 from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc,
                    lib)
 from .client import Client, ConnectOptions
 from .plan import encode_state, plan_opts
+
+try:  # numpy (optional): a batch buffer without zeroing 256 KiB that is written over at once
+    from numpy import empty as _empty
+    from numpy import uint8 as _uint8
+
+    def _batch_buffer(n):
+        return _empty(n, _uint8)
+except ImportError:  # pragma: no cover - numpy is there wherever torch is
+    _batch_buffer = bytearray
 
 UNIT = {"shard": 0, "record": 1}
 BATCH_BYTES = 256 << 10  # one batch of small units (Reader.stream)
@@ -144,11 +154,12 @@ class Reader(Handle):
     def stream(self):
         """The units' data in plan order, like iteration, small ones fetched in batches: units
         of at most BATCH_UNIT bytes come one library call per batch, copied once, back to back,
-        into a fresh bytearray, as memoryviews into it (bytes with copy=True); larger ones one
-        by one, as iteration gives them (without a copy when copy=False). The stream watches
-        the sizes it gets and switches between the two. For small records (a few KiB) this
-        costs a fraction of iteration's per-unit calls. `consumed` then counts the units
-        fetched: up to a batch more than were yielded when the stream is left early."""
+        into a fresh buffer (a numpy array, else a bytearray), as memoryviews into it (bytes
+        with copy=True); larger ones one by one, as iteration gives them (without a copy when
+        copy=False). The stream watches the sizes it gets and switches between the two. For
+        small records (a few KiB) this costs a fraction of iteration's per-unit calls.
+        `consumed` then counts the units fetched: up to a batch more than were yielded when the
+        stream is left early."""
         if not self._h:
             raise ValueError("the reader is closed")
         nxt, many, h, u = lib().tessera_reader_next, lib().tessera_reader_next_many, self._h, self._u
@@ -159,7 +170,7 @@ class Reader(Handle):
         batched, small_run = True, 0
         while True:
             if batched:
-                buf = bytearray(BATCH_BYTES)
+                buf = _batch_buffer(BATCH_BYTES)
                 rc = many(h, (ctypes.c_char * BATCH_BYTES).from_buffer(buf), BATCH_BYTES,
                           lens_ref, BATCH_MAX, n_ref)
                 if rc <= 0:
@@ -168,12 +179,11 @@ class Reader(Handle):
                     return
                 k = n.value
                 if k:
-                    mv, off = memoryview(buf), 0
-                    for i in range(k):
-                        end = off + lens[i]
-                        yield bytes(mv[off:end]) if self.copy else mv[off:end]
-                        off = end
-                    batched = off <= k * BATCH_UNIT  # large units: one by one from now
+                    # The batch's slices made and handed on in C (map), not per unit in Python.
+                    ends = list(accumulate(lens[:k]))
+                    views = map(memoryview(buf).__getitem__, map(slice, chain((0,), ends), ends))
+                    yield from map(bytes, views) if self.copy else views
+                    batched = ends[-1] <= k * BATCH_UNIT  # large units: one by one from now
                     continue
                 batched = False  # larger than a batch: on its own, and so on while large
             rc = nxt(h, ref)

@@ -113,9 +113,12 @@ class TesseraIterable(IterableDataset):
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)
         try:
-            for data in reader.stream():  # batched: small records cost one call per batch
+            items = reader.stream()  # batched: small records cost one call per batch
+            if self.transform:
+                items = map(self.transform, items)
+            for data in items:
                 self.yielded += 1
-                yield self.transform(data) if self.transform else data
+                yield data
         finally:
             reader.close()
 

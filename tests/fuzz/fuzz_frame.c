@@ -195,6 +195,11 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
             ts_wr_u32(w, 0);
         }
         break;
+    case TS_OP_READV:
+        wr_name(w, q->u.readv.name);
+        ts_wr_u32(w, q->u.readv.n);
+        ts_wr_bytes(w, q->u.readv.p, (size_t)q->u.readv.n * TS_READV_ENTRY);
+        break;
     case TS_OP_SHARD_STAT:
     case TS_OP_SHARD_RECORDS:
         wr_name(w, q->u.shard_stat.name);
@@ -241,6 +246,8 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         break;
     case TS_OP_PG_DROP:
         ts_wr_u32(w, q->u.pg_drop.pg);
+        if (q->u.pg_drop.has_dataset)
+            wr_str_len(w, q->u.pg_drop.dataset, q->u.pg_drop.dataset_len);
         break;
     case TS_OP_PG_QUERY:
         ts_wr_u32(w, q->u.pg_query.pg);

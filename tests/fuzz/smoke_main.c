@@ -262,6 +262,14 @@ static void build_seeds(void)
     ts_wr_u32(&w, 4096);
     add_seed(&w, TS_OP_READ, 0, "read");
     ts_wr_str(&w, ds.name);
+    ts_wr_u32(&w, 2);
+    for (uint32_t i = 0; i < 2; i++) {
+        ts_wr_u32(&w, 5 + i);
+        ts_wr_u64(&w, 10 + 4096 * i);
+        ts_wr_u32(&w, 4096);
+    }
+    add_seed(&w, TS_OP_READV, 0, "readv");
+    ts_wr_str(&w, ds.name);
     ts_wr_u32(&w, 5);
     add_seed(&w, TS_OP_SHARD_STAT, 0, "shard-stat");
     ts_wr_str(&w, ds.name);

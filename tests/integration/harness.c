@@ -1,4 +1,5 @@
 #include "harness.h"
+#include "ts_test.h"
 
 #include "ts_common.h"
 #include "ts_map.h"
@@ -461,6 +462,30 @@ const char *test_cert(const char *name, const char *ext)
     char *b = buf[i++ % 32];
     snprintf(b, 600, "%s/%s.%s", test_certs(), name, ext);
     return b;
+}
+
+struct tessera_client *tsd_connect(const struct tsd_proc *p)
+{
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+
+    tessera_opts_init(&o);
+    o.address = p->addr;
+    o.timeout_ms = 20000;
+    return tessera_client_open(&c, &o) == 0 ? c : NULL;
+}
+
+int tsd_put_pattern(tessera_client *c, const char *ds, uint32_t shard, size_t len, uint64_t seed)
+{
+    uint8_t *buf = malloc(len ? len : 1);
+    int rc;
+
+    if (!buf)
+        return TS_ENOMEM;
+    ts_test_fill(buf, len, seed, 0);
+    rc = tessera_put(c, ds, shard, buf, len, NULL, 0);
+    free(buf);
+    return rc;
 }
 
 void tsd_client_opts(struct tessera_opts *o, const struct tsd_proc *p, const char *role)

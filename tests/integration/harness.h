@@ -130,6 +130,13 @@ struct tessera_client;
 int test_tls_open(struct tessera_client **c, const char *addr, const char *role, const char *ca,
                   const char *server_name);
 
+/* A plain-TCP libtessera handle on node p (20 s timeout); NULL if it cannot be opened. */
+struct tessera_client *tsd_connect(const struct tsd_proc *p);
+/* Puts shard `shard` of ds: len bytes of ts_test_fill's pattern `seed` (from offset 0);
+ * tessera_put's result. */
+int tsd_put_pattern(struct tessera_client *c, const char *ds, uint32_t shard, size_t len,
+                    uint64_t seed);
+
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);
 

@@ -4,6 +4,7 @@
  * input the server keeps serving and nothing stored is lost.
  */
 #include "harness.h"
+#include "ts_test.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,34 +28,17 @@
 
 static struct tsd_proc D;
 
-static void fill(void *buf, size_t len, uint64_t seed, uint64_t off)
-{
-    uint8_t *p = buf;
-    for (size_t i = 0; i < len; i++) {
-        uint64_t x = (off + i) * 0x9E3779B97F4A7C15ull ^ seed * 0xC2B2AE3D27D4EB4Full;
-        x ^= x >> 29;
-        p[i] = (uint8_t)(x ^ (x >> 17));
-    }
-}
-
 static tessera_client *connect_c(void)
 {
-    struct tessera_opts o;
-    tessera_client *c = NULL;
+    tessera_client *c = tsd_connect(&D);
 
-    tessera_opts_init(&o);
-    o.address = D.addr;
-    o.timeout_ms = 20000;
-    assert_int_equal(tessera_client_open(&c, &o), 0);
+    assert_non_null(c);
     return c;
 }
 
 static void put_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len, uint64_t seed)
 {
-    uint8_t *buf = malloc(len ? len : 1);
-    fill(buf, len, seed, 0);
-    assert_int_equal(tessera_put(c, ds, shard, buf, len, NULL, 0), 0);
-    free(buf);
+    assert_int_equal(tsd_put_pattern(c, ds, shard, len, seed), 0);
 }
 
 static void check_shard(tessera_client *c, const char *ds, uint32_t shard, size_t len,
@@ -65,7 +49,7 @@ static void check_shard(tessera_client *c, const char *ds, uint32_t shard, size_
 
     assert_int_equal(tessera_read(c, ds, shard, 0, len + 16, got, &n), 0);
     assert_int_equal(n, len);
-    fill(want, len, seed, 0);
+    ts_test_fill(want, len, seed, 0);
     assert_memory_equal(got, want, len);
     free(got);
     free(want);
@@ -155,7 +139,7 @@ static void test_ranges_and_pipelining(void **state)
 
     mkds(c, "ranges");
     put_shard(c, "ranges", 0, len, 77);
-    fill(want, len, 77, 0);
+    ts_test_fill(want, len, 77, 0);
     /* 32 reads in flight on one connection, completing in any order. */
     for (int i = 0; i < 32; i++) {
         offs[i] = (uint64_t)(i * 7919 * 13) % len;
@@ -197,7 +181,7 @@ static void test_pipelined_large_reads(void **state)
 
     assert_int_equal(tessera_dataset_create(c, "bigpieces", &p), 0);
     put_shard(c, "bigpieces", 0, len, 31);
-    fill(want, len, 31, 0);
+    ts_test_fill(want, len, 31, 0);
     for (int round = 0; round < 2; round++) { /* cold (cache fills), then warm (arena) */
         for (int i = 0; i < 6; i++) {
             bufs[i] = malloc(1u << 20);
@@ -410,7 +394,7 @@ static void test_bad_chunk_crc(void **state)
     char msg[256];
 
     mkds(c, "badcrc");
-    fill(data, CHUNK, 5, 0);
+    ts_test_fill(data, CHUNK, 5, 0);
     shard_write_frame(&w, "badcrc", 0, 0, 2 * CHUNK, ts_crc32c(0, data, CHUNK) ^ 0x10, data, CHUNK);
     assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
     assert_int_equal(raw_recv_reply(fd, 5000, NULL, msg, sizeof(msg), NULL, NULL), TS_ECORRUPT);
@@ -459,7 +443,7 @@ static void test_disconnect_mid_upload(void **state)
     size_t n;
 
     mkds(c, "cut");
-    fill(data, CHUNK, 6, 0);
+    ts_test_fill(data, CHUNK, 6, 0);
     shard_write_frame(&w, "cut", 0, 0, 3 * CHUNK, ts_crc32c(0, data, CHUNK), data, CHUNK);
     assert_int_equal(raw_send_frame(fd, TS_OP_SHARD_WRITE, 0, 1, w.buf, w.len), 0);
     assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), 0);
@@ -663,7 +647,7 @@ static void test_cache_memory_corruption(void **state)
     } else {
         /* 16 KiB around the flipped byte: right bytes, or a refusal; never wrong bytes. */
         int rc = tessera_read(c, "cachebad", 0, 300000 - 8000, 16384, got, &n);
-        fill(want, 16384, 99, 300000 - 8000);
+        ts_test_fill(want, 16384, 99, 300000 - 8000);
         fprintf(stderr, "  partial read over it: %s\n", rc ? ts_errname(rc) : "ok");
         assert_int_equal(rc, 0);
         assert_int_equal(n, 16384);
@@ -735,7 +719,7 @@ static void test_cache_corruption_whole_piece(void **state)
     assert_int_equal(tessera_dataset_create(c, "cachebad2", &p), 0);
     put_shard(c, "cachebad2", 0, 1u << 20, 77);
     check_shard(c, "cachebad2", 0, 1u << 20, 77); /* now cached (in the arena) */
-    fill(want, 64, 77, 500000);
+    ts_test_fill(want, 64, 77, 500000);
     hits = corrupt_arena_copy(D.pid, want, 64);
     fprintf(stderr, "  flipped a byte in %d cached copies\n", hits);
     if (hits == 0) {

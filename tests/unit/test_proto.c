@@ -616,9 +616,9 @@ static void test_opcode_table(void **state)
         TS_OPCODE_TABLE(X)
 #undef X
     };
-    static const unsigned unknown[] = {0, TS_OP_MAX, 26, 100, 200, 254, 255, 256, UINT_MAX};
+    static const unsigned unknown[] = {0, TS_OP_MAX, 27, 100, 200, 254, 255, 256, UINT_MAX};
 
-    assert_int_equal(TS_ARRAY_SIZE(ops), 25);
+    assert_int_equal(TS_ARRAY_SIZE(ops), 26);
     for (size_t i = 0; i < TS_ARRAY_SIZE(ops); i++) {
         const struct ts_op_desc *d = ts_op_desc(ops[i].op);
         assert_non_null(d);
@@ -640,6 +640,8 @@ static void test_opcode_table(void **state)
     assert_int_equal(ts_op_desc(TS_OP_PG_QUERY)->min_role, TS_ROLE_NODE);
     assert_int_equal(ts_op_desc(TS_OP_RDMA_TOKEN)->min_role, TS_ROLE_READER);
     assert_int_equal(ts_op_desc(TS_OP_PG_DROP)->min_role, TS_ROLE_ADMIN);
+    assert_int_equal(ts_op_desc(TS_OP_READV)->min_role, TS_ROLE_READER);
+    assert_string_equal(ts_op_desc(TS_OP_READV)->name, "readv");
     assert_int_equal(ts_op_desc(TS_OP_PG_ACTIVATE)->min_role, TS_ROLE_NODE);
     assert_int_equal(ts_op_desc(TS_OP_PG_PULL)->min_role, TS_ROLE_NODE);
     assert_int_equal(ts_op_desc(TS_OP_REPL_WRITE)->min_role, TS_ROLE_NODE);

@@ -482,6 +482,58 @@ static void test_read_placement(void **state)
     tsd_req_free(&q);
 }
 
+/* READV: the ranges stay in the payload; counts out of 1..TS_READV_MAX and entries that do
+ * not fill the count exactly are refused. */
+static void test_readv(void **state)
+{
+    struct tsd_req q;
+    struct ts_wr w;
+    uint32_t shard, len;
+    uint64_t off;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, NAME);
+    ts_wr_u32(&w, 2);
+    ts_wr_u32(&w, 7);
+    ts_wr_u64(&w, 1ull << 40);
+    ts_wr_u32(&w, 4096);
+    ts_wr_u32(&w, 0);
+    ts_wr_u64(&w, 5);
+    ts_wr_u32(&w, 0);
+    assert_int_equal(dec(TS_OP_READV, &w, &q), 0);
+    assert_string_equal(q.u.readv.name, NAME);
+    assert_int_equal(q.u.readv.n, 2);
+    tsd_readv_at(&q.u.readv, 0, &shard, &off, &len);
+    assert_int_equal(shard, 7);
+    assert_true(off == 1ull << 40);
+    assert_int_equal(len, 4096);
+    tsd_readv_at(&q.u.readv, 1, &shard, &off, &len);
+    assert_int_equal(shard, 0);
+    assert_true(off == 5);
+    assert_int_equal(len, 0);
+    tsd_req_free(&q);
+    /* An entry cut short; a byte after the last one. */
+    w.len -= 1;
+    assert_int_equal(dec(TS_OP_READV, &w, &q), TS_EPROTO);
+    w.len += 1;
+    ts_wr_u8(&w, 0);
+    assert_int_equal(dec(TS_OP_READV, &w, &q), TS_EPROTO);
+    ts_wr_fini(&w);
+    /* No ranges (decoded: the handler refuses it), a count the payload cannot hold, no count. */
+    for (int i = 0; i < 3; i++) {
+        ts_wr_init(&w);
+        ts_wr_str(&w, NAME);
+        if (i < 2)
+            ts_wr_u32(&w, i == 0 ? 0 : TS_READV_MAX + 1);
+        assert_int_equal(dec(TS_OP_READV, &w, &q), i == 0 ? 0 : TS_EPROTO);
+        if (i == 0) {
+            assert_int_equal(q.u.readv.n, 0);
+            tsd_req_free(&q);
+        }
+        ts_wr_fini(&w);
+    }
+}
+
 static void test_map_push(void **state)
 {
     struct ts_map_node nodes[1] = {{.id = "n1", .addr = "127.0.0.1:7101", .weight = 100}};
@@ -523,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_pg_activate),
         cmocka_unit_test(test_map_push),
         cmocka_unit_test(test_read_placement),
+        cmocka_unit_test(test_readv),
     };
     return cmocka_run_group_tests_name("requests", tests, NULL, NULL);
 }
