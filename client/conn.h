@@ -37,12 +37,14 @@ struct ts_req {
     char *msg; /* the server's message for a refused READ */
     void *mr;  /* placed by the server (RDMA): the registration of dst, until the reply */
     const struct ts_read_target *tgt; /* dst is device memory (NULL: host memory) */
-    /* READV: the caller's ranges (readv.c) */
+    /* READV: the caller's ranges (readv.c); their outcomes are in them once rv_done */
     struct ts_readv *rv;
     size_t nrv;
+    int rv_done;
 };
 
-enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_DRAIN };
+/* RX_VHEAD, RX_VDATA: a READV reply's head, then its table and the ranges' data (readv.c). */
+enum rx_state { RX_HDR, RX_BODY, RX_RHEAD, RX_RDATA, RX_VHEAD, RX_VDATA, RX_DRAIN };
 
 /* What a receive asks for when a new frame begins: several small replies (4 KiB records) come
  * in one receive and are copied out of stage, instead of two receives per reply. */
@@ -77,6 +79,8 @@ struct rx {
     size_t pdoff;       /* their bytes */
     size_t drain_left;
     int drain_rc;
+    /* READV: the range being received, its bytes in, and the data still due in all */
+    size_t vi, vhave, vleft;
 };
 
 struct tessera_client {
@@ -167,6 +171,18 @@ void ts_req_finish(struct tessera_client *c, struct ts_req *r);
 
 /* Ready for the next frame; what stage holds of it (and the table buffer) is kept. */
 void ts_rx_reset(struct tessera_client *c);
+/* Room for a reply's table of len bytes in rx.table (kept across replies); none of it in yet. */
+int ts_rx_table(struct rx *x, size_t len);
+/* The reply being received is complete (rc: the request's outcome when not in the reply). */
+void ts_rx_complete(struct tessera_client *c, int rc);
+/* Skips the rest (left bytes) of a frame whose request fails with rc (framing is intact). */
+void ts_rx_drain(struct tessera_client *c, size_t left, int rc);
+/* READV replies (readv.c): the head (status, count) is in rx.rhead (rx.rhead_len bytes); n
+ * more bytes arrived into the target ts_readv_iov gave; the targets for the next receive (the
+ * table, then the ranges' buffers, at most max; their count). 0 or TS_E*. */
+int ts_rx_readv_head(struct tessera_client *c);
+int ts_rx_readv_arrived(struct tessera_client *c, size_t n);
+int ts_rx_readv_iov(struct tessera_client *c, struct iovec *iov, int max);
 /* Receives what is there, up to a budget; 0 or TS_E*. */
 int ts_rx_some(struct tessera_client *c, int *progress);
 

@@ -42,12 +42,29 @@ void ts_rx_reset(struct tessera_client *c)
 
 /* ---- receiving ------------------------------------------------------------------------------- */
 
+int ts_rx_table(struct rx *x, size_t len)
+{
+    if (len > x->table_cap) {
+        uint8_t *t = realloc(x->table, len);
+        if (!t)
+            return TS_ENOMEM;
+        x->table = t;
+        x->table_cap = len;
+    }
+    x->tlen = len;
+    x->thave = 0;
+    return 0;
+}
+
 /* The whole reply is in: the request is answered. */
-static void rx_complete(struct tessera_client *c, int rc)
+void ts_rx_complete(struct tessera_client *c, int rc)
 {
     struct ts_req *r = c->rx.req;
 
-    if (r->op == TS_OP_READ) {
+    if (r->op == TS_OP_READV && !c->rx.body) { /* the ranges' data went to their buffers */
+        r->rc = rc;
+        r->rv_done = rc == 0;
+    } else if (r->op == TS_OP_READ) {
         /* The server wrote what it will write before its reply. */
         ts_req_unplace(c, r, rc == TS_ECORRUPT);
         r->rc = rc;
@@ -68,15 +85,14 @@ static void rx_complete(struct tessera_client *c, int rc)
         c->rx_more = 0;
 }
 
-/* Skips the rest of a frame whose request fails with rc (framing is intact). */
-static void rx_drain(struct tessera_client *c, size_t left, int rc)
+void ts_rx_drain(struct tessera_client *c, size_t left, int rc)
 {
     c->rx.drain_left = left;
     c->rx.drain_rc = rc;
     c->rx.have = 0;
     c->rx.state = RX_DRAIN;
     if (left == 0)
-        rx_complete(c, rc);
+        ts_rx_complete(c, rc);
 }
 
 /* A whole refused READ reply or other small payload was received into rx.body. */
@@ -99,10 +115,10 @@ static int rx_body_done(struct tessera_client *c)
         ts_note_stale(c, &rd, rc);
         free(r->msg);
         r->msg = strdup(msg);
-        rx_complete(c, rc ? rc : TS_EPROTO);
+        ts_rx_complete(c, rc ? rc : TS_EPROTO);
         return 0;
     }
-    rx_complete(c, 0);
+    ts_rx_complete(c, 0);
     return 0;
 }
 
@@ -140,7 +156,16 @@ static int rx_header(struct tessera_client *c)
         x->rhead_len = TS_MIN((size_t)x->h.length, TS_READ_HEAD_LEN);
         x->state = RX_RHEAD;
         if (x->rhead_len == 0)
-            rx_drain(c, 0, TS_EPROTO);
+            ts_rx_drain(c, 0, TS_EPROTO);
+        return 0;
+    }
+    if (x->req->op == TS_OP_READV) {
+        if (x->h.length > 8 + x->req->nrv * (size_t)TS_READV_RESULT + TS_READV_BYTES)
+            return ts_proto_err(c, "oversized READV reply");
+        x->rhead_len = TS_MIN((size_t)x->h.length, (size_t)8);
+        x->state = RX_VHEAD;
+        if (x->rhead_len == 0)
+            ts_rx_drain(c, 0, TS_EPROTO);
         return 0;
     }
     if (x->h.length > MAX_SMALL_REPLY)
@@ -167,7 +192,7 @@ static int rx_read_head(struct tessera_client *c)
 
     if (status != 0) { /* refused: status + message, read it whole */
         if (payload > MAX_REFUSAL) {
-            rx_drain(c, payload - x->rhead_len, status < 0 ? status : TS_EPROTO);
+            ts_rx_drain(c, payload - x->rhead_len, status < 0 ? status : TS_EPROTO);
             return 0;
         }
         x->body_len = payload;
@@ -183,35 +208,28 @@ static int rx_read_head(struct tessera_client *c)
         (x->placed ? ts_read_head_decode_placed(x->rhead, payload, r->rd_off, r->cap, &x->rd)
                    : ts_read_head_decode(x->rhead, payload, r->rd_off, r->cap, &x->rd)) != 0) {
         ts_proto_err(c, "READ reply does not match the range asked for");
-        rx_drain(c, payload - x->rhead_len, TS_EPROTO);
+        ts_rx_drain(c, payload - x->rhead_len, TS_EPROTO);
         return 0;
     }
     if (!x->placed && r->tgt && x->rd.data_len) { /* host bytes never go into device memory */
         ts_proto_err(c, "an in-band READ reply to a read into device memory");
-        rx_drain(c, payload - x->rhead_len, TS_EPROTO);
+        ts_rx_drain(c, payload - x->rhead_len, TS_EPROTO);
         return 0;
     }
     /* From here the data (at most r->cap bytes, checked above) may land in r->dst. */
     x->have = 0;
     if (x->rd.npieces) {
-        x->tlen = (size_t)x->rd.npieces * 8;
-        x->thave = 0;
-        if (x->tlen > x->table_cap) {
-            uint8_t *t = realloc(x->table, x->tlen);
-            if (!t)
-                return TS_ENOMEM;
-            x->table = t;
-            x->table_cap = x->tlen;
-        }
+        if (ts_rx_table(x, (size_t)x->rd.npieces * 8) != 0)
+            return TS_ENOMEM;
         x->state = RX_RDATA;
         return 0;
     }
     if (x->rd.data_len) {
         ts_proto_err(c, "READ reply carries data but no pieces");
-        rx_drain(c, x->placed ? 0 : x->rd.data_len, TS_EPROTO);
+        ts_rx_drain(c, x->placed ? 0 : x->rd.data_len, TS_EPROTO);
         return 0;
     }
-    rx_complete(c, 0);
+    ts_rx_complete(c, 0);
     return 0;
 }
 
@@ -220,7 +238,7 @@ static void rx_read_fail(struct tessera_client *c, int rc)
 {
     struct rx *x = &c->rx;
 
-    rx_drain(c, x->tlen - x->thave + (x->placed ? 0 : x->rd.data_len - x->have), rc);
+    ts_rx_drain(c, x->tlen - x->thave + (x->placed ? 0 : x->rd.data_len - x->have), rc);
 }
 
 /* n more bytes of a READ reply's piece table and data arrived (table first). */
@@ -268,7 +286,7 @@ static int rx_read_data(struct tessera_client *c, size_t n)
         return 0;
     }
     if (x->have == x->rd.data_len)
-        rx_complete(c, 0);
+        ts_rx_complete(c, 0);
     return 0;
 }
 
@@ -283,10 +301,12 @@ static int rx_arrived(struct tessera_client *c, size_t n)
         return x->have < x->body_len ? 0 : rx_body_done(c);
     case RX_RDATA:
         return rx_read_data(c, n);
+    case RX_VDATA:
+        return ts_rx_readv_arrived(c, n);
     default:
         x->drain_left -= n;
         if (x->drain_left == 0)
-            rx_complete(c, x->drain_rc);
+            ts_rx_complete(c, x->drain_rc);
         return 0;
     }
 }
@@ -316,11 +336,12 @@ static int rx_staged(struct tessera_client *c, const struct iovec *iov)
         rc = rx_header(c);
         break;
     case RX_RHEAD:
+    case RX_VHEAD:
         if (avail < x->rhead_len)
             return 0;
         memcpy(x->rhead, x->stage + x->soff, x->rhead_len);
         x->soff += x->rhead_len;
-        rc = rx_read_head(c);
+        rc = x->state == RX_RHEAD ? rx_read_head(c) : ts_rx_readv_head(c);
         break;
     default:
         if (avail == 0)
@@ -344,8 +365,8 @@ static int rx_staged(struct tessera_client *c, const struct iovec *iov)
 static int rx_step(struct tessera_client *c, size_t *bytes)
 {
     struct rx *x = &c->rx;
-    struct iovec iov[2];
-    size_t want;
+    struct iovec iov[8];
+    size_t want = 0;
     int cnt = 1, rc;
     long n;
 
@@ -362,7 +383,13 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     switch (x->state) {
     case RX_HDR:
     case RX_RHEAD:
+    case RX_VHEAD:
         iov[0].iov_len = 0;
+        break;
+    case RX_VDATA:
+        cnt = ts_rx_readv_iov(c, iov, (int)TS_ARRAY_SIZE(iov));
+        if (cnt == 0) /* a READV reply completes with its last range: never here */
+            return ts_proto_err(c, "READV reply state lost");
         break;
     case RX_BODY:
         iov[0].iov_base = x->body + x->have;
@@ -392,7 +419,7 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
         return rc;
     if (!c->rx_more)
         return 0;
-    if (x->state == RX_HDR || x->state == RX_RHEAD) {
+    if (x->state == RX_HDR || x->state == RX_RHEAD || x->state == RX_VHEAD) {
         /* Into stage: a header (or the rest of a READ head) and what follows it, as much as
          * the transport has up to RX_STAGE. */
         if (x->soff) {
@@ -403,7 +430,8 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
         iov[0].iov_base = x->stage + x->slen;
         iov[0].iov_len = RX_STAGE - x->slen;
     }
-    want = iov[0].iov_len + (cnt > 1 ? iov[1].iov_len : 0);
+    for (int i = 0; i < cnt; i++)
+        want += iov[i].iov_len;
     n = c->t->ops->recv(c->t, iov, cnt);
     if (n <= 0) {
         if (n == 0)
@@ -413,7 +441,7 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
     if ((size_t)n < want)
         c->rx_more = 0; /* the transport has nothing more now: wait before the next receive */
     *bytes += (size_t)n;
-    if (x->state == RX_HDR || x->state == RX_RHEAD) {
+    if (x->state == RX_HDR || x->state == RX_RHEAD || x->state == RX_VHEAD) {
         x->slen += (size_t)n;
         rc = rx_staged(c, NULL);
     } else {

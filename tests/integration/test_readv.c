@@ -244,6 +244,69 @@ static void test_readv_client(void **state)
     tessera_client_close(c);
 }
 
+/* Many READVs in flight at once, of random ranges (empty ones, ones across chunks, ones cut at
+ * a shard's end, up to 256 a request): every byte lands in its own buffer, as the pattern says.
+ * The replies' tables and data arrive split across receives in every way. */
+static void test_readv_random(void **state)
+{
+    enum { INFLIGHT = 8, ROUNDS = 60 };
+    struct batch {
+        uint64_t op;
+        size_t n;
+        struct ts_readv v[TS_READV_MAX];
+        uint8_t *buf;
+    } *b = calloc(INFLIGHT, sizeof(*b));
+    tessera_client *c = tsd_connect(&D);
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    uint8_t *want = malloc(3 * CHUNK);
+
+    assert_non_null(c);
+    assert_non_null(b);
+    for (int round = 0; round < ROUNDS + INFLIGHT; round++) {
+        struct batch *x = &b[round % INFLIGHT];
+        if (round >= INFLIGHT) { /* collect the batch that used this slot */
+            size_t got = 0, total = 0;
+            assert_int_equal(tessera_wait(c, x->op, &got), 0);
+            for (size_t i = 0; i < x->n; i++) {
+                struct ts_readv *v = &x->v[i];
+                uint64_t size = size_of(v->shard), end = TS_MIN(v->off + v->len, size);
+                if (v->off > size) {
+                    assert_int_equal(v->rc, TS_ERANGE);
+                    continue;
+                }
+                assert_int_equal(v->rc, 0);
+                assert_int_equal(v->got, end - v->off);
+                ts_test_fill(want, v->got, seed_of(v->shard), v->off);
+                assert_memory_equal(v->dst, want, v->got);
+                total += v->got;
+            }
+            assert_int_equal(got, total);
+            free(x->buf);
+        }
+        if (round >= ROUNDS)
+            continue;
+        size_t used = 0;
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        x->n = 1 + (rng >> 33) % TS_READV_MAX;
+        x->buf = malloc((size_t)TS_READV_BYTES);
+        for (size_t i = 0; i < x->n; i++) {
+            struct ts_readv *v = &x->v[i];
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            v->shard = (uint32_t)((rng >> 20) % 3);
+            v->off = (rng >> 28) % (size_of(v->shard) + 8); /* a few past the end */
+            v->len = (size_t)((rng >> 45) % (i % 7 == 0 ? 3 * CHUNK : 6000));
+            if (used + v->len > TS_READV_BYTES)
+                v->len = 0;
+            v->dst = x->buf + used;
+            used += v->len;
+        }
+        assert_int_equal(ts_client_readv_submit(c, "rv", x->v, x->n, &x->op), 0);
+    }
+    free(want);
+    free(b);
+    tessera_client_close(c);
+}
+
 /* A byte flipped in a chunk on disk: the ranges touching it fail with TS_ECORRUPT (never its
  * bytes), the others in the same READV are served. Last: it restarts the node. */
 static void test_readv_corrupt_chunk(void **state)
@@ -272,9 +335,8 @@ static void test_readv_corrupt_chunk(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_readv_ranges),
-        cmocka_unit_test(test_readv_bad_input),
-        cmocka_unit_test(test_readv_client),
+        cmocka_unit_test(test_readv_ranges),        cmocka_unit_test(test_readv_bad_input),
+        cmocka_unit_test(test_readv_client),        cmocka_unit_test(test_readv_random),
         cmocka_unit_test(test_readv_corrupt_chunk),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
