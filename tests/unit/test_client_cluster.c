@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "fake_server.h"
 #include "ts_map.h"
 
 #define NMAX 6
@@ -30,40 +31,6 @@
 
 /* ---- wire helpers ----------------------------------------------------------------------------
  */
-
-static int read_exact(int fd, void *buf, size_t n)
-{
-    uint8_t *p = buf;
-
-    while (n) {
-        ssize_t k = read(fd, p, n);
-        if (k <= 0) {
-            if (k < 0 && errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int write_exact(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
 
 static int recv_frame(int fd, struct ts_frame_hdr *h, uint8_t **payload)
 {
