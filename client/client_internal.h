@@ -218,10 +218,12 @@ struct ts_readv {
 int ts_client_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
                            uint64_t *op);
 /* Which connection a read of (shard, off) goes to first (READVs are grouped by it): 0 on a
- * single node; SIZE_MAX when none is usable. */
+ * single node; SIZE_MAX when none is usable or that node is reached by RDMA (READs there are
+ * placed straight into the caller's memory: no READV). */
 size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, uint64_t off);
 /* Whether reads of the handle are better sent as READVs when small: not where the transport
- * places reads straight into the caller's memory (RDMA). */
+ * places reads straight into the caller's memory (RDMA; on a cluster ts_client_read_lane
+ * decides per node). */
 int ts_client_readv_useful(const tessera_client *c);
 
 /* ---- the connection layer (open.c, ops.c, read.c, put.c, conn.c) ------------------------------

@@ -212,7 +212,9 @@ size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, 
     size_t p;
 
     ts_cl_sel_init(cl, &s, name, shard, off, 1);
-    return ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub) ? SIZE_MAX : p;
+    if (ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub) != 0)
+        return SIZE_MAX;
+    return ts_conn_can_place(sub) ? SIZE_MAX : p; /* by RDMA: placed READs are better */
 }
 
 int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len)

@@ -36,6 +36,7 @@ struct piece {
 #define RV_LANES 8              /* READVs being gathered at once */
 
 struct rvb {
+    struct rvb *next; /* on the worker's dead list */
     size_t lane;
     uint64_t op;
     size_t n, bytes;
@@ -52,6 +53,7 @@ struct ts_worker {
     struct rvb **rvs; /* READVs in flight */
     size_t nrvs, caprvs;
     size_t rv_ranges; /* their ranges */
+    struct rvb *dead; /* READVs given up on that the handle may still answer: freed with it */
     pthread_t th;
     int started;
     struct piece *inf; /* in flight */
@@ -312,8 +314,19 @@ static void range_redo(struct ts_worker *w, const struct rvb *b, size_t i, int r
     pthread_mutex_unlock(&r->m);
 }
 
-/* A collected READV (rc: its own outcome): its units done or read again one by one. */
-static void readv_collected(struct ts_worker *w, size_t at, int rc)
+static void rvb_free_dead(struct ts_worker *w)
+{
+    while (w->dead) {
+        struct rvb *b = w->dead;
+        w->dead = b->next;
+        free(b);
+    }
+}
+
+/* A collected READV (rc: its own outcome): its units done or read again one by one. With
+ * live set the handle may still answer it (it gave up without naming it): b is kept, for the
+ * reply to land in, until the handle is closed. */
+static void readv_settle(struct ts_worker *w, size_t at, int rc, int live)
 {
     struct tessera_reader *r = w->r;
     struct rvb *b = w->rvs[at];
@@ -331,7 +344,12 @@ static void readv_collected(struct ts_worker *w, size_t at, int rc)
     for (size_t i = 0; i < b->n; i++)
         if (rc || b->v[i].rc != 0 || b->v[i].got != b->v[i].len)
             range_redo(w, b, i, rc ? rc : b->v[i].rc ? b->v[i].rc : TS_EPROTO);
-    free(b);
+    if (live) {
+        b->next = w->dead;
+        w->dead = b;
+    } else {
+        free(b);
+    }
 }
 
 /* Sends gathered READV b (unlocked). */
@@ -431,7 +449,7 @@ static void collect(struct ts_worker *w)
     if (i == w->ninf) {
         for (size_t j = 0; op && j < w->nrvs; j++)
             if (w->rvs[j]->op == op) {
-                readv_collected(w, j, rc);
+                readv_settle(w, j, rc, 0);
                 return;
             }
         /* Nothing the connection knows of: every read in flight failed. */
@@ -441,7 +459,7 @@ static void collect(struct ts_worker *w)
             piece_failed(w, &p, rc ? rc : TS_EINTERNAL, why);
         }
         while (w->nrvs)
-            readv_collected(w, w->nrvs - 1, rc ? rc : TS_EINTERNAL);
+            readv_settle(w, w->nrvs - 1, rc ? rc : TS_EINTERNAL, !ts_conn_broken(w->c));
         return;
     }
     p = w->inf[i];
@@ -482,6 +500,7 @@ static void redo(struct ts_worker *w)
         rc = ts_client_open_ex(&c, &r->copts, err, sizeof(err));
         if (!rc) {
             tessera_client_close(w->c);
+            rvb_free_dead(w);
             w->c = c;
             batch_on(w);
             w->resubmits_seen = 0;
@@ -655,6 +674,7 @@ void ts_reader_workers_stop(struct tessera_reader *r)
         free(w->redo);
         for (size_t j = 0; j < w->nrvs; j++)
             free(w->rvs[j]);
+        rvb_free_dead(w);
         free(w->rvs);
         for (size_t j = 0; j < RV_LANES; j++)
             free(w->gather[j]);

@@ -222,6 +222,11 @@ int ts_conn_readv_result(tessera_client *c, struct ts_req *r, size_t *out_len)
     size_t total = 0;
     int rc;
 
+    if (r->rc || !r->rv_done) /* nothing was read: no range keeps what its table entry said */
+        for (size_t i = 0; i < r->nrv; i++) {
+            r->rv[i].rc = r->rc ? r->rc : TS_EPROTO;
+            r->rv[i].got = 0;
+        }
     if (r->rc) {
         if (r->msg)
             snprintf(c->err, sizeof(c->err), "%s", r->msg);

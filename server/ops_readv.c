@@ -61,8 +61,9 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
         ts_read_ctx_evict(v->ctx, idx);
         rc = ts_read_ctx_chunk(v->ctx, idx, &pc->ref);
         if (!rc && ts_chunk_ref_check(&pc->ref, in, n) != 0) {
+            /* Bad memory again, not a bad stored chunk: counted once, nothing to repair. */
             ts_chunk_ref_release(&pc->ref);
-            rc = TS_ECORRUPT;
+            return TS_ECORRUPT;
         }
     }
     if (rc) {
@@ -190,9 +191,13 @@ void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
         return;
     }
-    if (v.verify || failed)
-        TS_INFO(FAC, "readv %s from %s: %u ranges, %u failed%s", rq->name, c->peer, rq->n, failed,
-                v.verify ? " (asked from the store: bytes failed their CRC)" : "");
+    if (v.verify)
+        TS_WARN(FAC, TS_ECORRUPT,
+                "readv %s from %s: the client asks for a read from the store (bytes failed their "
+                "CRC): cached chunks of its %u ranges evicted",
+                rq->name, c->peer, rq->n);
+    else if (failed) /* the client reads them again one by one, which logs what matters */
+        TS_DEBUG(FAC, "readv %s from %s: %u of %u ranges failed", rq->name, c->peer, failed, rq->n);
     struct ts_frame_hdr rh = {TS_PROTO_VERSION, h->opcode, TS_F_REPLY,
                               h->req_id,        s->epoch,  (uint32_t)(w.len - TS_HDR_LEN + data)};
     ts_frame_encode(w.buf, &rh);

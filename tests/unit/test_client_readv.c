@@ -94,6 +94,10 @@ static void test_readv_reply_parsing(void **state)
             assert_int_equal(got, total);
         } else {
             assert_int_equal(got, 0);
+            for (size_t i = 0; i < n; i++) { /* no range says it was read */
+                assert_int_not_equal(v[i].rc, 0);
+                assert_int_equal(v[i].got, 0);
+            }
             assert_true(strlen(tessera_client_error(c)) > 0);
             if (lies[k] == RV_REFUSE)
                 assert_non_null(strstr(tessera_client_error(c), "come back later"));
