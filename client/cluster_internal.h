@@ -87,6 +87,9 @@ struct ts_cluster {
      * own work on a small read): computed at first use, dropped with the map. */
     uint16_t *pg_ord; /* pg_count x PG_ORD_MAX node indexes */
     uint8_t *pg_nord; /* per PG: 0 not computed, else the count + 1 */
+    /* CRC32C of the dataset name placed last (a reader places every unit of one dataset). */
+    char crc_name[TS_NAME_MAX + 1];
+    uint32_t name_crc;
 };
 
 #define PG_ORD_MAX 16 /* replicas kept per PG; a longer order is computed each time */

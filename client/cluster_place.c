@@ -116,6 +116,16 @@ static size_t pg_order(struct ts_cluster *cl, uint32_t pg, int *order)
     return k;
 }
 
+/* CRC32C of a dataset name: the last one's is kept. */
+static uint32_t name_crc(struct ts_cluster *cl, const char *name)
+{
+    if (strcmp(cl->crc_name, name) != 0 || !cl->crc_name[0]) {
+        cl->name_crc = ts_crc32c(0, name, strlen(name));
+        snprintf(cl->crc_name, sizeof(cl->crc_name), "%s", name);
+    }
+    return cl->name_crc;
+}
+
 /*
  * The replicas of (name, shard) under the current map (core + fringe, and the extra ones of a
  * hot dataset): node indexes in order[], the count in *n (at least 1); *pg its PG.
@@ -127,7 +137,7 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
     size_t k;
     int rc;
 
-    *pg = ts_map_pg_of(cl->map, name, shard);
+    *pg = cl->map ? ts_pg_of_hashed(name_crc(cl, name), shard, cl->map->pg_count) : 0;
     k = pg_order(cl, *pg, order);
     if (k == 0) {
         ts_cl_err(cl, "no node is up in the cluster map (epoch %llu)",
@@ -150,7 +160,7 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
 void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
                     uint64_t off, int spread)
 {
-    uint64_t h = ts_crc32c(0, name, strlen(name));
+    uint64_t h = name_crc(cl, name);
 
     /* Field by field: a read of a small record would otherwise clear why[] every time. */
     s->ntried = 0;

@@ -158,7 +158,9 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
     pthread_cond_init(&r->space, NULL);
     r->slots = calloc(o->window_units, sizeof(*r->slots));
     r->index = calloc(o->index_shards, sizeof(*r->index));
-    rc = !r->slots || !r->index ? TS_ENOMEM : copy_opts(r, copts);
+    r->pool_max = TS_MAX(TS_READER_POOL_MIN, TS_MIN(o->window_units, TS_READER_POOL_MAX));
+    r->pool = calloc(r->pool_max, sizeof(*r->pool));
+    rc = !r->slots || !r->index || !r->pool ? TS_ENOMEM : copy_opts(r, copts);
     for (uint32_t e = 0; !rc && e < o->index_shards; e++)
         r->index[e].i = UINT32_MAX;
     if (!rc)
@@ -186,22 +188,17 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
 
 uint8_t *ts_reader_buf_get(struct tessera_reader *r, size_t len, size_t *cap)
 {
-    uint32_t best = UINT32_MAX;
-    uint8_t *b;
-
-    /* The smallest kept buffer that fits, if it is not more than twice too big. */
-    for (uint32_t i = 0; i < r->npool; i++)
-        if (r->pool_cap[i] >= len && r->pool_cap[i] / 2 <= len + 4096 &&
-            (best == UINT32_MAX || r->pool_cap[i] < r->pool_cap[best]))
-            best = i;
-    if (best != UINT32_MAX) {
-        b = r->pool[best];
-        *cap = r->pool_cap[best];
-        r->pool_bytes -= *cap;
-        r->npool--;
-        r->pool[best] = r->pool[r->npool];
-        r->pool_cap[best] = r->pool_cap[r->npool];
-        return b;
+    /* The most recently kept buffer that fits, if it is not more than twice too big: records
+     * of one size hit on the first look, and the bytes are still in the cache. */
+    for (uint32_t i = r->npool; i-- > 0;) {
+        struct pool_buf *p = &r->pool[i];
+        if (p->cap >= len && p->cap / 2 <= len + 4096) {
+            uint8_t *b = p->buf;
+            *cap = p->cap;
+            r->pool_bytes -= p->cap;
+            *p = r->pool[--r->npool];
+            return b;
+        }
     }
     *cap = len < 4096 ? (len + 63) / 64 * 64 + 64 : (len + 4095) / 4096 * 4096;
     return malloc(*cap);
@@ -211,12 +208,12 @@ void ts_reader_buf_put(struct tessera_reader *r, uint8_t *buf, size_t cap)
 {
     if (!buf)
         return;
-    if (r->npool == TS_READER_POOL || r->pool_bytes + cap > r->o.window_bytes) {
+    if (r->npool == r->pool_max || r->pool_bytes + cap > r->o.window_bytes) {
         free(buf);
         return;
     }
-    r->pool[r->npool] = buf;
-    r->pool_cap[r->npool++] = cap;
+    r->pool[r->npool].buf = buf;
+    r->pool[r->npool++].cap = cap;
     r->pool_bytes += cap;
 }
 
@@ -441,7 +438,8 @@ void tessera_reader_close(tessera_reader *r)
             free(s->buf);
     }
     for (uint32_t i = 0; i < r->npool; i++)
-        free(r->pool[i]);
+        free(r->pool[i].buf);
+    free(r->pool);
     free(r->slots);
     ts_reader_index_free(r);
     tessera_dataset_records_free(r->recs);

@@ -46,7 +46,14 @@ struct index_entry {
 
 struct ts_worker;
 
-#define TS_READER_POOL 16 /* buffers kept for reuse at most (and window_bytes of them) */
+/* Buffers kept for reuse: as many as the window holds units, 16 to 1024 (and window_bytes). */
+#define TS_READER_POOL_MIN 16
+#define TS_READER_POOL_MAX 1024
+
+struct pool_buf {
+    uint8_t *buf;
+    size_t cap;
+};
 
 struct tessera_reader {
     struct tessera_reader_opts o;
@@ -81,9 +88,8 @@ struct tessera_reader {
     uint8_t *held; /* library-owned: the buffer of the unit the caller holds */
     size_t held_cap;
     /* Library-owned buffers the caller gave back, reused (no page faults for every unit). */
-    uint8_t *pool[TS_READER_POOL];
-    size_t pool_cap[TS_READER_POOL];
-    uint32_t npool;
+    struct pool_buf *pool;
+    uint32_t npool, pool_max;
     uint64_t pool_bytes;
     char held_node[64];
     struct tessera_reader_stats st;

@@ -530,10 +530,11 @@ static void redo(struct ts_worker *w)
 static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
 {
     size_t n = w->ninf + w->rv_ranges + w->ngather;
+    uint64_t ahead = r->next_claim - r->consumed;
 
-    return !w->has_pend && n < r->o.depth && (w->filling || n <= r->o.depth / 2) &&
-           r->next_claim < r->len && r->next_claim < r->fail_k &&
-           r->next_claim - r->consumed < r->o.window_units;
+    return !w->has_pend && n < r->o.depth && ahead < r->o.window_units &&
+           (w->filling || (n <= r->o.depth / 2 && ahead <= r->o.window_units / 2)) &&
+           r->next_claim < r->len && r->next_claim < r->fail_k;
 }
 
 /*

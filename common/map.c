@@ -705,17 +705,21 @@ out_free_map:
 
 /* ---- placement ---------------------------------------------------------------------------- */
 
-uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count)
+uint32_t ts_pg_of_hashed(uint32_t dataset_crc, uint32_t shard, uint32_t pg_count)
 {
     uint8_t b[4];
-    uint32_t h;
 
-    if (!pg_count || !dataset)
+    if (!pg_count)
         return 0;
     ts_put_be32(b, shard);
-    h = ts_crc32c(0, dataset, strlen(dataset));
-    h = ts_crc32c(h, b, 4);
-    return h % pg_count;
+    return ts_crc32c(dataset_crc, b, 4) % pg_count;
+}
+
+uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count)
+{
+    if (!pg_count || !dataset)
+        return 0;
+    return ts_pg_of_hashed(ts_crc32c(0, dataset, strlen(dataset)), shard, pg_count);
 }
 
 uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard)

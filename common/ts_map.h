@@ -140,6 +140,8 @@ int ts_map_find(const struct ts_map *m, const char *id);
  * mapping (storage, servers and clients all use it); it must never change. 0 when pg_count
  * is 0. */
 uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count);
+/* ts_pg_of() from CRC32C(dataset), for a caller placing many shards of one dataset. */
+uint32_t ts_pg_of_hashed(uint32_t dataset_crc, uint32_t shard, uint32_t pg_count);
 /* ts_pg_of() with the map's PG count (0 for a NULL map). */
 uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard);
 

@@ -61,6 +61,7 @@ class TesseraIterable(IterableDataset):
         self._resume = None       # the position this epoch resumes from (bytes), or None
         self._resume_world = None
         self._units = None
+        self._counts = None       # records per shard (units() fetches them)
         self.yielded = 0          # records yielded when iterated in this process
 
     # ---- the plan ---------------------------------------------------------------------------
@@ -79,8 +80,8 @@ class TesseraIterable(IterableDataset):
         return self._units
 
     def _plan(self, rank, world):
+        self.units()  # the shards' record counts: the window shuffle's groups
         groups = self._counts if self.shuffle == "window" else None
-        self.units()
         return Plan(self._units, resume=self._resume, group_sizes=groups,
                     **self._plan_options(rank, world))
 
@@ -106,9 +107,11 @@ class TesseraIterable(IterableDataset):
         opts = dict(self.reader_options)
         if info:
             # Each worker is a stream of its own already: one connection (thread) per worker
-            # keeps the workers' threads from crowding the loader's cores.
+            # keeps the workers' threads from crowding the loader's cores. A window of 256
+            # units refilled by halves sends small records in few, large READVs.
             opts.setdefault("connections", 1)
-            opts.setdefault("depth", 64)
+            opts.setdefault("window_units", 256)
+            opts.setdefault("depth", 256)
         opts.update(split_block=self.batch_size, split_n=n, split_i=i)
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)

@@ -74,10 +74,13 @@ def _records_of(loader):
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])
-def test_dataloader_sees_every_record_once(ds, workers):
+@pytest.mark.parametrize("shuffle", [True, "window"])
+def test_dataloader_sees_every_record_once(ds, workers, shuffle):
     world, got = 2, []
     for rank in range(world):
-        d = TesseraIterable(ds, "torch", batch_size=16, rank=rank, world=world, seed=1)
+        d = TesseraIterable(ds, "torch", batch_size=16, rank=rank, world=world, seed=1,
+                            shuffle=shuffle, window=2)
+        assert len(d) == N // world  # asked before anything was read
         recs = _records_of(DataLoader(d, num_workers=workers))
         assert len(recs) == len(d) == N // world
         for r in recs:
