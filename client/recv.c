@@ -358,6 +358,32 @@ static int rx_staged(struct tessera_client *c, const struct iovec *iov)
 }
 
 /*
+ * Bytes to receive into stage now. As much as it has room for (several small replies in one
+ * receive), but only a READ reply's header and head when its data is larger than stage: the
+ * data then goes straight into the caller's buffer, not through stage and a copy. The reply
+ * due next is guessed from the oldest request not answered yet; a wrong guess costs nothing
+ * but the copy.
+ */
+static size_t stage_want(const struct tessera_client *c)
+{
+    const struct rx *x = &c->rx;
+    size_t staged = x->slen - x->soff, room = RX_STAGE - x->slen;
+    const size_t head = TS_HDR_LEN + TS_READ_HEAD_LEN;
+
+    if (x->state == RX_RHEAD) /* the header is in; stage holds part of the head */
+        return x->h.length > RX_STAGE && staged < x->rhead_len ? x->rhead_len - staged : room;
+    if (x->state != RX_HDR || staged != 0)
+        return room;
+    for (size_t i = 0; i < c->nlive; i++) {
+        const struct ts_req *r = c->live[i];
+        if (r->replied || !r->sent)
+            continue;
+        return r->op == TS_OP_READ && !r->mr && r->cap > RX_STAGE && head <= room ? head : room;
+    }
+    return room;
+}
+
+/*
  * One step of receiving: what stage holds, else one receive. 1 when bytes were taken, 0 when
  * nothing is there (or nothing is expected: c->rx_more is 0), TS_E* when the connection is
  * unusable.
@@ -428,7 +454,7 @@ static int rx_step(struct tessera_client *c, size_t *bytes)
             x->soff = 0;
         }
         iov[0].iov_base = x->stage + x->slen;
-        iov[0].iov_len = RX_STAGE - x->slen;
+        iov[0].iov_len = stage_want(c);
     }
     for (int i = 0; i < cnt; i++)
         want += iov[i].iov_len;
