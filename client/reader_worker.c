@@ -524,8 +524,10 @@ static void redo(struct ts_worker *w)
 
 /*
  * The window has room for the next plan position (lock held). A connection claims in bursts:
- * once half its reads are back it claims until `depth` are in flight again, and the burst's
- * reads leave together with its next wait (ts_client_batch): one send for many.
+ * once half its reads are back and half the window (units and bytes) is free, it claims until
+ * `depth` are in flight or the window is full again, and the burst's reads leave together with
+ * its next wait (ts_client_batch): one send, or one READV per node, for many. Refilling by
+ * what the caller took would send a request for every few units it takes.
  */
 static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
 {
@@ -533,7 +535,8 @@ static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
     uint64_t ahead = r->next_claim - r->consumed;
 
     return !w->has_pend && n < r->o.depth && ahead < r->o.window_units &&
-           (w->filling || (n <= r->o.depth / 2 && ahead <= r->o.window_units / 2)) &&
+           (w->filling || (n <= r->o.depth / 2 && ahead <= r->o.window_units / 2 &&
+                           r->ahead <= r->o.window_bytes / 2)) &&
            r->next_claim < r->len && r->next_claim < r->fail_k;
 }
 

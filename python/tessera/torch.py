@@ -123,7 +123,7 @@ class TesseraIterable(IterableDataset):
             opts.setdefault("connections", 1)
             opts.setdefault("window_units", ahead)
             opts.setdefault("depth", ahead)
-            opts.setdefault("window_bytes", 16 << 20)  # large records: fewer, still in cache
+            opts.setdefault("window_bytes", 4 << 20)  # large records: fewer, still in cache
         opts.update(split_block=self.batch_size, split_n=n, split_i=i)
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)

@@ -459,15 +459,24 @@ static uint64_t node_readvs(void)
 
 /*
  * Small records taken a few at a time by the caller still leave in large READVs: the window
- * refills by halves, not by the caller's few (which sent one small READV per take). Every byte
- * is checked against the plan.
+ * refills by halves, not by the caller's few (which sent one small READV per take). Once with
+ * the window full by units, once by bytes. Every byte is checked against the plan.
  */
 static void test_small_records_large_requests(void **state)
 {
+    /* Records are up to 1.5 KiB (750 B on average): 32 fill the byte window. Taken 8 at a
+     * time with a READV each, that is units / 8 READVs; the bounds are what the halves give
+     * here with room to spare (8 and 41 READVs for 469 records; 26 and 56 before). */
+    static const struct {
+        uint32_t units;
+        uint64_t bytes;
+        uint64_t per; /* records per READV at least */
+    } win[] = {{256, 256u << 20, 24}, {1024, 24u << 10, 10}};
+    const char *e = getenv("TESSERA_READER_READV");
     struct tessera_reader_opts ro;
     struct tessera_opts co;
-    size_t want_len, lens[8], at = 0;
-    uint64_t want_units, units = 0, before, sent;
+    size_t want_len, lens[8];
+    uint64_t want_units, before, sent;
     uint8_t *want, buf[8 * 1500];
     uint32_t n;
     int rc;
@@ -479,33 +488,38 @@ static void test_small_records_large_requests(void **state)
     ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
     ro.plan.seed = 5;
     ro.connections = 1;
-    ro.window_units = 256;
-    ro.depth = 256;
     want = plan_bytes(&co, &ro, &want_len, &want_units);
-    before = node_readvs();
-    tessera_reader *r = open_reader(&co, &ro);
-    while ((rc = tessera_reader_next_many(r, buf, sizeof(buf), lens, 8, &n)) == 1) {
-        size_t off = 0;
-        assert_true(n > 0);
-        for (uint32_t i = 0; i < n; i++)
-            off += lens[i];
-        assert_true(at + off <= want_len);
-        assert_memory_equal(buf, want + at, off);
-        at += off;
-        units += n;
-        usleep(200); /* a caller slower than the node: the window is full at each take */
-    }
-    assert_int_equal(rc, 0);
-    assert_int_equal(at, want_len);
-    assert_int_equal(units, want_units);
-    tessera_reader_close(r);
-    sent = node_readvs() - before;
-    fprintf(stderr, "%llu records in %llu READVs\n", (unsigned long long)units,
-            (unsigned long long)sent);
-    const char *e = getenv("TESSERA_READER_READV");
-    if (!(e && !strcmp(e, "0"))) { /* not in the run with READV off */
-        assert_true(sent > 0);
-        assert_true(sent * 24 <= units); /* taken 8 at a time, a READV each: units / 8 */
+    for (size_t i = 0; i < TS_ARRAY_SIZE(win); i++) {
+        size_t at = 0;
+        uint64_t units = 0;
+        ro.window_units = win[i].units;
+        ro.window_bytes = win[i].bytes;
+        ro.depth = 1024;
+        before = node_readvs();
+        tessera_reader *r = open_reader(&co, &ro);
+        while ((rc = tessera_reader_next_many(r, buf, sizeof(buf), lens, 8, &n)) == 1) {
+            size_t off = 0;
+            assert_true(n > 0);
+            for (uint32_t j = 0; j < n; j++)
+                off += lens[j];
+            assert_true(at + off <= want_len);
+            assert_memory_equal(buf, want + at, off);
+            at += off;
+            units += n;
+            usleep(200); /* a caller slower than the node: the window is full at each take */
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(at, want_len);
+        assert_int_equal(units, want_units);
+        tessera_reader_close(r);
+        sent = node_readvs() - before;
+        fprintf(stderr, "window %u units, %llu bytes: %llu records in %llu READVs\n", win[i].units,
+                (unsigned long long)win[i].bytes, (unsigned long long)units,
+                (unsigned long long)sent);
+        if (!(e && !strcmp(e, "0"))) { /* not in the run with READV off */
+            assert_true(sent > 0);
+            assert_true(sent * win[i].per <= units);
+        }
     }
     free(want);
 }
