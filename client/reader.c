@@ -6,6 +6,7 @@
 #include "reader_internal.h"
 
 #include <stdarg.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,6 +379,23 @@ int tessera_reader_keep(tessera_reader *r)
     r->held = NULL; /* the caller's now */
     pthread_mutex_unlock(&r->m);
     return rc;
+}
+
+void tessera_reader_give_back(tessera_reader *r, void *data)
+{
+    if (!data)
+        return;
+    if (!r) {
+        free(data);
+        return;
+    }
+    if (r->o.alloc) { /* the caller's own memory (not a kept buffer): back to its allocator */
+        r->o.free_fn(r->o.alloc_arg, data);
+        return;
+    }
+    pthread_mutex_lock(&r->m);
+    ts_reader_buf_put(r, data, malloc_usable_size(data));
+    pthread_mutex_unlock(&r->m);
 }
 
 uint64_t tessera_reader_len(const tessera_reader *r)

@@ -137,6 +137,13 @@ int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *l
  */
 int tessera_reader_keep(tessera_reader *r);
 /* (A kept buffer is released with tessera_buffer_free, tessera/tessera.h.) */
+/*
+ * Gives a kept buffer back to the reader it came from, which is still open, instead of
+ * tessera_buffer_free: the reader reads a later unit into it (no fresh memory for every
+ * unit: no page faults, and the bytes may still be in the cache). data is what
+ * tessera_reader_next returned before tessera_reader_keep.
+ */
+void tessera_reader_give_back(tessera_reader *r, void *data);
 /* Units this reader reads (the rank's plan, or this worker's part of it), and units returned
  * so far. */
 uint64_t tessera_reader_len(const tessera_reader *r);

@@ -219,6 +219,7 @@ _FUNCS = [
      [P(c_void_p), P(Opts), P(ReaderOpts), ctypes.c_char_p, c_size]),
     ("tessera_reader_next", c_int, [c_void_p, P(Unit)]),
     ("tessera_reader_keep", c_int, [c_void_p]),
+    ("tessera_reader_give_back", None, [c_void_p, c_void_p]),
     ("tessera_reader_next_many", c_int,
      [c_void_p, c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.c_uint32,
       ctypes.POINTER(ctypes.c_uint32)]),

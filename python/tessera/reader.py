@@ -3,6 +3,7 @@ plan order (docs/client.md "Readers"). Iterating gives the units' bytes; with co
 memoryviews over the library's buffers, freed when the last view goes."""
 
 import ctypes
+import weakref
 from itertools import accumulate, chain
 
 from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc,
@@ -26,15 +27,21 @@ BATCH_UNIT = 16 << 10  # units up to this size (on average) are batched
 
 
 class _Kept:
-    """Owns a buffer the reader let go of (tessera_reader_keep)."""
+    """Owns a buffer the reader let go of (tessera_reader_keep): given back to the reader for
+    its next units while it is open (no fresh memory per unit), else freed."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("ptr", "reader")
 
-    def __init__(self, ptr):
-        self.ptr = ptr
+    def __init__(self, ptr, reader):
+        self.ptr, self.reader = ptr, weakref.ref(reader)  # views do not keep a reader open
 
     def __del__(self):
-        lib().tessera_buffer_free(self.ptr)
+        reader = self.reader()
+        h = reader._h if reader is not None else None
+        if h:
+            lib().tessera_reader_give_back(h, self.ptr)
+        else:
+            lib().tessera_buffer_free(self.ptr)
 
 
 class Item:
@@ -119,7 +126,7 @@ class Reader(Handle):
             return ctypes.string_at(u.data, u.len)
         lib().tessera_reader_keep(self._h)
         arr = (ctypes.c_uint8 * u.len).from_address(u.data)
-        arr._owner = _Kept(u.data)
+        arr._owner = _Kept(u.data, self)
         return memoryview(arr)
 
     def _fail(self, rc):

@@ -213,6 +213,23 @@ def test_zero_copy_views_outlive_the_reader(ds):
     assert arr.tobytes() == record(2)
 
 
+def test_zero_copy_views_given_back_while_reading(ds):
+    """Views dropped while reading give their buffers back to the reader, which reads later
+    records into them: every record intact, the ones still held too."""
+    r = Reader(ds, "torch", copy=False, window_units=4, shuffle="global", seed=3)
+    held, seen = [], []
+    for v in r:
+        held.append(v)
+        if len(held) > 2:
+            held.pop(0)
+        for h in held:
+            assert bytes(h) == record(record_id(h))
+        seen.append(record_id(v))
+    r.close()
+    assert sorted(seen) == list(range(N))
+    assert all(bytes(h) == record(record_id(h)) for h in held)  # they outlive the reader
+
+
 DDP = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, {pkg!r})
