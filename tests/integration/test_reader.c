@@ -122,6 +122,16 @@ static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t min_
     assert_int_equal(tessera_dataset_create(c, name, &p), 0);
 }
 
+/* Options for a reader of "recs" by record, in a globally shuffled order. */
+static void recs_opts(struct tessera_opts *co, struct tessera_reader_opts *ro)
+{
+    client_opts(co);
+    tessera_reader_opts_init(ro);
+    ro->dataset = "recs";
+    ro->unit = TESSERA_UNIT_RECORD;
+    ro->plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+}
+
 static tessera_reader *open_reader(const struct tessera_opts *co, struct tessera_reader_opts *ro)
 {
     tessera_reader *r = NULL;
@@ -240,11 +250,7 @@ static void test_caller_owned_buffers(void **state)
     struct pool pool = {0};
     void *kept[20];
 
-    client_opts(&co);
-    tessera_reader_opts_init(&ro);
-    ro.dataset = "recs";
-    ro.unit = TESSERA_UNIT_RECORD;
-    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    recs_opts(&co, &ro);
     ro.alloc = pool_alloc;
     ro.free_fn = pool_free;
     ro.alloc_arg = &pool;
@@ -355,11 +361,7 @@ static void test_kept_units_given_back(void **state)
     uint64_t n = 0;
     int rc;
 
-    client_opts(&co);
-    tessera_reader_opts_init(&ro);
-    ro.dataset = "recs";
-    ro.unit = TESSERA_UNIT_RECORD;
-    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    recs_opts(&co, &ro);
     ro.window_units = 8;
     tessera_reader *r = open_reader(&co, &ro);
     while ((rc = tessera_reader_next(r, &held[n % 3])) == 1) {
@@ -423,11 +425,7 @@ static void test_batches(void **state)
     struct pool pool = {0};
     uint32_t n;
 
-    client_opts(&co);
-    tessera_reader_opts_init(&ro);
-    ro.dataset = "recs";
-    ro.unit = TESSERA_UNIT_RECORD;
-    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    recs_opts(&co, &ro);
     ro.plan.seed = 3;
     want = plan_bytes(&co, &ro, &want_len, &want_units);
     for (size_t c = 0; c < TS_ARRAY_SIZE(caps); c++) {
@@ -523,11 +521,7 @@ static void test_small_records_large_requests(void **state)
     uint32_t n;
     int rc;
 
-    client_opts(&co);
-    tessera_reader_opts_init(&ro);
-    ro.dataset = "recs";
-    ro.unit = TESSERA_UNIT_RECORD;
-    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    recs_opts(&co, &ro);
     ro.plan.seed = 5;
     ro.connections = 1;
     want = plan_bytes(&co, &ro, &want_len, &want_units);
