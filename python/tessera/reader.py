@@ -3,6 +3,7 @@ plan order (docs/client.md "Readers"). Iterating gives the units' bytes; with co
 memoryviews over the library's buffers, freed when the last view goes."""
 
 import ctypes
+import threading
 import weakref
 from itertools import accumulate, chain
 
@@ -37,11 +38,12 @@ class _Kept:
 
     def __del__(self):
         reader = self.reader()
-        h = reader._h if reader is not None else None
-        if h:
-            lib().tessera_reader_give_back(h, self.ptr)
-        else:
-            lib().tessera_buffer_free(self.ptr)
+        if reader is not None:
+            with reader._lock:  # not while another thread closes it
+                if reader._h:
+                    lib().tessera_reader_give_back(reader._h, self.ptr)
+                    return
+        lib().tessera_buffer_free(self.ptr)
 
 
 class Item:
@@ -73,6 +75,7 @@ class Reader(Handle):
     """
 
     _free = "tessera_reader_close"
+    _lock = threading.RLock()  # replaced per reader; guards _h against views given back
 
     def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
                  shuffle="none", window=16, assign="contiguous", remainder="uneven",
@@ -85,6 +88,7 @@ class Reader(Handle):
         if unit not in UNIT:
             raise ValueError(f"unit must be 'record' or 'shard' (got {unit!r})")
         self._h = None
+        self._lock = threading.RLock()  # reentrant: a view may be collected inside close()
         self.dataset, self.rank, self.world, self.copy = dataset, rank, world, copy
         o = ReaderOpts()
         lib().tessera_reader_opts_init(ctypes.byref(o))
@@ -110,6 +114,10 @@ class Reader(Handle):
         check(rc, err.value.decode())
         self._h = h
         self._u = Unit()
+
+    def close(self):
+        with self._lock:
+            super().close()
 
     def __len__(self):
         """Units this rank's plan holds."""
