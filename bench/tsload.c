@@ -1405,17 +1405,36 @@ static int cmd_tfrecord(struct cfg *c)
     return 0;
 }
 
+/*
+ * N free loopback ports, each bound until all are chosen. Below the ephemeral range when there
+ * is room: a port from bind(0) is an ephemeral one, which a cluster node's outgoing link,
+ * started before the next node binds, may take in the meantime.
+ */
 static int cmd_ports(int n)
 {
-    int fds[64];
+    int fds[64], lo = 32768;
+    FILE *pr = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
     if (n < 1 || n > 64)
         die("ports: 1..64");
+    if (pr) {
+        if (fscanf(pr, "%d", &lo) != 1)
+            lo = 32768;
+        fclose(pr);
+    }
+    srandom((unsigned)getpid() ^ (unsigned)time(NULL));
     for (int i = 0; i < n; i++) {
         struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
         socklen_t sl = sizeof(sa);
+        int bound = -1;
         fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-            getsockname(fds[i], (struct sockaddr *)&sa, &sl) < 0)
+        for (int tries = 0; fds[i] >= 0 && bound < 0 && tries < 200; tries++) {
+            sa.sin_port =
+                lo > 12000 && tries < 199
+                    ? htons((uint16_t)(10000 + (unsigned)random() % (unsigned)(lo - 10000)))
+                    : 0; /* the kernel's choice as the last resort */
+            bound = bind(fds[i], (struct sockaddr *)&sa, sizeof(sa));
+        }
+        if (fds[i] < 0 || bound < 0 || getsockname(fds[i], (struct sockaddr *)&sa, &sl) < 0)
             die("ports: %s", strerror(errno));
         printf("%s%u", i ? " " : "", ntohs(sa.sin_port));
     }
