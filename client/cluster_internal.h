@@ -64,6 +64,9 @@ struct cop {
     struct cop *next_free; /* on cl->free_cops */
 };
 
+#define PG_ORD_MAX 16 /* replicas kept per PG; a longer order is computed each time */
+#define PG_MEMO 64    /* shards whose PG is kept */
+
 struct ts_cluster {
     tessera_client *c; /* the router: its message */
     struct ts_map *map;
@@ -90,9 +93,14 @@ struct ts_cluster {
     /* CRC32C of the dataset name placed last (a reader places every unit of one dataset). */
     char crc_name[TS_NAME_MAX + 1];
     uint32_t name_crc;
+    /* That name's shards' PGs, by shard % PG_MEMO (pg + 1; 0: none): a reader of small records
+     * places every unit, and ISA-L's CRC32C of the 4-byte shard number costs more than the
+     * rest of the placement. Dropped with the name or the map. */
+    struct {
+        uint32_t shard, pg1;
+    } pg_memo[PG_MEMO];
 };
 
-#define PG_ORD_MAX 16 /* replicas kept per PG; a longer order is computed each time */
 /*
  * A fan-out: the nodes it goes to, from the map as it is now (every node that is up, and with
  * with_down those that are down too; never those that are out), and what failed on them.

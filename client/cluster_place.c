@@ -80,6 +80,7 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
 
 void ts_cl_order_forget(struct ts_cluster *cl)
 {
+    memset(cl->pg_memo, 0, sizeof(cl->pg_memo)); /* the PG count may change with the map */
     free(cl->pg_ord);
     free(cl->pg_nord);
     cl->pg_ord = NULL;
@@ -116,14 +117,29 @@ static size_t pg_order(struct ts_cluster *cl, uint32_t pg, int *order)
     return k;
 }
 
-/* CRC32C of a dataset name: the last one's is kept. */
+/* CRC32C of a dataset name: the last one's is kept (and its shards' PGs). */
 static uint32_t name_crc(struct ts_cluster *cl, const char *name)
 {
     if (strcmp(cl->crc_name, name) != 0 || !cl->crc_name[0]) {
         cl->name_crc = ts_crc32c(0, name, strlen(name));
         snprintf(cl->crc_name, sizeof(cl->crc_name), "%s", name);
+        memset(cl->pg_memo, 0, sizeof(cl->pg_memo));
     }
     return cl->name_crc;
+}
+
+/* The PG of (name, shard) under the current map: ts_pg_of, once per shard while it is kept. */
+static uint32_t pg_of(struct ts_cluster *cl, const char *name, uint32_t shard)
+{
+    uint32_t crc = name_crc(cl, name), pg;
+    size_t i = shard % PG_MEMO;
+
+    if (cl->pg_memo[i].pg1 && cl->pg_memo[i].shard == shard)
+        return cl->pg_memo[i].pg1 - 1;
+    pg = ts_pg_of_hashed(crc, shard, cl->map->pg_count);
+    cl->pg_memo[i].shard = shard;
+    cl->pg_memo[i].pg1 = pg + 1;
+    return pg;
 }
 
 /*
@@ -137,7 +153,7 @@ static int replicas(struct ts_cluster *cl, const char *name, uint32_t shard, int
     size_t k;
     int rc;
 
-    *pg = cl->map ? ts_pg_of_hashed(name_crc(cl, name), shard, cl->map->pg_count) : 0;
+    *pg = cl->map ? pg_of(cl, name, shard) : 0;
     k = pg_order(cl, *pg, order);
     if (k == 0) {
         ts_cl_err(cl, "no node is up in the cluster map (epoch %llu)",

@@ -32,8 +32,9 @@ struct slot {
     uint32_t pieces_left; /* pieces not read yet */
     uint32_t attempts;    /* times a piece of it was read again */
     int rc;
+    char node[64]; /* who served it (the last piece); before msg: the fields a read touches
+                    * share two cache lines */
     char msg[512];
-    char node[64]; /* who served it (the last piece) */
 };
 
 /* The record indexes of recently read shards (record units), least recently used dropped. */

@@ -411,16 +411,18 @@ static void node_stop(struct fnode *n)
     pthread_mutex_destroy(&n->mu);
 }
 
-/* A map over nodes v[0..n) at epoch, with states ("u", "d", "o" per node; NULL: all up). */
-static struct ts_map *make_map(struct fnode *v, int n, uint64_t epoch, const char *states)
+/* A map of pg_count PGs over nodes v[0..n) at epoch, with states ("u", "d", "o" per node;
+ * NULL: all up). */
+static struct ts_map *make_map_pgs(struct fnode *v, int n, uint64_t epoch, const char *states,
+                                   unsigned pg_count)
 {
     static const char *const names[] = {"up", "down", "out"};
     char text[4096], err[256];
     struct ts_map *m = NULL;
     size_t off;
 
-    off = (size_t)snprintf(text, sizeof(text), "epoch = %llu;\npg_count = 16;\nnodes = (\n",
-                           (unsigned long long)epoch);
+    off = (size_t)snprintf(text, sizeof(text), "epoch = %llu;\npg_count = %u;\nnodes = (\n",
+                           (unsigned long long)epoch, pg_count);
     for (int i = 0; i < n; i++) {
         int st = !states ? 0 : states[i] == 'd' ? 1 : states[i] == 'o' ? 2 : 0;
         off += (size_t)snprintf(text + off, sizeof(text) - off,
@@ -430,6 +432,11 @@ static struct ts_map *make_map(struct fnode *v, int n, uint64_t epoch, const cha
     snprintf(text + off, sizeof(text) - off, ");\n");
     assert_int_equal(ts_map_parse_string(text, &m, err, sizeof(err)), 0);
     return m;
+}
+
+static struct ts_map *make_map(struct fnode *v, int n, uint64_t epoch, const char *states)
+{
+    return make_map_pgs(v, n, epoch, states, 16);
 }
 
 /* Gives every live node of v[0..n) map m (a copy each) and its epoch. */
@@ -862,6 +869,63 @@ static void test_failover(void **state)
     ts_map_free(m);
 }
 
+/* Reads shards 0..15 of name through c, one replica per PG: each goes to the first node of
+ * its PG under map m. */
+static void reads_follow(tessera_client *c, struct fnode *v, int n, const struct ts_map *m,
+                         const char *name)
+{
+    uint8_t buf[64];
+    size_t got;
+    int order[1];
+
+    for (uint32_t s = 0; s < 16; s++) {
+        int want, before[NMAX];
+        ts_map_pg_order(m, ts_map_pg_of(m, name, s), order, 1);
+        want = fidx(v, n, m, order[0]);
+        for (int i = 0; i < n; i++)
+            before[i] = count(&v[i], &v[i].n_read);
+        assert_int_equal(tessera_read(c, name, s, 0, sizeof(buf), buf, &got), 0);
+        for (int i = 0; i < n; i++)
+            assert_int_equal(count(&v[i], &v[i].n_read) - before[i], i == want);
+    }
+}
+
+/* Reads go to their PG's replicas under the map the router holds now: after another dataset
+ * (other PGs for the same shard numbers) and after a map with another PG count (the router
+ * keeps each shard's PG while the name and the map stay). */
+static void test_placement_follows_map(void **state)
+{
+    struct fnode v[4];
+    struct ts_map *m5, *m6;
+    struct ts_dataset_info d;
+    tessera_client *c;
+    int moved = 0;
+
+    m5 = cluster_start(v, 4, 5);
+    for (int i = 0; i < 4; i++)
+        v[i].pol.core = 1; /* one replica: the read has one place to go */
+    c = open_on(&v[0]);
+    reads_follow(c, v, 4, m5, "ds");
+    reads_follow(c, v, 4, m5, "other");
+    reads_follow(c, v, 4, m5, "ds");
+
+    m6 = make_map_pgs(v, 4, 6, NULL, 5);
+    for (uint32_t s = 0; s < 16; s++) {
+        int a[1], b[1];
+        ts_map_pg_order(m5, ts_map_pg_of(m5, "ds", s), a, 1);
+        ts_map_pg_order(m6, ts_map_pg_of(m6, "ds", s), b, 1);
+        moved += strcmp(m5->nodes[a[0]].id, m6->nodes[b[0]].id) != 0;
+    }
+    assert_true(moved > 0); /* the new map sends some shards elsewhere */
+    give_map(v, 4, m6);
+    assert_int_equal(tessera_dataset_stat(c, "ds", &d), 0); /* a reply at epoch 6: adopted */
+    assert_int_equal(tessera_client_epoch(c), 6);
+    reads_follow(c, v, 4, m6, "ds");
+    cluster_stop(c, v, 4);
+    ts_map_free(m5);
+    ts_map_free(m6);
+}
+
 /* The primary is gone: the router asks the others for a newer map and writes to its primary;
  * without one it fails naming the primary and the failover to run. */
 static void test_primary_unreachable(void **state)
@@ -916,6 +980,7 @@ int main(void)
         cmocka_unit_test(test_seal_union),
         cmocka_unit_test(test_map_push_file),
         cmocka_unit_test(test_failover),
+        cmocka_unit_test(test_placement_follows_map),
         cmocka_unit_test(test_primary_unreachable),
     };
 
