@@ -95,10 +95,16 @@ struct ts_cluster {
     uint32_t name_crc;
     /* That name's shards' PGs, by shard % PG_MEMO (pg + 1; 0: none): a reader of small records
      * places every unit, and ISA-L's CRC32C of the 4-byte shard number costs more than the
-     * rest of the placement. Dropped with the name or the map. */
+     * rest of the placement. And the lane (ts_cl_read_lane) of each (shard, 64 MiB region),
+     * by both (region + 1; 0: none). Dropped with the name, the map or a dataset's policy. */
     struct {
         uint32_t shard, pg1;
     } pg_memo[PG_MEMO];
+    struct {
+        uint64_t region1;
+        uint32_t shard;
+        size_t lane;
+    } lane_memo[PG_MEMO];
 };
 
 /*
@@ -161,6 +167,7 @@ void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k);
 /* ---- placement and replica selection (cluster_place.c) -------------------------------------- */
 
 void ts_cl_policy_forget(struct ts_cluster *cl, const char *name);
+void ts_cl_memo_forget(struct ts_cluster *cl);
 int ts_cl_policy_keep(struct ts_cluster *cl, const char *name, const struct ts_dataset_policy *p);
 void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint32_t shard,
                     uint64_t off, int spread);

@@ -16,8 +16,16 @@
 
 /* ---- placement ------------------------------------------------------------------------------ */
 
+/* What the placement memos hold (struct ts_cluster): a map, a name or a policy changed. */
+void ts_cl_memo_forget(struct ts_cluster *cl)
+{
+    memset(cl->pg_memo, 0, sizeof(cl->pg_memo));
+    memset(cl->lane_memo, 0, sizeof(cl->lane_memo));
+}
+
 void ts_cl_policy_forget(struct ts_cluster *cl, const char *name)
 {
+    ts_cl_memo_forget(cl);
     for (size_t i = 0; i < cl->npols; i++) {
         if (strcmp(cl->pols[i].name, name) == 0) {
             cl->pols[i] = cl->pols[--cl->npols];
@@ -80,7 +88,7 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
 
 void ts_cl_order_forget(struct ts_cluster *cl)
 {
-    memset(cl->pg_memo, 0, sizeof(cl->pg_memo)); /* the PG count may change with the map */
+    ts_cl_memo_forget(cl);
     free(cl->pg_ord);
     free(cl->pg_nord);
     cl->pg_ord = NULL;
@@ -123,7 +131,7 @@ static uint32_t name_crc(struct ts_cluster *cl, const char *name)
     if (strcmp(cl->crc_name, name) != 0 || !cl->crc_name[0]) {
         cl->name_crc = ts_crc32c(0, name, strlen(name));
         snprintf(cl->crc_name, sizeof(cl->crc_name), "%s", name);
-        memset(cl->pg_memo, 0, sizeof(cl->pg_memo));
+        ts_cl_memo_forget(cl);
     }
     return cl->name_crc;
 }
@@ -258,4 +266,43 @@ int ts_cl_sel_retry(struct ts_cluster *cl, struct sel *s, size_t p, tessera_clie
         return 1;
     ts_cl_err(cl, "%s: %s", cl->peers[p].id, msg);
     return 0;
+}
+
+/* No peer is marked failed: replica choices are the plain rotation's (lanes may be kept). */
+static int none_failed(const struct ts_cluster *cl)
+{
+    for (size_t i = 0; i < cl->npeers; i++)
+        if (cl->peers[i].failed_ns)
+            return 0;
+    return 1;
+}
+
+/*
+ * The lane of a read: the peer that serves it first (READVs are gathered per lane), or
+ * SIZE_MAX to read it alone. Kept per (shard, region) while no peer is marked failed: a
+ * lane only groups ranges, and a range its READV's node cannot serve is read again on its
+ * own, so a kept lane is never wrong, at worst not the best.
+ */
+size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off)
+{
+    uint64_t region = off >> 26;
+    size_t i = (shard * 7u + (size_t)region) % PG_MEMO, p;
+    int keep = none_failed(cl);
+    struct sel s;
+    tessera_client *sub;
+
+    name_crc(cl, name); /* a new name drops the memos */
+    if (keep && cl->lane_memo[i].region1 == region + 1 && cl->lane_memo[i].shard == shard)
+        return cl->lane_memo[i].lane;
+    ts_cl_sel_init(cl, &s, name, shard, off, 1);
+    if (ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub) != 0)
+        return SIZE_MAX;
+    if (ts_conn_can_place(sub))
+        p = SIZE_MAX; /* by RDMA: placed READs are better */
+    if (keep && none_failed(cl)) {
+        cl->lane_memo[i].region1 = region + 1;
+        cl->lane_memo[i].shard = shard;
+        cl->lane_memo[i].lane = p;
+    }
+    return p;
 }

@@ -205,18 +205,6 @@ int ts_cl_readv_submit(tessera_client *c, struct ts_cluster *cl, const char *nam
     return cop_start(cl, k, op);
 }
 
-size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off)
-{
-    struct sel s;
-    tessera_client *sub;
-    size_t p;
-
-    ts_cl_sel_init(cl, &s, name, shard, off, 1);
-    if (ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub) != 0)
-        return SIZE_MAX;
-    return ts_conn_can_place(sub) ? SIZE_MAX : p; /* by RDMA: placed READs are better */
-}
-
 int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *out_len)
 {
     struct cop *k;

@@ -570,6 +570,7 @@ static void *worker_main(void *arg)
     struct ts_worker *w = arg;
     struct tessera_reader *r = w->r;
 
+    pthread_setname_np(pthread_self(), "tessera-reader"); /* in top -H, perf, gdb */
     pthread_mutex_lock(&r->m);
     while (!r->stop) {
         struct slot *s;

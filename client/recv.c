@@ -16,6 +16,7 @@
 #define MAX_READ_REPLY (TS_MAX_READ + (1u << 20))
 #define RX_BUDGET (16u << 20) /* bytes received before the pump looks around */
 #define RX_TABLE_KEEP 4096    /* piece table bytes kept for the next reply (512 pieces) */
+#define RX_IOV 64             /* buffers one receive fills: a READV's small ranges, many at once */
 
 /* Ready for the next frame; what stage holds of it (and the stage and table buffers) is
  * kept. */
@@ -391,7 +392,7 @@ static size_t stage_want(const struct tessera_client *c)
 static int rx_step(struct tessera_client *c, size_t *bytes)
 {
     struct rx *x = &c->rx;
-    struct iovec iov[8];
+    struct iovec iov[RX_IOV];
     size_t want = 0;
     int cnt = 1, rc;
     long n;

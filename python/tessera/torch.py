@@ -22,6 +22,11 @@ from .client import Client, ConnectOptions
 from .plan import Plan
 from .reader import Reader
 
+# Units a DataLoader worker reads ahead (within 4 MiB). The window refills by halves, and a
+# half of small records leaves as one READV per node (bench/loader, 4 KiB records: 256 was as
+# fast as 512 on a cluster and faster on one node, where a larger window costs cache misses).
+READ_AHEAD = 256
+
 
 def _dist_rank_world(rank, world):
     if rank is not None and world is not None:
@@ -62,7 +67,6 @@ class TesseraIterable(IterableDataset):
         self._resume_world = None
         self._units = None
         self._counts = None       # records per shard (units() fetches them)
-        self._cluster = None      # read from a cluster (a map epoch), known once asked
         self.yielded = 0          # records yielded when iterated in this process
 
     # ---- the plan ---------------------------------------------------------------------------
@@ -102,16 +106,6 @@ class TesseraIterable(IterableDataset):
 
     # ---- iterating --------------------------------------------------------------------------
 
-    def _read_ahead(self):
-        """Units a DataLoader worker reads ahead. The window refills by halves, and a half of
-        small records leaves as one READV per node: 256 units from one node; 512 on a cluster,
-        where a half is split among the nodes (bench/loader, 4 KiB records: each is the better
-        of the two where it is used; a larger window costs cache misses on one node)."""
-        if self._cluster is None:
-            with Client(self.connect) as c:
-                self._cluster = c.epoch > 0
-        return 512 if self._cluster else 256
-
     def __iter__(self):
         info = get_worker_info()
         n, i = (info.num_workers, info.id) if info else (1, 0)
@@ -119,10 +113,9 @@ class TesseraIterable(IterableDataset):
         if info:
             # Each worker is a stream of its own already: one connection (thread) per worker
             # keeps the workers' threads from crowding the loader's cores.
-            ahead = self._read_ahead()
             opts.setdefault("connections", 1)
-            opts.setdefault("window_units", ahead)
-            opts.setdefault("depth", ahead)
+            opts.setdefault("window_units", READ_AHEAD)
+            opts.setdefault("depth", READ_AHEAD)
             opts.setdefault("window_bytes", 4 << 20)  # large records: fewer, still in cache
         opts.update(split_block=self.batch_size, split_n=n, split_i=i)
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,

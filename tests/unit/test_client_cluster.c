@@ -870,24 +870,30 @@ static void test_failover(void **state)
 }
 
 /* Reads shards 0..15 of name through c, one replica per PG: each goes to the first node of
- * its PG under map m. */
+ * its PG under map m, and two shards share a READV lane exactly when they share that node. */
 static void reads_follow(tessera_client *c, struct fnode *v, int n, const struct ts_map *m,
                          const char *name)
 {
     uint8_t buf[64];
-    size_t got;
-    int order[1];
+    size_t got, lane[16];
+    int order[1], want[16];
 
     for (uint32_t s = 0; s < 16; s++) {
-        int want, before[NMAX];
+        int before[NMAX];
         ts_map_pg_order(m, ts_map_pg_of(m, name, s), order, 1);
-        want = fidx(v, n, m, order[0]);
+        want[s] = fidx(v, n, m, order[0]);
         for (int i = 0; i < n; i++)
             before[i] = count(&v[i], &v[i].n_read);
         assert_int_equal(tessera_read(c, name, s, 0, sizeof(buf), buf, &got), 0);
         for (int i = 0; i < n; i++)
-            assert_int_equal(count(&v[i], &v[i].n_read) - before[i], i == want);
+            assert_int_equal(count(&v[i], &v[i].n_read) - before[i], i == want[s]);
+        lane[s] = ts_client_read_lane(c, name, s, 0);
+        assert_int_not_equal(lane[s], SIZE_MAX);
+        assert_int_equal(ts_client_read_lane(c, name, s, 0), lane[s]); /* kept, the same */
     }
+    for (uint32_t a = 0; a < 16; a++)
+        for (uint32_t b = 0; b < 16; b++)
+            assert_int_equal(lane[a] == lane[b], want[a] == want[b]);
 }
 
 /* Reads go to their PG's replicas under the map the router holds now: after another dataset
