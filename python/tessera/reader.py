@@ -6,6 +6,7 @@ import ctypes
 import threading
 import weakref
 from itertools import accumulate, chain
+from sys import getrefcount
 
 from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc,
                    lib)
@@ -25,6 +26,7 @@ UNIT = {"shard": 0, "record": 1}
 BATCH_BYTES = 256 << 10  # one batch of small units (Reader.stream)
 BATCH_MAX = 256
 BATCH_UNIT = 16 << 10  # units up to this size (on average) are batched
+BATCH_SPARE = 4  # batch buffers a stream keeps to fill again (warm, and no allocation)
 
 
 class _Kept:
@@ -169,8 +171,9 @@ class Reader(Handle):
     def stream(self):
         """The units' data in plan order, like iteration, small ones fetched in batches: units
         of at most BATCH_UNIT bytes come one library call per batch, copied once, back to back,
-        into a fresh buffer (a numpy array, else a bytearray), as memoryviews into it (bytes
-        with copy=True); larger ones one by one, as iteration gives them (without a copy when
+        into a buffer (a numpy array, else a bytearray; one of the stream's last few that no
+        view refers to any more, else a fresh one), as memoryviews into it (bytes with
+        copy=True); larger ones one by one, as iteration gives them (without a copy when
         copy=False). The stream watches the sizes it gets and switches between the two. For
         small records (a few KiB) this costs a fraction of iteration's per-unit calls.
         `consumed` then counts the units fetched: up to a batch more than were yielded when the
@@ -183,9 +186,18 @@ class Reader(Handle):
         lens_ref = ctypes.cast(lens, ctypes.POINTER(ctypes.c_size_t))
         n_ref = ctypes.byref(n)
         batched, small_run = True, 0
+        spare = []  # batch buffers, filled again once no view of theirs is left
         while True:
             if batched:
-                buf = _batch_buffer(BATCH_BYTES)
+                buf = None
+                for i in range(len(spare)):
+                    if getrefcount(spare[i]) == 2:  # this list and the call: no view is left
+                        buf = spare[i]
+                        break
+                if buf is None:
+                    buf = _batch_buffer(BATCH_BYTES)
+                    if len(spare) < BATCH_SPARE:
+                        spare.append(buf)
                 rc = many(h, (ctypes.c_char * BATCH_BYTES).from_buffer(buf), BATCH_BYTES,
                           lens_ref, BATCH_MAX, n_ref)
                 if rc <= 0:

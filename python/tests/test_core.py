@@ -74,6 +74,31 @@ def test_stream_equals_iteration(c, monkeypatch):
             r.close()
 
 
+def test_stream_views_held_while_buffers_are_filled_again(c, monkeypatch):
+    """stream() fills a batch buffer again only when no view of it is left: views held across
+    the whole stream keep their bytes, and a buffer whose views were dropped is used again."""
+    import weakref
+
+    import tessera.reader
+    monkeypatch.setattr(tessera.reader, "BATCH_BYTES", 4096)
+    monkeypatch.setattr(tessera.reader, "BATCH_UNIT", 1024)
+    want = list(Reader(c, "core", shuffle="global", seed=5))
+    r = Reader(c, "core", shuffle="global", seed=5, copy=False)
+    held, first, left, again = [], None, False, False
+    for i, v in enumerate(r.stream()):
+        if first is None:
+            first = weakref.ref(v.obj)  # the first batch's buffer; its views are dropped
+        elif v.obj is not first():
+            left = True
+        elif left:
+            again = True  # a later batch in the first one's buffer
+        if i >= 100 and i % 7 == 3:
+            held.append((i, v))  # kept to the end: its buffer must not be filled again
+    assert again, "no batch buffer was used again"
+    assert len(held) > 50 and all(bytes(v) == want[i] for i, v in held)
+    r.close()
+
+
 def test_resume_through_states(c):
     seen = []
     readers = [Reader(c, "core", rank=r, world=2, shuffle="global", seed=4) for r in range(2)]
