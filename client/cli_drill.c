@@ -92,6 +92,52 @@ int drill_begin(struct drill *d, int i, const char *why_none)
     return 0;
 }
 
+struct json_object *drill_status_of(struct drill *d, size_t i)
+{
+    struct json_object *doc;
+    char *json = NULL;
+
+    if (ts_client_node_status(d->x->c, i, &json) != 0)
+        return NULL;
+    doc = json_tokener_parse(json);
+    tessera_buffer_free(json);
+    return doc;
+}
+
+void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+
+    *acked = *all = 0;
+    for (size_t i = 0; m && i < m->n; i++) {
+        struct json_object *doc = drill_status_of(d, i), *arr, *e, *v;
+        if (!doc)
+            continue;
+        if (json_object_object_get_ex(doc, "rolled_back", &arr))
+            for (size_t k = 0; k < json_object_array_length(arr); k++) {
+                uint64_t shard, epoch;
+                e = json_object_array_get_idx(arr, k);
+                if (!json_object_object_get_ex(e, "dataset", &v) ||
+                    strcmp(json_object_get_string(v), d->ds))
+                    continue;
+                (*all)++;
+                json_object_object_get_ex(e, "shard", &v);
+                shard = (uint64_t)json_object_get_int64(v);
+                json_object_object_get_ex(e, "epoch", &v);
+                epoch = (uint64_t)json_object_get_int64(v);
+                if (shard < MAX_SHARDS && d->acked[shard] && epoch >= d->acked_epoch[shard]) {
+                    (*acked)++;
+                    drill_note(d,
+                               "ROLLED BACK on %s: acknowledged shard %llu (entry of epoch %llu; "
+                               "acknowledged at epoch %llu)",
+                               m->nodes[i].id, (unsigned long long)shard, (unsigned long long)epoch,
+                               (unsigned long long)d->acked_epoch[shard]);
+                }
+            }
+        json_object_put(doc);
+    }
+}
+
 /* One write and one read of the load; 1 when both succeeded. */
 static int load_step(struct drill *d)
 {
@@ -111,7 +157,9 @@ static int load_step(struct drill *d)
             snprintf(d->first_err, sizeof(d->first_err), "%s: %s", ts_errname(rc),
                      tessera_client_error(d->x->c));
         if (ok_w) {
+            const struct ts_map *m = ts_client_map(d->x->c);
             d->acked[d->next] = 1;
+            d->acked_epoch[d->next] = m ? m->epoch : 0;
             d->writes_ok++;
         } else {
             d->writes_failed++;
@@ -408,7 +456,7 @@ int cmd_drill(struct ctx *x)
     struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES};
     struct drill d;
     double dur = x->duration ? (double)x->duration : 6;
-    uint64_t lost, t_act_end;
+    uint64_t lost, t_act_end, rb_acked = 0, rb_all = 0;
     char logs[512];
     int rc = 0, i;
 
@@ -446,8 +494,12 @@ int cmd_drill(struct ctx *x)
     if (!strcmp(scenario, "partition") && drill_partition_check(&d) < 0)
         return TS_EINVAL;
     d.acked = calloc(MAX_SHARDS, 1);
-    if (!d.acked)
+    d.acked_epoch = calloc(MAX_SHARDS, sizeof(*d.acked_epoch));
+    if (!d.acked || !d.acked_epoch) {
+        free(d.acked);
+        free(d.acked_epoch);
         return TS_ENOMEM;
+    }
     rc = tessera_dataset_create(x->c, d.ds, &p);
     if (rc)
         goto out;
@@ -519,6 +571,11 @@ int cmd_drill(struct ctx *x)
         strcmp(scenario, "partition"))
         drill_restart(&d, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
+    drill_rolled_back(&d, &rb_acked, &rb_all);
+    drill_note(&d,
+               "log entries of the drill's dataset rolled back on the nodes: %llu (%llu of "
+               "acknowledged shards)",
+               (unsigned long long)rb_all, (unsigned long long)rb_acked);
     {
         struct json_object *o = json_object_new_object();
         const struct ts_map *fm = ts_client_map(x->c);
@@ -532,6 +589,8 @@ int cmd_drill(struct ctx *x)
                                json_object_new_double(secs(d.act_ns, d.recover_ns)));
         json_object_object_add(o, "acknowledged_writes", json_u64(d.writes_ok));
         json_object_object_add(o, "acknowledged_writes_lost", json_u64(lost));
+        json_object_object_add(o, "acknowledged_entries_rolled_back", json_u64(rb_acked));
+        json_object_object_add(o, "entries_rolled_back", json_u64(rb_all));
         json_object_object_add(o, "writes_failed", json_u64(d.writes_failed));
         json_object_object_add(o, "reads_ok", json_u64(d.reads_ok));
         json_object_object_add(o, "reads_failed", json_u64(d.reads_failed));
@@ -545,8 +604,10 @@ int cmd_drill(struct ctx *x)
             json_object_object_add(o, "balloon_bytes", json_u64(d.balloon));
             json_object_object_add(o, "writes_refused_enospc", json_u64(d.enospc));
         }
-        if (!strcmp(scenario, "partition"))
+        if (!strcmp(scenario, "partition")) {
             json_object_object_add(o, "node_shards_missing_after_heal", json_u64(d.node_missing));
+            json_object_object_add(o, "core_replica_shards_missing", json_u64(d.core_missing));
+        }
         if (!strcmp(scenario, "fringe-lag")) {
             json_object_object_add(o, "fringe_lag_max_ops", json_u64(d.lag_max_ops));
             json_object_object_add(o, "fringe_lag_max_s", json_object_new_double(d.lag_max_s));
@@ -587,6 +648,9 @@ int cmd_drill(struct ctx *x)
                    secs(d.act_ns, d.recover_ns));
             printf("  acknowledged writes:       %llu\n", (unsigned long long)d.writes_ok);
             printf("  acknowledged writes lost:  %llu\n", (unsigned long long)lost);
+            printf("  acknowledged entries rolled back on any replica: %llu (entries rolled "
+                   "back: %llu)\n",
+                   (unsigned long long)rb_acked, (unsigned long long)rb_all);
             printf("  writes failed (not acked): %llu\n", (unsigned long long)d.writes_failed);
             printf("  reads ok / failed:         %llu / %llu\n", (unsigned long long)d.reads_ok,
                    (unsigned long long)d.reads_failed);
@@ -599,8 +663,8 @@ int cmd_drill(struct ctx *x)
                     "  filled on %s:              %llu bytes; writes refused (TS_ENOSPC): %llu\n",
                     d.node, (unsigned long long)d.balloon, (unsigned long long)d.enospc);
             if (!strcmp(scenario, "partition"))
-                printf("  shards %s lacks, healed:   %llu\n", d.node,
-                       (unsigned long long)d.node_missing);
+                printf("  shards %s lacks, healed:   %llu; a core replica lacks: %llu\n", d.node,
+                       (unsigned long long)d.node_missing, (unsigned long long)d.core_missing);
             if (!strcmp(scenario, "fringe-lag"))
                 printf("  fringe lag, largest:       %llu ops, %.2f s\n",
                        (unsigned long long)d.lag_max_ops, d.lag_max_s);
@@ -616,12 +680,24 @@ int cmd_drill(struct ctx *x)
         snprintf(x->local, sizeof(x->local), "%llu acknowledged writes lost",
                  (unsigned long long)lost);
         rc = TS_EIO;
+    } else if (rb_acked) {
+        snprintf(x->local, sizeof(x->local),
+                 "%llu acknowledged entries rolled back on replicas (read back whole, but a "
+                 "replica lost them for a while)",
+                 (unsigned long long)rb_acked);
+        rc = TS_EIO;
     } else if (d.node_missing) {
         snprintf(x->local, sizeof(x->local), "%s lacks %llu acknowledged shards after the heal",
                  d.node, (unsigned long long)d.node_missing);
         rc = TS_EIO;
+    } else if (d.core_missing) {
+        snprintf(x->local, sizeof(x->local),
+                 "core replicas lack %llu acknowledged shards after the heal",
+                 (unsigned long long)d.core_missing);
+        rc = TS_EIO;
     }
 out:
     free(d.acked);
+    free(d.acked_epoch);
     return rc;
 }

@@ -16,8 +16,9 @@
 struct drill {
     struct ctx *x;
     char ds[64];
-    uint8_t *acked; /* acked[i]: shard i's put succeeded */
-    uint32_t next;  /* the next shard to write */
+    uint8_t *acked;        /* acked[i]: shard i's put succeeded */
+    uint64_t *acked_epoch; /* the map epoch the client held when shard i's put succeeded */
+    uint32_t next;         /* the next shard to write */
     uint64_t t0;
     /* results */
     uint64_t writes_ok, writes_failed, reads_ok, reads_failed, checksum_errors;
@@ -36,8 +37,18 @@ struct drill {
     uint64_t balloon;      /* bytes the disk-full drill put on the node's filesystem */
     char first_err[300];   /* the first write the act made fail, and why */
     uint64_t node_missing; /* partition: acknowledged shards the healed node does not serve */
+    uint64_t core_missing; /* partition: acknowledged shards a core replica does not serve */
 };
 
+/* Node i's STATUS as a parsed document (the caller puts it), or NULL. */
+struct json_object *drill_status_of(struct drill *d, size_t i);
+/* Acknowledged shards some core replica does not serve alone, byte for byte (each waited for
+ * up to 30 s): every replica is read, not only the cluster's choice. */
+uint64_t drill_core_missing(struct drill *d);
+/* The drill dataset's log entries that a rollback removed on any node (the nodes' STATUS
+ * "rolled_back"): *acked those of acknowledged shards, at or after the epoch of their
+ * acknowledgement (an earlier, failed attempt's entry is not one), *all every one. */
+void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all);
 /* The drill's log: a timestamped line, kept for the report (and on stderr without --json). */
 void drill_note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Shard i's bytes (64 KiB, from its number). */

@@ -47,19 +47,6 @@ static uint64_t now_ns(void)
     return ts_now_mono_ns();
 }
 
-/* Node i's STATUS as a parsed document (the caller puts it), or NULL. */
-static struct json_object *status_of(struct drill *d, size_t i)
-{
-    struct json_object *doc;
-    char *json = NULL;
-
-    if (ts_client_node_status(d->x->c, i, &json) != 0)
-        return NULL;
-    doc = json_tokener_parse(json);
-    tessera_buffer_free(json);
-    return doc;
-}
-
 /* Replica k of the PG the load writes next, or -1. */
 static int replica_next(struct drill *d, size_t k)
 {
@@ -193,7 +180,7 @@ int drill_corrupt_chunk(struct drill *d, double dur, const char *logdir)
 /* The lag (ops, seconds) the PG's primary reports for node `id`, summed over PGs. */
 static void lag_of(struct drill *d, int primary, const char *id, uint64_t *ops, double *secs)
 {
-    struct json_object *doc = status_of(d, (size_t)primary), *rep, *arr, *v;
+    struct json_object *doc = drill_status_of(d, (size_t)primary), *rep, *arr, *v;
 
     *ops = 0;
     *secs = 0;
@@ -302,7 +289,7 @@ int drill_disk_full(struct drill *d, double dur)
     if (i < 0)
         return TS_EINVAL;
     snprintf(d->node, sizeof(d->node), "%s", m->nodes[i].id);
-    doc = status_of(d, (size_t)i);
+    doc = drill_status_of(d, (size_t)i);
     if (doc && json_object_object_get_ex(doc, "disk", &dj) &&
         json_object_object_get_ex(dj, "reserve_bytes", &v))
         reserve = (uint64_t)json_object_get_int64(v);

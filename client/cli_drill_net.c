@@ -161,6 +161,17 @@ static uint64_t missing_on(struct drill *d, int i)
     return missing;
 }
 
+uint64_t drill_core_missing(struct drill *d)
+{
+    const struct ts_map *m = ts_client_map(d->x->c);
+    uint64_t missing = 0;
+
+    for (size_t j = 0; m && j < m->n; j++)
+        if (m->nodes[j].state == TS_NODE_UP)
+            missing += missing_on(d, (int)j);
+    return missing;
+}
+
 int drill_partition(struct drill *d, double dur)
 {
     int i = drill_primary_next(d), cut_at = i, rc = drill_begin(d, i, "no node leads the next PG");
@@ -185,5 +196,9 @@ int drill_partition(struct drill *d, double dur)
     d->node_missing = missing_on(d, i);
     drill_note(d, "read every acknowledged shard %s is a replica of from it alone: %llu missing",
                d->node, (unsigned long long)d->node_missing);
+    d->core_missing = drill_core_missing(d);
+    drill_note(d,
+               "read every acknowledged shard from each of its core replicas alone: %llu missing",
+               (unsigned long long)d->core_missing);
     return 0;
 }

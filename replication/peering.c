@@ -172,3 +172,78 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
     out->verdict = TS_PEERING_ACTIVATE;
     return 0;
 }
+
+/* ---- rolling a replica back ----------------------------------------------------------------- */
+
+int ts_peering_rollback(const struct ts_rollback_in *in, struct ts_rollback_out *out)
+{
+    uint64_t common = 0, common_epoch = 0, lowest = 0, newest = in->head_epoch;
+    int found = 0;
+    const char *stale = NULL;
+
+    memset(out, 0, sizeof(*out));
+    if (in->ntail && (!in->tail || !in->ours))
+        return TS_EINVAL;
+    if (!in->authoritative || !in->life)
+        stale = "our log is not the PG's authoritative one now (not activating or active here)";
+    else if (in->life != in->asked_life || in->interval != in->asked_interval)
+        stale = "the reply was asked for in an earlier peering life or interval";
+    /* The newest of the replica's entries we compared that is ours (same seq and epoch; a seq
+     * trimmed here counts as ours: it is older than anything a peering could have replaced). */
+    for (size_t i = 0; i < in->ntail; i++) {
+        lowest = in->tail[i].seq;
+        if (in->tail[i].epoch > newest)
+            newest = in->tail[i].epoch;
+        if (found || in->tail[i].seq > in->my_applied)
+            continue; /* beyond our head: not ours */
+        if (in->ours[i] == TS_ROLLBACK_TRIMMED || in->ours[i] == in->tail[i].epoch) {
+            common = in->tail[i].seq;
+            common_epoch = in->tail[i].epoch;
+            found = 1;
+        }
+    }
+    if (in->applied == 0 || (found && common == in->applied)) {
+        if (stale) {
+            snprintf(out->why, sizeof(out->why), "%s", stale);
+            out->verdict = TS_ROLLBACK_STALE;
+            return 0;
+        }
+        out->verdict = TS_ROLLBACK_PREFIX;
+        out->to = in->applied;
+        out->to_epoch = in->head_epoch;
+        return 0;
+    }
+    if (!found) {
+        /* Nothing in common among what it sent: roll back past all of it, compare again. */
+        common = lowest ? lowest - 1 : 0;
+        common_epoch = common ? in->ours_before : 0;
+    }
+    out->to = common;
+    out->to_epoch = common_epoch;
+    if (stale) {
+        snprintf(out->why, sizeof(out->why),
+                 "refused to roll back entries past %llu up to (%llu, %llu): %s",
+                 (unsigned long long)common, (unsigned long long)in->head_epoch,
+                 (unsigned long long)in->applied, stale);
+        out->verdict = TS_ROLLBACK_REFUSE;
+        return 0;
+    }
+    if (newest > in->interval) {
+        snprintf(out->why, sizeof(out->why),
+                 "refused to roll back entries up to (%llu, %llu): epoch %llu is newer than the "
+                 "interval %llu our log is authoritative under (they are what we lack, not what "
+                 "diverged)",
+                 (unsigned long long)in->head_epoch, (unsigned long long)in->applied,
+                 (unsigned long long)newest, (unsigned long long)in->interval);
+        out->verdict = TS_ROLLBACK_REFUSE;
+        return 0;
+    }
+    snprintf(out->why, sizeof(out->why),
+             "entries past %llu up to (%llu, %llu) are not in our log (head %llu, %llu; "
+             "authoritative under interval %llu): rolling them back",
+             (unsigned long long)common, (unsigned long long)in->head_epoch,
+             (unsigned long long)in->applied, (unsigned long long)in->my_epoch,
+             (unsigned long long)in->my_applied, (unsigned long long)in->interval);
+    out->verdict = TS_ROLLBACK_TRUNCATE;
+    return 0;
+}

@@ -83,4 +83,49 @@ int ts_peering_head_cmp(uint64_t e1, uint64_t s1, uint64_t e2, uint64_t s2);
 /* Decides; fills *out. TS_EINVAL when self is not among the replies. */
 int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out);
 
+/*
+ * Rolling a replica back (push.c asks this and acts only on its answer; nothing else in the
+ * code truncates a replica's log). A pusher compared the replica's log with ours (PG_INFO) and
+ * the reply came back; it decides what the comparison allows:
+ *  - PREFIX: the replica's log is a prefix of ours; it holds ours up to `to` (counts for writes).
+ *  - TRUNCATE: entries of the replica past (to, to_epoch) are provably divergent: our log is the
+ *    PG's authoritative one now (this node leads the PG and its peering verdict of this life
+ *    found its log the newest: activating or active; or a peering primary pulls our log), the
+ *    reply was asked for in this same life and interval, and none of them is of an epoch newer
+ *    than that interval (such entries are what we lack, never what diverged).
+ *  - REFUSE: the comparison says the replica diverges, and a rule above forbids rolling it back.
+ *  - STALE: the reply is from an earlier life or interval, or our log is not authoritative now;
+ *    nothing is decided (the pusher asks again once it may).
+ */
+#define TS_ROLLBACK_TRIMMED UINT64_MAX /* ours[i]: that position is trimmed from our log */
+
+struct ts_rollback_in {
+    int authoritative; /* our log is the PG's authoritative one now (above) */
+    uint64_t interval; /* the interval it is authoritative under: ours, or the puller's epoch */
+    uint64_t life;     /* the peering life (or the pull) now; 0: none */
+    uint64_t asked_interval, asked_life; /* when the PG_INFO was sent */
+    uint64_t my_epoch, my_applied;       /* our head */
+    uint64_t applied, head_epoch;        /* the replica's head */
+    const struct ts_log_pos *tail;       /* its newest entries, newest first (head first) */
+    size_t ntail;
+    const uint64_t *ours; /* per tail entry: our entry's epoch at that seq (0: none) */
+    uint64_t ours_before; /* our entry's epoch at the oldest tail seq - 1 (0: none) */
+};
+
+enum ts_rollback_verdict {
+    TS_ROLLBACK_STALE = 0,
+    TS_ROLLBACK_REFUSE = 1,
+    TS_ROLLBACK_PREFIX = 2,
+    TS_ROLLBACK_TRUNCATE = 3,
+};
+
+struct ts_rollback_out {
+    int verdict;
+    uint64_t to, to_epoch; /* PREFIX: the replica's head; TRUNCATE: the entry to roll back to */
+    char why[320];
+};
+
+/* Decides; fills *out. TS_EINVAL on inconsistent input (a tail longer than its pointer). */
+int ts_peering_rollback(const struct ts_rollback_in *in, struct ts_rollback_out *out);
+
 #endif

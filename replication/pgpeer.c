@@ -49,6 +49,17 @@ int repl_pg_pushes(ts_repl *r, uint32_t pg)
     return pp && (pp->state == PGP_ACTIVE || pp->state == PGP_ACTIVATE);
 }
 
+uint64_t repl_pg_life(ts_repl *r, uint32_t pg, uint64_t *interval)
+{
+    struct pgpeer *pp = repl_pgpeer_find(r, pg);
+
+    *interval = 0;
+    if (!pp || (pp->state != PGP_ACTIVE && pp->state != PGP_ACTIVATE))
+        return 0;
+    *interval = pp->epoch;
+    return pp->life;
+}
+
 /* Publishes pp's state for the workers (ts_repl_pg_ready) and STATUS. */
 static void publish(ts_repl *r, struct pgpeer *pp, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -571,6 +582,7 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
         return;
     default:
         pp->round++;
+        pp->life = ++r->lives; /* the pushes of an earlier verdict are over */
         pp->outstanding = 0;
         memcpy(pp->sets, out.sets, sizeof(pp->sets));
         pp->nsets = out.nsets;

@@ -103,38 +103,52 @@ static void truncate_reply(ts_repl *r, struct peer *p, void *ctx, int status, st
     push_retry_later(ps);
 }
 
-/*
- * Compares the replica's newest entries with our log. Returns 1 and sets *common when one
- * of them is ours (same seq and epoch; a seq trimmed here counts as ours: it is older than
- * anything a peering could have replaced); 0 when none is (*lowest: the oldest compared).
- */
-static int find_common(ts_repl *r, uint32_t pg, uint64_t my_applied, const struct ts_log_pos *tail,
-                       size_t n, uint64_t *common, uint64_t *common_epoch, uint64_t *lowest)
+/* The life a push's requests belong to now (0: none; it must not push) and its interval: the
+ * PG's peering verdict's while this node leads it (activating or active), or the pull's. */
+static uint64_t push_life(ts_repl *r, const struct push *ps, uint64_t *interval)
 {
-    struct ts_log_rec rec;
-
-    *lowest = 0;
-    for (size_t i = 0; i < n; i++) {
-        int rc;
-        *lowest = tail[i].seq;
-        if (tail[i].seq > my_applied)
-            continue; /* beyond our head: not ours */
-        rc = ts_store_log_read(r->o.store, pg, tail[i].seq, &rec);
-        if (rc == TS_ENOENT || (rc == 0 && rec.epoch == tail[i].epoch)) {
-            *common = tail[i].seq;
-            *common_epoch = tail[i].epoch;
-            return 1;
-        }
+    if (ps->pull) {
+        *interval = ps->pull_epoch;
+        return ps->pull_done ? 0 : ps->pull_life;
     }
-    return 0;
+    return repl_pg_life(r, ps->pg, interval);
 }
 
+/* The replica's position was learned in this life and interval: its replies still count. */
+static int push_current(ts_repl *r, const struct push *ps)
+{
+    uint64_t interval, life = push_life(r, ps, &interval);
+
+    return life && life == ps->asked_life && interval == ps->asked_interval;
+}
+
+/* A reply to a request of an earlier life decides nothing: start over from a comparison. */
+static void push_forget(ts_repl *r, struct push *ps)
+{
+    TS_DEBUG(FAC, "PG %u: a reply from %s of an earlier peering life: comparing again", ps->pg,
+             ps->node);
+    ts_read_ctx_close(ps->rctx);
+    ps->rctx = NULL;
+    ps->stream_failed = 0;
+    ps->backfill = 0;
+    ps->known = 0;
+    push_retry_later(ps);
+}
+
+/*
+ * The replica's log compared with ours: what ts_peering_rollback() allows is done, nothing
+ * else. Our entries at the replica's positions are read here; the decision is pure.
+ */
 static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct ts_rd *body)
 {
     struct push *ps = ctx;
     struct ts_log_pos tail[TAIL_MAX];
+    uint64_t ours[TAIL_MAX];
+    struct ts_rollback_in in;
+    struct ts_rollback_out out;
+    struct ts_log_rec rec;
     struct ts_pg_state me;
-    uint64_t applied, head_epoch, common = 0, common_epoch = 0, lowest = 0;
+    uint64_t applied, head_epoch;
     uint32_t ntail;
     struct ts_wr w;
 
@@ -177,10 +191,41 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
         tail[0].epoch = head_epoch;
         ntail = ntail < TAIL_MAX ? ntail + 1 : TAIL_MAX;
     }
-    if (applied == 0 ||
-        (find_common(r, ps->pg, me.applied, tail, ntail, &common, &common_epoch, &lowest) &&
-         common == applied)) {
-        ps->known = 1; /* a prefix of our log */
+    memset(&in, 0, sizeof(in));
+    for (uint32_t i = 0; i < ntail; i++) {
+        int rc = 0;
+        ours[i] = 0;
+        if (tail[i].seq <= me.applied) {
+            rc = ts_store_log_read(r->o.store, ps->pg, tail[i].seq, &rec);
+            ours[i] = rc == TS_ENOENT ? TS_ROLLBACK_TRIMMED : rec.epoch;
+        }
+        if (rc && rc != TS_ENOENT) {
+            push_retry_later(ps);
+            return;
+        }
+    }
+    if (ntail && tail[ntail - 1].seq > 1 &&
+        ts_store_log_read(r->o.store, ps->pg, tail[ntail - 1].seq - 1, &rec) == 0)
+        in.ours_before = rec.epoch;
+    in.life = push_life(r, ps, &in.interval);
+    in.authoritative = in.life != 0;
+    in.asked_life = ps->asked_life;
+    in.asked_interval = ps->asked_interval;
+    in.my_epoch = me.head_epoch;
+    in.my_applied = me.applied;
+    in.applied = applied;
+    in.head_epoch = head_epoch;
+    in.tail = tail;
+    in.ntail = ntail;
+    in.ours = ours;
+    if (ts_peering_rollback(&in, &out) != 0) {
+        push_retry_later(ps);
+        return;
+    }
+    switch (out.verdict) {
+    case TS_ROLLBACK_PREFIX:
+        ps->known = 1;
+        ps->refused = 0;
         ps->applied = applied;
         if (applied < me.applied)
             TS_INFO(FAC, "PG %u: %s holds our log up to %llu of %llu: catching it up", ps->pg,
@@ -188,25 +233,28 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
         repl_waiters_check(r);
         repl_push_step(r, ps);
         return;
+    case TS_ROLLBACK_TRUNCATE:
+        ps->refused = 0;
+        TS_WARN(FAC, 0, "PG %u: %s: %s", ps->pg, ps->node, out.why);
+        wr_repl_seal(&w, TS_REPL_TRUNCATE, ps->pg, out.to, out.to_epoch, NULL, NULL, 0);
+        ps->busy = 1;
+        /* Under the interval our log is authoritative in: the replica refuses to remove entries
+         * newer than the frame's epoch, and frames older than its promise. */
+        repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, truncate_reply, ps,
+                       in.interval);
+        return;
+    case TS_ROLLBACK_REFUSE:
+        pthread_mutex_lock(&r->lock);
+        r->rollbacks_refused++;
+        pthread_mutex_unlock(&r->lock);
+        if (!ps->refused)
+            TS_WARN(FAC, 0, "PG %u: %s: %s", ps->pg, ps->node, out.why);
+        ps->refused = 1;
+        /* fall through */
+    default: /* STALE: nothing decided; ask again while it may */
+        ps->known = 0;
+        push_retry_later(ps);
     }
-    if (common == 0 && lowest) {
-        /* Nothing in common among what it sent: roll back past all of it and compare again. */
-        struct ts_log_rec rec;
-        common = lowest - 1;
-        common_epoch = 0;
-        if (common && ts_store_log_read(r->o.store, ps->pg, common, &rec) == 0)
-            common_epoch = rec.epoch;
-    }
-    TS_WARN(FAC, 0,
-            "PG %u: %s holds entries up to (%llu, %llu) that are not in our log (head %llu, %llu): "
-            "rolling it back to %llu",
-            ps->pg, ps->node, (unsigned long long)head_epoch, (unsigned long long)applied,
-            (unsigned long long)me.head_epoch, (unsigned long long)me.applied,
-            (unsigned long long)common);
-    wr_repl_seal(&w, TS_REPL_TRUNCATE, ps->pg, common, common_epoch, NULL, NULL, 0);
-    ps->busy = 1;
-    repl_peer_send(r, ps->node, TS_OP_REPL_SEAL, &w, NULL, 0, NULL, NULL, truncate_reply, ps,
-                   push_epoch(ps));
 }
 
 /* The rebalance's limits on a moving PG's backfill (the map's rebalance rate, bytes/s per PG):
@@ -233,6 +281,10 @@ static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
     struct push *ps = ctx;
     uint64_t seq = ps->backfill ? 0 : ps->rec.seq;
 
+    if (!push_current(r, ps)) {
+        push_forget(r, ps);
+        return;
+    }
     if (status == 0 || status == TS_EEXIST) {
         ts_read_ctx_close(ps->rctx);
         ps->rctx = NULL;
@@ -298,9 +350,11 @@ static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     struct push *ps = ctx;
 
     ps->inflight--;
+    if (!status && !push_current(r, ps))
+        status = TS_ECANCELED; /* an earlier life's stream: end it (and compare again) */
     if (status) {
         ps->stream_failed = status;
-        if (body && status != TS_ESTALE) {
+        if (body && status != TS_ESTALE && status != TS_ECANCELED) {
             ts_rd_str(body, ps->stream_why, sizeof(ps->stream_why));
             body->off = 0;
         }
@@ -311,6 +365,8 @@ static void stream_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
         ps->stream_why[0] = '\0';
         if (ps->stream_failed == TS_ESTALE)
             repl_on_stale(r, p, body);
+        if (ps->stream_failed == TS_ECANCELED)
+            ps->known = 0;
         ts_read_ctx_close(ps->rctx);
         ps->rctx = NULL;
         ps->stream_failed = 0;
@@ -534,6 +590,10 @@ static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, 
 {
     struct push *ps = ctx;
 
+    if (!push_current(r, ps)) {
+        push_forget(r, ps);
+        return;
+    }
     if (status == 0) {
         TS_INFO(FAC, "PG %u: backfill of %s done (%zu shards)", ps->pg, ps->node, ps->nitems);
         ps->backfill = 0;
@@ -573,7 +633,13 @@ void repl_push_step(ts_repl *r, struct push *ps)
     if (!ps->pull && !repl_pg_pushes(r, ps->pg))
         return;
     ps->retry_at = 0;
+    if (ps->known && !push_current(r, ps)) {
+        /* Its position was learned in an earlier life: compare again. */
+        ps->known = 0;
+        ps->backfill = 0;
+    }
     if (!ps->known) {
+        ps->asked_life = push_life(r, ps, &ps->asked_interval);
         ts_wr_init(&w);
         ts_wr_begin_frame(&w);
         ts_wr_u32(&w, ps->pg);
@@ -740,6 +806,8 @@ void repl_pull_start(ts_repl *r, uint32_t pg, const char *node, uint64_t epoch, 
         r->pushes = ps;
     }
     TS_INFO(FAC, "PG %u: %s pulls our log (epoch %llu)", pg, node, (unsigned long long)epoch);
+    if (!ps->pull || ps->pull_done || ps->pull_epoch != epoch)
+        ps->pull_life = ++r->lives; /* a new pull: replies to an earlier one decide nothing */
     ps->pull = 1;
     ps->pull_done = 0;
     ps->pull_epoch = epoch;

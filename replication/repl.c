@@ -988,6 +988,16 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+uint64_t ts_repl_rollbacks_refused(ts_repl *r)
+{
+    uint64_t n;
+
+    pthread_mutex_lock(&r->lock);
+    n = r->rollbacks_refused;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
                 uint64_t *repairs, uint64_t *backfills)
 {

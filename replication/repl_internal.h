@@ -69,6 +69,11 @@ struct push {
     int pull, pull_done;
     int told_clean;      /* the replica was told it holds our log (it may serve reads) */
     uint64_t pull_epoch; /* frames carry this epoch (the puller's) */
+    uint64_t pull_life;  /* this pull's life (a new puller epoch, or a pull after one ended) */
+    /* The life (peering life of the PG, or the pull's) and interval the replica's position was
+     * learned in: replies from another life decide nothing (ts_peering_rollback). */
+    uint64_t asked_life, asked_interval;
+    int refused; /* the last comparison's rollback was refused (logged once) */
     struct push *next;
 };
 
@@ -85,6 +90,7 @@ struct pgpeer {
     uint32_t pg;
     uint64_t epoch; /* the interval being started (the map epoch when it began) */
     int state;
+    uint64_t life;                     /* set by each ACTIVATE verdict: its pushes' life */
     unsigned round;                    /* replies of older rounds are ignored */
     char acting[TS_PG_MAX_ACTING][64]; /* the new acting set: core members, primary first */
     unsigned nacting;
@@ -160,6 +166,8 @@ struct ts_repl {
     size_t nlag;
     unsigned primary_pgs;
     uint64_t repairs, backfills;
+    uint64_t lives;             /* the last life given to a peering verdict or a pull */
+    uint64_t rollbacks_refused; /* comparisons whose rollback ts_peering_rollback refused */
     uint64_t last_lag_ns, last_trim_ns;
     struct pgpeer *pgs;      /* PGs this node is (or is becoming) primary of */
     struct repl_pg_pub *pub; /* their states for the workers, per PG; under lock */
@@ -204,5 +212,7 @@ void repl_pgpeer_free_all(ts_repl *r);
 int repl_pg_active(ts_repl *r, uint32_t pg);
 /* Its pushers may run: active, or activating (its log is the authoritative one already). */
 int repl_pg_pushes(ts_repl *r, uint32_t pg);
+/* The life of pg's peering verdict while activating or active here (else 0), and its interval. */
+uint64_t repl_pg_life(ts_repl *r, uint32_t pg, uint64_t *interval);
 
 #endif

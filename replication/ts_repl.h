@@ -88,6 +88,8 @@ struct ts_repl_lag {
 /* A snapshot of every replica's position for the PGs this node is primary of (malloc'ed). */
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,
                 uint64_t *repairs, uint64_t *backfills);
+/* Comparisons whose rollback of a replica ts_peering_rollback() refused (thread-safe). */
+uint64_t ts_repl_rollbacks_refused(ts_repl *r);
 
 /* ---- peering (pgpeer.c; docs/architecture.md "Peering") ------------------------------------ */
 

@@ -320,8 +320,16 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const st
         tsd_pg_mark_clean(s, pg, 0);
         rc = ts_store_pg_truncate(s->store, pg, seq, epoch, h->epoch, &removed);
         if (rc == 0)
-            TS_WARN(FAC, 0, "PG %u: log rolled back to %llu by its primary (%u shards removed)", pg,
-                    (unsigned long long)seq, removed);
+            TS_WARN(FAC, 0,
+                    "PG %u: log rolled back to %llu by %s at epoch %llu (%u shards removed)", pg,
+                    (unsigned long long)seq, c->node_id, (unsigned long long)h->epoch, removed);
+        if (rc == TS_EPERM) {
+            tsd_reply_error(c, h, rc,
+                            "repl-seal PG %u: rolling back to %llu refused: this node holds "
+                            "entries newer than epoch %llu",
+                            pg, (unsigned long long)seq, (unsigned long long)h->epoch);
+            return;
+        }
         break;
     case TS_REPL_DELETE:
         rc = apply_delete(s, &log);

@@ -106,6 +106,31 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
     json_object_object_add(rep, "pgs_not_confirmed", json_object_new_int64((int64_t)unclean));
 }
 
+/* The log entries rollbacks removed here since the node started (what a rollback took: an
+ * acknowledged one would be a lost write; drills check), the newest STATUS_MAX_ROLLED_BACK. */
+#define STATUS_MAX_ROLLED_BACK 128
+static void status_rolled_back(struct tsd_server *s, json_object *root)
+{
+    struct ts_rolled_back rb[STATUS_MAX_ROLLED_BACK];
+    json_object *arr = json_object_new_array();
+    uint64_t total = 0;
+    size_t n = 0;
+
+    ts_store_rolled_back(s->store, rb, STATUS_MAX_ROLLED_BACK, &n, &total);
+    for (size_t i = 0; i < n; i++) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "pg", json_object_new_int64(rb[i].pg));
+        json_object_object_add(o, "seq", json_object_new_int64((int64_t)rb[i].seq));
+        json_object_object_add(o, "epoch", json_object_new_int64((int64_t)rb[i].epoch));
+        json_object_object_add(o, "dataset", json_object_new_string(rb[i].dataset));
+        json_object_object_add(o, "shard", json_object_new_int64(rb[i].shard));
+        json_object_object_add(o, "at_ns", json_object_new_int64((int64_t)rb[i].at_ns));
+        json_object_array_add(arr, o);
+    }
+    json_object_object_add(root, "rolled_back_entries", json_object_new_int64((int64_t)total));
+    json_object_object_add(root, "rolled_back", arr);
+}
+
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
@@ -188,6 +213,7 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
         json_object_object_add(root, "disk", dj);
     }
     json_object_object_add(root, "stats", stats);
+    status_rolled_back(s, root);
     if (atomic_load(&s->epoch)) {
         json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;
         struct ts_repl_lag *l = NULL;
@@ -260,6 +286,8 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
         json_object_object_add(rep, "primary_pgs", json_object_new_int64(ppgs));
         json_object_object_add(rep, "repairs", json_object_new_int64((int64_t)repairs));
         json_object_object_add(rep, "backfills", json_object_new_int64((int64_t)backfills));
+        json_object_object_add(rep, "rollbacks_refused",
+                               json_object_new_int64((int64_t)ts_repl_rollbacks_refused(s->repl)));
         json_object_object_add(rep, "lag", lag);
         status_pgs(s, rep);
         json_object_object_add(root, "replication", rep);
@@ -278,6 +306,10 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
         if (strlen(txt) > 60000) {
             json_object_object_add(root, "datasets", json_object_new_array());
             json_object_object_add(root, "datasets_truncated", json_object_new_boolean(1));
+            txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
+        }
+        if (strlen(txt) > 60000) {
+            json_object_object_add(root, "rolled_back", json_object_new_array());
             txt = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN);
         }
         if (strlen(txt) > 60000 && json_object_object_get_ex(root, "replication", &rep)) {

@@ -562,6 +562,41 @@ int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_
     return 0;
 }
 
+/* Notes a rolled-back entry in the ring (under loglock). */
+static void rolled_back_note(ts_store *s, const struct ts_log_rec *rec, uint64_t now)
+{
+    struct ts_rolled_back *r;
+
+    if (!s->rb && !(s->rb = calloc(TS_ROLLED_BACK_KEEP, sizeof(*s->rb))))
+        return;
+    r = &s->rb[s->nrb++ % TS_ROLLED_BACK_KEEP];
+    r->pg = rec->pg;
+    r->shard = rec->shard;
+    r->seq = rec->seq;
+    r->epoch = rec->epoch;
+    r->at_ns = now;
+    snprintf(r->dataset, sizeof(r->dataset), "%s", rec->dataset);
+}
+
+int ts_store_rolled_back(ts_store *s, struct ts_rolled_back *out, size_t max, size_t *n,
+                         uint64_t *total)
+{
+    uint64_t have, first;
+
+    pthread_mutex_lock(&s->loglock);
+    have = s->nrb < TS_ROLLED_BACK_KEEP ? s->nrb : TS_ROLLED_BACK_KEEP;
+    if (have > max)
+        have = max;
+    first = s->nrb - have;
+    for (uint64_t i = 0; i < have && s->rb; i++)
+        out[i] = s->rb[(first + i) % TS_ROLLED_BACK_KEEP];
+    *n = s->rb ? (size_t)have : 0;
+    if (total)
+        *total = s->nrb;
+    pthread_mutex_unlock(&s->loglock);
+    return 0;
+}
+
 int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence,
                          unsigned *removed)
 {
@@ -578,6 +613,16 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
         return rc;
     if (fence && fence < st.promised)
         return TS_ESTALE;
+    if (fence && st.head_epoch > fence) {
+        /* Entries of an epoch newer than the sender's are never divergent from where it stands
+         * (peering would have it pull them): defence in depth behind ts_peering_rollback(). */
+        TS_WARN(FAC, TS_EPERM,
+                "PG %u: refused to roll back to %llu: the log holds entries up to (%llu, %llu), "
+                "newer than the sender's epoch %llu",
+                pg, (unsigned long long)seq, (unsigned long long)st.head_epoch,
+                (unsigned long long)st.applied, (unsigned long long)fence);
+        return TS_EPERM;
+    }
     /* First the shards the divergent entries sealed (never acknowledged: they were not on a
      * write quorum), then the entries: a crash in between leaves entries without shards, which
      * the next comparison finds divergent again. */
@@ -596,7 +641,10 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
     rc = pg_state_get(s, pg, &st);
     if (rc == 0 && fence && fence < st.promised)
         rc = TS_ESTALE;
+    if (rc == 0 && fence && st.head_epoch > fence)
+        rc = TS_EPERM;
     if (rc == 0 && st.applied > seq) {
+        uint64_t old_head = st.applied;
         b = rocksdb_writebatch_create();
         rocksdb_writebatch_delete_range_cf(b, s->cf[CF_OPLOG], (const char *)lo,
                                            key_log(lo, pg, seq + 1), (const char *)hi,
@@ -604,8 +652,26 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
         st.applied = seq;
         st.head_epoch = epoch;
         rc = pg_state_put(s, b, pg, &st);
-        if (!rc)
+        if (!rc) {
+            /* What goes, for the record: read before the write removes it, noted once it did
+             * (the newest TS_ROLLED_BACK_KEEP are kept; older ones only count). */
+            uint64_t now = ts_now_wall_ns(), from = seq + 1;
+            struct ts_log_rec *gone;
+            size_t ngone = 0;
+            if (old_head - seq > TS_ROLLED_BACK_KEEP)
+                from = old_head - TS_ROLLED_BACK_KEEP + 1;
+            gone = calloc(old_head - from + 1, sizeof(*gone));
+            for (uint64_t q = from; gone && q <= old_head; q++)
+                if (log_get(s, pg, q, &gone[ngone]) == 0 && gone[ngone].type == TS_LOG_SEAL)
+                    ngone++;
             rc = batch_write(s, b, "log truncate");
+            if (rc == 0) {
+                s->nrb += from - (seq + 1);
+                for (size_t k = 0; k < ngone; k++)
+                    rolled_back_note(s, &gone[k], now);
+            }
+            free(gone);
+        }
         rocksdb_writebatch_destroy(b);
     }
     pthread_mutex_unlock(&s->loglock);

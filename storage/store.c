@@ -240,6 +240,7 @@ static void store_close(ts_store *s, int flush)
     rocksdb_cache_destroy(s->cache);
     pthread_mutex_destroy(&s->lock);
     free(s->writers);
+    free(s->rb);
     free(s->path);
     free(s);
 }

@@ -91,7 +91,9 @@ struct ts_store {
     uint64_t space_checked_ns, space_warned_ns;
     struct writer_slot *writers;
     size_t nwriters, capwriters;
-    uint64_t wal_damage_ns; /* when a damaged WAL was last found at open (0: never) */
+    uint64_t wal_damage_ns;    /* when a damaged WAL was last found at open (0: never) */
+    struct ts_rolled_back *rb; /* TS_ROLLED_BACK_KEEP, a ring under loglock (pglog.c) */
+    uint64_t nrb;              /* entries rolled back since open */
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */

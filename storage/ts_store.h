@@ -272,9 +272,22 @@ int ts_store_pg_commit(ts_store *s, uint32_t pg, uint64_t epoch, uint8_t wq,
                        const char (*acting)[64], uint8_t nacting);
 /* The newest entries' (seq, epoch), newest first, up to max. */
 int ts_store_pg_log_tail(ts_store *s, uint32_t pg, struct ts_log_pos *out, size_t max, size_t *n);
+/* A shard-sealing log entry removed by a rollback (ts_store_pg_truncate), kept in memory since
+ * the store opened (the last TS_ROLLED_BACK_KEEP; the total counts all): operators and drills
+ * see what a rollback removed. */
+#define TS_ROLLED_BACK_KEEP 1024
+struct ts_rolled_back {
+    uint32_t pg, shard;
+    uint64_t seq, epoch, at_ns; /* the entry; when it was removed (wall clock) */
+    char dataset[TS_NAME_MAX + 1];
+};
+/* Copies up to max of the most recent, oldest first; *total: every one since the store opened. */
+int ts_store_rolled_back(ts_store *s, struct ts_rolled_back *out, size_t max, size_t *n,
+                         uint64_t *total);
 /* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and
  * the shards they sealed deleted (they were never acknowledged). *removed counts shards.
- * TS_ESTALE (nothing removed) if a promise newer than fence (0: none) was made. */
+ * TS_ESTALE (nothing removed) if a promise newer than fence (0: none) was made; TS_EPERM (nothing
+ * removed, logged) if the log holds entries of an epoch newer than fence. */
 int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence,
                          unsigned *removed);
 /* Deletes one shard (complete or not) and its records; TS_EBUSY while it is being uploaded. */

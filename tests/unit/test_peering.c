@@ -266,6 +266,163 @@ static void test_pull_source_is_a_member(void **state)
     assert_string_equal(out.pull_from, "n2");
 }
 
+/* ---- ts_peering_rollback: the only decision that rolls a replica back ---------------------- */
+
+/* Our log: entries (epoch, seq) 1..n with epochs from `ep` (ep[seq]); the replica's tail from
+ * its head down, as PG_INFO sends it. */
+struct rb_case {
+    uint64_t ep[64];
+    uint64_t my_applied;
+    struct ts_log_pos tail[8];
+    size_t ntail;
+    uint64_t ours[8];
+};
+
+static int rollback(struct rb_case *c, int authoritative, uint64_t interval, uint64_t life,
+                    uint64_t asked_interval, uint64_t asked_life, struct ts_rollback_out *out)
+{
+    struct ts_rollback_in in;
+
+    memset(&in, 0, sizeof(in));
+    for (size_t i = 0; i < c->ntail; i++)
+        c->ours[i] = c->tail[i].seq <= c->my_applied ? c->ep[c->tail[i].seq] : 0;
+    in.authoritative = authoritative;
+    in.interval = interval;
+    in.life = life;
+    in.asked_interval = asked_interval;
+    in.asked_life = asked_life;
+    in.my_applied = c->my_applied;
+    in.my_epoch = c->my_applied ? c->ep[c->my_applied] : 0;
+    in.applied = c->ntail ? c->tail[0].seq : 0;
+    in.head_epoch = c->ntail ? c->tail[0].epoch : 0;
+    in.tail = c->tail;
+    in.ntail = c->ntail;
+    in.ours = c->ours;
+    if (c->ntail && c->tail[c->ntail - 1].seq > 1 && c->tail[c->ntail - 1].seq - 1 <= c->my_applied)
+        in.ours_before = c->ep[c->tail[c->ntail - 1].seq - 1];
+    return ts_peering_rollback(&in, out);
+}
+
+/* The issue's PG 18: n2 (head (7, 49)) came back as primary at epoch 9 and, still peering, got
+ * n3's PG_INFO reply showing (8, 50)..(8, 54), acknowledged while n2 was cut off. */
+static struct rb_case pg18(void)
+{
+    struct rb_case c;
+
+    memset(&c, 0, sizeof(c));
+    for (int s = 1; s <= 49; s++)
+        c.ep[s] = 7;
+    c.my_applied = 49;
+    for (int i = 0; i < 6; i++) {
+        c.tail[i].seq = 54 - (uint64_t)i;
+        c.tail[i].epoch = i < 5 ? 8 : 7;
+    }
+    c.ntail = 6;
+    return c;
+}
+
+static void test_rollback_stale_reply_after_map_change(void **state)
+{
+    struct rb_case c = pg18();
+    struct ts_rollback_out out;
+
+    /* Peering (not activating, not active): never, whatever the reply says. */
+    assert_int_equal(rollback(&c, 0, 0, 0, 7, 3, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    assert_non_null(strstr(out.why, "not the PG's authoritative one"));
+    /* A reply asked for in the earlier life (interval 7), read once the PG is active at 9. */
+    assert_int_equal(rollback(&c, 1, 9, 5, 7, 3, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    assert_non_null(strstr(out.why, "earlier peering life"));
+    /* Same interval, another life (peered again at the same epoch). */
+    assert_int_equal(rollback(&c, 1, 9, 5, 9, 4, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    /* Authoritative under interval 7 only (a deposed primary whose map is old): the entries of
+     * epoch 8 are newer than that interval: never divergent from where it stands. */
+    assert_int_equal(rollback(&c, 1, 7, 3, 7, 3, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    assert_non_null(strstr(out.why, "newer than the interval"));
+    /* Active at 9 in this life (peering saw a quorum of interval 8 without those entries: they
+     * were never acknowledged): rolled back to the common entry 49. */
+    assert_int_equal(rollback(&c, 1, 9, 5, 9, 5, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_TRUNCATE);
+    assert_int_equal(out.to, 49);
+    assert_int_equal(out.to_epoch, 7);
+}
+
+static void test_rollback_prefix_and_divergent(void **state)
+{
+    struct rb_case c;
+    struct ts_rollback_out out;
+
+    memset(&c, 0, sizeof(c));
+    for (int s = 1; s <= 20; s++)
+        c.ep[s] = s <= 10 ? 2 : 4;
+    c.my_applied = 20;
+    /* A prefix: known at its head. */
+    c.tail[0] = (struct ts_log_pos){12, 4};
+    c.tail[1] = (struct ts_log_pos){11, 4};
+    c.ntail = 2;
+    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_PREFIX);
+    assert_int_equal(out.to, 12);
+    /* The same from an earlier life: nothing decided (its position may be another now). */
+    assert_int_equal(rollback(&c, 1, 5, 2, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_STALE);
+    /* An empty replica: a prefix. */
+    c.ntail = 0;
+    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_PREFIX);
+    assert_int_equal(out.to, 0);
+    /* An old primary's entries of epoch 3 after our 10 (ours are of epoch 4): divergent. */
+    c.tail[0] = (struct ts_log_pos){12, 3};
+    c.tail[1] = (struct ts_log_pos){11, 3};
+    c.tail[2] = (struct ts_log_pos){10, 2};
+    c.ntail = 3;
+    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_TRUNCATE);
+    assert_int_equal(out.to, 10);
+    assert_int_equal(out.to_epoch, 2);
+    /* Nothing in common among what it sent: back past all of it, to our entry before. */
+    c.tail[0] = (struct ts_log_pos){13, 3};
+    c.tail[1] = (struct ts_log_pos){12, 3};
+    c.ntail = 2;
+    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_TRUNCATE);
+    assert_int_equal(out.to, 11);
+    assert_int_equal(out.to_epoch, 4);
+    /* An entry of an epoch newer than the interval we are authoritative under (6 > 5): never
+     * divergent from here, whatever else the replica holds. */
+    c.tail[0] = (struct ts_log_pos){22, 6};
+    c.tail[1] = (struct ts_log_pos){21, 4};
+    c.ntail = 2;
+    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    /* A trimmed position counts as ours. */
+    c.tail[0] = (struct ts_log_pos){3, 2};
+    c.ntail = 1;
+    c.ep[3] = 2;
+    {
+        struct ts_rollback_in in;
+        uint64_t ours[1] = {TS_ROLLBACK_TRIMMED};
+        memset(&in, 0, sizeof(in));
+        in.authoritative = 1;
+        in.interval = in.asked_interval = 5;
+        in.life = in.asked_life = 1;
+        in.my_applied = 20;
+        in.my_epoch = 4;
+        in.applied = 3;
+        in.head_epoch = 2;
+        in.tail = c.tail;
+        in.ntail = 1;
+        in.ours = ours;
+        assert_int_equal(ts_peering_rollback(&in, &out), 0);
+        assert_int_equal(out.verdict, TS_ROLLBACK_PREFIX);
+        in.ours = NULL;
+        assert_int_equal(ts_peering_rollback(&in, &out), TS_EINVAL);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +437,8 @@ int main(void)
         cmocka_unit_test(test_pending_interval_needs_its_quorum),
         cmocka_unit_test(test_tie_prefers_self_and_self_required),
         cmocka_unit_test(test_pull_source_is_a_member),
+        cmocka_unit_test(test_rollback_stale_reply_after_map_change),
+        cmocka_unit_test(test_rollback_prefix_and_divergent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -567,6 +567,38 @@ static void test_pg_log_and_peering_facts(void **state)
     assert_int_equal(seal_logged(f->s, "lg", 2, 3, 6, 3, 5), 0); /* the new (6, 3) */
 }
 
+/* Defence in depth (issue 27): a truncate never removes entries of an epoch newer than the
+ * sender's (the frame's) epoch; refused, nothing changes. */
+static void test_pg_truncate_refuses_newer_entries(void **state)
+{
+    struct fx *f = *state;
+    struct ts_log_rec rec;
+    struct ts_pg_state st;
+    unsigned removed = 9;
+
+    for (uint64_t q = 1; q <= 4; q++) {
+        memset(&rec, 0, sizeof(rec));
+        rec.pg = 4;
+        rec.seq = q;
+        rec.epoch = q <= 2 ? 7 : 8;
+        rec.type = TS_LOG_NOOP;
+        assert_int_equal(ts_store_log_append(f->s, &rec), 0);
+    }
+    /* A sender at epoch 7 (an old primary) may not remove (8, 3) and (8, 4). */
+    assert_int_equal(ts_store_pg_truncate(f->s, 4, 2, 7, 7, &removed), TS_EPERM);
+    assert_int_equal(removed, 0);
+    assert_int_equal(ts_store_pg_state(f->s, 4, &st), 0);
+    assert_int_equal(st.applied, 4);
+    assert_int_equal(st.head_epoch, 8);
+    assert_int_equal(ts_store_log_read(f->s, 4, 4, &rec), 0);
+    /* At epoch 9 they may go (peering there found them divergent). */
+    assert_int_equal(ts_store_pg_truncate(f->s, 4, 2, 7, 9, &removed), 0);
+    assert_int_equal(ts_store_pg_state(f->s, 4, &st), 0);
+    assert_int_equal(st.applied, 2);
+    assert_int_equal(st.head_epoch, 7);
+    assert_int_equal(ts_store_log_read(f->s, 4, 3, &rec), TS_ENOENT);
+}
+
 /* Incarnations: an older one is replaced, a newer one refused; a deleted one never comes
  * back through replication (tombstone). */
 static void test_incarnations_and_tombstones(void **state)
@@ -1224,6 +1256,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_pg_iter, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_pg_log_and_peering_facts, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_pg_truncate_refuses_newer_entries, setup_files,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_incarnations_and_tombstones, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
