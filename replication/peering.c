@@ -157,12 +157,39 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
     }
     out->head_seq = best->st.applied;
     out->head_epoch = best->st.head_epoch;
+    if (best == self && in->self_needs_backfill) {
+        /* Our log is the newest, our shards are not here: the fittest other member at that
+         * head backfills us first. */
+        const struct ts_peer_reply *src = NULL;
+        for (size_t i = 0; i < in->nreplies; i++) {
+            const struct ts_peer_reply *r = &in->replies[i];
+            uint64_t fit = source_fitness(out, r->id);
+            if (r == self || !fit ||
+                ts_peering_head_cmp(r->st.head_epoch, r->st.applied, self->st.head_epoch,
+                                    self->st.applied) != 0)
+                continue;
+            if (!src || fit > source_fitness(out, src->id))
+                src = r;
+        }
+        if (!src) {
+            snprintf(out->why, sizeof(out->why),
+                     "this node holds the PG's log up to (%llu, %llu) but not its shards (it "
+                     "joined its replicas): waiting for a member of the last interval's acting "
+                     "set that holds that head to backfill it",
+                     (unsigned long long)self->st.head_epoch, (unsigned long long)self->st.applied);
+            out->verdict = TS_PEERING_WAIT;
+            return 0;
+        }
+        best = src;
+    }
     if (best != self) {
         snprintf(out->pull_from, sizeof(out->pull_from), "%s", best->id);
-        snprintf(
-            out->why, sizeof(out->why), "head (%llu, %llu) is on %s; ours is (%llu, %llu): pulling",
-            (unsigned long long)best->st.head_epoch, (unsigned long long)best->st.applied, best->id,
-            (unsigned long long)self->st.head_epoch, (unsigned long long)self->st.applied);
+        snprintf(out->why, sizeof(out->why), "head (%llu, %llu) is on %s; ours is (%llu, %llu)%s",
+                 (unsigned long long)best->st.head_epoch, (unsigned long long)best->st.applied,
+                 best->id, (unsigned long long)self->st.head_epoch,
+                 (unsigned long long)self->st.applied,
+                 in->self_needs_backfill ? " without the PG's shards: pulling with a backfill"
+                                         : ": pulling");
         out->verdict = TS_PEERING_PULL;
         return 0;
     }

@@ -25,7 +25,8 @@
  *    may hold a log without its data: a rebalance drops old copies, not their log); on a tie
  *    the primary, then a member of the newest set. A primary whose own head is older pulls
  *    first; entries it holds beyond a common prefix are divergent (never acknowledged) and are
- *    rolled back by the pull.
+ *    rolled back by the pull. A primary that holds the log but not the shards (it joined the
+ *    PG's replicas in this map) is backfilled by a member at the head before it leads.
  */
 #ifndef TS_PEERING_H
 #define TS_PEERING_H
@@ -48,6 +49,11 @@ struct ts_peering_in {
     size_t nmap; /* every node of the map: the acting set before any interval */
     const struct ts_peer_reply *replies;
     size_t nreplies;
+    /* This node holds the PG's log but not its shards (a map change made it a replica, here its
+     * primary, of a PG it applied as no-ops): it may not lead from its log alone. The verdict
+     * is then PULL from a member of the sets at the authoritative head (which backfills it), or
+     * WAIT while none has answered. */
+    int self_needs_backfill;
 };
 
 enum ts_peering_verdict {

@@ -534,6 +534,11 @@ static void start_activate(ts_repl *r, struct pgpeer *pp)
 
 /* ---- decisions ------------------------------------------------------------------------------ */
 
+static int needs_backfill(ts_repl *r, uint32_t pg)
+{
+    return r->o.needs_backfill && r->o.needs_backfill(r->o.arg, pg);
+}
+
 static void evaluate(ts_repl *r, struct pgpeer *pp)
 {
     struct ts_peering_in in;
@@ -553,6 +558,7 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
     in.nmap = r->map->n;
     in.replies = pp->replies;
     in.nreplies = pp->nreplies;
+    in.self_needs_backfill = needs_backfill(r, pp->pg);
     if (ts_peering_decide(&in, &out) != 0) {
         free(nodes);
         pp->retry_at = ts_now_mono_ns() + REQUERY_NS; /* its own reply is missing: ask again */
@@ -691,7 +697,8 @@ void repl_pgpeer_tick(ts_repl *r)
         if (p->state == PGP_PULL) {
             struct ts_pg_state me;
             if (ts_store_pg_state(r->o.store, p->pg, &me) == 0 &&
-                ts_peering_head_cmp(me.head_epoch, me.applied, p->pull_epoch, p->pull_seq) >= 0) {
+                ts_peering_head_cmp(me.head_epoch, me.applied, p->pull_epoch, p->pull_seq) >= 0 &&
+                !needs_backfill(r, p->pg)) {
                 TS_INFO(FAC, "PG %u: caught up to (%llu, %llu) from %s", p->pg,
                         (unsigned long long)p->pull_epoch, (unsigned long long)p->pull_seq,
                         p->pull_from);

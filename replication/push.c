@@ -182,8 +182,8 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     }
     /* Optional trailing u8: the replica moved into the PG's replicas and holds none of its
      * shards yet (a map change): backfill it once caught up by the log. */
-    if (body->off < body->len && ts_rd_u8(body) != 0 && !ps->pull)
-        ps->want_backfill = 1;
+    if (body->off < body->len && ts_rd_u8(body) != 0 && !ps->backfill)
+        ps->want_backfill = 1; /* a puller too: a primary holding the log without the shards */
     if (applied && (ntail == 0 || tail[0].seq != applied)) {
         /* Its head has no entry (it was backfilled there): compare the head first. */
         memmove(tail + 1, tail, sizeof(tail[0]) * (ntail < TAIL_MAX ? ntail : TAIL_MAX - 1));
@@ -501,7 +501,8 @@ static int bf_collect_cb(void *arg, const char *dataset, const struct ts_shard_i
 
 static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied, uint64_t my_epoch)
 {
-    struct bf_collect b = {r, ps, repl_node_rank(r, ps->pg, ps->node)};
+    /* A puller is the PG's primary in its map (ours may be older): every dataset's shards. */
+    struct bf_collect b = {r, ps, ps->pull ? 0 : repl_node_rank(r, ps->pg, ps->node)};
 
     TS_INFO(FAC, "PG %u: %s is at %llu%s: backfilling", ps->pg, ps->node,
             (unsigned long long)ps->applied,
@@ -671,7 +672,7 @@ void repl_push_step(ts_repl *r, struct push *ps)
     }
     if (ts_store_pg_state(r->o.store, ps->pg, &me) != 0)
         return;
-    if (ps->applied >= me.applied && ps->want_backfill && !ps->pull) {
+    if (ps->applied >= me.applied && ps->want_backfill) {
         /* Caught up by its log, yet its scrub found shards missing: backfill the PG. */
         ps->want_backfill = 0;
         backfill_start(r, ps, me.applied, me.head_epoch);

@@ -31,6 +31,9 @@ struct ts_repl_opts {
     SSL_CTX *ssl;        /* client context for peers' TLS listeners; NULL: plain TCP */
     /* Runs on the replication thread when a peer shows a newer map than ours. */
     void (*adopt_map)(void *arg, const struct ts_map *m);
+    /* Whether this node holds pg's log but not its shards (it joined the PG's replicas and has
+     * not been backfilled yet): it may not lead the PG before a backfill. Thread-safe. */
+    int (*needs_backfill)(void *arg, uint32_t pg);
     void *arg;
 };
 

@@ -104,6 +104,11 @@ void tsd_pg_backfilled(struct tsd_server *s, uint32_t pg)
     pthread_rwlock_unlock(&s->map_lock);
 }
 
+static int needs_backfill_cb(void *arg, uint32_t pg)
+{
+    return tsd_pg_needs_backfill(arg, pg);
+}
+
 /* Runs on the replication thread when a peer has a newer map. */
 static void adopt_map(void *arg, const struct ts_map *m)
 {
@@ -321,6 +326,7 @@ int tsd_cluster_init(struct tsd_server *s)
     ro.log_keep = (uint64_t)s->cfg->pg_log_keep;
     ro.ssl = s->peer_ssl;
     ro.adopt_map = adopt_map;
+    ro.needs_backfill = needs_backfill_cb;
     ro.arg = s;
     pthread_rwlock_rdlock(&s->map_lock);
     rc = ts_repl_start(&s->repl, &ro, s->map);

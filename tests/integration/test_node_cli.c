@@ -239,6 +239,74 @@ static void test_rebalance_plan(void **state)
     assert_int_equal(epoch_of(0), e);
 }
 
+/*
+ * Issue 27, "also seen once": a weight change made a node the primary of PGs it held no shards
+ * of (it had applied their log entries as no-ops). It led them at once, from its log alone, and
+ * answered reads of their shards with TS_ENOENT. A node that joins a PG as its primary is
+ * backfilled before it activates: every acknowledged shard of the PGs it now leads reads back
+ * from it alone.
+ */
+static void test_weight_new_primary_backfilled(void **state)
+{
+    struct ts_map *m0 = raw_map_get(CL.node[0].addr), *m1;
+    uint8_t *want = malloc(LEN), *got = malloc(LEN);
+    uint32_t upto = NS / 2, shards = 0, bad = 0, gained = 0;
+    int x, gain[256] = {0};
+
+    assert_non_null(m0);
+    x = ts_map_find(m0, "n3");
+    assert_true(x >= 0);
+    put_some(100, 164); /* more shards: every PG holds some */
+    settle();
+    assert_int_equal(cli("node weight n3 1000000"), 0);
+    settle();
+    m1 = raw_map_get(CL.node[0].addr);
+    assert_non_null(m1);
+    for (uint32_t pg = 0; pg < m1->pg_count && pg < 256; pg++) {
+        int o0[3], o1[1];
+        size_t n0 = ts_map_pg_order(m0, pg, o0, 3), k;
+        for (k = 0; k < n0 && o0[k] != x; k++)
+            ;
+        if (ts_map_pg_order(m1, pg, o1, 1) == 1 && o1[0] == x && k == n0)
+            gained += gain[pg] = 1; /* n3 leads it now and held none of its shards */
+    }
+    fprintf(stderr, "n3 leads %u PGs it held no shards of\n", gained);
+    assert_true(gained > 0); /* the case happened */
+    for (uint32_t s = 0; s < 164; s++) {
+        int rc = TS_EBUSY;
+        size_t g = 0;
+        if ((s >= upto && s < 100) || !gain[ts_map_pg_of(m1, "nodes", s)])
+            continue;
+        shards++;
+        fill(want, LEN, s);
+        for (int t = 0; t < 100 && rc; t++) { /* up to 20 s: it may still be backfilling */
+            rc = raw_read_shard(CL.node[x].addr, "nodes", s, LEN, got, &g);
+            if (rc == 0 && (g != LEN || memcmp(got, want, LEN) != 0))
+                rc = TS_ECORRUPT;
+            if (rc)
+                usleep(200000);
+        }
+        if (rc) {
+            fprintf(stderr, "shard %u (PG %u) from n3, its new primary: %s\n", s,
+                    ts_map_pg_of(m1, "nodes", s), ts_errname(rc));
+            bad++;
+        }
+    }
+    fprintf(stderr, "read %u shards of those PGs from n3 alone: %u missing\n", shards, bad);
+    ts_map_free(m0);
+    ts_map_free(m1);
+    free(want);
+    free(got);
+    assert_true(shards > 0);
+    assert_int_equal(bad, 0);
+    put_some(164, 172); /* it takes writes as their primary */
+    check_all(upto);
+    check_replicas(upto);
+    assert_int_equal(cli("node weight n3 100"), 0);
+    settle();
+    check_replicas(upto);
+}
+
 /* Drain (out), weight, add and remove, with writes in between: nothing acknowledged is lost. */
 static void test_drain_weight_add_remove(void **state)
 {
@@ -269,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_dry_run_changes_nothing),
         cmocka_unit_test(test_min_core_refusal),
         cmocka_unit_test(test_rebalance_plan),
+        cmocka_unit_test(test_weight_new_primary_backfilled),
         cmocka_unit_test(test_drain_weight_add_remove),
     };
     return cmocka_run_group_tests_name("node_cli", tests, setup, teardown);

@@ -34,7 +34,7 @@ static struct ts_peer_reply reply(const char *id, uint64_t he, uint64_t hs, uint
 static int decide(const char *self, const struct ts_peer_reply *rs, size_t n,
                   struct ts_peering_out *out)
 {
-    struct ts_peering_in in = {10, self, map5, 5, rs, n};
+    struct ts_peering_in in = {10, self, map5, 5, rs, n, 0};
     return ts_peering_decide(&in, out);
 }
 
@@ -266,6 +266,33 @@ static void test_pull_source_is_a_member(void **state)
     assert_string_equal(out.pull_from, "n2");
 }
 
+/* Issue 27: a node that holds the log but not the shards (a weight change made it the primary
+ * of a PG it applied as no-ops) never leads from its log alone: it pulls, with a backfill, from
+ * the fittest member at the same head, or waits for one. */
+static void test_primary_without_shards_is_backfilled(void **state)
+{
+    struct ts_peer_reply rs[3] = {reply("n4", 3, 9, 3, 2, "n1", "n2", "n3"),
+                                  reply("n2", 3, 9, 3, 2, "n1", "n2", "n3"),
+                                  reply("n3", 3, 9, 3, 2, "n1", "n2", "n3")};
+    struct ts_peering_in in = {10, "n4", map5, 5, rs, 3, 0};
+    struct ts_peering_out out;
+
+    assert_int_equal(ts_peering_decide(&in, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_ACTIVATE); /* the log alone would do */
+    in.self_needs_backfill = 1;
+    assert_int_equal(ts_peering_decide(&in, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_PULL);
+    assert_string_equal(out.pull_from, "n2"); /* before n3 in interval 3's acting order */
+    assert_int_equal(out.head_seq, 9);
+    assert_non_null(strstr(out.why, "backfill"));
+    /* Only members behind it answered (n3 at 8): none can backfill it up to its head. */
+    rs[1] = reply("n3", 3, 8, 3, 2, "n1", "n2", "n3");
+    rs[2] = reply("n1", 3, 8, 3, 2, "n1", "n2", "n3");
+    assert_int_equal(ts_peering_decide(&in, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_WAIT);
+    assert_non_null(strstr(out.why, "not its shards"));
+}
+
 /* ---- ts_peering_rollback: the only decision that rolls a replica back ---------------------- */
 
 /* Our log: entries (epoch, seq) 1..n with epochs from `ep` (ep[seq]); the replica's tail from
@@ -437,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_pending_interval_needs_its_quorum),
         cmocka_unit_test(test_tie_prefers_self_and_self_required),
         cmocka_unit_test(test_pull_source_is_a_member),
+        cmocka_unit_test(test_primary_without_shards_is_backfilled),
         cmocka_unit_test(test_rollback_stale_reply_after_map_change),
         cmocka_unit_test(test_rollback_prefix_and_divergent),
     };
