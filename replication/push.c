@@ -601,6 +601,11 @@ static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, 
         push_advanced(r, ps, ps->bf_target);
         return;
     }
+    if (status == TS_ERANGE) {
+        /* Its head is past our target (it never moves back): compare again. */
+        ps->backfill = 0;
+        ps->known = 0;
+    }
     push_retry_later(ps);
 }
 

@@ -522,6 +522,15 @@ int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epo
     rc = pg_state_get(s, pg, &st);
     if (rc == 0 && fence && fence < st.promised)
         rc = TS_ESTALE;
+    if (rc == 0 && (st.head_epoch > epoch || (st.head_epoch == epoch && st.applied > seq))) {
+        /* A backfill's end never moves the head back: that would drop entries without a
+         * rollback decision (ts_peering_rollback); the sender compares again. */
+        TS_WARN(FAC, TS_ERANGE,
+                "PG %u: refused to set the head back from (%llu, %llu) to (%llu, %llu)", pg,
+                (unsigned long long)st.head_epoch, (unsigned long long)st.applied,
+                (unsigned long long)epoch, (unsigned long long)seq);
+        rc = TS_ERANGE;
+    }
     if (rc == 0) {
         st.applied = seq;
         st.head_epoch = epoch;

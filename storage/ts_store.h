@@ -218,7 +218,8 @@ int ts_store_log_trim(ts_store *s, uint32_t pg, uint64_t keep);
 int ts_store_log_trim_to(ts_store *s, uint32_t pg, uint64_t upto);
 
 /* Forces the PG's head to (epoch, seq) (backfill finished); TS_ESTALE if a promise newer than
- * fence (0: none) was made. */
+ * fence (0: none) was made; TS_ERANGE (logged, nothing changed) if that is older than the head
+ * (moving it back would drop entries without a rollback decision). */
 int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch, uint64_t fence);
 
 /* 1 when two entries are the same operation (epoch, type, dataset, shard, size, CRC). */

@@ -2,12 +2,12 @@
  * A deterministic, seeded simulation of PG peering (FoundationDB style): one PG, 3 to 5 nodes,
  * a sequence of maps, messages delayed, reordered (in order per pair of nodes) and dropped,
  * nodes killed, restarted and cut off, maps reaching only some nodes, calm and stormy
- * stretches. The decisions are the real ones: ts_peering_decide() and ts_peering_quorum()
- * (replication/peering.c). Everything around them (replication/pgpeer.c, push.c, the server's
- * handlers and writes, storage/pglog.c) is an in-memory model: per node, the durable PG facts
- * (log of (epoch, seq, write id), promised, les with its acting set and wq, the pending
- * intervals with theirs, at most TS_PG_MAX_PENDING) and volatile state (alive, reachable, its map,
- * its peering, its pushers' view of the replicas, its writes waiting for replicas).
+ * stretches. The decisions are the real ones: ts_peering_decide(), ts_peering_quorum() and
+ * ts_peering_rollback() (replication/peering.c). Everything around them (replication/pgpeer.c,
+ * push.c, the server's handlers and writes, storage/pglog.c) is an in-memory model: per node, the
+ * durable PG facts (log of (epoch, seq, write id), promised, les with its acting set and wq, the
+ * pending intervals with theirs, at most TS_PG_MAX_PENDING) and volatile state (alive, reachable,
+ * its map, its peering, its pushers' view of the replicas, its writes waiting for replicas).
  *
  * How the model maps to the code:
  *   set_map()          repl_pgpeer_map_changed(): every map epoch that makes the node the
@@ -39,20 +39,32 @@
  *                      its own promise is not newer, appends (interval epoch, seq, write id)
  *                      and waits for need - 1 of the other core replicas (order[1..core) of
  *                      its map)
- *   M_PUSH/PUSHACK     repl_push_step() + REPL_SEAL/TRUNCATE (pushers run while activating
- *                      and active): compare, roll back what diverges, append. Frames carry the
- *                      sender's map epoch; the receiver refuses a frame whose epoch is not its
- *                      map's (conn.c epoch_fenced; the older side gets the newer map pushed),
- *                      or below its promise (fenced()), or from a node that is not the primary
- *                      of its map (sender_may_replicate)
- *   M_INFO             PG_INFO (not fenced): a replica whose log is a prefix of ours is known
- *                      at its head, and counts for the writes up to there
+ *   push_to()          repl_push_step(): a replica whose position was learned in this life
+ *                      (pgpeer.life, set by each ACTIVATE verdict) gets our entries after it;
+ *                      otherwise PG_INFO asks where its log stands (stamped with the life and
+ *                      interval it was asked in)
+ *   M_INFO/INFOREPLY   tsd_op_pg_info() (not fenced) / pginfo_reply(): the replica's newest 32
+ *                      entries compared with the pusher's log *as it is when the reply
+ *                      arrives*, through the real ts_peering_rollback(): PREFIX (known at its
+ *                      head; counts for writes; the push goes on), TRUNCATE, REFUSE or STALE
+ *   M_TRUNC/TRUNCACK   REPL_SEAL TRUNCATE under the interval's epoch, fenced like a push; the
+ *                      replica refuses to remove entries newer than that epoch; then compare again
+ *   M_PUSH/PUSHACK     REPL_SEALs of the entries after the pusher's idea of the replica's
+ *                      position: ts_pglog_begin() appends only the next entry (not older than
+ *                      the head), the same entry again is fine, anything else stops the push
+ *                      (TS_ERANGE: compare again). Frames carry the sender's map epoch; the
+ *                      receiver refuses a frame whose epoch is not its map's (conn.c
+ *                      epoch_fenced; the older side gets the newer map pushed), or below its
+ *                      promise (fenced()), or from a node that is not the primary of its map
+ *                      (sender_may_replicate). Replies of another life are ignored.
+ *                      TESSERA_SIM_UNGUARDED=1: the push path before issue 27 (any reply
+ *                      compared, any rollback sent under the map's epoch, no replica check)
  *   ack_check()        repl_waiters_check() + seal_replicated(): done when no reachable target
  *                      is still open (or at a deadline); acknowledged if need - 1 hold it and
  *                      still_leading() (our own promise is not newer than the write's epoch).
  *                      A map change or an activation makes the pushes that are not busy ask
- *                      again (forget_positions()); a busy one's reply still counts, also
- *                      after the node stopped leading
+ *                      again (forget_positions()); a busy one's reply counts only in the life
+ *                      it was asked in (unguarded: also after the node stopped leading)
  *   M_MAP              MAP_PUSH: a node that sees a frame of an older epoch pushes its map
  *
  * Checked after every step: a node that becomes active in the newest interval so far holds
@@ -65,8 +77,9 @@
  * acknowledged write exactly once, with non-decreasing epochs, a write acknowledged before
  * another was issued coming first.
  *
- * Faults: kills and restarts (with the newest map or the node's old one), nodes cut off and
- * back, maps reaching only some nodes, dropped messages, a slow node, a slow link (its
+ * Faults: kills and restarts (with the newest map or the node's old one), nodes cut off (still
+ * running: in their own map they may lead and push) and back, replication frames and replies
+ * delivered twice, maps reaching only some nodes, dropped messages, a slow node, a slow link (its
  * messages held back while others go; at a failover, often the new primary's link to the old
  * one), fresh primaries failing over soon after they activate, calm and stormy stretches.
  *
@@ -74,7 +87,9 @@
  * protocol; D: the promise fencing a deposed primary that shares the replica's map epoch;
  * E: a prepare erasing the evidence of an older pending interval, found in this version;
  * F: the pending intervals filling up, a liveness failure of the first list version, fixed by
- * replacing a pending interval of the same acting set and write quorum), then the random runs.
+ * replacing a pending interval of the same acting set and write quorum; G: issue 27's PG 18, a
+ * PG_INFO reply read by a primary that came back from a partition and peers again), then the
+ * random runs.
  *
  * Environment: TESSERA_SIM_SEED=<n> runs that one seed with a step-by-step trace;
  * TESSERA_SIM_TRACE=1 traces the scripts; TESSERA_SIM_SEEDS / TESSERA_SIM_STEPS: how many
