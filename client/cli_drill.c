@@ -104,16 +104,26 @@ struct json_object *drill_status_of(struct drill *d, size_t i)
     return doc;
 }
 
-void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all)
+void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all, uint64_t *unseen)
 {
     const struct ts_map *m = ts_client_map(d->x->c);
 
-    *acked = *all = 0;
+    *acked = *all = *unseen = 0;
     for (size_t i = 0; m && i < m->n; i++) {
-        struct json_object *doc = drill_status_of(d, i), *arr, *e, *v;
-        if (!doc)
+        struct json_object *doc = drill_status_of(d, i), *arr = NULL, *e, *v;
+        size_t listed = 0;
+        if (!doc) {
+            drill_note(d, "%s did not answer STATUS: its rollbacks were not inspected",
+                       m->nodes[i].id);
+            (*unseen)++;
             continue;
+        }
         if (json_object_object_get_ex(doc, "rolled_back", &arr))
+            listed = json_object_array_length(arr);
+        if (json_object_object_get_ex(doc, "rolled_back_sealing", &v) &&
+            (uint64_t)json_object_get_int64(v) > listed)
+            *unseen += (uint64_t)json_object_get_int64(v) - listed;
+        if (arr)
             for (size_t k = 0; k < json_object_array_length(arr); k++) {
                 uint64_t shard, epoch;
                 e = json_object_array_get_idx(arr, k);
@@ -456,7 +466,7 @@ int cmd_drill(struct ctx *x)
     struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES};
     struct drill d;
     double dur = x->duration ? (double)x->duration : 6;
-    uint64_t lost, t_act_end, rb_acked = 0, rb_all = 0;
+    uint64_t lost, t_act_end, rb_acked = 0, rb_all = 0, rb_unseen = 0;
     char logs[512];
     int rc = 0, i;
 
@@ -571,11 +581,12 @@ int cmd_drill(struct ctx *x)
         strcmp(scenario, "partition"))
         drill_restart(&d, logs); /* leave the cluster whole: the killed node back and up */
     lost = verify_all(&d);
-    drill_rolled_back(&d, &rb_acked, &rb_all);
+    drill_rolled_back(&d, &rb_acked, &rb_all, &rb_unseen);
     drill_note(&d,
                "log entries of the drill's dataset rolled back on the nodes: %llu (%llu of "
-               "acknowledged shards)",
-               (unsigned long long)rb_all, (unsigned long long)rb_acked);
+               "acknowledged shards; %llu rolled-back entries not inspected)",
+               (unsigned long long)rb_all, (unsigned long long)rb_acked,
+               (unsigned long long)rb_unseen);
     {
         struct json_object *o = json_object_new_object();
         const struct ts_map *fm = ts_client_map(x->c);
@@ -591,6 +602,7 @@ int cmd_drill(struct ctx *x)
         json_object_object_add(o, "acknowledged_writes_lost", json_u64(lost));
         json_object_object_add(o, "acknowledged_entries_rolled_back", json_u64(rb_acked));
         json_object_object_add(o, "entries_rolled_back", json_u64(rb_all));
+        json_object_object_add(o, "rolled_back_not_inspected", json_u64(rb_unseen));
         json_object_object_add(o, "writes_failed", json_u64(d.writes_failed));
         json_object_object_add(o, "reads_ok", json_u64(d.reads_ok));
         json_object_object_add(o, "reads_failed", json_u64(d.reads_failed));

@@ -47,8 +47,10 @@ struct json_object *drill_status_of(struct drill *d, size_t i);
 uint64_t drill_core_missing(struct drill *d);
 /* The drill dataset's log entries that a rollback removed on any node (the nodes' STATUS
  * "rolled_back"): *acked those of acknowledged shards, at or after the epoch of their
- * acknowledgement (an earlier, failed attempt's entry is not one), *all every one. */
-void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all);
+ * acknowledgement (an earlier, failed attempt's entry is not one), *all every one; *unseen:
+ * shard-sealing entries rolled back that no node's STATUS listed (its list keeps the newest 128,
+ * and is dropped from an oversized STATUS) or of nodes that did not answer: not inspected. */
+void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all, uint64_t *unseen);
 /* The drill's log: a timestamped line, kept for the report (and on stderr without --json). */
 void drill_note(struct drill *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Shard i's bytes (64 KiB, from its number). */

@@ -69,8 +69,9 @@ static struct ts_peering_set *set_add(struct ts_peering_out *out, uint64_t epoch
  * interval's primary, which holds every dataset's shards, where a member past a narrow
  * dataset's width holds its log entries as no-ops.
  */
-static uint64_t source_fitness(const struct ts_peering_out *out, const char *id)
+static uint64_t source_fitness(const struct ts_peering_out *out, const struct ts_peer_reply *r)
 {
+    const char *id = r->id;
     uint64_t fit = 0;
 
     for (unsigned k = 0; k < out->nsets; k++)
@@ -79,6 +80,10 @@ static uint64_t source_fitness(const struct ts_peering_out *out, const char *id)
             if (!strcmp(out->sets[k].ids[i], id) && f > fit)
                 fit = f;
         }
+    /* One that awaits a backfill is a source only when no other holds its head (what it got
+     * after joining it holds with the data): below every member that holds the shards. */
+    if (fit && !r->lacks_shards)
+        fit |= 1ull << 62;
     return fit;
 }
 
@@ -149,10 +154,10 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
         const struct ts_peer_reply *r = &in->replies[i];
         int c = ts_peering_head_cmp(r->st.head_epoch, r->st.applied, best->st.head_epoch,
                                     best->st.applied);
-        uint64_t fit = source_fitness(out, r->id);
+        uint64_t fit = source_fitness(out, r);
         if (r == self || !fit)
             continue;
-        if (c > 0 || (c == 0 && best != self && fit > source_fitness(out, best->id)))
+        if (c > 0 || (c == 0 && best != self && fit > source_fitness(out, best)))
             best = r;
     }
     out->head_seq = best->st.applied;
@@ -163,12 +168,12 @@ int ts_peering_decide(const struct ts_peering_in *in, struct ts_peering_out *out
         const struct ts_peer_reply *src = NULL;
         for (size_t i = 0; i < in->nreplies; i++) {
             const struct ts_peer_reply *r = &in->replies[i];
-            uint64_t fit = source_fitness(out, r->id);
-            if (r == self || !fit ||
+            uint64_t fit = source_fitness(out, r);
+            if (r == self || !fit || r->lacks_shards ||
                 ts_peering_head_cmp(r->st.head_epoch, r->st.applied, self->st.head_epoch,
                                     self->st.applied) != 0)
                 continue;
-            if (!src || fit > source_fitness(out, src->id))
+            if (!src || fit > source_fitness(out, src))
                 src = r;
         }
         if (!src) {

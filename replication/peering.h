@@ -40,6 +40,7 @@
 struct ts_peer_reply {
     char id[64];
     struct ts_pg_state st;
+    int lacks_shards; /* it holds the PG's log but not all its shards (awaits a backfill) */
 };
 
 struct ts_peering_in {

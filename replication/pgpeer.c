@@ -148,11 +148,12 @@ static int in_list(const char (*ids)[64], unsigned n, const char *id)
     return 0;
 }
 
-static void add_reply(struct pgpeer *pp, const char *id, const struct ts_pg_state *st)
+static void add_reply(struct pgpeer *pp, const char *id, const struct ts_pg_state *st, int lacks)
 {
     for (size_t i = 0; i < pp->nreplies; i++)
         if (!strcmp(pp->replies[i].id, id)) {
             pp->replies[i].st = *st;
+            pp->replies[i].lacks_shards = lacks;
             return;
         }
     if (pp->nreplies == pp->capreplies) {
@@ -164,10 +165,16 @@ static void add_reply(struct pgpeer *pp, const char *id, const struct ts_pg_stat
         pp->capreplies = cap;
     }
     snprintf(pp->replies[pp->nreplies].id, sizeof(pp->replies[0].id), "%s", id);
+    pp->replies[pp->nreplies].lacks_shards = lacks;
     pp->replies[pp->nreplies++].st = *st;
 }
 
 static void start_round(ts_repl *r, struct pgpeer *pp);
+
+static int needs_backfill(ts_repl *r, uint32_t pg)
+{
+    return r->o.needs_backfill && r->o.needs_backfill(r->o.arg, pg);
+}
 static void evaluate(ts_repl *r, struct pgpeer *pp);
 
 static void block(ts_repl *r, struct pgpeer *pp, const char *node, uint64_t promised)
@@ -244,7 +251,9 @@ static void query_reply(ts_repl *r, struct peer *p, void *ctx, int status, struc
     }
     pp->outstanding--;
     if (status == 0 && ts_repl_rd_pg_state(body, &st) == 0 && st.promised >= pp->epoch) {
-        add_reply(pp, c->node, &st);
+        /* Optional trailing u8: the replier holds the log but not all the shards. */
+        int lacks = body->off < body->len && ts_rd_u8(body) != 0;
+        add_reply(pp, c->node, &st, lacks);
     } else if (status != TS_ESTALE) {
         TS_DEBUG(FAC, "PG %u: no peering reply from %s: %s", pp->pg, c->node, ts_errname(status));
     } else {
@@ -278,7 +287,7 @@ static void start_round(ts_repl *r, struct pgpeer *pp)
         publish(r, pp, "cannot record the promise here: %s", ts_strerror(rc));
         return;
     }
-    add_reply(pp, r->node_id, &me);
+    add_reply(pp, r->node_id, &me, needs_backfill(r, pp->pg));
     /* Replies that fail at once (a peer known to be down) are only collected while sending;
      * the decision comes after, once. */
     pp->sending = 1;
@@ -534,11 +543,6 @@ static void start_activate(ts_repl *r, struct pgpeer *pp)
 
 /* ---- decisions ------------------------------------------------------------------------------ */
 
-static int needs_backfill(ts_repl *r, uint32_t pg)
-{
-    return r->o.needs_backfill && r->o.needs_backfill(r->o.arg, pg);
-}
-
 static void evaluate(ts_repl *r, struct pgpeer *pp)
 {
     struct ts_peering_in in;
@@ -576,7 +580,8 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
         return;
     case TS_PEERING_PULL:
         set_state(r, pp, PGP_PULL);
-        pp->round++; /* late query replies are not needed any more */
+        pp->life_epoch = 0; /* our log may change: the next ACTIVATE verdict is a new life */
+        pp->round++;        /* late query replies are not needed any more */
         pp->outstanding = 0;
         pp->pull_seq = out.head_seq;
         pp->pull_epoch = out.head_epoch;
@@ -586,14 +591,26 @@ static void evaluate(ts_repl *r, struct pgpeer *pp)
         TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
         send_pull(r, pp);
         return;
-    default:
+    default: {
+        struct ts_pg_state me;
         pp->round++;
-        pp->life = ++r->lives; /* the pushes of an earlier verdict are over */
+        /* A new life, unless this verdict repeats the last one: same interval, our log unchanged
+         * (no pull since): then the replicas' positions and backfills still hold (a re-peer
+         * while activating must not restart backfills that take longer than its timer). */
+        if (ts_store_pg_state(r->o.store, pp->pg, &me) != 0 || !pp->life ||
+            pp->life_epoch != pp->epoch || pp->life_he != me.head_epoch ||
+            pp->life_hs != me.applied) {
+            pp->life = ++r->lives; /* the pushes of an earlier verdict are over */
+            pp->life_epoch = pp->epoch;
+            pp->life_he = me.head_epoch;
+            pp->life_hs = me.applied;
+        }
         pp->outstanding = 0;
         memcpy(pp->sets, out.sets, sizeof(pp->sets));
         pp->nsets = out.nsets;
         TS_INFO(FAC, "PG %u (epoch %llu): %s", pp->pg, (unsigned long long)pp->epoch, out.why);
         start_activate(r, pp);
+    }
     }
 }
 

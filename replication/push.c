@@ -69,6 +69,14 @@ static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq, u
 static void push_send_seal(ts_repl *r, struct push *ps);
 static void push_stream(ts_repl *r, struct push *ps);
 
+/* A puller that refuses our frames (a newer epoch, or it no longer pulls from us) has moved
+ * on: the pull is over. */
+static void pull_refused(struct push *ps, int status)
+{
+    if (ps->pull && (status == TS_ESTALE || status == TS_EPERM))
+        ps->pull_done = 1;
+}
+
 /* The replica holds log position `seq` now (or more). */
 static void push_advanced(ts_repl *r, struct push *ps, uint64_t applied)
 {
@@ -99,6 +107,8 @@ static void truncate_reply(ts_repl *r, struct peer *p, void *ctx, int status, st
     }
     if (status == TS_ESTALE)
         repl_on_stale(r, p, body);
+    pull_refused(ps, status);
+    ps->known = 0;
     TS_WARN(FAC, status, "PG %u: rolling back %s's divergent entries failed", ps->pg, ps->node);
     push_retry_later(ps);
 }
@@ -157,8 +167,7 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     if (status) {
         if (status == TS_ESTALE)
             repl_on_stale(r, p, body);
-        if (ps->pull && (status == TS_ESTALE || status == TS_EPERM))
-            ps->pull_done = 1; /* the puller moved on (a newer epoch): nothing to push */
+        pull_refused(ps, status); /* the puller moved on: nothing to push */
         push_retry_later(ps);
         return;
     }
@@ -182,7 +191,7 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     }
     /* Optional trailing u8: the replica moved into the PG's replicas and holds none of its
      * shards yet (a map change): backfill it once caught up by the log. */
-    if (body->off < body->len && ts_rd_u8(body) != 0 && !ps->backfill)
+    if (body->off < body->len && ts_rd_u8(body) != 0)
         ps->want_backfill = 1; /* a puller too: a primary holding the log without the shards */
     if (applied && (ntail == 0 || tail[0].seq != applied)) {
         /* Its head has no entry (it was backfilled there): compare the head first. */
@@ -224,6 +233,10 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
     }
     switch (out.verdict) {
     case TS_ROLLBACK_PREFIX:
+        if (ps->backfill && ps->bf_life != in.life)
+            ps->backfill = 0; /* begun in an earlier life: its items and target are not ours */
+        if (ps->backfill)
+            ps->want_backfill = 0; /* the one running covers it */
         ps->known = 1;
         ps->refused = 0;
         ps->applied = applied;
@@ -244,11 +257,12 @@ static void pginfo_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
                        in.interval);
         return;
     case TS_ROLLBACK_REFUSE:
-        pthread_mutex_lock(&r->lock);
-        r->rollbacks_refused++;
-        pthread_mutex_unlock(&r->lock);
-        if (!ps->refused)
+        if (!ps->refused) { /* counted and logged once until the comparison changes */
+            pthread_mutex_lock(&r->lock);
+            r->rollbacks_refused++;
+            pthread_mutex_unlock(&r->lock);
             TS_WARN(FAC, 0, "PG %u: %s: %s", ps->pg, ps->node, out.why);
+        }
         ps->refused = 1;
         /* fall through */
     default: /* STALE: nothing decided; ask again while it may */
@@ -311,8 +325,7 @@ static void seal_reply(ts_repl *r, struct peer *p, void *ctx, int status, struct
     }
     if (status == TS_ESTALE)
         repl_on_stale(r, p, body);
-    if (ps->pull && (status == TS_ESTALE || status == TS_EPERM))
-        ps->pull_done = 1; /* the puller moved on (a newer epoch): nothing to push */
+    pull_refused(ps, status); /* the puller moved on: nothing to push */
     if (status != TS_ECONNREFUSED && status != TS_ECONNRESET)
         TS_WARN(FAC, status, "push of PG %u seq %llu (%s/%u) to %s failed", ps->pg,
                 (unsigned long long)seq, ps->rec.dataset, ps->rec.shard, ps->node);
@@ -427,10 +440,23 @@ static int same_incarnation(ts_repl *r, const struct ts_log_rec *rec)
 
 static void push_stream(ts_repl *r, struct push *ps)
 {
-    int rc = same_incarnation(r, &ps->rec);
+    int rc = same_incarnation(r, &ps->rec), live = rc == 0;
 
     if (rc == 0)
         rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
+    if (rc == TS_ENOENT && live && !ps->backfill) {
+        /* The entry's dataset is here, its shard is not (this node awaits a backfill of it, or
+         * lost it): never a no-op in its place, which would lose the replica's copy too. */
+        TS_WARN(FAC, rc,
+                "PG %u entry %llu: %s/%u is not here though its dataset is: not pushing it to "
+                "%s%s",
+                ps->pg, (unsigned long long)ps->rec.seq, ps->rec.dataset, ps->rec.shard, ps->node,
+                ps->pull ? " (the puller peers again)" : "");
+        if (ps->pull)
+            ps->pull_done = 1;
+        push_retry_later(ps);
+        return;
+    }
     if (rc && rc != TS_ENOENT) {
         /* A local failure (memory, the engine): not "gone"; try again later. */
         TS_WARN(FAC, rc, "PG %u: cannot read %s/%u to push it to %s", ps->pg, ps->rec.dataset,
@@ -439,7 +465,7 @@ static void push_stream(ts_repl *r, struct push *ps)
         return;
     }
     if (rc) {
-        /* That incarnation of the shard is gone here (deleted, or the name re-created): the
+        /* That incarnation of the dataset is gone here (deleted, or the name re-created): the
          * position carries nothing. */
         struct ts_wr w;
         if (ps->backfill) {
@@ -515,6 +541,7 @@ static void backfill_start(ts_repl *r, struct push *ps, uint64_t my_applied, uin
     ps->items = NULL;
     ps->nitems = ps->at = 0;
     ps->backfill = 1;
+    ps->bf_life = ps->asked_life;
     ps->bf_pruned = 0;
     ps->bf_target = my_applied;
     ps->bf_epoch = my_epoch;
@@ -565,6 +592,7 @@ static void prune_reply(ts_repl *r, struct peer *p, void *ctx, int status, struc
     }
     if (status == TS_ESTALE)
         repl_on_stale(r, p, body);
+    pull_refused(ps, status);
     push_retry_later(ps);
 }
 
@@ -606,6 +634,7 @@ static void setapplied_reply(ts_repl *r, struct peer *p, void *ctx, int status, 
         ps->backfill = 0;
         ps->known = 0;
     }
+    pull_refused(ps, status);
     push_retry_later(ps);
 }
 
@@ -639,7 +668,7 @@ void repl_push_step(ts_repl *r, struct push *ps)
     if (!ps->pull && !repl_pg_pushes(r, ps->pg))
         return;
     ps->retry_at = 0;
-    if (ps->known && !push_current(r, ps)) {
+    if ((ps->known || ps->backfill) && !push_current(r, ps)) {
         /* Its position was learned in an earlier life: compare again. */
         ps->known = 0;
         ps->backfill = 0;

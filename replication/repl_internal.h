@@ -64,6 +64,7 @@ struct push {
     size_t nitems, at;
     uint64_t bf_target, bf_epoch;
     int bf_pruned;     /* the replica dropped datasets we no longer have */
+    uint64_t bf_life;  /* the life the backfill was started in: it ends with it */
     int want_backfill; /* its scrub found shards missing: backfill it once caught up */
     /* a pull: this node is not the primary; a peering primary asked for its log */
     int pull, pull_done;
@@ -90,9 +91,10 @@ struct pgpeer {
     uint32_t pg;
     uint64_t epoch; /* the interval being started (the map epoch when it began) */
     int state;
-    uint64_t life;                     /* set by each ACTIVATE verdict: its pushes' life */
-    unsigned round;                    /* replies of older rounds are ignored */
-    char acting[TS_PG_MAX_ACTING][64]; /* the new acting set: core members, primary first */
+    uint64_t life;                         /* set by each ACTIVATE verdict: its pushes' life */
+    uint64_t life_epoch, life_he, life_hs; /* the epoch and our head that life began with */
+    unsigned round;                        /* replies of older rounds are ignored */
+    char acting[TS_PG_MAX_ACTING][64];     /* the new acting set: core members, primary first */
     unsigned nacting;
     uint8_t wq;
     struct ts_peer_reply *replies;

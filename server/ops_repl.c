@@ -16,9 +16,10 @@
 #define TAIL_MAX 32
 
 /*
- * A node (named in its HELLO) replicating a PG under the epoch of our own map must be that PG's
- * primary in it, or the node we pull the PG's log from while peering. Senders with another
- * epoch are judged by the promise alone (older: fenced; newer: our map is behind).
+ * A node (named in its HELLO) replicating a PG must be that PG's primary in our map, or the node
+ * we pull the PG's log from while peering (a pull that outlived our PULL state is refused, which
+ * ends it). REPL_WRITE and REPL_SEAL carry our map's epoch (conn.c); PG_PULL may carry another
+ * (a newer peering primary's, whose map we have not yet): judged by the promise alone.
  */
 static int sender_may_replicate(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg)
 {
@@ -26,10 +27,10 @@ static int sender_may_replicate(struct tsd_conn *c, const struct ts_frame_hdr *h
     const char *id = c->node_id; /* REPL_* and PG_* need role node: its certificate's node */
     int order[1], ok = 1;
 
-    if (h->epoch != atomic_load(&s->epoch))
+    if (h->opcode == TS_OP_PG_PULL && h->epoch != atomic_load(&s->epoch))
         return 1;
     pthread_rwlock_rdlock(&s->map_lock);
-    if (s->map && h->epoch == s->map->epoch && ts_map_pg_order(s->map, pg, order, 1) == 1)
+    if (s->map && ts_map_pg_order(s->map, pg, order, 1) == 1)
         ok = !strcmp(s->map->nodes[order[0]].id, id);
     pthread_rwlock_unlock(&s->map_lock);
     return ok || ts_repl_pulling_from(s->repl, pg, id);
@@ -317,8 +318,9 @@ void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const st
             tsd_pg_backfilled(s, pg);
         break;
     case TS_REPL_TRUNCATE:
-        tsd_pg_mark_clean(s, pg, 0);
         rc = ts_store_pg_truncate(s->store, pg, seq, epoch, h->epoch, &removed);
+        if (rc == 0)
+            tsd_pg_mark_clean(s, pg, 0); /* unconfirmed again until its primary says so */
         if (rc == 0)
             TS_WARN(FAC, 0,
                     "PG %u: log rolled back to %llu by %s at epoch %llu (%u shards removed)", pg,
@@ -435,6 +437,7 @@ void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     }
     tsd_reply_begin(&w);
     ts_repl_wr_pg_state(&w, &st);
+    ts_wr_u8(&w, (uint8_t)tsd_pg_needs_backfill(c->w->srv, pg)); /* lacks shards */
     tsd_reply_send(c, h, &w);
 }
 

@@ -113,10 +113,10 @@ static void status_rolled_back(struct tsd_server *s, json_object *root)
 {
     struct ts_rolled_back rb[STATUS_MAX_ROLLED_BACK];
     json_object *arr = json_object_new_array();
-    uint64_t total = 0;
+    uint64_t total = 0, sealing = 0;
     size_t n = 0;
 
-    ts_store_rolled_back(s->store, rb, STATUS_MAX_ROLLED_BACK, &n, &total);
+    ts_store_rolled_back(s->store, rb, STATUS_MAX_ROLLED_BACK, &n, &sealing, &total);
     for (size_t i = 0; i < n; i++) {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "pg", json_object_new_int64(rb[i].pg));
@@ -128,6 +128,7 @@ static void status_rolled_back(struct tsd_server *s, json_object *root)
         json_object_array_add(arr, o);
     }
     json_object_object_add(root, "rolled_back_entries", json_object_new_int64((int64_t)total));
+    json_object_object_add(root, "rolled_back_sealing", json_object_new_int64((int64_t)sealing));
     json_object_object_add(root, "rolled_back", arr);
 }
 

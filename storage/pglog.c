@@ -522,9 +522,11 @@ int ts_store_pg_set_applied(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epo
     rc = pg_state_get(s, pg, &st);
     if (rc == 0 && fence && fence < st.promised)
         rc = TS_ESTALE;
-    if (rc == 0 && (st.head_epoch > epoch || (st.head_epoch == epoch && st.applied > seq))) {
-        /* A backfill's end never moves the head back: that would drop entries without a
-         * rollback decision (ts_peering_rollback); the sender compares again. */
+    if (rc == 0 && (st.applied > seq || st.head_epoch > epoch ||
+                    (st.applied == seq && st.head_epoch != epoch))) {
+        /* A backfill's end never moves the head back, nor past entries it holds that are not
+         * the sender's: that would drop them without a rollback decision (ts_peering_rollback);
+         * the sender compares again. */
         TS_WARN(FAC, TS_ERANGE,
                 "PG %u: refused to set the head back from (%llu, %llu) to (%llu, %llu)", pg,
                 (unsigned long long)st.head_epoch, (unsigned long long)st.applied,
@@ -588,7 +590,7 @@ static void rolled_back_note(ts_store *s, const struct ts_log_rec *rec, uint64_t
 }
 
 int ts_store_rolled_back(ts_store *s, struct ts_rolled_back *out, size_t max, size_t *n,
-                         uint64_t *total)
+                         uint64_t *sealing, uint64_t *total)
 {
     uint64_t have, first;
 
@@ -600,8 +602,10 @@ int ts_store_rolled_back(ts_store *s, struct ts_rolled_back *out, size_t max, si
     for (uint64_t i = 0; i < have && s->rb; i++)
         out[i] = s->rb[(first + i) % TS_ROLLED_BACK_KEEP];
     *n = s->rb ? (size_t)have : 0;
+    if (sealing)
+        *sealing = s->nrb;
     if (total)
-        *total = s->nrb;
+        *total = s->nrb_all;
     pthread_mutex_unlock(&s->loglock);
     return 0;
 }
@@ -675,7 +679,7 @@ int ts_store_pg_truncate(ts_store *s, uint32_t pg, uint64_t seq, uint64_t epoch,
                     ngone++;
             rc = batch_write(s, b, "log truncate");
             if (rc == 0) {
-                s->nrb += from - (seq + 1);
+                s->nrb_all += old_head - seq;
                 for (size_t k = 0; k < ngone; k++)
                     rolled_back_note(s, &gone[k], now);
             }

@@ -93,7 +93,8 @@ struct ts_store {
     size_t nwriters, capwriters;
     uint64_t wal_damage_ns;    /* when a damaged WAL was last found at open (0: never) */
     struct ts_rolled_back *rb; /* TS_ROLLED_BACK_KEEP, a ring under loglock (pglog.c) */
-    uint64_t nrb;              /* entries rolled back since open */
+    uint64_t nrb;              /* shard-sealing entries noted in the ring since open */
+    uint64_t nrb_all;          /* every entry rolled back since open */
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */

@@ -282,9 +282,10 @@ struct ts_rolled_back {
     uint64_t seq, epoch, at_ns; /* the entry; when it was removed (wall clock) */
     char dataset[TS_NAME_MAX + 1];
 };
-/* Copies up to max of the most recent, oldest first; *total: every one since the store opened. */
+/* Copies up to max of the most recent, oldest first; *sealing: how many shard-sealing entries
+ * rollbacks removed since the store opened (the ring's), *total: every entry they removed. */
 int ts_store_rolled_back(ts_store *s, struct ts_rolled_back *out, size_t max, size_t *n,
-                         uint64_t *total);
+                         uint64_t *sealing, uint64_t *total);
 /* Rolls the log back to seq, whose entry has epoch `epoch`: entries after it are removed and
  * the shards they sealed deleted (they were never acknowledged). *removed counts shards.
  * TS_ESTALE (nothing removed) if a promise newer than fence (0: none) was made; TS_EPERM (nothing

@@ -92,6 +92,7 @@ static void test_partition_heals_without_rollback(void **state)
         /* What a user relies on. */
         assert_int_equal(num(rep, "acknowledged_writes_lost"), 0);
         assert_int_equal(num(rep, "acknowledged_entries_rolled_back"), 0);
+        assert_int_equal(num(rep, "rolled_back_not_inspected"), 0); /* every rollback was seen */
         assert_int_equal(num(rep, "node_shards_missing_after_heal"), 0);
         assert_int_equal(num(rep, "core_replica_shards_missing"), 0);
         assert_int_equal(rc, 0);

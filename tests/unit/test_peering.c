@@ -285,6 +285,20 @@ static void test_primary_without_shards_is_backfilled(void **state)
     assert_string_equal(out.pull_from, "n2"); /* before n3 in interval 3's acting order */
     assert_int_equal(out.head_seq, 9);
     assert_non_null(strstr(out.why, "backfill"));
+    /* n2 awaits a backfill itself: n3 (holding the shards) is the source. */
+    rs[1].lacks_shards = 1;
+    assert_int_equal(ts_peering_decide(&in, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_PULL);
+    assert_string_equal(out.pull_from, "n3");
+    /* Not marked, pulling an ordinary log: a member holding the shards is the source too. */
+    in.self_needs_backfill = 0;
+    rs[0].st.applied = 8;
+    assert_int_equal(ts_peering_decide(&in, &out), 0);
+    assert_int_equal(out.verdict, TS_PEERING_PULL);
+    assert_string_equal(out.pull_from, "n3");
+    rs[1].lacks_shards = 0;
+    rs[0].st.applied = 9;
+    in.self_needs_backfill = 1;
     /* Only members behind it answered (n3 at 8): none can backfill it up to its head. */
     rs[1] = reply("n3", 3, 8, 3, 2, "n1", "n2", "n3");
     rs[2] = reply("n1", 3, 8, 3, 2, "n1", "n2", "n3");

@@ -197,7 +197,8 @@ struct node {
     uint64_t dec_L;        /* the last interval its ACTIVATE verdict was based on */
     int known[MAXN];
     uint64_t applied[MAXN];
-    uint64_t life;                               /* pp->life: set by each ACTIVATE verdict */
+    uint64_t life; /* pp->life: set by an ACTIVATE verdict that does not repeat the last */
+    uint64_t life_epoch, life_he, life_hs;
     uint64_t asked_life[MAXN], asked_ival[MAXN]; /* ps->asked_life, ps->asked_interval */
 };
 
@@ -852,6 +853,7 @@ static void evaluate(struct sim *s, int i)
         return;
     case TS_PEERING_PULL:
         nd->role = R_PULL;
+        nd->life_epoch = 0;
         nd->round++;
         nd->pull_from = node_of(out.pull_from);
         nd->pull_e = out.head_epoch;
@@ -874,7 +876,13 @@ static void evaluate(struct sim *s, int i)
                 p->ids[t] = node_of(out.sets[k].ids[t]);
         }
         nd->dec_L = out.last_interval;
-        nd->life = ++s->lives;
+        if (!nd->life || nd->life_epoch != nd->ep || nd->life_he != head_e(nd) ||
+            nd->life_hs != head_s(nd)) {
+            nd->life = ++s->lives;
+            nd->life_epoch = nd->ep;
+            nd->life_he = head_e(nd);
+            nd->life_hs = head_s(nd);
+        }
         trace(s, "n%d decides ACTIVATE at epoch %" PRIu64 ": %s", i, nd->ep, out.why);
         start_activate(s, i);
     }

@@ -594,6 +594,8 @@ static void test_pg_truncate_refuses_newer_entries(void **state)
     /* A backfill's end never sets the head back either (that would drop (8, 3), (8, 4)). */
     assert_int_equal(ts_store_pg_set_applied(f->s, 4, 2, 7, 9), TS_ERANGE);
     assert_int_equal(ts_store_pg_set_applied(f->s, 4, 9, 7, 9), TS_ERANGE); /* older epoch */
+    assert_int_equal(ts_store_pg_set_applied(f->s, 4, 3, 9, 9), TS_ERANGE); /* hides (8, 4) */
+    assert_int_equal(ts_store_pg_set_applied(f->s, 4, 4, 9, 9), TS_ERANGE); /* (8, 4) != (9, 4) */
     assert_int_equal(ts_store_pg_state(f->s, 4, &st), 0);
     assert_int_equal(st.applied, 4);
     assert_int_equal(st.head_epoch, 8);
