@@ -126,7 +126,8 @@ int ts_conn_dataset_create_inc(tessera_client *c, const char *name,
 
     if (!r)
         return TS_ENOMEM;
-    ts_wr_u8(&r->w, p->core);
+    ts_wr_u8(&r->w, p->core ? p->core : 1); /* the API's 0: one core replica (the wire's 0 is
+                                               refused: a dataset with no core replica) */
     ts_wr_u8(&r->w, p->fringe);
     ts_wr_u8(&r->w, p->min_core);
     ts_wr_u32(&r->w, p->chunk_size);

@@ -373,11 +373,12 @@ static int conn_process(struct tsd_conn *c)
             return !conn_close_after_flush(c);
         }
         d = ts_op_desc(h.opcode);
-        if (h.length > (d ? d->max_payload : TS_SMALL_PAYLOAD)) {
+        /* An unknown opcode of any size within the protocol limit is answered TS_ENOTSUP below
+         * and its payload skipped as it arrives: the same rule for every size (issue 28). */
+        if (d && h.length > d->max_payload) {
             STAT_ADD(&c->w->stats, protocol_errors, 1);
             tsd_reply_error(c, &h, TS_ETOOBIG, "%s payload of %u bytes exceeds its limit of %u",
-                            d ? d->name : "unknown opcode", h.length,
-                            d ? d->max_payload : TS_SMALL_PAYLOAD);
+                            d->name, h.length, d->max_payload);
             return !conn_close_after_flush(c);
         }
         /* Central checks, decided on the header alone: a frame that will be refused is not
@@ -396,7 +397,12 @@ static int conn_process(struct tsd_conn *c)
                             ts_role_name(tsd_conn_role(s, c)),
                             c->anonymous ? " (no certificate)" : "", d->name,
                             ts_role_name(d->min_role));
-        } else if (d->min_role == TS_ROLE_NODE && !node_in_map(s, c->node_id)) {
+        } else if ((d->min_role == TS_ROLE_NODE ||
+                    (d->min_role == TS_ROLE_ADMIN_OR_NODE && c->role == TS_ROLE_NODE)) &&
+                   !node_in_map(s, c->node_id)) {
+            /* A node certificate for an id that this node's map does not list may do nothing
+             * as a node, MAP_PUSH included: an unknown node may not change the map (issue 28;
+             * an admin may). */
             refuse = 1;
             tsd_reply_error(c, &h, TS_EPERM,
                             "%s from node '%s' refused: it is not in this node's "

@@ -78,10 +78,29 @@ static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h,
     const char *name = q->u.dataset_create.name;
     struct ts_dataset_policy p = q->u.dataset_create.policy;
     uint64_t inc = q->u.dataset_create.inc; /* a cluster client's: the same on every node */
+    struct tsd_server *s = c->w->srv;
+    size_t nodes = TS_REPL_MAX_REPLICAS; /* a single node keeps one copy, whatever the policy */
     int rc;
 
-    if (p.core == 0)
-        p.core = 1;
+    /* Policies the cluster cannot honour are refused before anything is created (issue 28):
+     * no core replica, more replicas than placement orders (TS_REPL_MAX_REPLICAS), or than
+     * the map has nodes. */
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map)
+        nodes = s->map->n;
+    pthread_rwlock_unlock(&s->map_lock);
+    if (p.core == 0 || (unsigned)p.core + p.fringe > TS_REPL_MAX_REPLICAS ||
+        (unsigned)p.core + p.fringe > nodes) {
+        char most[64] = "";
+        if (nodes < TS_REPL_MAX_REPLICAS)
+            snprintf(most, sizeof(most), ", and no more than the map's %zu nodes", nodes);
+        tsd_reply_error(c, h, TS_EINVAL,
+                        "dataset-create %s: invalid policy: core %u + fringe %u%s (a dataset "
+                        "needs at least one core replica, at most %u replicas in all%s)",
+                        name, p.core, p.fringe, p.core == 0 ? ": no core replica" : "",
+                        (unsigned)TS_REPL_MAX_REPLICAS, most);
+        return;
+    }
     if (p.min_core == 0)
         p.min_core = (uint8_t)(p.core / 2 + 1); /* default: a majority of the core replicas */
     rc = ts_store_dataset_create_inc(c->w->srv->store, name, &p, inc);

@@ -361,6 +361,16 @@ static void test_unknown_opcode_keeps_connection(void **state)
     assert_int_equal(raw_send_frame(fd, 200, 0, 42, "xyz", 3), 0);
     assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_ENOTSUP);
     assert_true(id == 42);
+    /* The same rule for a large one (1 MiB, within the protocol limit): refused, its payload
+     * skipped, the connection usable (issue 28: it was closed without a reply). */
+    {
+        uint8_t *big = calloc(1, 1u << 20);
+        assert_non_null(big);
+        assert_int_equal(raw_send_frame(fd, 201, 0, 45, big, 1u << 20), 0);
+        assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_ENOTSUP);
+        assert_true(id == 45);
+        free(big);
+    }
     /* A malformed body (trailing bytes) is refused but framing is intact. */
     assert_int_equal(raw_send_frame(fd, TS_OP_STATUS, 0, 43, "zz", 2), 0);
     assert_int_equal(raw_recv_reply(fd, 5000, &id, msg, sizeof(msg), NULL, NULL), TS_EPROTO);

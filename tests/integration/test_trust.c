@@ -250,8 +250,64 @@ static void test_node_is_who_its_certificate_says(void **state)
         fprintf(stderr, "  node-n9: repl-seal -> %s\n", msg);
         assert_non_null(strstr(msg, "not in this node's map"));
     }
+    /* Nor a map (issue 28: every node installed and persisted one pushed by n9): a valid newer
+     * map is refused, and the node keeps its own. */
+    {
+        struct ts_map *m = raw_map_get(CL.node[0].addr), *after;
+        uint64_t e;
+        struct ts_wr mw;
+        assert_non_null(m);
+        e = m->epoch;
+        m->epoch = e + 1;
+        ts_wr_init(&mw);
+        ts_map_encode(&mw, m);
+        assert_int_equal(request(fd, TS_OP_MAP_PUSH, mw.buf, mw.len, msg, sizeof(msg)), TS_EPERM);
+        fprintf(stderr, "  node-n9: map-push -> %s\n", msg);
+        assert_non_null(strstr(msg, "not in this node's map"));
+        ts_wr_fini(&mw);
+        after = raw_map_get(CL.node[0].addr);
+        assert_non_null(after);
+        assert_int_equal(after->epoch, e);
+        ts_map_free(after);
+        ts_map_free(m);
+    }
     raw_close(fd);
     assert_keep_intact();
+}
+
+/* Issue 28: DATASET_CREATE with a policy the cluster cannot honour (no core replica, more
+ * replicas than placement orders or than the map's 3 nodes, min_core above core) is refused
+ * with a clear error, from an admin too, and creates nothing. */
+static void test_impossible_policies_refused(void **state)
+{
+    static const uint8_t bad[][3] = {{0, 0, 0}, {255, 0, 1}, {4, 0, 2}, {2, 2, 1}, {2, 0, 3}};
+    int fd = raw_connect_as(CL.node[0].tls_addr, "admin");
+    char msg[300];
+
+    (void)state;
+    assert_true(fd >= 0);
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct ts_wr w;
+        ts_wr_init(&w);
+        ts_wr_str(&w, "impossible");
+        ts_wr_u8(&w, bad[i][0]); /* core */
+        ts_wr_u8(&w, bad[i][1]); /* fringe */
+        ts_wr_u8(&w, bad[i][2]); /* min_core */
+        ts_wr_u32(&w, 0);        /* chunk size: the default */
+        assert_int_equal(request(fd, TS_OP_DATASET_CREATE, w.buf, w.len, msg, sizeof(msg)),
+                         TS_EINVAL);
+        fprintf(stderr, "  core %u fringe %u min_core %u -> %s\n", bad[i][0], bad[i][1], bad[i][2],
+                msg);
+        assert_non_null(strstr(msg, "invalid policy"));
+        ts_wr_fini(&w);
+    }
+    raw_close(fd);
+    for (int i = 0; i < 3; i++) {
+        size_t g = 0;
+        uint8_t b[8];
+        assert_int_equal(raw_read_shard(CL.node[i].addr, "impossible", 0, sizeof(b), b, &g),
+                         TS_ENOENT);
+    }
 }
 
 /* Starts a lone tesserad with args; 1 if it refused to start and its log holds needle. */
@@ -388,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_anonymous_is_a_reader),
         cmocka_unit_test(test_admin_may_not_replicate),
         cmocka_unit_test(test_node_is_who_its_certificate_says),
+        cmocka_unit_test(test_impossible_policies_refused),
         cmocka_unit_test(test_unsafe_cluster_configs_refused),
         cmocka_unit_test(test_impostor_peer_not_trusted),
     };
