@@ -250,6 +250,10 @@ void tsd_conn_free(struct tsd_conn *c)
         c->in = c->out = NULL;
     }
     c->dead = 1;
+    if (c->handshaking) {
+        c->handshaking = 0;
+        atomic_fetch_sub(&w->srv->nhandshakes, 1);
+    }
     atomic_fetch_sub(&w->nconns, 1);
     atomic_fetch_sub(&w->srv->nconns, 1);
     tsd_conn_unref(c);
@@ -698,6 +702,10 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
         SSL *ssl = bufferevent_openssl_get_ssl(bev);
         c->role = tsd_tls_peer_role(ssl, c, s->anon_role);
         c->ready = 1;
+        if (c->handshaking) {
+            c->handshaking = 0;
+            atomic_fetch_sub(&s->nhandshakes, 1);
+        }
         TS_DEBUG(FAC, "TLS %s from %s: %s, role %s", SSL_get_version(ssl), c->peer,
                  c->subject[0] ? c->subject : "no certificate", ts_role_name(c->role));
         conn_process(c);
@@ -729,12 +737,44 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
     }
 }
 
+/*
+ * Accepted over max_connections (the acceptor does so only while some connection is still in
+ * its TLS handshake): close this worker's oldest such connection to make room, or, with none
+ * here, the new one. Connections that never authenticate cannot take every slot and lock
+ * clients with certificates out (issue 28). Returns 0 if the new connection may go on.
+ */
+static int make_room(struct tsd_worker *w, struct tsd_pending *p)
+{
+    struct tsd_conn *c, *oldest = NULL;
+
+    for (c = w->conns; c; c = c->next)
+        if (c->handshaking && (!oldest || c->accepted_ns < oldest->accepted_ns))
+            oldest = c;
+    if (!oldest) {
+        TS_WARN(FAC, TS_EBUSY, "refusing %s: max_connections reached", p->peer);
+        STAT_ADD(&w->stats, conns_refused, 1);
+        evutil_closesocket(p->fd);
+        atomic_fetch_sub(&w->srv->nconns, 1);
+        return -1;
+    }
+    TS_WARN(FAC, TS_EBUSY,
+            "closing %s, in its TLS handshake for %.1f s, to make room for %s "
+            "(max_connections reached)",
+            oldest->peer, (double)(ts_now_mono_ns() - oldest->accepted_ns) / 1e9, p->peer);
+    STAT_ADD(&w->stats, conns_refused, 1);
+    tsd_conn_free(oldest);
+    return 0;
+}
+
 void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
 {
     struct tsd_server *s = w->srv;
-    struct tsd_conn *c = calloc(1, sizeof(*c));
+    struct tsd_conn *c;
     int one = 1;
 
+    if (p->evict && atomic_load(&s->nconns) > s->cfg->max_connections && make_room(w, p) != 0)
+        return;
+    c = calloc(1, sizeof(*c));
     if (!c) {
         evutil_closesocket(p->fd);
         atomic_fetch_sub(&s->nconns, 1);
@@ -748,7 +788,7 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
     c->w = w;
     c->tls = p->tls;
     c->refs = 1;
-    c->last_active_ns = ts_now_mono_ns();
+    c->last_active_ns = c->accepted_ns = ts_now_mono_ns();
     snprintf(c->peer, sizeof(c->peer), "%s", p->peer);
     if (p->tls) {
         SSL *ssl;
@@ -757,10 +797,13 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
         c->bev = ssl ? bufferevent_openssl_socket_new(
                            w->base, p->fd, ssl, BUFFEREVENT_SSL_ACCEPTING, BEV_OPT_CLOSE_ON_FREE)
                      : NULL;
-        if (c->bev)
+        if (c->bev) {
             bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
-        else if (ssl)
+            c->handshaking = 1;
+            atomic_fetch_add(&s->nhandshakes, 1);
+        } else if (ssl) {
             SSL_free(ssl);
+        }
     } else {
         evutil_make_socket_nonblocking(p->fd);
         c->fd = p->fd;

@@ -146,7 +146,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     struct tsd_pending *p;
     struct tsd_worker *w;
     char host[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
+    int port = 0, evict = 0;
 
     if (sa->sa_family == AF_INET) {
         struct sockaddr_in *in = (struct sockaddr_in *)sa;
@@ -158,11 +158,16 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
         port = ntohs(in6->sin6_port);
     }
     if (atomic_load(&s->nconns) >= s->cfg->max_connections) {
-        TS_WARN(FAC, TS_EBUSY, "refusing %s:%d: %d connections open (max_connections)", host, port,
-                s->cfg->max_connections);
-        STAT_ADD(&s->workers[0].stats, conns_refused, 1);
-        evutil_closesocket(fd);
-        return;
+        /* Full. While some connections are still in their TLS handshake, the worker closes the
+         * oldest of them for this one (tsd_conn_start); else it is refused. */
+        evict = atomic_load(&s->nhandshakes) > 0;
+        if (!evict) {
+            TS_WARN(FAC, TS_EBUSY, "refusing %s:%d: %d connections open (max_connections)", host,
+                    port, s->cfg->max_connections);
+            STAT_ADD(&s->workers[0].stats, conns_refused, 1);
+            evutil_closesocket(fd);
+            return;
+        }
     }
     p = calloc(1, sizeof(*p));
     if (!p) {
@@ -171,6 +176,7 @@ static void accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     p->fd = fd;
     p->tls = tls;
+    p->evict = evict;
     snprintf(p->peer, sizeof(p->peer), "%s:%d", host, port);
     atomic_fetch_add(&s->nconns, 1);
     w = &s->workers[s->next_worker++ % (unsigned)s->nworkers];

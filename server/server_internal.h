@@ -46,6 +46,7 @@ struct tsd_conn;
 struct tsd_pending {
     evutil_socket_t fd;
     int tls;
+    int evict; /* accepted over max_connections: room is made by closing a handshake */
     char peer[64];
     struct tsd_pending *next;
 };
@@ -105,7 +106,9 @@ struct tsd_conn {
     int io_error;  /* a write failed: freed from the write callback */
     struct tsd_conn *prev, *next;
     int tls;
-    int ready; /* plain: at once; TLS: after the handshake */
+    int ready;            /* plain: at once; TLS: after the handshake */
+    int handshaking;      /* counted in srv->nhandshakes */
+    uint64_t accepted_ns; /* when it was accepted (the oldest handshake goes first) */
     int role;
     int anonymous; /* no certificate: role is anonymous_role (at most reader in a cluster) */
     int closing;   /* close once the output has drained */
@@ -160,6 +163,7 @@ struct tsd_server {
     int nworkers;
     unsigned next_worker;
     _Atomic int nconns;
+    _Atomic int nhandshakes; /* TLS connections still in their handshake */
     _Atomic int draining;
     struct event *sig_term, *sig_int, *drain_timer, *drain_check;
     uint64_t start_ns;

@@ -240,6 +240,60 @@ static void test_stalled_handshake_closed(void **state)
     close(fd);
 }
 
+/*
+ * Issue 28: with max_connections 50, sixty connections that open TCP to the TLS port and never
+ * start TLS locked an admin out for the whole handshake timeout. Connections that have not
+ * authenticated may not take every slot: the oldest handshake makes room for a new connection,
+ * and an admin gets in while the flood is still open.
+ */
+static void test_handshake_flood_leaves_room(void **state)
+{
+    struct tsd_proc F;
+    int fds[60], n = 0, ok = 0;
+    tessera_client *c = NULL;
+    char *json = NULL;
+    uint64_t t0;
+
+    (void)state;
+    const char *const a[] = {"--tls-listen",
+                             "127.0.0.1:0",
+                             "--tls-cert",
+                             p_srv,
+                             "--tls-key",
+                             p_srvkey,
+                             "--tls-ca",
+                             p_ca,
+                             "--tls-handshake-timeout-s",
+                             "30",
+                             "--max-connections",
+                             "50",
+                             NULL};
+    memset(&F, 0, sizeof(F));
+    assert_int_equal(tsd_start(&F, a), 0);
+    for (int i = 0; i < 60; i++) {
+        fds[i] = raw_connect(F.tls_addr);
+        if (fds[i] >= 0)
+            n++;
+    }
+    fprintf(stderr, "  %d connections open that never start TLS\n", n);
+    assert_true(n >= 50);
+    usleep(200000);
+    t0 = ts_now_mono_ns();
+    if (test_tls_open(&c, F.tls_addr, "admin", NULL, "localhost") == 0 &&
+        tessera_status(c, &json) == 0)
+        ok = 1;
+    fprintf(stderr, "  an admin %s in %.2f s\n", ok ? "got in" : "was locked out",
+            (double)(ts_now_mono_ns() - t0) / 1e9);
+    tessera_buffer_free(json);
+    tessera_client_close(c);
+    for (int i = 0; i < 60; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    tsd_stop(&F);
+    tsd_cleanup(&F);
+    assert_true(ok);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -248,6 +302,7 @@ int main(void)
         cmocka_unit_test(test_refused_credentials),
         cmocka_unit_test(test_plain_client_to_tls_port),
         cmocka_unit_test(test_stalled_handshake_closed),
+        cmocka_unit_test(test_handshake_flood_leaves_room),
         cmocka_unit_test(test_optional_client_cert),
         cmocka_unit_test(test_unsafe_config_refused),
     };
