@@ -426,6 +426,28 @@ int tsd_cluster_find(const struct tsd_cluster *cl, const char *id)
     return -1;
 }
 
+int tsd_cluster_stop_restarted(struct tsd_cluster *cl)
+{
+    for (int i = 0; i < cl->n; i++) {
+        tessera_client *c = NULL;
+        struct tessera_opts o;
+        char *json = NULL;
+        tessera_opts_init(&o);
+        o.address = cl->listen[i];
+        o.timeout_ms = 2000;
+        if (tessera_client_open(&c, &o) == 0 && tessera_status(c, &json) == 0) {
+            const char *p = strstr(json, "\"pid\":");
+            int pid = p ? atoi(p + 6) : 0;
+            if (pid > 0 && pid != cl->node[i].pid)
+                kill(pid, SIGKILL);
+        }
+        free(json);
+        tessera_client_close(c);
+    }
+    tsd_cluster_stop(cl);
+    return 0;
+}
+
 int tsd_cluster_stop(struct tsd_cluster *cl)
 {
     int bad = 0;

@@ -109,6 +109,9 @@ int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *dom
 int tsd_cluster_find(const struct tsd_cluster *cl, const char *id);
 /* SIGTERM to every node; -1 if any did not exit 0 (its log is printed). */
 int tsd_cluster_stop(struct tsd_cluster *cl);
+/* For tests whose drills restart nodes (then not children of the harness): SIGKILL to every
+ * tesserad of the cluster by the pid its STATUS gives, then tsd_cluster_stop. */
+int tsd_cluster_stop_restarted(struct tsd_cluster *cl);
 void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
 
 /* Runs `CLI -s <node 0's TLS address> <admin certificate options> ARGS` (the command's output

@@ -24,6 +24,9 @@ static struct tsd_proc M; /* mutual TLS required, no plain listener */
 static struct tsd_proc O; /* TLS with optional client certs; anonymous = reader */
 static char certs[512];
 static char p_ca[600], p_srv[600], p_srvkey[600];
+/* A TLS listener on a free port with the test server certificate and the test CA. */
+#define TLS_SERVER                                                                                 \
+    "--tls-listen", "127.0.0.1:0", "--tls-cert", p_srv, "--tls-key", p_srvkey, "--tls-ca", p_ca
 
 /* role: "admin", "writer", "reader", "rogue" or NULL for no client certificate. */
 static int open_as(struct tsd_proc *d, const char *role, const char *ca, tessera_client **c)
@@ -43,14 +46,7 @@ static int group_setup(void **state)
     snprintf(p_srvkey, sizeof(p_srvkey), "%s/server.key", certs);
     const char *const m[] = {"--listen",
                              "",
-                             "--tls-listen",
-                             "127.0.0.1:0",
-                             "--tls-cert",
-                             p_srv,
-                             "--tls-key",
-                             p_srvkey,
-                             "--tls-ca",
-                             p_ca,
+                             TLS_SERVER,
                              "--tls-require-client-cert",
                              "--anonymous-role",
                              "none",
@@ -60,9 +56,7 @@ static int group_setup(void **state)
     /* tsd_start adds --listen 127.0.0.1:0 first; the later --listen "" wins. */
     if (tsd_start(&M, m) != 0)
         return -1;
-    const char *const o[] = {"--tls-listen",     "127.0.0.1:0", "--tls-cert", p_srv,
-                             "--tls-key",        p_srvkey,      "--tls-ca",   p_ca,
-                             "--anonymous-role", "reader",      NULL};
+    const char *const o[] = {TLS_SERVER, "--anonymous-role", "reader", NULL};
     if (tsd_start(&O, o) != 0)
         return -1;
     return 0;
@@ -210,16 +204,7 @@ static void test_unsafe_config_refused(void **state)
 {
     struct tsd_proc bad = {0};
     /* Mutual TLS required but a plain listener open to anonymous admins: refuse to start. */
-    const char *const a[] = {"--tls-listen",
-                             "127.0.0.1:0",
-                             "--tls-cert",
-                             p_srv,
-                             "--tls-key",
-                             p_srvkey,
-                             "--tls-ca",
-                             p_ca,
-                             "--tls-require-client-cert",
-                             NULL};
+    const char *const a[] = {TLS_SERVER, "--tls-require-client-cert", NULL};
     assert_int_not_equal(tsd_start(&bad, a), 0);
     tsd_cleanup(&bad);
 }
@@ -255,19 +240,8 @@ static void test_handshake_flood_leaves_room(void **state)
     uint64_t t0;
 
     (void)state;
-    const char *const a[] = {"--tls-listen",
-                             "127.0.0.1:0",
-                             "--tls-cert",
-                             p_srv,
-                             "--tls-key",
-                             p_srvkey,
-                             "--tls-ca",
-                             p_ca,
-                             "--tls-handshake-timeout-s",
-                             "30",
-                             "--max-connections",
-                             "50",
-                             NULL};
+    const char *const a[] = {
+        TLS_SERVER, "--tls-handshake-timeout-s", "30", "--max-connections", "50", NULL};
     memset(&F, 0, sizeof(F));
     assert_int_equal(tsd_start(&F, a), 0);
     for (int i = 0; i < 60; i++) {

@@ -391,6 +391,18 @@ static void test_rollback_stale_reply_after_map_change(void **state)
     assert_int_equal(out.to_epoch, 7);
 }
 
+/* Authoritative under interval 5, life 1, asked in that life: the verdict and where to. */
+static void expect_rollback(struct rb_case *c, int verdict, uint64_t to, uint64_t to_epoch)
+{
+    struct ts_rollback_out out;
+
+    assert_int_equal(rollback(c, 1, 5, 1, 5, 1, &out), 0);
+    assert_int_equal(out.verdict, verdict);
+    assert_int_equal(out.to, to);
+    if (verdict == TS_ROLLBACK_TRUNCATE)
+        assert_int_equal(out.to_epoch, to_epoch);
+}
+
 static void test_rollback_prefix_and_divergent(void **state)
 {
     struct rb_case c;
@@ -404,41 +416,30 @@ static void test_rollback_prefix_and_divergent(void **state)
     c.tail[0] = (struct ts_log_pos){12, 4};
     c.tail[1] = (struct ts_log_pos){11, 4};
     c.ntail = 2;
-    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
-    assert_int_equal(out.verdict, TS_ROLLBACK_PREFIX);
-    assert_int_equal(out.to, 12);
+    expect_rollback(&c, TS_ROLLBACK_PREFIX, 12, 0);
     /* The same from an earlier life: nothing decided (its position may be another now). */
     assert_int_equal(rollback(&c, 1, 5, 2, 5, 1, &out), 0);
     assert_int_equal(out.verdict, TS_ROLLBACK_STALE);
     /* An empty replica: a prefix. */
     c.ntail = 0;
-    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
-    assert_int_equal(out.verdict, TS_ROLLBACK_PREFIX);
-    assert_int_equal(out.to, 0);
+    expect_rollback(&c, TS_ROLLBACK_PREFIX, 0, 0);
     /* An old primary's entries of epoch 3 after our 10 (ours are of epoch 4): divergent. */
     c.tail[0] = (struct ts_log_pos){12, 3};
     c.tail[1] = (struct ts_log_pos){11, 3};
     c.tail[2] = (struct ts_log_pos){10, 2};
     c.ntail = 3;
-    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
-    assert_int_equal(out.verdict, TS_ROLLBACK_TRUNCATE);
-    assert_int_equal(out.to, 10);
-    assert_int_equal(out.to_epoch, 2);
+    expect_rollback(&c, TS_ROLLBACK_TRUNCATE, 10, 2);
     /* Nothing in common among what it sent: back past all of it, to our entry before. */
     c.tail[0] = (struct ts_log_pos){13, 3};
     c.tail[1] = (struct ts_log_pos){12, 3};
     c.ntail = 2;
-    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
-    assert_int_equal(out.verdict, TS_ROLLBACK_TRUNCATE);
-    assert_int_equal(out.to, 11);
-    assert_int_equal(out.to_epoch, 4);
+    expect_rollback(&c, TS_ROLLBACK_TRUNCATE, 11, 4);
     /* An entry of an epoch newer than the interval we are authoritative under (6 > 5): never
      * divergent from here, whatever else the replica holds. */
     c.tail[0] = (struct ts_log_pos){22, 6};
     c.tail[1] = (struct ts_log_pos){21, 4};
     c.ntail = 2;
-    assert_int_equal(rollback(&c, 1, 5, 1, 5, 1, &out), 0);
-    assert_int_equal(out.verdict, TS_ROLLBACK_REFUSE);
+    expect_rollback(&c, TS_ROLLBACK_REFUSE, 20, 0);
     /* A trimmed position counts as ours. */
     c.tail[0] = (struct ts_log_pos){3, 2};
     c.ntail = 1;

@@ -997,6 +997,28 @@ static void append_entries(struct sim *s, const struct msg *m, struct msg *r)
     r->pos_e = x ? m->snap[x - 1].epoch : 0;
 }
 
+/* A push's REPL_SEAL (or TRUNCATE) m at its receiver: the reply of `type` (*r, echoing the
+ * pusher's life and interval) is queued; 1 when the frame is taken, 0 when repl_refused()
+ * refused it (the reply then says so, and whether the receiver's map is the older one). */
+static int repl_frame_taken(struct sim *s, const struct msg *m, int type, struct msg **r)
+{
+    int older;
+
+    *r = send_msg(s, type, m->to, m->from, m->epoch, 0);
+    if (*r) {
+        (*r)->life = m->life;
+        (*r)->ival = m->ival;
+    }
+    if (!repl_refused(s, m->to, m->from, m->epoch, &older))
+        return 1;
+    s->st->refused_pushes++;
+    if (*r) {
+        (*r)->stale = 1;
+        (*r)->flag = older;
+    }
+    return 0;
+}
+
 /* ts_store_pg_truncate() at node `to`, told by `from`: entries after seq `to_seq` go. */
 static void truncate_log(struct sim *s, int to, int from, uint64_t to_seq)
 {
@@ -1198,19 +1220,8 @@ static void deliver(struct sim *s, struct msg *m)
         }
         break;
     case M_PUSH: /* REPL_SEAL of the entries from m->pos: each the next one, or refused */
-        r = send_msg(s, M_PUSHACK, m->to, m->from, m->epoch, 0);
-        if (r) {
-            r->life = m->life;
-            r->ival = m->ival;
-        }
-        if (repl_refused(s, m->to, m->from, m->epoch, &older)) {
-            s->st->refused_pushes++;
-            if (r) {
-                r->stale = 1;
-                r->flag = older;
-            }
+        if (!repl_frame_taken(s, m, M_PUSHACK, &r))
             break;
-        }
         append_entries(s, m, r);
         break;
     case M_PUSHACK:
@@ -1247,19 +1258,8 @@ static void deliver(struct sim *s, struct msg *m)
         info_reply(s, m);
         break;
     case M_TRUNC: /* REPL_SEAL TRUNCATE: fenced like any push, then ts_store_pg_truncate() */
-        r = send_msg(s, M_TRUNCACK, m->to, m->from, m->epoch, 0);
-        if (r) {
-            r->life = m->life;
-            r->ival = m->ival;
-        }
-        if (repl_refused(s, m->to, m->from, m->epoch, &older)) {
-            s->st->refused_pushes++;
-            if (r) {
-                r->stale = 1;
-                r->flag = older;
-            }
+        if (!repl_frame_taken(s, m, M_TRUNCACK, &r))
             break;
-        }
         if (!s->unguarded && head_e(nd) > m->epoch) {
             /* Defence in depth: entries newer than the sender's epoch are never removed. */
             s->st->trunc_refused++;

@@ -49,23 +49,24 @@ static int kind_of(int fd)
     return K_OTHER;
 }
 
-/* The interposed calls (this executable's definitions come first for every library). */
+/* The interposed calls (this executable's definitions come first for every library): count,
+ * then call libc's. */
+static int counted(const char *name, int fd)
+{
+    int (*real)(int) = (int (*)(int))dlsym(RTLD_NEXT, name);
+
+    atomic_fetch_add(&syncs[kind_of(fd)], 1);
+    return real ? real(fd) : -1;
+}
+
 int fdatasync(int fd)
 {
-    static int (*real)(int);
-    if (!real)
-        real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    atomic_fetch_add(&syncs[kind_of(fd)], 1);
-    return real(fd);
+    return counted("fdatasync", fd);
 }
 
 int fsync(int fd)
 {
-    static int (*real)(int);
-    if (!real)
-        real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-    atomic_fetch_add(&syncs[kind_of(fd)], 1);
-    return real(fd);
+    return counted("fsync", fd);
 }
 
 struct counted {
