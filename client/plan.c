@@ -29,7 +29,9 @@
 #include <string.h>
 
 #define STATE_MAGIC 0x4e4c5054u /* "TPLN" */
-#define STATE_VERSION 1
+/* Version 2: a redistributing level shares under the plan's remainder policy (version 1 split
+ * it unevenly; its states are read where that makes no difference). */
+#define STATE_VERSION 2
 #define MAX_LEVELS 64
 #define FEISTEL_ROUNDS 6
 
@@ -135,38 +137,45 @@ static uint64_t order(const tessera_plan *p, uint64_t pos)
 
 /* ---- shares ------------------------------------------------------------------------------- */
 
-/* Units rank r gets of total under an exact cover by world ranks. */
-static uint64_t uneven_count(uint64_t total, uint32_t world, uint32_t r)
+/* Units rank r of world gets of a sequence of total units under the remainder policy. */
+static uint64_t share_count(int remainder, uint64_t total, uint32_t world, uint32_t r)
 {
-    return total / world + (r < total % world);
+    if (remainder == TESSERA_REMAINDER_DROP)
+        return total / world;
+    if (remainder == TESSERA_REMAINDER_PAD)
+        return (total + world - 1) / world;
+    return total / world + (r < total % world); /* UNEVEN: an exact cover */
 }
 
-/* Index into the level's input sequence of element i of rank r, exact cover. */
-static uint64_t uneven_index(int assign, uint64_t total, uint32_t world, uint32_t r, uint64_t i)
+/* Index into the sequence of element i of rank r's share (i < share_count). Under PAD the
+ * indexes past the end repeat the sequence from its start. */
+static uint64_t share_index(int assign, int remainder, uint64_t total, uint32_t world, uint32_t r,
+                            uint64_t i)
 {
-    uint64_t q = total / world, m = total % world;
+    uint64_t s, q = total / world, m = total % world;
 
     if (assign == TESSERA_ASSIGN_STRIDED)
-        return r + i * world;
-    return r * q + TS_MIN((uint64_t)r, m) + i;
+        s = r + i * world;
+    else if (remainder == TESSERA_REMAINDER_UNEVEN)
+        s = r * q + TS_MIN((uint64_t)r, m) + i;
+    else
+        s = r * share_count(remainder, total, world, r) + i;
+    return s % total;
 }
 
+/* Ranks of the base level share the epoch's positions; a redistributing level shares what the
+ * ranks below had left, concatenated in rank order, under the same policy, so after a resume at
+ * another world size every rank still reads as many units (PAD, DROP) as DDP needs. */
 static uint64_t level_count(const tessera_plan *p, size_t j, uint32_t r)
 {
     const struct level *l = &p->lv[j];
     const struct tessera_plan_opts *o = &p->o;
 
-    if (l->kind == LEVEL_BASE) {
-        uint64_t n = o->units, q = n / l->world;
-        if (o->remainder == TESSERA_REMAINDER_DROP)
-            return q;
-        if (o->remainder == TESSERA_REMAINDER_PAD)
-            return (n + l->world - 1) / l->world;
-        return uneven_count(n, l->world, r);
-    }
+    if (l->kind == LEVEL_BASE)
+        return share_count(o->remainder, o->units, l->world, r);
     if (l->kind == LEVEL_CONTINUE)
         return level_count(p, j - 1, r) - l->consumed[r];
-    return uneven_count(l->total, l->world, r);
+    return share_count(o->remainder, l->total, l->world, r);
 }
 
 /* Position (in the epoch's order) of element i of rank r at level j. */
@@ -176,23 +185,13 @@ static uint64_t level_position(const tessera_plan *p, size_t j, uint32_t r, uint
     const struct tessera_plan_opts *o = &p->o;
 
     for (;;) {
-        if (l->kind == LEVEL_BASE) {
-            uint64_t n = o->units, w = l->world, s;
-            if (o->assign == TESSERA_ASSIGN_STRIDED)
-                s = r + i * w;
-            else if (o->remainder == TESSERA_REMAINDER_DROP)
-                s = r * (n / w) + i;
-            else if (o->remainder == TESSERA_REMAINDER_PAD)
-                s = r * ((n + w - 1) / w) + i;
-            else
-                s = uneven_index(TESSERA_ASSIGN_CONTIGUOUS, n, (uint32_t)w, r, i);
-            return s % n; /* PAD: positions past N repeat the order from its start */
-        }
+        if (l->kind == LEVEL_BASE)
+            return share_index(o->assign, o->remainder, o->units, l->world, r, i);
         if (l->kind == LEVEL_CONTINUE) {
             i += l->consumed[r];
         } else {
             const struct level *below = &p->lv[j - 1];
-            uint64_t s = uneven_index(o->assign, l->total, l->world, r, i);
+            uint64_t s = share_index(o->assign, o->remainder, l->total, l->world, r, i);
             uint32_t rb = (uint32_t)upper_slot(l->prefix, below->world, s);
             i = l->consumed[rb] + (s - l->prefix[rb]);
             r = rb;
@@ -405,6 +404,7 @@ int tessera_plan_resume(tessera_plan **out, const struct tessera_plan_opts *o, c
     struct ts_rd r;
     uint64_t *c = NULL;
     uint32_t nlevels, w0, wb;
+    uint16_t version;
     int rc;
 
     if (!out)
@@ -414,7 +414,10 @@ int tessera_plan_resume(tessera_plan **out, const struct tessera_plan_opts *o, c
         ts_crc32c(0, state, len - 4) != ts_get_le32((const uint8_t *)state + len - 4))
         return TS_EINVAL;
     ts_rd_init(&r, state, len - 4);
-    if (ts_rd_u32(&r) != STATE_MAGIC || ts_rd_u16(&r) != STATE_VERSION)
+    if (ts_rd_u32(&r) != STATE_MAGIC)
+        return TS_EINVAL;
+    version = ts_rd_u16(&r);
+    if (version != STATE_VERSION && version != 1)
         return TS_EINVAL;
     base = *o;
     {
@@ -436,8 +439,9 @@ int tessera_plan_resume(tessera_plan **out, const struct tessera_plan_opts *o, c
     wb = w0;
     for (uint32_t j = 1; j <= nlevels && !rc; j++) {
         uint32_t wn = j < nlevels ? ts_rd_u32(&r) : o->world;
-        if (r.err || wn == 0 || (size_t)wb * 8 > r.len - r.off) {
-            rc = TS_EINVAL;
+        if (r.err || wn == 0 || (size_t)wb * 8 > r.len - r.off ||
+            (version == 1 && j < nlevels && wn != wb && o->remainder != TESSERA_REMAINDER_UNEVEN)) {
+            rc = TS_EINVAL; /* (a version-1 redistribution meant another split) */
             break;
         }
         c = malloc((size_t)wb * sizeof(uint64_t));

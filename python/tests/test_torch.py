@@ -180,6 +180,47 @@ def test_resume_at_another_world_size(ds):
     assert sorted(seen) == list(range(N))
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_at_another_world_size_keeps_ranks_in_step(ds, drop_last):
+    """Issue 28: 101 records at 3 ranks, 5 batches of 3 each, resumed at 2 ranks: both ranks
+    read as many batches (DDP's all-reduce needs it; [29, 28] records before), the remainder
+    policy holds (pad: every record, 1 repeated; drop_last: none twice), and a state saved
+    after the resume is the same on both ranks. Also 3 records, 2 ranks -> 3 ([1, 1, 0])."""
+    def loaders(world, state=None, workers=1):
+        out = []
+        for rank in range(world):
+            d = TesseraIterable(ds, "odd", batch_size=3, rank=rank, world=world, seed=4,
+                                drop_last=drop_last)
+            d.set_epoch(2)
+            out.append(DataLoader(d, num_workers=workers))
+            if state:
+                out[-1].load_state_dict(state)
+        return out
+
+    first = loaders(3)
+    seen = [record_id(r) for l in first for r in _take(l, 5)]
+    state = first[0].state_dict()
+    second = loaders(2, state, workers=2)
+    lens = [len(l.dataset) for l in second]
+    assert lens[0] == lens[1], lens
+    rest = [[record_id(r) for r in _records_of(l)] for l in second]
+    assert len(rest[0]) == len(rest[1]) == lens[0]
+    assert [s["position"] for s in (second[0].state_dict(), second[1].state_dict())] \
+        == [second[0].state_dict()["position"]] * 2
+    every = seen + rest[0] + rest[1]
+    if drop_last:
+        assert len(set(every)) == len(every)
+    else:
+        assert set(every) == set(range(101)) and len(every) == 102 + 1  # 1 padded per phase
+
+    for world, again in ((2, 3),):
+        plans = [Plan(3, rank=r, world=world, assign="strided", remainder="pad")
+                 for r in range(world)]
+        st = plans[0].state([1] * world)
+        assert [len(Plan(3, rank=r, world=again, assign="strided", remainder="pad", resume=st))
+                for r in range(again)] == [1, 1, 1]
+
+
 def test_map_style_dataset(ds):
     d = TesseraRecords(ds, "odd")
     assert len(d) == 101

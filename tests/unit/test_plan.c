@@ -310,6 +310,127 @@ static void test_elastic_resume_twice(void **state)
         }
 }
 
+/* Plans of `world` ranks resumed from st (remainder rem), their common length checked. */
+static uint64_t resume_in_step(const void *st, size_t len, uint64_t n, uint32_t world, int assign,
+                               int rem, int shuffle, tessera_plan **ps)
+{
+    for (uint32_t r = 0; r < world; r++) {
+        struct tessera_plan_opts o = opts(n, r, world, assign, rem, shuffle, 7, 1);
+        ps[r] = NULL;
+        assert_int_equal(tessera_plan_resume(&ps[r], &o, st, len), 0);
+        if (tessera_plan_len(ps[r]) != tessera_plan_len(ps[0]))
+            fail_msg("n %llu rem %d: rank %u resumes with %llu units, rank 0 with %llu",
+                     (unsigned long long)n, rem, r, (unsigned long long)tessera_plan_len(ps[r]),
+                     (unsigned long long)tessera_plan_len(ps[0]));
+    }
+    return tessera_plan_len(ps[0]);
+}
+
+/* Issue 28, part 2: under PAD and DROP every rank has as many units after a resume at another
+ * world size (DDP takes the same number of steps on every rank), twice in a row; PAD still reads
+ * every unit and repeats only as many as it pads, DROP never reads one twice. The issue's cases:
+ * 3 units, world 2 -> 3 after one each ([1, 1, 0] before); 103, world 3 -> 2 after 16 each. */
+static void test_elastic_resume_keeps_ranks_in_step(void **state)
+{
+    static const struct {
+        uint64_t n;
+        uint32_t w0, w1, w2;
+        uint64_t c0, c1;
+    } cases[] = {{3, 2, 3, 1, 1, 0},
+                 {103, 3, 2, 4, 16, 5},
+                 {1001, 4, 3, 5, 100, 77},
+                 {10, 4, 7, 2, 0, 0},
+                 {17, 5, 3, 8, 3, 1}};
+
+    for (size_t t = 0; t < sizeof(cases) / sizeof(cases[0]); t++)
+        for (int rem = TESSERA_REMAINDER_DROP; rem <= TESSERA_REMAINDER_PAD; rem++)
+            for (int assign = 0; assign <= 1; assign++) {
+                uint64_t n = cases[t].n, reads = 0, padded = 0, c[8], len;
+                uint32_t *seen = calloc(n, sizeof(uint32_t));
+                tessera_plan *a[8], *b[8], *d[8];
+                void *st;
+                size_t slen;
+
+                for (uint32_t r = 0; r < cases[t].w0; r++) {
+                    a[r] = mk(n, r, cases[t].w0, assign, rem, TESSERA_SHUFFLE_GLOBAL, 7, 1);
+                    c[r] = TS_MIN(cases[t].c0, tessera_plan_len(a[r]));
+                    reads += c[r];
+                }
+                padded =
+                    rem == TESSERA_REMAINDER_PAD ? tessera_plan_len(a[0]) * cases[t].w0 - n : 0;
+                mark(a, cases[t].w0, NULL, c, seen);
+                assert_int_equal(tessera_plan_state(a[0], c, cases[t].w0, &st, &slen), 0);
+                len = resume_in_step(st, slen, n, cases[t].w1, assign, rem, TESSERA_SHUFFLE_GLOBAL,
+                                     b);
+                free(st);
+                for (uint32_t r = 0; r < cases[t].w1; r++) {
+                    c[r] = TS_MIN(cases[t].c1, len);
+                    reads += c[r];
+                }
+                mark(b, cases[t].w1, NULL, c, seen);
+                assert_int_equal(tessera_plan_state(b[0], c, cases[t].w1, &st, &slen), 0);
+                len = resume_in_step(st, slen, n, cases[t].w2, assign, rem, TESSERA_SHUFFLE_GLOBAL,
+                                     d);
+                free(st);
+                for (uint32_t r = 0; r < cases[t].w2; r++)
+                    c[r] = len;
+                reads += len * cases[t].w2;
+                mark(d, cases[t].w2, NULL, c, seen);
+                for (uint64_t u = 0; u < n; u++) {
+                    if (rem == TESSERA_REMAINDER_DROP)
+                        assert_true(seen[u] <= 1);
+                    else
+                        assert_true(seen[u] >= 1);
+                }
+                if (rem == TESSERA_REMAINDER_PAD) {
+                    /* Each phase pads by fewer units than it has ranks. */
+                    assert_true(reads - n <= padded + cases[t].w1 + cases[t].w2 - 2);
+                }
+                for (uint32_t r = 0; r < cases[t].w0; r++)
+                    tessera_plan_free(a[r]);
+                for (uint32_t r = 0; r < cases[t].w1; r++)
+                    tessera_plan_free(b[r]);
+                for (uint32_t r = 0; r < cases[t].w2; r++)
+                    tessera_plan_free(d[r]);
+                free(seen);
+            }
+}
+
+/* The state re-stamped as version 1 (before remainder-aware redistribution), checksum fixed. */
+static void as_version1(uint8_t *st, size_t len)
+{
+    st[4] = 1;
+    st[5] = 0;
+    ts_put_le32(st + len - 4, ts_crc32c(0, st, len - 4));
+}
+
+/* A version-1 state resumes where its meaning did not change (one level, or an even split), and
+ * is refused where a saved redistribution under PAD or DROP now splits otherwise. */
+static void test_version1_states(void **state)
+{
+    tessera_plan *a = mk(103, 0, 3, 1, TESSERA_REMAINDER_PAD, TESSERA_SHUFFLE_GLOBAL, 7, 1), *b, *q;
+    struct tessera_plan_opts o =
+        opts(103, 0, 2, 1, TESSERA_REMAINDER_PAD, TESSERA_SHUFFLE_GLOBAL, 7, 1);
+    uint64_t c[3] = {16, 16, 16}, c2[2] = {5, 5};
+    uint8_t *st;
+    size_t len;
+
+    assert_int_equal(tessera_plan_state(a, c, 3, (void **)&st, &len), 0);
+    as_version1(st, len);
+    q = NULL;
+    assert_int_equal(tessera_plan_resume(&q, &o, st, len), 0); /* base level only */
+    b = q;
+    free(st);
+    assert_int_equal(tessera_plan_state(b, c2, 2, (void **)&st, &len), 0);
+    as_version1(st, len);
+    q = NULL;
+    assert_int_equal(tessera_plan_resume(&q, &o, st, len), TS_EINVAL);
+    assert_null(q);
+    free(st);
+    tessera_plan_free(a);
+    tessera_plan_free(b);
+}
+
 static void test_bad_states_and_options(void **state)
 {
     tessera_plan *p = mk(100, 0, 4, 0, 0, TESSERA_SHUFFLE_GLOBAL, 7, 1), *q = NULL;
@@ -357,9 +478,14 @@ static void test_bad_states_and_options(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_cover_all_policies),      cmocka_unit_test(test_framework_orders),
-        cmocka_unit_test(test_shuffle_keyed_and_fixed), cmocka_unit_test(test_huge),
-        cmocka_unit_test(test_window_groups),           cmocka_unit_test(test_elastic_resume_twice),
+        cmocka_unit_test(test_cover_all_policies),
+        cmocka_unit_test(test_framework_orders),
+        cmocka_unit_test(test_shuffle_keyed_and_fixed),
+        cmocka_unit_test(test_huge),
+        cmocka_unit_test(test_window_groups),
+        cmocka_unit_test(test_elastic_resume_twice),
+        cmocka_unit_test(test_elastic_resume_keeps_ranks_in_step),
+        cmocka_unit_test(test_version1_states),
         cmocka_unit_test(test_bad_states_and_options),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
