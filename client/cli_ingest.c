@@ -5,7 +5,8 @@
  * offset and reason before anything of it is uploaded. Without --shards each file becomes one
  * shard (in argument order) with its record index. With --shards N the records of all files,
  * in order, are split into N shards of contiguous records, shard i getting floor(R/N) + (i <
- * R mod N) of them (tar shards end with the end-of-archive blocks). A shard already sealed with
+ * R mod N) of them: each a valid file of its format (a tar shard ends with one end-of-archive,
+ * the input files' own left out; every JSON line ends with a newline). A shard already sealed with
  * the same bytes is skipped, so an interrupted ingest resumes where it stopped; one sealed with
  * other bytes is an error. On a terminal a progress line shows records, bytes, rate and ETA.
  */
@@ -26,7 +27,8 @@ struct in_file {
     const char *path;
     const uint8_t *map; /* the whole file, mapped read-only */
     size_t size;
-    uint64_t *rec; /* record starts */
+    uint64_t data_end; /* where its last record ends (before a tar's end-of-archive blocks) */
+    uint64_t *rec;     /* record starts */
     uint64_t nrec, cap;
 };
 
@@ -108,6 +110,7 @@ static int scan_file(struct ctx *x, int fmt, struct in_file *f)
         rc = tessera_recscan_feed(s, f->map, f->size, rec_add, f);
     if (!rc)
         rc = tessera_recscan_end(s, rec_add, f);
+    f->data_end = tessera_recscan_data_end(s);
     if (rc == TS_EPROTO) {
         uint64_t off = 0, rec = 0;
         const char *why = tessera_recscan_error(s, &off, &rec);
@@ -123,10 +126,12 @@ static int scan_file(struct ctx *x, int fmt, struct in_file *f)
     return rc;
 }
 
-/* The end of record r of file f (the next record's start, or the end of the file). */
+/* The end of record r of file f: the next record's start, or where the file's records end
+ * (a tar's end-of-archive blocks and a JSON lines file's trailing blank lines stay out of a
+ * merged shard). */
 static uint64_t rec_end(const struct in_file *f, uint64_t r)
 {
-    return r + 1 < f->nrec ? f->rec[r + 1] : f->size;
+    return r + 1 < f->nrec ? f->rec[r + 1] : f->data_end;
 }
 
 struct progress {
@@ -255,6 +260,8 @@ int cmd_ingest(struct ctx *x)
                 recs[n] = len;
                 memcpy(buf + len, f[fi].map + a, b - a);
                 len += b - a;
+                if (fmt == TESSERA_FMT_JSONL && buf[len - 1] != '\n')
+                    buf[len++] = '\n'; /* a file's last line had none: lines stay lines */
                 ri++;
             }
             if (rc >= 0 && fmt == TESSERA_FMT_TAR) {

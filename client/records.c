@@ -32,14 +32,16 @@ struct tessera_recscan {
     uint32_t want_crc;
     size_t have, need; /* bytes of head[] collected / needed */
     uint8_t head[TAR_BLOCK];
-    int in_line; /* JSONL */
+    int in_line;       /* JSONL */
+    uint64_t line_end; /* JSONL: just past the newline of the last non-empty line */
     int failed;
     uint64_t err_off, err_rec;
     char why[200];
     /* TAR */
     uint64_t member_start; /* first header of the member being read (its pax header, if any) */
     int zero_blocks;
-    char key[KEY_MAX]; /* the current sample's key */
+    uint64_t archive_end; /* the first end-of-archive block (once zero_blocks) */
+    char key[KEY_MAX];    /* the current sample's key */
     int have_key;
     char longname[KEY_MAX]; /* from a pax or GNU long-name header, for the next member */
     uint8_t *pax;
@@ -115,6 +117,17 @@ void tessera_recscan_free(tessera_recscan *s)
 uint64_t tessera_recscan_count(const tessera_recscan *s)
 {
     return s ? s->count : 0;
+}
+
+uint64_t tessera_recscan_data_end(const tessera_recscan *s)
+{
+    if (!s)
+        return 0;
+    if (s->fmt == TESSERA_FMT_JSONL)
+        return s->in_line ? s->pos : s->line_end;
+    if (s->fmt == TESSERA_FMT_TAR && s->zero_blocks)
+        return s->archive_end;
+    return s->pos;
 }
 
 const char *tessera_recscan_error(const tessera_recscan *s, uint64_t *offset, uint64_t *record)
@@ -216,6 +229,8 @@ static int tar_header(tessera_recscan *s, tessera_record_cb cb, void *arg)
     for (int i = 0; i < TAR_BLOCK; i++)
         zero &= h[i] == 0;
     if (zero) {
+        if (!s->zero_blocks)
+            s->archive_end = hdr_off;
         if (++s->zero_blocks == 2)
             s->ph = P_DONE; /* end of archive: what follows is padding */
         else
@@ -397,6 +412,7 @@ int tessera_recscan_feed(tessera_recscan *s, const void *buf, size_t len, tesser
                 }
             } else if (s->in_line && p[i] == '\n') {
                 s->in_line = 0;
+                s->line_end = s->pos + i + 1;
             }
         }
         s->pos += len;

@@ -53,6 +53,10 @@ int tessera_recscan_feed(tessera_recscan *s, const void *buf, size_t len, tesser
 int tessera_recscan_end(tessera_recscan *s, tessera_record_cb cb, void *arg);
 /* Records found so far. */
 uint64_t tessera_recscan_count(const tessera_recscan *s);
+/* Where the records' bytes end in the input so far: the end of the last record, before a tar's
+ * end-of-archive blocks (and whatever follows them) or the blank lines after the last JSON line.
+ * After tessera_recscan_end it is the offset to cut a file at to append more records. */
+uint64_t tessera_recscan_data_end(const tessera_recscan *s);
 /* After TS_EPROTO: the offset of the bad record's start, its number (0-based) and why. */
 const char *tessera_recscan_error(const tessera_recscan *s, uint64_t *offset, uint64_t *record);
 

@@ -321,6 +321,74 @@ static void test_jsonl_one_shard_per_file(void **state)
     tessera_client_close(c);
 }
 
+/* Runs sh -c cmd in dir; its exit status. */
+static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int sh(const char *fmt, ...)
+{
+    char cmd[4096];
+    int n = snprintf(cmd, sizeof(cmd), "cd %s && ", dir), st;
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(cmd + n, sizeof(cmd) - (size_t)n, fmt, ap);
+    va_end(ap);
+    st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Issue 28, part 3: shards that span input files are valid on their own. Two GNU tar files of
+ * 20 samples (2 members each) into 1 and into 3 shards: every shard lists with `tar t` and
+ * Python's tarfile, and together they hold all 80 members (before, a merged shard kept the
+ * first file's end-of-archive blocks in its middle: `tar t` saw 20 of 40 samples). A JSON lines
+ * file without a final newline merged with another: every line is one JSON value. */
+static void test_merged_shards_are_valid_archives(void **state)
+{
+    char err[4096];
+    tessera_client *c;
+    struct ts_shard_info si;
+    uint8_t back[256];
+    size_t n;
+
+    (void)state;
+    assert_int_equal(sh("mkdir -p t1 t2 && for i in $(seq 100 119); do echo a$i >t1/$i.txt; "
+                        "echo $i >t1/$i.cls; echo b$i >t2/$i.txt; echo $i >t2/$i.cls; done && "
+                        "(cd t1 && tar cf ../t1.tar --sort=name *) && "
+                        "(cd t2 && tar cf ../t2.tar --sort=name *)"),
+                     0);
+    assert_int_equal(cli("ingest tar t1.tar t2.tar --dataset tar1 --shards 1", err, sizeof(err)),
+                     0);
+    assert_int_equal(cli("ingest tar t1.tar t2.tar --dataset tar3 --shards 3", err, sizeof(err)),
+                     0);
+    assert_int_equal(cli("get tar1 0 -o m.tar", err, sizeof(err)), 0);
+    assert_int_equal(sh("test $(tar tf m.tar | wc -l) -eq 80"), 0);
+    assert_int_equal(sh("/usr/bin/python3 -c 'import tarfile,sys; "
+                        "sys.exit(len(tarfile.open(\"m.tar\").getnames()) != 80)'"),
+                     0);
+    for (int s = 0; s < 3; s++)
+        assert_int_equal(cli(s == 0   ? "get tar3 0 -o s0.tar"
+                             : s == 1 ? "get tar3 1 -o s1.tar"
+                                      : "get tar3 2 -o s2.tar",
+                             err, sizeof(err)),
+                         0);
+    assert_int_equal(sh("test $(cat s0.tar s1.tar s2.tar | tar tif - | wc -l) -eq 80 && "
+                        "for s in s0 s1 s2; do test $(tar tf $s.tar | wc -l) -gt 20 || exit 1; "
+                        "done"),
+                     0);
+
+    assert_int_equal(sh("printf '{\"x\": 1}\\n{\"x\": 2}' >n1.jsonl && "
+                        "printf '{\"x\": 3}\\n\\n' >n2.jsonl"),
+                     0);
+    assert_int_equal(
+        cli("ingest jsonl n1.jsonl n2.jsonl --dataset js3 --shards 1", err, sizeof(err)), 0);
+    c = client();
+    assert_int_equal(tessera_shard_stat(c, "js3", 0, &si), 0);
+    assert_int_equal(si.nrecords, 3);
+    assert_int_equal(tessera_read(c, "js3", 0, 0, si.size, back, &n), 0);
+    back[n] = '\0';
+    assert_string_equal((char *)back, "{\"x\": 1}\n{\"x\": 2}\n{\"x\": 3}\n");
+    tessera_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -328,6 +396,7 @@ int main(void)
         cmocka_unit_test(test_plan_over_records),
         cmocka_unit_test(test_damaged_file_refused),
         cmocka_unit_test(test_jsonl_one_shard_per_file),
+        cmocka_unit_test(test_merged_shards_are_valid_archives),
         cmocka_unit_test(test_plan_command),
     };
     int rc = cmocka_run_group_tests_name("ingest", tests, setup, teardown);

@@ -19,6 +19,7 @@
 struct offs {
     uint64_t v[256];
     size_t n;
+    uint64_t end; /* tessera_recscan_data_end */
 };
 
 static int collect(void *arg, uint64_t off)
@@ -45,6 +46,7 @@ static int scan(int fmt, const uint8_t *buf, size_t len, size_t piece, struct of
     }
     if (!rc)
         rc = tessera_recscan_end(s, collect, o);
+    o->end = tessera_recscan_data_end(s);
     if (rc && why) {
         const char *w = tessera_recscan_error(s, err_off, NULL);
         snprintf(why, cap, "%s", w ? w : "");
@@ -154,11 +156,12 @@ static void test_webdataset_tar(void **state)
         snprintf(prev, sizeof(prev), "%s", key);
         len += tar_member(buf + len, names[i], payload, 13 + (size_t)i * 300);
     }
-    memset(buf + len, 0, 1024); /* end of archive */
-    len += 1024;
+    memset(buf + len, 0, 10240); /* end of archive, padded to a 10 KiB record as tar does */
+    len += 10240;
     for (size_t piece = 0; piece <= 700; piece += 233) {
         assert_int_equal(scan(TESSERA_FMT_TAR, buf, len, piece, &o, NULL, 0, NULL), 0);
-        assert_int_equal(o.n, 3); /* samples 000, 001, 002 */
+        assert_int_equal(o.n, 3);          /* samples 000, 001, 002 */
+        assert_true(o.end == len - 10240); /* the records end where the end of archive begins */
         for (int i = 0; i < 3; i++)
             assert_true(o.v[i] == starts[i]);
     }
@@ -221,7 +224,11 @@ static void test_jsonl_and_lengths(void **state)
             scan(TESSERA_FMT_JSONL, (const uint8_t *)j, strlen(j), piece, &o, NULL, 0, NULL), 0);
         assert_int_equal(o.n, 3);
         assert_true(o.v[0] == 0 && o.v[1] == 9 && o.v[2] == 17);
+        assert_true(o.end == strlen(j)); /* the last line has no newline */
     }
+    assert_int_equal(scan(TESSERA_FMT_JSONL, (const uint8_t *)"{}\n\n\n", 5, 0, &o, NULL, 0, NULL),
+                     0);
+    assert_true(o.n == 1 && o.end == 3); /* blank lines after the last record are not its own */
     assert_int_equal(scan(TESSERA_FMT_JSONL, zero, sizeof(zero) - 1, 0, &o, why, sizeof(why), &at),
                      TS_EPROTO);
     assert_true(at == 8); /* the line holding the NUL */
