@@ -15,6 +15,8 @@
 
 #include "cli.h"
 
+#include "tessera/records.h"
+
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
 
@@ -64,6 +66,9 @@ enum opt_id {
     O_HOT_FRINGE,
     O_PG,
     O_AGENT,
+    O_FORMAT,
+    O_SEAL,
+    O_RECORD,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -75,11 +80,8 @@ static const struct cli_opt global_opts[] = {
 };
 
 static const struct cli_opt create_opts[] = {
-    {"core", 0, 1, O_CORE},
-    {"fringe", 0, 1, O_FRINGE},
-    {"min-core", 0, 1, O_MIN_CORE},
-    {"chunk-size", 0, 1, O_CHUNK},
-    {NULL, 0, 0, 0},
+    {"core", 0, 1, O_CORE},        {"fringe", 0, 1, O_FRINGE}, {"min-core", 0, 1, O_MIN_CORE},
+    {"chunk-size", 0, 1, O_CHUNK}, {"format", 0, 1, O_FORMAT}, {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt get_opts[] = {
@@ -157,13 +159,10 @@ static const struct cli_opt status_opts[] = {
 };
 
 static const struct cli_opt ingest_opts[] = {
-    {"dataset", 0, 1, O_DATASET},
-    {"shards", 0, 1, O_SHARDS},
-    {"core", 0, 1, O_CORE},
-    {"fringe", 0, 1, O_FRINGE},
-    {"min-core", 0, 1, O_MIN_CORE},
-    {"chunk-size", 0, 1, O_CHUNK},
-    {NULL, 0, 0, 0},
+    {"dataset", 0, 1, O_DATASET},   {"shards", 0, 1, O_SHARDS},
+    {"core", 0, 1, O_CORE},         {"fringe", 0, 1, O_FRINGE},
+    {"min-core", 0, 1, O_MIN_CORE}, {"chunk-size", 0, 1, O_CHUNK},
+    {"seal", 0, 0, O_SEAL},         {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt plan_opts[] = {
@@ -185,6 +184,7 @@ static const struct cli_opt read_opts[] = {
     {"depth", 0, 1, O_DEPTH},
     {"count", 0, 1, O_COUNT},
     {"output", 'o', 1, O_OUTPUT},
+    {"record", 0, 1, O_RECORD},
     {NULL, 0, 0, 0},
 };
 
@@ -214,11 +214,12 @@ struct cmd {
 
 static const struct cmd cmds[] = {
     {"dataset", "create", 1, 1, 1, create_opts, cmd_dataset_create,
-     "NAME [--core N] [--fringe N] [--min-core N] [--chunk-size B]",
+     "NAME [--core N] [--fringe N] [--min-core N] [--chunk-size B] [--format F]",
      "Creates a dataset. --core: synchronous replicas (default 1), --fringe: asynchronous\n"
      "replicas (default 0), --min-core: core replicas that must hold a write (default: a\n"
      "majority of core, core/2+1; 0 means the same), --chunk-size: bytes per chunk, with\n"
-     "K/M/G suffixes (default 1M, at least 4K).",
+     "K/M/G suffixes (default 1M, at least 4K), --format: what its records are (tfrecord,\n"
+     "tar, jsonl, len32, len64; default none): readers then hand out each record's payload.",
      0, NULL},
     {"dataset", "ls", 0, 0, 0, no_opts, cmd_dataset_ls, "", "Lists the datasets.", 0, NULL},
     {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset.", 0, NULL},
@@ -248,22 +249,26 @@ static const struct cmd cmds[] = {
      0, NULL},
     {NULL, "read", 1, 3, 1, read_opts, cmd_read,
      "NAME [RANK WORLD] [--unit shard|record] [plan options as for 'plan'] [--count K]\n"
-     "          [--window-units N] [--window-bytes B] [--connections N] [--depth N] [-o FILE]",
+     "          [--window-units N] [--window-bytes B] [--connections N] [--depth N]\n"
+     "          [--record auto|framed|payload] [-o FILE]",
      "Reads rank RANK of WORLD's plan of dataset NAME (default: rank 0 of 1) as a training job\n"
      "does, with libtessera's reader (docs/client.md \"Readers\"): units read ahead in a window,\n"
      "over several connections, every byte verified, failed reads retried on other replicas.\n"
      "Prints the units and bytes read, the rate, the data stall (time spent waiting for data),\n"
      "retries and which node served what. --count K: stop after K units. -o FILE (or -): the\n"
-     "units' bytes in plan order.",
+     "units' bytes in plan order: a record's payload (e.g. a TFRecord's data) when the dataset\n"
+     "says its record format, its stored bytes with --record framed.",
      0, plan_opts},
     {NULL, "ingest", 2, 1 << 20, 1, ingest_opts, cmd_ingest,
-     "FORMAT PATH... --dataset NAME [--shards N] [--core N] [--fringe N] [--min-core N]",
+     "FORMAT PATH... --dataset NAME [--shards N] [--seal] [--core N] [--fringe N] [--min-core N]",
      "Uploads record files (FORMAT: tfrecord, tar or webdataset, jsonl, len32, len64) as shards\n"
      "with their record index: each file one shard, or with --shards N the records of all\n"
      "files split into N shards of contiguous records (the first R mod N get one more). Every\n"
      "file is checked first: a malformed one is refused (file, offset, reason) and nothing of\n"
      "it is uploaded. Shards already sealed with the same bytes are skipped: run it again to\n"
-     "resume. Creates the dataset if needed (--core/--fringe/--min-core/--chunk-size).",
+     "resume. Creates the dataset if needed (--core/--fringe/--min-core/--chunk-size), of\n"
+     "record format FORMAT; refuses a dataset of another format. The dataset stays open (more\n"
+     "files can be ingested) unless --seal: then it is sealed once every shard is.",
      0, NULL},
     {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
      "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
@@ -633,6 +638,21 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_DRY_RUN:
             x->dry_run = 1;
             break;
+        case O_SEAL:
+            x->seal = 1;
+            break;
+        case O_FORMAT: {
+            int f = strcmp(val, "none") ? tessera_record_format_parse(val) : 0;
+            if (f < 0) {
+                snprintf(msg, sizeof(msg),
+                         "--format: '%s' is not a record format (tfrecord, tar, webdataset, "
+                         "jsonl, len32, len64, none)",
+                         val);
+                return usage_error(msg, k);
+            }
+            x->policy.record_format = (uint8_t)f;
+            break;
+        }
         case O_HOT_FRINGE:
             if (cli_parse_uint(val[0] == '+' ? val + 1 : val, 255, &x->hot_fringe) != 0) {
                 snprintf(msg, sizeof(msg), "--fringe: '%s' is not +K (extra replicas)", val);
@@ -718,6 +738,15 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
                 return usage_error(msg, k);
             }
             x->rd.unit = !strcmp(val, "shard") ? TESSERA_UNIT_SHARD : TESSERA_UNIT_RECORD;
+            break;
+        case O_RECORD:
+            if (strcmp(val, "auto") && strcmp(val, "framed") && strcmp(val, "payload")) {
+                snprintf(msg, sizeof(msg), "--record: '%s' is not one of auto|framed|payload", val);
+                return usage_error(msg, k);
+            }
+            x->rd.record = !strcmp(val, "auto")     ? TESSERA_RECORD_AUTO
+                           : !strcmp(val, "framed") ? TESSERA_RECORD_FRAMED
+                                                    : TESSERA_RECORD_PAYLOAD;
             break;
         case O_WINDOW_BYTES:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->rd.window_bytes))

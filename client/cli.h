@@ -39,6 +39,7 @@ struct ctx {
     const char *tls_addr, *domain;
     uint64_t weight, rate;
     int dry_run;
+    int seal; /* ingest --seal */
     /* rebalance */
     uint64_t max_concurrent;
     int detach;

@@ -463,7 +463,7 @@ int cmd_drill(struct ctx *x)
 {
     const char *scenario = x->argv[0];
     const struct ts_map *m = ts_client_map(x->c);
-    struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES};
+    struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES, 0};
     struct drill d;
     double dur = x->duration ? (double)x->duration : 6;
     uint64_t lost, t_act_end, rb_acked = 0, rb_all = 0, rb_unseen = 0;

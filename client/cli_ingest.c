@@ -211,13 +211,25 @@ int cmd_ingest(struct ctx *x)
         rc = TS_EINVAL;
         goto out;
     }
-    if (tessera_dataset_stat(x->c, x->dataset, &di) == TS_ENOENT) {
+    rc = tessera_dataset_stat(x->c, x->dataset, &di);
+    if (rc == TS_ENOENT) {
         if (!x->min_core_set)
             x->policy.min_core = 0;
+        x->policy.record_format = (uint8_t)fmt;
         rc = tessera_dataset_create(x->c, x->dataset, &x->policy);
-        if (rc)
-            goto out;
+    } else if (!rc && di.policy.record_format && di.policy.record_format != fmt) {
+        snprintf(x->local, sizeof(x->local),
+                 "dataset %s holds %s records, not %s; ingest into another dataset", x->dataset,
+                 ts_record_format_name(di.policy.record_format), tessera_record_format_name(fmt));
+        rc = TS_EINVAL;
+    } else if (!rc && !di.policy.record_format) {
+        fprintf(stderr,
+                "ingest: dataset %s was created without a record format: readers hand out its "
+                "records framed (tessera dataset create --format)\n",
+                x->dataset);
     }
+    if (rc)
+        goto out;
     pg.total_records = total;
     pg.t0 = ts_now_mono_ns();
     pg.tty = isatty(STDERR_FILENO);
@@ -283,12 +295,23 @@ int cmd_ingest(struct ctx *x)
             free(recs);
         }
     }
+    if (rc >= 0 && x->seal) {
+        rc = tessera_dataset_seal(x->c, x->dataset);
+        if (rc)
+            snprintf(x->local, sizeof(x->local),
+                     "every shard is uploaded, but dataset %s could not be sealed: %s", x->dataset,
+                     ts_strerror(rc));
+    }
     if (rc >= 0) {
         rc = 0;
         progress_show(&pg, 1);
-        printf("ingested %llu records of %zu file%s into %s: %llu shard%s (%d already sealed)\n",
+        printf("ingested %llu records of %zu file%s into %s: %llu shard%s (%d already sealed); "
+               "%s\n",
                (unsigned long long)total, nf, nf == 1 ? "" : "s", x->dataset,
-               (unsigned long long)nshards, nshards == 1 ? "" : "s", skipped);
+               (unsigned long long)nshards, nshards == 1 ? "" : "s", skipped,
+               x->seal ? "the dataset is sealed"
+                       : "the dataset stays open (seal it with ingest --seal or tessera dataset "
+                         "seal)");
     }
 out:
     for (size_t i = 0; i < nf; i++) {

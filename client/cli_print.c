@@ -45,6 +45,8 @@ struct json_object *dataset_json(const struct ts_dataset_info *d)
     json_object_object_add(o, "fringe", json_object_new_int(d->policy.fringe));
     json_object_object_add(o, "min_core", json_object_new_int(d->policy.min_core));
     json_object_object_add(o, "chunk_size", json_u64(d->policy.chunk_size));
+    json_object_object_add(o, "record_format",
+                           json_object_new_string(ts_record_format_name(d->policy.record_format)));
     json_object_object_add(o, "created_ns", json_u64(d->created_ns));
     json_object_object_add(o, "shards", json_u64(d->shards));
     json_object_object_add(o, "shards_writing", json_u64(d->shards_writing));
@@ -92,6 +94,7 @@ void dataset_print(const struct ts_dataset_info *d)
         "shards",   shards,
         "size",     bytes,
         "chunk",    cli_human_size(d->policy.chunk_size, chunk, sizeof(chunk)),
+        "records",  ts_record_format_name(d->policy.record_format),
         "replicas", repl,
         "created",  cli_time(d->created_ns, when, sizeof(when)),
     };

@@ -3,7 +3,8 @@
  *
  * Record k of a dataset is counted over its complete shards in shard order, by their record
  * indexes (SHARD_RECORDS). Without -o: one line per record of [A, B): its number, shard, offset
- * and length. With -o FILE (or -): the records' bytes, read and CRC-verified, back to back.
+ * and length (with --json: one document, the dataset's record format and the records). With -o
+ * FILE (or -): the records' bytes as stored (framed), read and CRC-verified, back to back.
  */
 #include "cli.h"
 
@@ -47,6 +48,7 @@ int cmd_records(struct ctx *x)
     uint64_t a, b, first = 0, shown = 0;
     size_t n = 0;
     int out = -1, rc;
+    struct json_object *doc = NULL, *arr = NULL;
 
     if (parse_range(x->range, &a, &b)) {
         snprintf(x->local, sizeof(x->local),
@@ -69,6 +71,20 @@ int cmd_records(struct ctx *x)
             free(v);
             return TS_EIO;
         }
+    } else if (x->json) {
+        struct ts_dataset_info di;
+        rc = tessera_dataset_stat(x->c, name, &di);
+        if (rc) {
+            free(v);
+            return rc;
+        }
+        doc = json_object_new_object();
+        arr = json_object_new_array();
+        json_object_object_add(doc, "dataset", json_object_new_string(name));
+        json_object_object_add(
+            doc, "record_format",
+            json_object_new_string(ts_record_format_name(di.policy.record_format)));
+        json_object_object_add(doc, "records", arr);
     } else {
         printf("%10s %7s %12s %10s\n", "RECORD", "SHARD", "OFFSET", "LENGTH");
     }
@@ -85,6 +101,15 @@ int cmd_records(struct ctx *x)
             if (first + k < a)
                 continue;
             shown++;
+            if (arr) {
+                struct json_object *o = json_object_new_object();
+                json_object_object_add(o, "record", json_u64(first + k));
+                json_object_object_add(o, "shard", json_u64(v[i].shard));
+                json_object_object_add(o, "offset", json_u64(off));
+                json_object_object_add(o, "length", json_u64(end - off));
+                json_object_array_add(arr, o);
+                continue;
+            }
             if (out < 0) {
                 printf("%10llu %7u %12llu %10llu\n", (unsigned long long)(first + k), v[i].shard,
                        (unsigned long long)off, (unsigned long long)(end - off));
@@ -106,6 +131,10 @@ int cmd_records(struct ctx *x)
     }
     if (out >= 0 && out != STDOUT_FILENO)
         close(out);
+    if (doc && !rc)
+        json_print(doc);
+    else if (doc)
+        json_object_put(doc);
     if (!rc && x->output && strcmp(x->output, "-"))
         fprintf(stderr, "records %s: %llu records to %s\n", name, (unsigned long long)shown,
                 x->output);

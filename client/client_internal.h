@@ -490,7 +490,7 @@ int ts_read_pieces_verify(const uint8_t *table, uint32_t n, const uint8_t *data,
                           uint32_t *done, size_t *doff);
 
 /* Bytes of a dataset info / shard info on the wire, at least (for bounding list counts). */
-#define TS_DATASET_INFO_MIN 42
+#define TS_DATASET_INFO_MIN 43
 #define TS_SHARD_INFO_LEN 37
 
 /* The position (in r's shard arrays) of the shard holding dataset record u (< r->total). */

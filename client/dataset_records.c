@@ -64,6 +64,15 @@ int tessera_dataset_records(tessera_client *c, const char *name,
         r->nshards++;
     }
     free(v);
+    {
+        struct ts_dataset_info di;
+        rc = tessera_dataset_stat(c, name, &di);
+        r->format = rc ? 0 : di.policy.record_format;
+    }
+    if (rc) {
+        tessera_dataset_records_free(r);
+        return rc;
+    }
     *out = r;
     return 0;
 }

@@ -105,7 +105,7 @@ int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_
 
 /* ---- datasets ------------------------------------------------------------------------------- */
 
-const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0};
+const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0, 0};
 
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
 {
@@ -131,8 +131,10 @@ int ts_conn_dataset_create_inc(tessera_client *c, const char *name,
     ts_wr_u8(&r->w, p->fringe);
     ts_wr_u8(&r->w, p->min_core);
     ts_wr_u32(&r->w, p->chunk_size);
-    if (incarnation)
-        ts_wr_u64(&r->w, incarnation);
+    if (incarnation || p->record_format)
+        ts_wr_u64(&r->w, incarnation); /* 0: the node's clock */
+    if (p->record_format)
+        ts_wr_u8(&r->w, p->record_format);
     return ts_call_status(c, r);
 }
 

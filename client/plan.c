@@ -53,6 +53,8 @@ struct tessera_plan {
     uint64_t *perm_group;  /* WINDOW with groups: the group at each place of the shuffled order
                               (permute(key, ngroups, t), kept: asked for once per unit) */
     uint64_t groups_hash;  /* of the group sizes given (0: none): part of the fingerprint */
+    uint64_t *order;       /* GIVEN: the caller's order, copied */
+    uint64_t order_hash;   /* of it: part of the fingerprint */
     uint64_t nlevels;
     struct level lv[MAX_LEVELS];
 };
@@ -130,6 +132,8 @@ static uint64_t order(const tessera_plan *p, uint64_t pos)
             uint64_t g = p->perm_group[t2];
             return p->group_start[g] + (q - s[t2]);
         }
+    case TESSERA_SHUFFLE_GIVEN:
+        return p->order[pos];
     default:
         return pos;
     }
@@ -235,13 +239,16 @@ void tessera_plan_free(tessera_plan *p)
     free(p->group_start);
     free(p->perm_prefix);
     free(p->perm_group);
+    free(p->order);
     free(p);
 }
 
 static int opts_valid(const struct tessera_plan_opts *o)
 {
     if (!o || o->world == 0 || o->rank >= o->world || o->assign < 0 || o->assign > 1 ||
-        o->remainder < 0 || o->remainder > 2 || o->shuffle < 0 || o->shuffle > 2)
+        o->remainder < 0 || o->remainder > 2 || o->shuffle < 0 || o->shuffle > 3)
+        return 0;
+    if (o->shuffle == TESSERA_SHUFFLE_GIVEN && (!o->order || o->units > SIZE_MAX / 8))
         return 0;
     if (o->shuffle == TESSERA_SHUFFLE_WINDOW && o->window == 0)
         return 0;
@@ -260,6 +267,30 @@ static int opts_valid(const struct tessera_plan_opts *o)
     return 1;
 }
 
+/* Copies a GIVEN order into p: TS_EINVAL unless it is a permutation of [0, n). */
+static int take_order(tessera_plan *p, const uint64_t *order, uint64_t n)
+{
+    uint8_t *seen = calloc(n / 8 + 1, 1);
+
+    p->order = malloc((n ? n : 1) * sizeof(uint64_t));
+    if (!seen || !p->order) {
+        free(seen);
+        return TS_ENOMEM;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t u = order[i];
+        if (u >= n || (seen[u / 8] >> (u % 8) & 1)) {
+            free(seen);
+            return TS_EINVAL; /* not a permutation */
+        }
+        seen[u / 8] |= (uint8_t)(1u << (u % 8));
+        p->order[i] = u;
+        p->order_hash = mix(p->order_hash ^ mix(u + i));
+    }
+    free(seen);
+    return 0;
+}
+
 /* A plan with only its base level (world W0 = o->world). */
 static int plan_base(tessera_plan **out, const struct tessera_plan_opts *o)
 {
@@ -276,6 +307,14 @@ static int plan_base(tessera_plan **out, const struct tessera_plan_opts *o)
     for (size_t g = 0; o->group_sizes && g < o->ngroups; g++)
         p->groups_hash = mix(p->groups_hash ^ mix(o->group_sizes[g] + g));
     p->key = mix(o->seed ^ mix(o->epoch + 0x632be59bd9b4e019ull));
+    p->o.order = NULL; /* not kept: the caller's array */
+    if (o->shuffle == TESSERA_SHUFFLE_GIVEN) {
+        int rc = take_order(p, o->order, o->units);
+        if (rc) {
+            tessera_plan_free(p);
+            return rc;
+        }
+    }
     if (o->shuffle == TESSERA_SHUFFLE_WINDOW && o->group_sizes) {
         size_t ng = o->ngroups;
         p->group_start = malloc((ng + 1) * sizeof(uint64_t));
@@ -351,7 +390,8 @@ static uint64_t fingerprint(const tessera_plan *p)
 
     return mix(o->units) ^ mix(o->seed + 1) ^ mix(o->epoch + 2) ^
            mix(((uint64_t)o->assign << 16) | ((uint64_t)o->remainder << 8) | (uint64_t)o->shuffle) ^
-           mix(o->window + 3) ^ mix(p->groups_hash + 4);
+           mix(o->window + 3) ^ mix(p->groups_hash + 4) ^
+           (p->order ? mix(p->order_hash + 5) : 0); /* (states of before it still fit) */
 }
 
 int tessera_plan_state(const tessera_plan *p, const uint64_t *consumed, uint32_t world,

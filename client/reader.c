@@ -5,6 +5,8 @@
  */
 #include "reader_internal.h"
 
+#include "tessera/records.h"
+
 #include <stdarg.h>
 #include <malloc.h>
 #include <stdio.h>
@@ -92,6 +94,10 @@ static int check_opts(const struct tessera_reader_opts *o, char *err, size_t err
         say(err, errlen, "a split needs split_block >= 1 and split_i < split_n");
         return TS_EINVAL;
     }
+    if (o->record < TESSERA_RECORD_AUTO || o->record > TESSERA_RECORD_PAYLOAD) {
+        say(err, errlen, "unknown record form %d (auto, framed or payload)", o->record);
+        return TS_EINVAL;
+    }
     if (o->alloc && !o->free_fn) {
         say(err, errlen, "caller-owned buffers need free_fn as well as alloc");
         return TS_EINVAL;
@@ -114,6 +120,11 @@ static int make_plan(struct tessera_reader *r, char *err, size_t errlen)
     int rc;
 
     po.units = r->o.unit == TESSERA_UNIT_SHARD ? r->recs->nshards : r->recs->total;
+    if (po.shuffle == TESSERA_SHUFFLE_GIVEN && r->o.plan.units != po.units) {
+        say(err, errlen, "the given order has %llu units (plan.units), %s has %llu",
+            (unsigned long long)r->o.plan.units, r->dataset, (unsigned long long)po.units);
+        return TS_EINVAL;
+    }
     po.group_sizes = NULL;
     po.ngroups = 0;
     if (r->o.unit == TESSERA_UNIT_RECORD && po.shuffle == TESSERA_SHUFFLE_WINDOW) {
@@ -172,6 +183,8 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
             say(err, errlen, "%s: %s", r->dataset,
                 tessera_client_error(c)[0] ? tessera_client_error(c) : ts_strerror(rc));
     }
+    if (!rc && o->unit == TESSERA_UNIT_RECORD && o->record != TESSERA_RECORD_FRAMED)
+        r->payload_fmt = r->recs->format;
     if (!rc)
         rc = make_plan(r, err, errlen);
     if (!rc) {
@@ -227,6 +240,24 @@ static void release_held(struct tessera_reader *r)
 
 /* Waits (lock held) until the caller's next unit is done or failed: its slot, or NULL when
  * the reader ended or failed (*rc says how: 0 at the end, TS_E*). */
+/* What the caller gets of done slot s: the record's payload when the reader hands out
+ * payloads, else all of it (lock held). 0, or TS_EPROTO, the reader's error from now on. */
+static int unit_span(struct tessera_reader *r, struct slot *s)
+{
+    s->poff = 0;
+    s->plen = s->len;
+    if (!r->payload_fmt ||
+        tessera_record_payload(r->payload_fmt, s->buf, s->len, &s->poff, &s->plen) == 0)
+        return 0;
+    r->err = TS_EPROTO;
+    snprintf(r->errmsg, sizeof(r->errmsg),
+             "%s shard %u record %llu (%zu bytes) is not one %s record: no payload to take "
+             "(read it framed)",
+             r->dataset, s->shard, (unsigned long long)s->record, s->len,
+             tessera_record_format_name(r->payload_fmt));
+    return TS_EPROTO;
+}
+
 static struct slot *wait_next(struct tessera_reader *r, int *rc)
 {
     struct slot *s;
@@ -248,6 +279,10 @@ static struct slot *wait_next(struct tessera_reader *r, int *rc)
     if (s->state == SLOT_FAILED) {
         r->err = s->rc;
         snprintf(r->errmsg, sizeof(r->errmsg), "%s", s->msg);
+        *rc = r->err;
+        return NULL;
+    }
+    if (unit_span(r, s)) {
         *rc = r->err;
         return NULL;
     }
@@ -297,8 +332,9 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
     u->shard = s->shard;
     u->record = s->record;
     u->offset = s->offset;
-    u->data = s->buf;
-    u->len = s->len;
+    u->buffer = s->buf;
+    u->data = s->buf + s->poff;
+    u->len = s->plen;
     snprintf(r->held_node, sizeof(r->held_node), "%s", s->node);
     u->node = r->held_node;
     if (!r->o.alloc) {
@@ -318,7 +354,7 @@ int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *l
 {
     struct {
         uint8_t *buf;
-        size_t cap, len;
+        size_t cap, off, len;
     } got[MANY_MAX];
     uint32_t k = 0;
     size_t off = 0;
@@ -344,20 +380,22 @@ int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *l
     do {
         got[k].buf = s->buf;
         got[k].cap = s->cap;
-        got[k].len = lens[k] = s->len;
-        off += s->len;
+        got[k].off = s->poff;
+        got[k].len = lens[k] = s->plen;
+        off += s->plen;
         k++;
         take(r, s);
         if (k == max || r->consumed == r->len)
             break;
         s = ts_reader_slot(r, r->consumed);
-    } while (s->k == r->consumed && s->state == SLOT_DONE && off + s->len <= cap);
+    } while (s->k == r->consumed && s->state == SLOT_DONE && off + s->len <= cap &&
+             unit_span(r, s) == 0);
     ts_reader_wake_threads(r);
     pthread_mutex_unlock(&r->m);
     /* The copies outside the lock: a done slot's buffer is no thread's but ours now. */
     off = 0;
     for (uint32_t i = 0; i < k; i++) {
-        memcpy((uint8_t *)buf + off, got[i].buf, got[i].len);
+        memcpy((uint8_t *)buf + off, got[i].buf + got[i].off, got[i].len);
         off += got[i].len;
     }
     pthread_mutex_lock(&r->m);

@@ -29,6 +29,7 @@ struct slot {
     size_t len;
     uint8_t *buf;
     size_t cap;           /* of buf (library-owned buffers) */
+    size_t poff, plen;    /* what the caller gets of buf: all, or the record's payload */
     uint32_t pieces_left; /* pieces not read yet */
     uint32_t attempts;    /* times a piece of it was read again */
     int rc;
@@ -61,6 +62,7 @@ struct tessera_reader {
     char dataset[TS_NAME_MAX + 1];
     struct tessera_opts copts; /* strings point into the caller's, copied below */
     char *copt_strings;
+    int payload_fmt; /* record units handed out as payloads of this format (0: framed) */
     struct tessera_dataset_records *recs;
     tessera_plan *plan;
     uint64_t len;

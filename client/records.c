@@ -49,8 +49,6 @@ struct tessera_recscan {
     char pax_type;
 };
 
-static const char *const names[] = {NULL, "tfrecord", "tar", "jsonl", "len32", "len64"};
-
 int tessera_record_format_parse(const char *name)
 {
     if (!name)
@@ -58,14 +56,15 @@ int tessera_record_format_parse(const char *name)
     if (!strcasecmp(name, "webdataset"))
         return TESSERA_FMT_TAR;
     for (int f = TESSERA_FMT_TFRECORD; f <= TESSERA_FMT_LEN64; f++)
-        if (!strcasecmp(name, names[f]))
+        if (!strcasecmp(name, ts_record_format_name(f)))
             return f;
     return TS_EINVAL;
 }
 
 const char *tessera_record_format_name(int fmt)
 {
-    return fmt >= TESSERA_FMT_TFRECORD && fmt <= TESSERA_FMT_LEN64 ? names[fmt] : "?";
+    return fmt >= TESSERA_FMT_TFRECORD && fmt <= TESSERA_FMT_LEN64 ? ts_record_format_name(fmt)
+                                                                   : "?";
 }
 
 static void begin_head(tessera_recscan *s)
@@ -499,4 +498,63 @@ int tessera_recscan_end(tessera_recscan *s, tessera_record_cb cb, void *arg)
     return fail(s, "the input ends inside record %llu (offset %llu): truncated",
                 (unsigned long long)(s->count ? s->count - 1 : 0),
                 (unsigned long long)s->rec_start);
+}
+
+/* The tar members of rec[0..len) up to the first end-of-archive block: their length. */
+static int tar_members(const uint8_t *rec, size_t len, size_t *plen)
+{
+    size_t pos = 0;
+
+    while (pos + TAR_BLOCK <= len) {
+        int64_t size;
+        int zero = 1;
+        for (int i = 0; i < TAR_BLOCK && zero; i++)
+            zero = rec[pos + i] == 0;
+        if (zero)
+            break;
+        size = tar_num(rec + pos + 124, 12);
+        if (size < 0 || (uint64_t)size > len - pos - TAR_BLOCK)
+            return TS_EPROTO;
+        pos += TAR_BLOCK + ((size_t)size + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
+    }
+    if (pos == 0 || pos > len)
+        return TS_EPROTO;
+    *plen = pos;
+    return 0;
+}
+
+int tessera_record_payload(int fmt, const void *rec, size_t len, size_t *off, size_t *plen)
+{
+    const uint8_t *b = rec;
+    size_t head = fmt == TESSERA_FMT_LEN32 ? 4 : 8;
+
+    if (!off || !plen || (!rec && len))
+        return TS_EINVAL;
+    *off = 0;
+    *plen = len;
+    switch (fmt) {
+    case 0:
+        return 0;
+    case TESSERA_FMT_TFRECORD:
+        if (len < 16 || ts_get_le64(b) != len - 16)
+            return TS_EPROTO;
+        *off = 12;
+        *plen = len - 16;
+        return 0;
+    case TESSERA_FMT_LEN32:
+    case TESSERA_FMT_LEN64:
+        if (len < head || (head == 4 ? ts_get_le32(b) : ts_get_le64(b)) != len - head)
+            return TS_EPROTO;
+        *off = head;
+        *plen = len - head;
+        return 0;
+    case TESSERA_FMT_JSONL:
+        while (*plen && strchr(" \t\r\n", b[*plen - 1]))
+            (*plen)--;
+        return 0;
+    case TESSERA_FMT_TAR:
+        return tar_members(b, len, plen);
+    default:
+        return TS_EINVAL;
+    }
 }

@@ -100,6 +100,10 @@ static inline uint64_t ts_get_le64(const uint8_t *p)
 
 /* Dataset names: 1..TS_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.'. */
 int ts_name_valid(const char *name);
+/* A dataset's record format (enum tessera_record_format of tessera/records.h) by name:
+ * "tfrecord", "tar", "jsonl", "len32", "len64" ("none" for 0, "?" past the last). */
+#define TS_RECORD_FORMAT_MAX 5
+const char *ts_record_format_name(int fmt);
 
 /* Monotonic and wall clocks in nanoseconds. */
 uint64_t ts_now_mono_ns(void);

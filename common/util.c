@@ -20,6 +20,13 @@ uint32_t ts_crc32c(uint32_t crc, const void *buf, size_t len)
     return ~state;
 }
 
+const char *ts_record_format_name(int fmt)
+{
+    static const char *const names[] = {"none", "tfrecord", "tar", "jsonl", "len32", "len64"};
+
+    return fmt >= 0 && fmt <= TS_RECORD_FORMAT_MAX ? names[fmt] : "?";
+}
+
 int ts_name_valid(const char *name)
 {
     size_t n;

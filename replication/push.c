@@ -57,6 +57,7 @@ static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq, u
     ts_wr_u8(w, rec ? rec->policy.fringe : 0);
     ts_wr_u8(w, rec ? rec->policy.min_core : 0);
     ts_wr_u32(w, rec ? rec->policy.chunk_size : 0);
+    ts_wr_u8(w, rec ? rec->policy.record_format : 0);
     ts_wr_u64(w, rec ? rec->inc : 0);
     ts_wr_u32(w, rec ? rec->shard : 0);
     ts_wr_u8(w, rec ? 1 : 0);

@@ -434,6 +434,7 @@ void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset
     ts_wr_u8(w, p->fringe);
     ts_wr_u8(w, p->min_core);
     ts_wr_u32(w, p->chunk_size);
+    ts_wr_u8(w, p->record_format);
     ts_wr_u64(w, inc);
     ts_wr_u32(w, shard);
     ts_wr_u32(w, idx);

@@ -101,6 +101,11 @@ static void op_dataset_create(struct tsd_conn *c, const struct ts_frame_hdr *h,
                         (unsigned)TS_REPL_MAX_REPLICAS, most);
         return;
     }
+    if (p.record_format > TS_RECORD_FORMAT_MAX) {
+        tsd_reply_error(c, h, TS_EINVAL, "dataset-create %s: unknown record format %u", name,
+                        p.record_format);
+        return;
+    }
     if (p.min_core == 0)
         p.min_core = (uint8_t)(p.core / 2 + 1); /* default: a majority of the core replicas */
     rc = ts_store_dataset_create_inc(c->w->srv->store, name, &p, inc);

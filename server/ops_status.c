@@ -41,6 +41,8 @@ static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
     json_object_object_add(o, "core", json_object_new_int(d->policy.core));
     json_object_object_add(o, "fringe", json_object_new_int(d->policy.fringe));
     json_object_object_add(o, "chunk_size", json_object_new_int64(d->policy.chunk_size));
+    json_object_object_add(o, "record_format",
+                           json_object_new_string(ts_record_format_name(d->policy.record_format)));
     json_object_array_add(arr, o);
     return 0;
 }

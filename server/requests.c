@@ -74,6 +74,7 @@ static void ds_fields(struct dec *d, struct ts_dataset_policy *p, uint64_t *inc)
     p->fringe = ts_rd_u8(&d->r);
     p->min_core = ts_rd_u8(&d->r);
     p->chunk_size = ts_rd_u32(&d->r);
+    p->record_format = ts_rd_u8(&d->r);
     *inc = ts_rd_u64(&d->r);
 }
 
@@ -108,9 +109,13 @@ static int dec_dataset_create(struct dec *d, struct tsd_req_dataset_create *q)
     q->policy.fringe = ts_rd_u8(&d->r);
     q->policy.min_core = ts_rd_u8(&d->r);
     q->policy.chunk_size = ts_rd_u32(&d->r);
-    if (d->r.len - d->r.off == 8) { /* the cluster client's incarnation */
+    if (d->r.len - d->r.off >= 8) { /* the cluster client's incarnation (0: none) */
         q->has_inc = 1;
         q->inc = ts_rd_u64(&d->r);
+        if (d->r.len - d->r.off == 1) { /* then the record format */
+            q->has_format = 1;
+            q->policy.record_format = ts_rd_u8(&d->r);
+        }
     }
     return done(d);
 }

@@ -56,8 +56,9 @@ struct tsd_req_hello {
 struct tsd_req_dataset_create {
     char name[TS_NAME_MAX + 1];
     struct ts_dataset_policy policy;
-    uint8_t has_inc; /* the optional trailing u64 was sent */
-    uint64_t inc;    /* 0 when not sent */
+    uint8_t has_inc;    /* the optional trailing u64 was sent */
+    uint8_t has_format; /* and after it the optional u8 record format (in policy) */
+    uint64_t inc;       /* 0 when not sent, or sent as 0: the node's clock */
 };
 
 /* DATASET_STAT, DATASET_DELETE, SHARD_LIST; SCRUB, where "" means every dataset. */

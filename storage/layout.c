@@ -77,6 +77,7 @@ void ds_encode(uint8_t *b, const struct ts_dataset_info *d)
     b[2] = d->policy.core;
     b[3] = d->policy.fringe;
     b[4] = d->policy.min_core;
+    b[5] = d->policy.record_format; /* 0 in records written before it existed */
     ts_put_le32(b + 8, d->policy.chunk_size);
     ts_put_le64(b + 16, d->id);
     ts_put_le64(b + 24, d->created_ns);
@@ -94,6 +95,7 @@ int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_inf
     d->policy.core = b[2];
     d->policy.fringe = b[3];
     d->policy.min_core = b[4];
+    d->policy.record_format = b[5];
     d->policy.chunk_size = ts_get_le32(b + 8);
     d->id = ts_get_le64(b + 16);
     d->created_ns = ts_get_le64(b + 24);

@@ -322,6 +322,7 @@ static void log_encode(struct ts_wr *w, const struct ts_log_rec *l)
     ts_wr_u64(w, l->size);
     ts_wr_u32(w, l->crc);
     ts_wr_u32(w, l->nchunks);
+    ts_wr_u8(w, l->policy.record_format);
     if (!w->err)
         ts_wr_u32(w, ts_crc32c(0, w->buf + start, w->len - start));
 }
@@ -354,6 +355,8 @@ static int log_decode(const char *v, size_t vlen, uint32_t pg, uint64_t seq, str
     l->size = ts_rd_u64(&r);
     l->crc = ts_rd_u32(&r);
     l->nchunks = ts_rd_u32(&r);
+    if (r.len - r.off == 1) /* entries written before it existed end here */
+        l->policy.record_format = ts_rd_u8(&r);
     return ts_rd_done(&r) ? TS_ECORRUPT : 0;
 }
 

@@ -46,6 +46,7 @@ enum tessera_shuffle {
     TESSERA_SHUFFLE_WINDOW = 2, /* groups (e.g. the shards) shuffled, then the units shuffled
                                    within each window of `window` consecutive groups: a reader
                                    touches one window's groups at a time (bounded memory) */
+    TESSERA_SHUFFLE_GIVEN = 3,  /* the caller's order (e.g. torch.randperm's): `order` */
 };
 
 struct tessera_plan_opts {
@@ -54,11 +55,13 @@ struct tessera_plan_opts {
                                     shard), summing to units; NULL: groups of one unit */
     size_t ngroups;
     uint64_t seed, epoch;
-    uint32_t rank, world; /* 0 <= rank < world */
-    int assign;           /* enum tessera_assign */
-    int remainder;        /* enum tessera_remainder */
-    int shuffle;          /* enum tessera_shuffle */
-    uint32_t window;      /* WINDOW: groups per window (>= 1) */
+    uint32_t rank, world;  /* 0 <= rank < world */
+    int assign;            /* enum tessera_assign */
+    int remainder;         /* enum tessera_remainder */
+    int shuffle;           /* enum tessera_shuffle */
+    uint32_t window;       /* WINDOW: groups per window (>= 1) */
+    const uint64_t *order; /* GIVEN: the epoch's order, a permutation of [0, units) (copied;
+                              memory per unit, unlike the other orders) */
 };
 
 typedef struct tessera_plan tessera_plan;

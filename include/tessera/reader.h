@@ -42,7 +42,8 @@ struct tessera_reader_opts {
     const char *dataset;
     int unit; /* enum tessera_unit_kind */
     /* seed, epoch, rank, world, assign, remainder, shuffle, window. The reader fills in units
-     * and group_sizes (records: each shard is a group) from the dataset. */
+     * and group_sizes (records: each shard is a group) from the dataset. With a GIVEN order,
+     * plan.units must be its length, the dataset's units (else TS_EINVAL). */
     struct tessera_plan_opts plan;
     const void *resume; /* a tessera_plan_state to continue from; NULL: the epoch's start */
     size_t resume_len;
@@ -72,6 +73,10 @@ struct tessera_reader_opts {
     void *(*alloc)(void *arg, size_t len);
     void (*free_fn)(void *arg, void *p);
     void *alloc_arg;
+    /* What a record unit's data is (enum tessera_record_form of tessera/records.h): AUTO (0,
+     * the default) its payload when the dataset says its record format, FRAMED its stored
+     * bytes, PAYLOAD its payload. Shard units are always whole. */
+    int record;
 };
 
 /* One unit as returned. */
@@ -84,6 +89,8 @@ struct tessera_unit {
     void *data;
     size_t len;
     const char *node; /* the node that served it (valid while the reader is open) */
+    void *buffer;     /* the buffer data lies in (data is past its start when it is a record's
+                         payload): what tessera_reader_give_back and free_fn take */
 };
 
 #define TESSERA_READER_MAX_NODES 64

@@ -33,6 +33,29 @@ enum tessera_record_format {
     TESSERA_FMT_LEN64 = 5,
 };
 
+/*
+ * What a record is to its reader (tessera_reader_opts.record, and the Python adapters' record=):
+ *   FRAMED   its bytes as stored: a TFRecord with its length and CRCs, a tar sample with its
+ *            member headers (the shard's last one with the archive's end blocks), a JSON line
+ *            with its newline (and blank lines after it), a LEN32/LEN64 record with its length
+ *   PAYLOAD  what the framing carries (tessera_record_payload): the TFRecord's data (e.g. a
+ *            serialized tf.train.Example), the tar sample's members without the end-of-archive
+ *            blocks, the JSON text of the line, the LEN32/LEN64 record's bytes
+ *   AUTO     PAYLOAD for record units of a dataset that says its format (datasets made by
+ *            `tessera ingest`, or created with one), FRAMED otherwise (the default)
+ */
+enum tessera_record_form {
+    TESSERA_RECORD_AUTO = 0,
+    TESSERA_RECORD_FRAMED = 1,
+    TESSERA_RECORD_PAYLOAD = 2,
+};
+
+/* The payload of one record of format fmt (0: raw bytes, all of it): *off and *plen within
+ * rec[0..len). TS_EPROTO when the bytes are not one framed record of that format (a TFRecord
+ * or LEN32/LEN64 length that does not match, a tar header that is not one). CRCs are not
+ * checked again: every read is checked end to end by the chunks' CRC32C. */
+int tessera_record_payload(int fmt, const void *rec, size_t len, size_t *off, size_t *plen);
+
 /* "tfrecord", "tar" (or "webdataset"), "jsonl", "len32", "len64": the format, or TS_EINVAL. */
 int tessera_record_format_parse(const char *name);
 const char *tessera_record_format_name(int fmt);

@@ -101,6 +101,7 @@ struct tessera_dataset_records {
     uint64_t *first; /* dataset record number of each one's first record */
     uint64_t total;  /* records in the dataset */
     uint64_t *bytes; /* bytes of each shard */
+    int format;      /* the dataset's record format (enum tessera_record_format; 0: not said) */
 };
 int tessera_dataset_records(tessera_client *c, const char *name,
                             struct tessera_dataset_records **out);

@@ -21,10 +21,12 @@ enum ts_dataset_state { TS_DS_OPEN = 0, TS_DS_SEALED = 1 };
 enum ts_shard_state { TS_SHARD_WRITING = 0, TS_SHARD_COMPLETE = 1 };
 
 struct ts_dataset_policy {
-    uint8_t core;        /* synchronous (core) replicas */
-    uint8_t fringe;      /* asynchronous (fringe) replicas */
-    uint8_t min_core;    /* core replicas that must hold a write before it is acknowledged */
-    uint32_t chunk_size; /* bytes per chunk; 0 means TS_DEFAULT_CHUNK_SIZE */
+    uint8_t core;          /* synchronous (core) replicas */
+    uint8_t fringe;        /* asynchronous (fringe) replicas */
+    uint8_t min_core;      /* core replicas that must hold a write before it is acknowledged */
+    uint32_t chunk_size;   /* bytes per chunk; 0 means TS_DEFAULT_CHUNK_SIZE */
+    uint8_t record_format; /* what its records are (enum tessera_record_format of
+                              tessera/records.h); 0: not said, raw bytes */
 };
 
 struct ts_dataset_info {

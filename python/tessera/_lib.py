@@ -51,7 +51,8 @@ class Opts(ctypes.Structure):
 
 
 class Policy(ctypes.Structure):
-    _fields_ = [("core", c_u8), ("fringe", c_u8), ("min_core", c_u8), ("chunk_size", c_u32)]
+    _fields_ = [("core", c_u8), ("fringe", c_u8), ("min_core", c_u8), ("chunk_size", c_u32),
+                ("record_format", c_u8)]
 
 
 class DatasetInfo(ctypes.Structure):
@@ -93,6 +94,7 @@ class PlanOpts(ctypes.Structure):
         ("remainder", c_int),
         ("shuffle", c_int),
         ("window", c_u32),
+        ("order", P(c_u64)),
     ]
 
 
@@ -119,6 +121,7 @@ class ReaderOpts(ctypes.Structure):
         ("alloc", c_void_p),
         ("free_fn", c_void_p),
         ("alloc_arg", c_void_p),
+        ("record", c_int),
     ]
 
 
@@ -132,6 +135,7 @@ class Unit(ctypes.Structure):
         ("data", c_void_p),
         ("len", c_size),
         ("node", c_char_p),
+        ("buffer", c_void_p),
     ]
 
 
@@ -165,6 +169,7 @@ class DatasetRecords(ctypes.Structure):
         ("first", P(c_u64)),
         ("total", c_u64),
         ("bytes", P(c_u64)),
+        ("format", c_int),
     ]
 
 
@@ -207,6 +212,7 @@ _FUNCS = [
     ("tessera_put", c_int, [c_void_p, c_char_p, c_u32, c_void_p, c_size, P(c_u64), c_u32]),
     ("tessera_read", c_int, [c_void_p, c_char_p, c_u32, c_u64, c_size, c_void_p, P(c_size)]),
     ("tessera_status", c_int, [c_void_p, P(c_void_p)]),
+    ("tessera_record_payload", c_int, [c_int, c_void_p, c_size, P(c_size), P(c_size)]),
     ("tessera_plan_opts_init", None, [P(PlanOpts)]),
     ("tessera_plan_new", c_int, [P(c_void_p), P(PlanOpts)]),
     ("tessera_plan_free", None, [c_void_p]),

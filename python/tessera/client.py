@@ -6,6 +6,7 @@ import json
 
 from ._lib import (DatasetInfo, DatasetRecords, Handle, Opts, P, Policy, ShardInfo, c_size,
                    c_u32, c_u64, c_void_p, check, enc, lib)
+from .records import FORMATS, format_code
 
 
 class ConnectOptions:
@@ -41,6 +42,8 @@ def _info(d):
         "shards": d.shards, "shards_writing": d.shards_writing, "bytes": d.bytes,
         "core": d.policy.core, "fringe": d.policy.fringe, "min_core": d.policy.min_core,
         "chunk_size": d.policy.chunk_size, "created_ns": d.created_ns,
+        "record_format": FORMATS[d.policy.record_format]
+        if d.policy.record_format < len(FORMATS) else str(d.policy.record_format),
     }
 
 
@@ -82,8 +85,10 @@ class Client(Handle):
     def epoch(self):
         return lib().tessera_client_epoch(self._h)
 
-    def create_dataset(self, name, *, core=1, fringe=0, min_core=0, chunk_size=0):
-        p = Policy(core, fringe, min_core, chunk_size)
+    def create_dataset(self, name, *, core=1, fringe=0, min_core=0, chunk_size=0, format=None):
+        """format: what its records are ("tfrecord", "tar", "jsonl", "len32", "len64"; None:
+        not said), so that readers hand out their payloads (tessera.records)."""
+        p = Policy(core, fringe, min_core, chunk_size, format_code(format))
         self._check(lib().tessera_dataset_create(self._h, enc(name), ctypes.byref(p)))
 
     def datasets(self):

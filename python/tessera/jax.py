@@ -13,12 +13,13 @@ from .reader import Reader
 
 
 def batches(connect, name, sharding, global_batch_size, *, decode=None, shuffle="none",
-            seed=0, epoch=0, window=16, reader=None):
+            seed=0, epoch=0, window=16, record="auto", reader=None):
     """Yields (batch, mask) per global batch: batch a jax.Array of global_batch_size rows of
     decode(record) (an np.ndarray of one shape and dtype; default: the record's bytes as
     uint8, all records of one length), laid out by `sharding` (e.g. NamedSharding(mesh,
     PartitionSpec("data"))); mask a bool jax.Array of the same rows and sharding, False on
-    padding. Every process yields as many batches."""
+    padding. Every process yields as many batches. record: what decode gets of a record,
+    "auto" (its payload when the dataset says its format), "framed" or "payload"."""
     decode = decode or (lambda b: np.frombuffer(b, dtype=np.uint8))
     pid, pcount = jax.process_index(), jax.process_count()
     if global_batch_size % pcount:
@@ -33,7 +34,7 @@ def batches(connect, name, sharding, global_batch_size, *, decode=None, shuffle=
     mask_sharding = jax.sharding.NamedSharding(sharding.mesh, rows_spec)
     reader = Reader(connect, name, unit="record", rank=pid, world=pcount, seed=seed,
                     epoch=epoch, shuffle=shuffle, window=window, assign="strided",
-                    remainder="uneven", **dict(reader or {}))
+                    remainder="uneven", record=record, **dict(reader or {}))
     try:
         it, proto = iter(reader), None
         for _ in range(nbatches):

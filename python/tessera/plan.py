@@ -5,7 +5,7 @@ import ctypes
 
 from ._lib import Handle, PlanOpts, c_size, c_u64, c_void_p, check, lib
 
-SHUFFLE = {"none": 0, "global": 1, "window": 2}
+SHUFFLE = {"none": 0, "global": 1, "window": 2, "given": 3}
 ASSIGN = {"contiguous": 0, "strided": 1}
 REMAINDER = {"uneven": 0, "drop": 1, "pad": 2}
 
@@ -17,8 +17,9 @@ def _pick(table, what, value):
 
 
 def plan_opts(units=0, *, rank=0, world=1, seed=0, epoch=0, shuffle="none",
-              assign="contiguous", remainder="uneven", window=16, group_sizes=None):
-    """The C plan options; group sizes live in the struct's _keep."""
+              assign="contiguous", remainder="uneven", window=16, group_sizes=None, order=None):
+    """The C plan options; group sizes and a given order (shuffle="given": a permutation of
+    range(units), e.g. torch.randperm's) live in the struct's _keep."""
     o = PlanOpts()
     lib().tessera_plan_opts_init(ctypes.byref(o))
     o.units, o.rank, o.world, o.seed, o.epoch = units, rank, world, seed, epoch
@@ -30,6 +31,10 @@ def plan_opts(units=0, *, rank=0, world=1, seed=0, epoch=0, shuffle="none",
         g = (c_u64 * len(group_sizes))(*group_sizes)
         o.group_sizes, o.ngroups = ctypes.cast(g, ctypes.POINTER(c_u64)), len(group_sizes)
         o._keep = g
+    if order is not None:
+        t = (c_u64 * len(order))(*order)
+        o.order = ctypes.cast(t, ctypes.POINTER(c_u64))
+        o._keep_order = t
     return o
 
 

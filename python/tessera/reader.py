@@ -12,6 +12,7 @@ from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p
                    lib)
 from .client import Client, ConnectOptions
 from .plan import encode_state, plan_opts
+from .records import record_form
 
 try:  # numpy (optional): a batch buffer without zeroing 256 KiB that is written over at once
     from numpy import empty as _empty
@@ -69,20 +70,24 @@ class Reader(Handle):
 
     connect: an address, a ConnectOptions or a Client (its options are used; the reader opens
     connections of its own). unit: "record" or "shard". Plan options: seed, epoch, shuffle
-    ("none", "global", "window"), window (shards per shuffle window), assign ("contiguous",
+    ("none", "global", "window", or "given" with order: a permutation of the units), window
+    (shards per shuffle window), assign ("contiguous",
     "strided"), remainder ("uneven", "drop", "pad"). resume: a state from state(). Reader
     options: window_units, window_bytes, connections, depth, retries (library defaults when
     None); split_block, split_n, split_i: this worker's part of the rank's plan (blocks i, i+n,
     ... of split_block positions). copy: True gives bytes; False memoryviews without a copy.
+    record: what a record unit is (tessera.records): "auto" (its payload when the dataset says
+    its record format, e.g. the data of a TFRecord; else its bytes), "framed" or "payload".
     """
 
     _free = "tessera_reader_close"
     _lock = threading.RLock()  # replaced per reader; guards _h against views given back
 
     def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
-                 shuffle="none", window=16, assign="contiguous", remainder="uneven",
+                 shuffle="none", window=16, assign="contiguous", remainder="uneven", order=None,
                  resume=None, window_units=None, window_bytes=None, connections=None,
-                 depth=None, retries=None, split_block=1, split_n=1, split_i=0, copy=True):
+                 depth=None, retries=None, split_block=1, split_n=1, split_i=0, copy=True,
+                 record="auto"):
         if isinstance(connect, Client):
             connect = connect.options
         elif not isinstance(connect, ConnectOptions):
@@ -99,8 +104,11 @@ class Reader(Handle):
         self._name = enc(dataset)
         o.dataset = self._name
         o.unit = UNIT[unit]
-        o.plan = plan_opts(0, rank=rank, world=world, seed=seed, epoch=epoch, shuffle=shuffle,
-                           assign=assign, remainder=remainder, window=window)
+        self._plan_opts = plan_opts(len(order) if order is not None else 0, rank=rank,
+                                    world=world, seed=seed, epoch=epoch, shuffle=shuffle,
+                                    assign=assign, remainder=remainder, window=window,
+                                    order=order)  # keeps the order's array alive
+        o.plan = self._plan_opts
         if resume is not None:
             self._resume = ctypes.create_string_buffer(bytes(resume), len(resume))
             o.resume, o.resume_len = ctypes.cast(self._resume, c_void_p), len(resume)
@@ -108,6 +116,7 @@ class Reader(Handle):
                      ("connections", connections), ("depth", depth), ("retries", retries)):
             setattr(o, k, defaults[k] if v is None else v)
         o.split_block, o.split_n, o.split_i = split_block, split_n, split_i
+        o.record = record_form(record)
         co = connect.struct()
         err = ctypes.create_string_buffer(512)
         h = c_void_p()
@@ -136,7 +145,7 @@ class Reader(Handle):
             return ctypes.string_at(u.data, u.len)
         lib().tessera_reader_keep(self._h)
         arr = (ctypes.c_uint8 * u.len).from_address(u.data)
-        arr._owner = _Kept(u.data, self)
+        arr._owner = _Kept(u.buffer, self)  # data may be a payload past the buffer's start
         return memoryview(arr)
 
     def _fail(self, rc):

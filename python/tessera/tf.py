@@ -2,43 +2,34 @@
 shard(num_shards, index) semantics built in (record i of the epoch's order goes to shard
 i mod num_shards), and an input function for strategy.distribute_datasets_from_function.
 
-Records ingested from TFRecord files (`tessera ingest tfrecord`) are stored framed (length,
-CRC, data, CRC); format="tfrecord" yields the data alone, as tf.data.TFRecordDataset does.
+A record is its payload by default: for a dataset ingested from TFRecord files (`tessera
+ingest tfrecord`) the data alone, as tf.data.TFRecordDataset gives; record="framed" gives the
+stored bytes (tessera.records).
 """
-
-import struct
 
 import tensorflow as tf
 
 from .reader import Reader
-
-
-def _unframe(rec):
-    if len(rec) < 16:
-        raise ValueError(f"a {len(rec)}-byte record is not a framed TFRecord")
-    (n,) = struct.unpack_from("<Q", rec)
-    if n != len(rec) - 16:
-        raise ValueError(f"a TFRecord of {len(rec)} bytes says its data is {n} bytes")
-    return rec[12:12 + n]
+from .records import record_form
 
 
 def dataset(connect, name, *, num_shards=1, index=0, shuffle="none", seed=0, epoch=0,
-            window=16, format=None, reader=None):
+            window=16, record="auto", reader=None):
     """tf.data.Dataset of the records of `name` that shard `index` of `num_shards` reads:
     unshuffled, the same elements in the same order as
     tf.data.TFRecordDataset(files).shard(num_shards, index). shuffle: "none", "global" or
-    "window" (by seed and epoch). reader: options for tessera.Reader."""
-    if format not in (None, "tfrecord"):
-        raise ValueError(f"format must be None or 'tfrecord' (got {format!r})")
+    "window" (by seed and epoch). record: "auto", "framed" or "payload" (tessera.records).
+    reader: options for tessera.Reader."""
+    record_form(record)
     opts = dict(reader or {})
 
     def gen():
         r = Reader(connect, name, unit="record", rank=index, world=num_shards, seed=seed,
                    epoch=epoch, shuffle=shuffle, window=window, assign="strided",
-                   remainder="uneven", **opts)
+                   remainder="uneven", record=record, **opts)
         try:
             for rec in r:
-                yield _unframe(rec) if format == "tfrecord" else rec
+                yield rec
         finally:
             r.close()
 

@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 from .client import Client, ConnectOptions
 from .plan import Plan
 from .reader import Reader
+from .records import payload, record_form
 
 # Units a DataLoader worker reads ahead (within 4 MiB). The window refills by halves, and a
 # half of small records leaves as one READV per node (bench/loader, 4 KiB records: 256 was as
@@ -36,6 +37,21 @@ def _dist_rank_world(rank, world):
     return (rank or 0), (world or 1)
 
 
+def _check_order(order, shuffle):
+    if order not in ("tessera", "torch"):
+        raise ValueError(f"order must be 'tessera' or 'torch' (got {order!r})")
+    if order == "torch" and shuffle not in ("global", True):
+        raise ValueError("order='torch' is the order of a global shuffle (shuffle=True)")
+    return order
+
+
+def _randperm(n, seed, epoch):
+    """DistributedSampler's permutation of range(n) for seed and epoch."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
 def _opts(connect):
     if isinstance(connect, Client):
         return connect.options
@@ -48,20 +64,30 @@ class TesseraIterable(IterableDataset):
 
     shuffle: False (the dataset's order), True or "global" (a permutation of all records per
     epoch), "window" (shards shuffled, records shuffled within windows of `window` shards).
+    order: "tessera" (the global shuffle's permutation is tessera's own, computed per record in
+    constant memory) or "torch" (it is torch.randperm(n) from a generator seeded with seed +
+    epoch, as DistributedSampler's: the same indices as DistributedSampler(shuffle=True,
+    seed=seed) for the dataset's records, at 8 bytes per record).
     drop_last as DistributedSampler's. transform(bytes) -> sample, applied in the worker.
-    reader: options for tessera.Reader (window_units, connections, ...).
+    record: "auto" (a record's payload when the dataset says its format, e.g. a TFRecord's
+    data), "framed" or "payload" (tessera.records). reader: options for tessera.Reader
+    (window_units, connections, ...).
     """
 
     def __init__(self, connect, dataset, *, batch_size=1, rank=None, world=None, shuffle=True,
-                 seed=0, window=16, drop_last=False, transform=None, copy=True, reader=None):
+                 seed=0, window=16, drop_last=False, transform=None, copy=True, record="auto",
+                 order="tessera", reader=None):
         self.connect = _opts(connect)
         self.dataset = dataset
         self.batch_size = batch_size
         self.rank, self.world = _dist_rank_world(rank, world)
         self.shuffle = "global" if shuffle is True else ("none" if not shuffle else shuffle)
         self.seed, self.window, self.drop_last = seed, window, drop_last
+        self.order = _check_order(order, self.shuffle)
+        self._torch_order = None  # (epoch, its permutation) when order="torch"
         self.transform, self.copy = transform, copy
-        self.reader_options = dict(reader or {})
+        record_form(record)  # refused here, not in a worker
+        self.reader_options = dict(reader or {}, record=record)
         self.epoch = 0
         self._resume = None       # the position this epoch resumes from (bytes), or None
         self._resume_world = None
@@ -72,9 +98,14 @@ class TesseraIterable(IterableDataset):
     # ---- the plan ---------------------------------------------------------------------------
 
     def _plan_options(self, rank, world):
-        return dict(rank=rank, world=world, seed=self.seed, epoch=self.epoch,
-                    shuffle=self.shuffle, window=self.window, assign="strided",
-                    remainder="drop" if self.drop_last else "pad")
+        o = dict(rank=rank, world=world, seed=self.seed, epoch=self.epoch,
+                 shuffle=self.shuffle, window=self.window, assign="strided",
+                 remainder="drop" if self.drop_last else "pad")
+        if self.order == "torch":
+            if self._torch_order is None or self._torch_order[0] != self.epoch:
+                self._torch_order = (self.epoch, _randperm(self.units(), self.seed, self.epoch))
+            o.update(shuffle="given", order=self._torch_order[1])
+        return o
 
     def units(self):
         """Records in the dataset (its complete shards)."""
@@ -89,6 +120,11 @@ class TesseraIterable(IterableDataset):
         groups = self._counts if self.shuffle == "window" else None
         return Plan(self._units, resume=self._resume, group_sizes=groups,
                     **self._plan_options(rank, world))
+
+    def __getstate__(self):  # to DataLoader workers: without the permutation (made again)
+        state = dict(self.__dict__)
+        state["_torch_order"] = None
+        return state
 
     def rank_len(self, rank=None):
         """Records rank `rank` (default: this one) reads this epoch (what is left of it after a
@@ -187,12 +223,17 @@ class DataLoader(_TorchLoader):
 
 class TesseraRecords(Dataset):
     """Map-style: record i of the dataset (its complete shards in shard order, by their record
-    indexes). Each process opens its own connection on first use."""
+    indexes). Each process opens its own connection on first use. record: as
+    TesseraIterable's."""
 
-    def __init__(self, connect, dataset, transform=None):
+    def __init__(self, connect, dataset, transform=None, record="auto"):
         self.connect, self.dataset, self.transform = _opts(connect), dataset, transform
+        form = record_form(record)
         with Client(self.connect) as c:
             counts = c.record_counts(dataset)
+            fmt = c.dataset(dataset)["record_format"]
+        # framed: as stored; payload: per the dataset's format (none: as stored too)
+        self._format = "none" if form == 1 else fmt
         self._shards = [s for s, _ in counts]
         self._first, t = [], 0
         for _, n in counts:
@@ -230,26 +271,31 @@ class TesseraRecords(Dataset):
         offs, size = self._index[shard]
         k = i - self._first[s]
         end = offs[k + 1] if k + 1 < len(offs) else size
-        data = c.read(self.dataset, shard, offs[k], end - offs[k])
+        data = payload(self._format, c.read(self.dataset, shard, offs[k], end - offs[k]))
         return self.transform(data) if self.transform else data
 
 
 class PlanSampler(Sampler):
     """DistributedSampler's semantics (padding, drop_last, set_epoch) over tessera plans: the
-    same indices as the plan a TesseraIterable reads."""
+    same indices as the plan a TesseraIterable reads. order="torch": DistributedSampler's own
+    indices (its torch.randperm permutation)."""
 
-    def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False):
+    def __init__(self, n, num_replicas=None, rank=None, shuffle=True, seed=0, drop_last=False,
+                 order="tessera"):
         self.n = n
         self.rank, self.world = _dist_rank_world(rank, num_replicas)
         self.shuffle, self.seed, self.drop_last, self.epoch = shuffle, seed, drop_last, 0
+        self.order = _check_order(order, "global" if shuffle else "none")
 
     def set_epoch(self, epoch):
         self.epoch = epoch
 
     def _plan(self):
+        o = dict(shuffle="global" if self.shuffle else "none")
+        if self.order == "torch":
+            o = dict(shuffle="given", order=_randperm(self.n, self.seed, self.epoch))
         return Plan(self.n, rank=self.rank, world=self.world, seed=self.seed, epoch=self.epoch,
-                    shuffle="global" if self.shuffle else "none", assign="strided",
-                    remainder="drop" if self.drop_last else "pad")
+                    assign="strided", remainder="drop" if self.drop_last else "pad", **o)
 
     def __iter__(self):
         return iter(self._plan())

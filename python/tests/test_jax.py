@@ -54,3 +54,23 @@ def test_device_shards_hold_the_plans_records(jds, shuffle):
         nb += 1
     assert nb == -(-N // gb)
     assert got == order
+
+
+def test_rows_are_record_payloads(node, tmp_path):
+    """An ingested LEN32 dataset says its format: decode gets each record's payload by default,
+    its stored bytes (length first) with record="framed"."""
+    import struct
+    import subprocess
+
+    from conftest import CLI
+    rows = [bytes([i]) * 6 for i in range(16)]
+    path = tmp_path / "r.len32"
+    path.write_bytes(b"".join(struct.pack("<I", 6) + r for r in rows))
+    subprocess.run([CLI, "-s", node.addr, "ingest", "len32", str(path), "--dataset", "jrec"],
+                   check=True, stdout=subprocess.DEVNULL)
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), PartitionSpec("data"))
+    for record, want in (("auto", rows), ("framed", [struct.pack("<I", 6) + r for r in rows])):
+        got = [bytes(row) for batch, mask in tjax.batches(node.addr, "jrec", sharding, 8,
+                                                          record=record)
+               for row in np.asarray(batch)[np.asarray(mask)]]
+        assert got == want, record

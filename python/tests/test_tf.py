@@ -56,14 +56,25 @@ def test_equals_tfrecorddataset_shard(tfdata, n, w):
     path = path if n == N else os.path.join(os.path.dirname(path), f"{name}.tfrecord")
     for r in range(w):
         want = [x.numpy() for x in tf.data.TFRecordDataset(path).shard(w, r)]
-        got = [x.numpy() for x in ttf.dataset(addr, name, num_shards=w, index=r,
-                                               format="tfrecord")]
+        got = [x.numpy() for x in ttf.dataset(addr, name, num_shards=w, index=r)]
         assert got == want, (n, w, r)
+
+
+def test_records_are_payloads_unless_framed(tfdata):
+    """An ingested TFRecord dataset says its format: records are the examples by default (as
+    TFRecordDataset gives), the stored framing with record="framed" (the file's bytes)."""
+    addr, path = tfdata
+    framed = b"".join(x.numpy() for x in ttf.dataset(addr, "tf", record="framed"))
+    assert framed == open(path, "rb").read()
+    payloads = [x.numpy() for x in ttf.dataset(addr, "tf", record="payload")]
+    assert payloads == [example(i) for i in range(N)]
+    with pytest.raises(ValueError):
+        ttf.dataset(addr, "tf", record="tfrecord")
 
 
 def test_parse_single_example(tfdata):
     addr, _ = tfdata
-    ds = ttf.dataset(addr, "tf", format="tfrecord", shuffle="global", seed=3)
+    ds = ttf.dataset(addr, "tf", shuffle="global", seed=3)
     ds = ds.map(lambda s: tf.io.parse_single_example(s, FEATURES))
     seen = set()
     for ex in ds:
@@ -75,7 +86,7 @@ def test_parse_single_example(tfdata):
 
 def test_input_pipelines_get_their_own_part(tfdata):
     addr, _ = tfdata
-    fn = ttf.input_fn(addr, "tf", 12, format="tfrecord",
+    fn = ttf.input_fn(addr, "tf", 12,
                       map_fn=lambda s: tf.io.parse_single_example(s, FEATURES)["id"])
     parts = []
     for i in range(3):
@@ -97,7 +108,7 @@ MIRRORED = textwrap.dedent("""
     import tessera.tf as ttf
     feats = {{"id": tf.io.FixedLenFeature([], tf.int64)}}
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    fn = ttf.input_fn({addr!r}, "tf", 16, format="tfrecord",
+    fn = ttf.input_fn({addr!r}, "tf", 16,
                       map_fn=lambda s: tf.io.parse_single_example(s, feats)["id"])
     dist = strategy.distribute_datasets_from_function(fn)
     per = [[], []]

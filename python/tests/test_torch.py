@@ -4,6 +4,7 @@ set_epoch; exact resume (other worker counts, twice in a row, 4 ranks -> 3); two
 training on disjoint records; a replica killed mid-epoch."""
 
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
-from conftest import load, record, record_id
+from conftest import CLI, load, record, record_id
 from tessera import Client, Plan, Reader, TesseraError
 from tessera.torch import DataLoader, PlanSampler, TesseraIterable, TesseraRecords
 
@@ -338,3 +339,127 @@ def test_replica_killed_mid_epoch(cluster):
             killed = True
     assert killed
     assert sorted(seen) == list(range(3000))
+
+
+# ---- what a record is (issue 28): payload by default for a dataset that says its format ----
+
+def _crc32c(data, _t=[]):
+    if not _t:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+            _t.append(c)
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc = _t[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(data):
+    c = _crc32c(data)
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _tar(samples):
+    import io
+    import tarfile
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for s in samples:
+            for ext in ("cls", "txt"):
+                data = s[ext]
+                info = tarfile.TarInfo(f"train/{s['__key__'].split('/')[-1]}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return out.getvalue()  # with the end-of-archive blocks and tar's padding
+
+
+PAYLOADS = [b"x" * (i % 7) + bytes([i]) * i for i in range(23)]
+FORMATS = {
+    "tfrecord": (lambda ps: b"".join(struct.pack("<Q", len(p)) +
+                                     struct.pack("<I", _masked(struct.pack("<Q", len(p)))) + p +
+                                     struct.pack("<I", _masked(p)) for p in ps), PAYLOADS),
+    "len32": (lambda ps: b"".join(struct.pack("<I", len(p)) + p for p in ps), PAYLOADS),
+    "jsonl": (lambda ps: b"".join(p + b"\n" for p in ps) + b"\n\n",
+              [b'{"i": %d, "s": "%s"}' % (i, b"y" * i) for i in range(23)]),
+    "tar": (_tar, [{"__key__": f"train/{i:03d}", "cls": b"%d" % i, "txt": b"t" * i}
+                   for i in range(23)]),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_what_a_record_is(node, tmp_path, fmt):
+    """Records of an ingested file are their payloads by default in Reader, TesseraIterable and
+    TesseraRecords (the TFRecord's data, the tar sample's members, the JSON text, the LEN32
+    bytes), their stored bytes with record="framed" (the file, byte for byte)."""
+    from tessera.records import tar_sample
+    write, want = FORMATS[fmt]
+    blob = write(want)
+    path = tmp_path / f"data.{fmt}"
+    path.write_bytes(blob)
+    name = f"what-{fmt}"
+    subprocess.run([CLI, "-s", node.addr, "ingest", fmt, str(path), "--dataset", name],
+                   check=True, stdout=subprocess.DEVNULL)
+    as_sample = tar_sample if fmt == "tar" else bytes
+
+    assert [as_sample(r) for r in Reader(node.addr, name)] == want
+    assert [as_sample(r) for r in Reader(node.addr, name, copy=False)] == want
+    framed = list(Reader(node.addr, name, record="framed"))
+    assert b"".join(framed) == blob
+    it = TesseraIterable(node.addr, name, shuffle=False)
+    assert [as_sample(r) for r in it] == want
+    recs = TesseraRecords(node.addr, name)
+    assert [as_sample(recs[i]) for i in range(len(recs))] == want
+    assert TesseraRecords(node.addr, name, record="framed")[len(want) - 1] == framed[-1]
+    with pytest.raises(ValueError):
+        TesseraIterable(node.addr, name, record="bytes")
+
+
+def test_records_of_a_dataset_without_format_are_its_bytes(node):
+    with Client(node.addr) as c:
+        load(c, "raw", 9, 2)
+        assert c.dataset("raw")["record_format"] == "none"
+    want = [record(i) for i in range(9)]
+    assert list(Reader(node.addr, "raw")) == want
+    assert list(Reader(node.addr, "raw", record="payload")) == want
+    assert list(Reader(node.addr, "raw", record="framed")) == want
+
+
+@pytest.mark.parametrize("name,n", [("torch", N), ("odd", 101)])
+@pytest.mark.parametrize("drop", [False, True])
+def test_torch_order_equals_distributed_sampler(ds, name, n, drop):
+    """order="torch": the very indices of DistributedSampler(shuffle=True, seed) per rank and
+    epoch (tessera's own permutation differs: same structure, another order)."""
+    for epoch in (0, 3):
+        for r in range(3):
+            s = DistributedSampler(range(n), num_replicas=3, rank=r, shuffle=True, seed=5,
+                                   drop_last=drop)
+            s.set_epoch(epoch)
+            want = list(s)
+            d = TesseraIterable(ds, name, rank=r, world=3, seed=5, order="torch", drop_last=drop)
+            d.set_epoch(epoch)
+            assert [record_id(x) for x in d] == want
+            p = PlanSampler(n, num_replicas=3, rank=r, seed=5, drop_last=drop, order="torch")
+            p.set_epoch(epoch)
+            assert list(p) == want
+            own = TesseraIterable(ds, name, rank=r, world=3, seed=5, drop_last=drop)
+            own.set_epoch(epoch)
+            assert len(own) == len(want)
+
+
+def test_torch_order_resumes_at_another_world_size(ds):
+    first = []
+    for rank in range(3):
+        d = TesseraIterable(ds, "torch", batch_size=8, rank=rank, world=3, seed=1, order="torch")
+        first.append(DataLoader(d, num_workers=2))
+    seen = [record_id(r) for l in first for r in _take(l, 4)]
+    state = first[0].state_dict()
+    for rank in range(2):
+        d = TesseraIterable(ds, "torch", batch_size=8, rank=rank, world=2, seed=1, order="torch")
+        l = DataLoader(d, num_workers=1)
+        l.load_state_dict(state)
+        seen.extend(record_id(r) for r in _records_of(l))
+    assert sorted(seen) == list(range(N))
+    with pytest.raises(ValueError):
+        TesseraIterable(ds, "torch", shuffle="window", order="torch")

@@ -108,6 +108,7 @@ static void wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uin
     ts_wr_u8(w, p->fringe);
     ts_wr_u8(w, p->min_core);
     ts_wr_u32(w, p->chunk_size);
+    ts_wr_u8(w, p->record_format);
     ts_wr_u64(w, inc);
 }
 
@@ -155,6 +156,8 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         ts_wr_u32(w, a->policy.chunk_size);
         if (a->has_inc)
             ts_wr_u64(w, a->inc);
+        if (a->has_format)
+            ts_wr_u8(w, a->policy.record_format);
         break;
     }
     case TS_OP_DATASET_LIST:
@@ -294,6 +297,8 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
     case TS_OP_DATASET_CREATE:
         check_name(q->u.dataset_create.name, 0);
         CHECK(q->u.dataset_create.has_inc || q->u.dataset_create.inc == 0);
+        CHECK(q->u.dataset_create.has_inc || !q->u.dataset_create.has_format);
+        CHECK(q->u.dataset_create.has_format || q->u.dataset_create.policy.record_format == 0);
         break;
     case TS_OP_DATASET_STAT:
         check_name(q->u.dataset_stat.name, 0);
@@ -467,7 +472,7 @@ static int check_dataset_info(struct ts_rd *r)
 
     CHECK(r->off <= r->len);
     CHECK(rc == 0 || rc == TS_EPROTO);
-    CHECK(rc || r->off == before + 2 + name_len + 40);
+    CHECK(rc || r->off == before + 2 + name_len + 41);
     CHECK(rc || name_len <= TS_NAME_MAX);
     CHECK(strlen(d.name) <= name_len);
     return rc;

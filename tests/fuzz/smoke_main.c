@@ -64,6 +64,7 @@ static void wr_ds_fields(struct ts_wr *w)
     ts_wr_u8(w, 1);
     ts_wr_u8(w, 2);
     ts_wr_u32(w, 1u << 20);
+    ts_wr_u8(w, 1); /* record format */
     ts_wr_u64(w, 1700000000000000000ull);
 }
 
@@ -103,6 +104,14 @@ static void build_request_seeds(struct ts_wr *w, const char *name, const uint8_t
     ts_wr_u32(w, 1u << 20);
     ts_wr_u64(w, 1700000000000000000ull);
     add_seed(w, TS_OP_DATASET_CREATE, 0, "dataset-create with incarnation");
+    ts_wr_str(w, name);
+    ts_wr_u8(w, 3);
+    ts_wr_u8(w, 1);
+    ts_wr_u8(w, 0);
+    ts_wr_u32(w, 1u << 20);
+    ts_wr_u64(w, 0);
+    ts_wr_u8(w, 2);
+    add_seed(w, TS_OP_DATASET_CREATE, 0, "dataset-create with record format");
     ts_wr_str(w, name);
     ts_wr_u8(w, TS_SEAL_LOCAL_ONLY);
     add_seed(w, TS_OP_DATASET_SEAL, 0, "dataset-seal local-only");

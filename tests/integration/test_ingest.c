@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "tessera/reader.h"
+#include "tessera/records.h"
 #include "tessera/tessera.h"
 #include "ts_common.h"
 
@@ -195,6 +197,64 @@ static void test_tfrecord_split_and_resume(void **state)
         assert_int_equal(k, 10);
     }
     tessera_client_close(c);
+}
+
+static void *plain_alloc(void *arg, size_t len)
+{
+    (void)arg;
+    return malloc(len ? len : 1);
+}
+
+static void plain_free(void *arg, void *p)
+{
+    (void)arg;
+    free(p);
+}
+
+/* The ingested TFRecord dataset says its format, so a reader hands out each record's data (the
+ * payload: what TFRecordDataset gives) unless asked for the framed bytes; with caller-owned
+ * buffers the payload lies 12 bytes into u.buffer, which is what the caller frees. */
+static void test_reader_hands_out_payloads(void **state)
+{
+    for (int form = TESSERA_RECORD_AUTO; form <= TESSERA_RECORD_PAYLOAD; form++) {
+        struct tessera_opts co;
+        struct tessera_reader_opts ro;
+        struct tessera_unit u;
+        tessera_reader *r = NULL;
+        char err[256];
+        uint64_t i = 0;
+
+        (void)state;
+        tessera_opts_init(&co);
+        co.address = D.addr;
+        tessera_reader_opts_init(&ro);
+        ro.dataset = "tf";
+        ro.unit = TESSERA_UNIT_RECORD;
+        ro.record = form;
+        if (form == TESSERA_RECORD_AUTO) {
+            ro.alloc = plain_alloc;
+            ro.free_fn = plain_free;
+        }
+        assert_int_equal(tessera_reader_open(&r, &co, &ro, err, sizeof(err)), 0);
+        for (; tessera_reader_next(r, &u) == 1; i++) {
+            size_t n = 20 + (size_t)(i * 37 % 250);
+            const uint8_t *data = u.data;
+            if (form == TESSERA_RECORD_FRAMED) {
+                assert_int_equal(u.len, n + 16);
+                assert_true(ts_get_le64(data) == n);
+                data += 12;
+            } else {
+                assert_int_equal(u.len, n);
+                assert_ptr_equal(u.data, (uint8_t *)u.buffer + 12);
+            }
+            for (size_t b = 0; b < n; b++)
+                assert_int_equal(data[b], 'a' + i % 26);
+            if (form == TESSERA_RECORD_AUTO)
+                free(u.buffer);
+        }
+        assert_true(i == 25);
+        tessera_reader_close(r);
+    }
 }
 
 /* A plan over the records of the ingested dataset (WINDOW shuffle over its shards, 3 ranks):
@@ -389,14 +449,46 @@ static void test_merged_shards_are_valid_archives(void **state)
     tessera_client_close(c);
 }
 
+/* `tessera --json records` prints one JSON document (issue 28: it printed the table); the
+ * dataset says the format ingest gave it, and ingest --seal seals it. */
+static void test_records_json_and_format(void **state)
+{
+    char err[4096];
+
+    (void)state;
+    assert_int_equal(sh("printf '{\"x\": 1}\\n{\"x\": 22}\\n' >j.jsonl"), 0);
+    assert_int_equal(cli("ingest jsonl j.jsonl --dataset jsj --seal", err, sizeof(err)), 0);
+    assert_int_equal(sh("%s -s %s --json records jsj >rec.json && /usr/bin/python3 -c '"
+                        "import json; d = json.load(open(\"rec.json\")); "
+                        "assert d[\"record_format\"] == \"jsonl\", d; "
+                        "assert [(r[\"record\"], r[\"shard\"], r[\"offset\"], r[\"length\"]) "
+                        "for r in d[\"records\"]] == [(0, 0, 0, 9), (1, 0, 9, 10)], d'",
+                        TESSERA_CLI_PATH, D.addr),
+                     0);
+    assert_int_equal(sh("%s -s %s --json dataset stat jsj | /usr/bin/python3 -c '"
+                        "import json, sys; d = json.load(sys.stdin); "
+                        "assert d[\"record_format\"] == \"jsonl\" and d[\"state\"] == "
+                        "\"sealed\", d'",
+                        TESSERA_CLI_PATH, D.addr),
+                     0);
+    /* Another format into it is refused, and nothing is uploaded. */
+    assert_int_equal(sh("printf '\\002\\000\\000\\000hi' "
+                        ">l.len32"),
+                     0);
+    assert_true(cli("ingest len32 l.len32 --dataset jsj", err, sizeof(err)) != 0);
+    assert_non_null(strstr(err, "holds jsonl records, not len32"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tfrecord_split_and_resume),
         cmocka_unit_test(test_plan_over_records),
+        cmocka_unit_test(test_reader_hands_out_payloads),
         cmocka_unit_test(test_damaged_file_refused),
         cmocka_unit_test(test_jsonl_one_shard_per_file),
         cmocka_unit_test(test_merged_shards_are_valid_archives),
+        cmocka_unit_test(test_records_json_and_format),
         cmocka_unit_test(test_plan_command),
     };
     int rc = cmocka_run_group_tests_name("ingest", tests, setup, teardown);

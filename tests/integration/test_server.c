@@ -101,7 +101,7 @@ static void assert_intact(void)
 
 static void mkds(tessera_client *c, const char *name)
 {
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0};
     assert_int_equal(tessera_dataset_create(c, name, &p), 0);
 }
 
@@ -174,7 +174,7 @@ static void test_ranges_and_pipelining(void **state)
 static void test_pipelined_large_reads(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
     const size_t len = 6u << 20;
     uint8_t *want = malloc(len), *bufs[6];
     uint64_t ops[6];
@@ -214,7 +214,7 @@ static void test_names_and_rules(void **state)
     assert_int_equal(tessera_read(c, "nope", 0, 0, 1, b, &n), TS_ENOENT);
     assert_int_equal(tessera_read(c, "keep", 99, 0, 1, b, &n), TS_ENOENT);
     mkds(c, "rules");
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0};
     assert_int_equal(tessera_dataset_create(c, "rules", &p), TS_EEXIST);
     assert_int_equal(tessera_dataset_create(c, "bad name", &p), TS_ENAME);
     put_shard(c, "rules", 0, 10, 3);
@@ -642,7 +642,7 @@ static int corrupt_arena(pid_t pid, off_t at)
 static void test_cache_memory_corruption(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
     uint8_t *got = malloc(1u << 20), *want = malloc(1u << 20);
     size_t n = 0;
     int hits;
@@ -722,7 +722,7 @@ static int corrupt_arena_copy(pid_t pid, const uint8_t *needle, size_t n)
 static void test_cache_corruption_whole_piece(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
     uint8_t want[64];
     int hits;
 

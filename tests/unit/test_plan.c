@@ -431,6 +431,42 @@ static void test_version1_states(void **state)
     tessera_plan_free(b);
 }
 
+/* GIVEN: the caller's order (torch.randperm's, say) under the same shares and resume; a list
+ * that is not a permutation is refused, and a state does not fit another order. */
+static void test_given_order(void **state)
+{
+    enum { N = 10 };
+    uint64_t order[N] = {3, 9, 0, 4, 8, 1, 7, 2, 6, 5}, bad[N], c[3] = {2, 2, 2}, u;
+    struct tessera_plan_opts o =
+        opts(N, 1, 3, TESSERA_ASSIGN_STRIDED, TESSERA_REMAINDER_PAD, TESSERA_SHUFFLE_GIVEN, 0, 0);
+    tessera_plan *p = NULL, *q = NULL;
+    void *st;
+    size_t len;
+
+    (void)state;
+    assert_int_equal(tessera_plan_new(&p, &o), TS_EINVAL); /* no order */
+    o.order = order;
+    assert_int_equal(tessera_plan_new(&p, &o), 0);
+    assert_int_equal(tessera_plan_len(p), 4); /* positions 1, 4, 7, 10 -> 0 (padding) */
+    for (uint64_t k = 0; k < 4; k++) {
+        assert_int_equal(tessera_plan_unit(p, k, &u), 0);
+        assert_true(u == order[(1 + 3 * k) % N]);
+    }
+    assert_int_equal(tessera_plan_state(p, c, 3, &st, &len), 0);
+    memcpy(bad, order, sizeof(bad));
+    bad[0] = 9; /* twice */
+    o.order = bad;
+    assert_int_equal(tessera_plan_new(&q, &o), TS_EINVAL);
+    bad[0] = 5, bad[9] = 3; /* another permutation: the state is of another order */
+    assert_int_equal(tessera_plan_resume(&q, &o, st, len), TS_EINVAL);
+    o.order = order;
+    assert_int_equal(tessera_plan_resume(&q, &o, st, len), 0);
+    assert_int_equal(tessera_plan_len(q), 2);
+    free(st);
+    tessera_plan_free(p);
+    tessera_plan_free(q);
+}
+
 static void test_bad_states_and_options(void **state)
 {
     tessera_plan *p = mk(100, 0, 4, 0, 0, TESSERA_SHUFFLE_GLOBAL, 7, 1), *q = NULL;
@@ -486,6 +522,7 @@ int main(void)
         cmocka_unit_test(test_elastic_resume_twice),
         cmocka_unit_test(test_elastic_resume_keeps_ranks_in_step),
         cmocka_unit_test(test_version1_states),
+        cmocka_unit_test(test_given_order),
         cmocka_unit_test(test_bad_states_and_options),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);

@@ -496,7 +496,7 @@ static void test_reader_name(void **state)
 static const struct ts_dataset_info sample_ds = {
     .name = "coco-2017.val",
     .id = 0x0a0b0c0d0e0f1011ull,
-    .policy = {.core = 3, .fringe = 2, .min_core = 2, .chunk_size = 4u << 20},
+    .policy = {.core = 3, .fringe = 2, .min_core = 2, .chunk_size = 4u << 20, .record_format = 2},
     .state = TS_DS_SEALED,
     .created_ns = 1700000000123456789ull,
     .shards = 1024,
@@ -526,7 +526,7 @@ static void test_dataset_info(void **state)
     ts_wr_dataset_info(&w, &sample_ds);
     assert_int_equal(w.err, 0);
     full = w.len;
-    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8);
+    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8 + 1);
 
     ts_rd_init(&r, w.buf, w.len);
     assert_int_equal(ts_rd_dataset_info(&r, &d), 0);
@@ -537,6 +537,7 @@ static void test_dataset_info(void **state)
     assert_int_equal(d.policy.fringe, 2);
     assert_int_equal(d.policy.min_core, 2);
     assert_int_equal(d.policy.chunk_size, sample_ds.policy.chunk_size);
+    assert_int_equal(d.policy.record_format, 2);
     assert_int_equal(d.state, TS_DS_SEALED);
     assert_true(d.created_ns == sample_ds.created_ns);
     assert_int_equal(d.shards, 1024);

@@ -250,13 +250,40 @@ static void test_jsonl_and_lengths(void **state)
     assert_int_equal(tessera_record_format_parse("csv"), TS_EINVAL);
 }
 
+/* tessera_record_payload: each format's payload span, and TS_EPROTO for bytes that are not one
+ * framed record of the format. */
+static void test_payloads(void **state)
+{
+    static uint8_t tar[4096];
+    uint8_t tf[40] = {0}, l32[7] = {3, 0, 0, 0, 'a', 'b', 'c'};
+    const char *line = "{\"a\": 1}\n\n";
+    size_t off, n, len;
+
+    (void)state;
+    ts_put_le64(tf, 24);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_TFRECORD, tf, 40, &off, &n), 0);
+    assert_true(off == 12 && n == 24);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_TFRECORD, tf, 39, &off, &n), TS_EPROTO);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_LEN32, l32, 7, &off, &n), 0);
+    assert_true(off == 4 && n == 3);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_LEN32, l32, 6, &off, &n), TS_EPROTO);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_JSONL, line, strlen(line), &off, &n), 0);
+    assert_true(off == 0 && n == 8);
+    len = tar_member(tar, "k/001.txt", "hello", 5);
+    len += tar_member(tar + len, "k/001.cls", "7", 1);
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_TAR, tar, len + 1024, &off, &n), 0);
+    assert_true(off == 0 && n == len); /* the end-of-archive blocks are not the sample's */
+    assert_int_equal(tessera_record_payload(TESSERA_FMT_TAR, tar, len - 1, &off, &n), TS_EPROTO);
+    assert_int_equal(tessera_record_payload(0, tar, 9, &off, &n), 0);
+    assert_true(off == 0 && n == 9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tfrecord),
-        cmocka_unit_test(test_webdataset_tar),
-        cmocka_unit_test(test_gnu_tar),
-        cmocka_unit_test(test_jsonl_and_lengths),
+        cmocka_unit_test(test_tfrecord), cmocka_unit_test(test_webdataset_tar),
+        cmocka_unit_test(test_gnu_tar),  cmocka_unit_test(test_jsonl_and_lengths),
+        cmocka_unit_test(test_payloads),
     };
     return cmocka_run_group_tests_name("records", tests, NULL, NULL);
 }

@@ -103,6 +103,10 @@ static void test_dataset_create_incarnation(void **state)
         t.len = w.len - cut;
         assert_int_equal(dec(TS_OP_DATASET_CREATE, &t, &q), TS_EPROTO);
     }
+    /* Then one byte more: the record format; anything more is malformed. */
+    ts_wr_u8(&w, 3);
+    assert_int_equal(dec(TS_OP_DATASET_CREATE, &w, &q), 0);
+    assert_int_equal(q.u.dataset_create.policy.record_format, 3);
     ts_wr_u8(&w, 0);
     assert_int_equal(dec(TS_OP_DATASET_CREATE, &w, &q), TS_EPROTO);
     ts_wr_fini(&w);
@@ -164,6 +168,7 @@ static void test_chunks(void **state)
     ts_wr_u8(&w, 1);
     ts_wr_u8(&w, 2);
     ts_wr_u32(&w, 1u << 20);
+    ts_wr_u8(&w, 2); /* record format */
     ts_wr_u64(&w, 77);
     ts_wr_u32(&w, 5);
     ts_wr_u32(&w, 2);
@@ -174,6 +179,7 @@ static void test_chunks(void **state)
     assert_int_equal(dec(TS_OP_REPL_WRITE, &w, &q), 0);
     assert_string_equal(q.u.repl_write.name, NAME);
     assert_true(q.u.repl_write.inc == 77);
+    assert_int_equal(q.u.repl_write.policy.record_format, 2);
     assert_int_equal(q.u.repl_write.policy.chunk_size, 1u << 20);
     assert_int_equal(q.u.repl_write.chunk.shard, 5);
     assert_int_equal(q.u.repl_write.chunk.idx, 2);
@@ -241,6 +247,7 @@ static void repl_seal_head(struct ts_wr *w, uint8_t kind, const char *name, uint
     ts_wr_u8(w, 1);
     ts_wr_u8(w, 2);
     ts_wr_u32(w, 4096);
+    ts_wr_u8(w, 1); /* record format */
     ts_wr_u64(w, 99);
     ts_wr_u32(w, 6);
     ts_wr_u8(w, 1);
