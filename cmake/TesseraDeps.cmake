@@ -7,6 +7,15 @@ pkg_check_modules(LIBEVENT REQUIRED IMPORTED_TARGET libevent_core libevent_pthre
 pkg_check_modules(JSONC REQUIRED IMPORTED_TARGET json-c)
 pkg_check_modules(LIBCONFIG REQUIRED IMPORTED_TARGET libconfig)
 
+# cmocka: only the tests (TESSERA_BUILD_TESTS, on by default) link it.
+if(TESSERA_BUILD_TESTS)
+  pkg_check_modules(CMOCKA IMPORTED_TARGET GLOBAL cmocka)
+  if(NOT CMOCKA_FOUND)
+    message(FATAL_ERROR "cmocka not found: install libcmocka-dev (scripts/deps does), or "
+                        "configure with -DTESSERA_BUILD_TESTS=OFF (scripts/quickstart does)")
+  endif()
+endif()
+
 find_path(ROCKSDB_INCLUDE_DIR rocksdb/c.h)
 find_library(ROCKSDB_LIBRARY NAMES rocksdb)
 if(NOT ROCKSDB_INCLUDE_DIR OR NOT ROCKSDB_LIBRARY)
