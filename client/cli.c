@@ -88,6 +88,7 @@ static const struct cli_opt get_opts[] = {
     {"output", 'o', 1, O_OUTPUT},
     {"offset", 0, 1, O_OFFSET},
     {"length", 0, 1, O_LENGTH},
+    {"node", 0, 1, O_NODE},
     {NULL, 0, 0, 0},
 };
 
@@ -270,10 +271,12 @@ static const struct cmd cmds[] = {
      "record format FORMAT; refuses a dataset of another format. The dataset stays open (more\n"
      "files can be ingested) unless --seal: then it is sealed once every shard is.",
      0, NULL},
-    {NULL, "get", 2, 2, 2, get_opts, cmd_get, "NAME SHARD [-o FILE] [--offset O] [--length L]",
+    {NULL, "get", 2, 2, 2, get_opts, cmd_get,
+     "NAME SHARD [-o FILE] [--offset O] [--length L] [--node ID]",
      "Reads a shard (or the range from --offset, --length bytes; K/M/G suffixes) to FILE\n"
      "or standard output, verifying every piece's CRC32C. FILE is written as FILE.tmp.PID\n"
-     "and renamed over FILE once complete: a failed get leaves FILE as it was.",
+     "and renamed over FILE once complete: a failed get leaves FILE as it was. --node ID (in a\n"
+     "cluster): from that node's copy alone, with no failover to another replica.",
      0, NULL},
     {NULL, "scrub", 0, 1, 1, no_opts, cmd_scrub, "[NAME]",
      "Re-verifies every stored chunk of NAME (or of every dataset) on the server and lists\n"

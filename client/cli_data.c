@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ts_map.h"
 
 #define GET_WINDOW 4
 
@@ -420,6 +421,37 @@ static void get_signals_block(int block, sigset_t *old)
         sigprocmask(SIG_SETMASK, old, NULL);
 }
 
+/* --node ID: the bytes from that node of the map alone (no failover to another replica), piece
+ * by piece: what an operator (or a test) reads to check one replica's copy. */
+static int get_from_node(struct ctx *x, uint32_t id, uint64_t off, uint64_t end, size_t buflen,
+                         int out, uint64_t *written)
+{
+    const struct ts_map *m = ts_client_map(x->c);
+    int i = m ? ts_map_find(m, x->node) : -1, rc = 0;
+    uint8_t *buf;
+
+    *written = 0;
+    if (i < 0) {
+        snprintf(x->local, sizeof(x->local), "--node %s: %s", x->node,
+                 m ? "no such node in the map" : "not a cluster (one node holds everything)");
+        return TS_ENOENT;
+    }
+    buf = malloc(buflen);
+    if (!buf)
+        return TS_ENOMEM;
+    while (!rc && off < end) {
+        size_t got = 0;
+        rc = ts_client_node_read(x->c, (size_t)i, x->argv[0], id, off,
+                                 (size_t)TS_MIN((uint64_t)buflen, end - off), buf, &got);
+        if (!rc && (got == 0 || write_all(out, buf, got) != 0))
+            rc = TS_EIO;
+        off += got;
+        *written += got;
+    }
+    free(buf);
+    return rc;
+}
+
 int cmd_get(struct ctx *x)
 {
     int to_file = x->output && strcmp(x->output, "-") != 0;
@@ -462,7 +494,8 @@ int cmd_get(struct ctx *x)
         }
     }
     t0 = ts_now_mono_ns();
-    rc = get_stream(x, id, x->offset, end, buflen, out.fd, &written);
+    rc = x->node ? get_from_node(x, id, x->offset, end, buflen, out.fd, &written)
+                 : get_stream(x, id, x->offset, end, buflen, out.fd, &written);
     if (to_file) {
         get_signals_block(1, &old);
         get_tmp = NULL;
