@@ -365,15 +365,18 @@ static const struct cmd cmds[] = {
      "SCENARIO [--duration S] [--report FILE] [--agent TEMPLATE] [--json] [--dry-run]",
      "Runs a failover drill against the running cluster (admin role; its nodes on this host):\n"
      "a load of 64 KiB writes and verified reads on a dataset of its own, the act, the\n"
-     "operator's answer (failover, restart, mark up), then every acknowledged write read back.\n"
+     "operator's answer (failover, restart, mark up), then every acknowledged write read back\n"
+     "through the cluster and from each of its core replicas alone.\n"
      "SCENARIO: kill-primary, kill-node, node-return (kill, fail over, write, return, kill and\n"
      "fail over again), partition (cut a primary off from its peers, not from clients, with\n"
      "iptables: nodes on addresses of their own, root), slow-node (SIGSTOP for a while),\n"
      "corrupt-chunk, fringe-lag, disk-full. Prints time to detect and to recover,\n"
-     "acknowledged writes lost (exits 1 unless 0), failed reads, checksum errors, throughput\n"
-     "before/during/after and the final map; --report FILE writes it as JSON. The nodes run\n"
-     "here (embedded mode), or --agent TEMPLATE runs each act on the node's host: TEMPLATE\n"
-     "with {node} {host} {addr} {tls_addr} filled in, then ACT [ARG...] (see 'tessera agent').",
+     "acknowledged writes lost, each core replica's shards checked / missing / with other\n"
+     "bytes (exits 1 unless none is lost, missing or other), failed reads, checksum errors,\n"
+     "throughput before/during/after and the final map; --report FILE writes it as JSON. The\n"
+     "nodes run here (embedded mode), or --agent TEMPLATE runs each act on the node's host:\n"
+     "TEMPLATE with {node} {host} {addr} {tls_addr} filled in, then ACT [ARG...] (see\n"
+     "'tessera agent').",
      1, NULL},
     {"hot", "add", 1, 1, 1, hot_add_opts, cmd_hot_add, "NAME [--fringe +K] [--pg P] [--dry-run]",
      "Gives dataset NAME K more fringe replicas (default +1) in every PG, or in PG P (admin\n"

@@ -4,9 +4,11 @@
  * and reads of acknowledged ones, every byte checked), acts on a node, does what an operator
  * would (fail the node's PGs over, bring it back), and reports: time to detect (the first
  * failed operation after the act), time to recover (the first write and read that succeed after
- * the failover), acknowledged writes lost (every acknowledged shard read back at the end,
- * byte for byte: must be 0), reads that failed, checksum errors, throughput before, during and
- * after, and the final map.
+ * the failover), acknowledged writes lost (every acknowledged shard read back at the end
+ * through the cluster, byte for byte: must be 0), each core replica's figures (every
+ * acknowledged shard read from each of its core replicas alone: none may be missing or differ;
+ * cli_drill_check.c), reads that failed, checksum errors, throughput before, during and after,
+ * and the final map.
  *
  * The acts on nodes are agent acts (cli_agent.c): done here in the embedded mode (the nodes
  * run on this host, found by process id), or on each node's host through --agent TEMPLATE
@@ -427,38 +429,6 @@ static void log_dir(const struct ctx *x, char *out, size_t cap)
         snprintf(out, cap, "%s", tmp && *tmp ? tmp : "/tmp");
 }
 
-/* Every acknowledged shard, read back byte for byte: how many are lost. */
-static uint64_t verify_all(struct drill *d)
-{
-    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
-    uint64_t lost = 0;
-
-    for (uint32_t i = 0; i < d->next; i++) {
-        size_t n = 0;
-        int rc = TS_EIO;
-        if (!d->acked[i])
-            continue;
-        drill_shard_bytes(buf, i);
-        for (int t = 0; t < 3 && rc; t++) { /* a replica may still be catching up */
-            rc = tessera_read(d->x->c, d->ds, i, 0, SHARD_BYTES, got, &n);
-            if (!rc && (n != SHARD_BYTES || memcmp(got, buf, SHARD_BYTES) != 0))
-                rc = TS_ECORRUPT;
-            if (rc)
-                usleep(200000);
-        }
-        if (rc) {
-            lost++;
-            drill_note(d, "LOST: acknowledged shard %u: %s", i, ts_strerror(rc));
-        }
-    }
-    return lost;
-}
-
-static double secs(uint64_t a, uint64_t b)
-{
-    return a && b && b >= a ? (double)(b - a) / 1e9 : -1;
-}
-
 int cmd_drill(struct ctx *x)
 {
     const char *scenario = x->argv[0];
@@ -466,7 +436,7 @@ int cmd_drill(struct ctx *x)
     struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES, 0};
     struct drill d;
     double dur = x->duration ? (double)x->duration : 6;
-    uint64_t lost, t_act_end, rb_acked = 0, rb_all = 0, rb_unseen = 0;
+    uint64_t t_act_end;
     char logs[512];
     int rc = 0, i;
 
@@ -580,136 +550,10 @@ int cmd_drill(struct ctx *x)
         strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full") &&
         strcmp(scenario, "partition"))
         drill_restart(&d, logs); /* leave the cluster whole: the killed node back and up */
-    lost = verify_all(&d);
-    drill_rolled_back(&d, &rb_acked, &rb_all, &rb_unseen);
-    drill_note(&d,
-               "log entries of the drill's dataset rolled back on the nodes: %llu (%llu of "
-               "acknowledged shards; %llu rolled-back entries not inspected)",
-               (unsigned long long)rb_all, (unsigned long long)rb_acked,
-               (unsigned long long)rb_unseen);
-    {
-        struct json_object *o = json_object_new_object();
-        const struct ts_map *fm = ts_client_map(x->c);
-        struct json_object *nodes = json_object_new_array();
-        json_object_object_add(o, "scenario", json_object_new_string(scenario));
-        json_object_object_add(o, "node", json_object_new_string(d.node));
-        json_object_object_add(o, "dataset", json_object_new_string(d.ds));
-        json_object_object_add(o, "time_to_detect_s",
-                               json_object_new_double(secs(d.act_ns, d.detect_ns)));
-        json_object_object_add(o, "time_to_recover_s",
-                               json_object_new_double(secs(d.act_ns, d.recover_ns)));
-        json_object_object_add(o, "acknowledged_writes", json_u64(d.writes_ok));
-        json_object_object_add(o, "acknowledged_writes_lost", json_u64(lost));
-        json_object_object_add(o, "acknowledged_entries_rolled_back", json_u64(rb_acked));
-        json_object_object_add(o, "entries_rolled_back", json_u64(rb_all));
-        json_object_object_add(o, "rolled_back_not_inspected", json_u64(rb_unseen));
-        json_object_object_add(o, "writes_failed", json_u64(d.writes_failed));
-        json_object_object_add(o, "reads_ok", json_u64(d.reads_ok));
-        json_object_object_add(o, "reads_failed", json_u64(d.reads_failed));
-        json_object_object_add(o, "checksum_errors", json_u64(d.checksum_errors));
-        if (!strcmp(scenario, "corrupt-chunk")) {
-            json_object_object_add(o, "bytes_flipped", json_u64(d.flipped));
-            json_object_object_add(o, "node_checksum_errors", json_u64(d.node_corrupt));
-            json_object_object_add(o, "node_shards_bad_after_repair", json_u64(d.node_still_bad));
-        }
-        if (!strcmp(scenario, "disk-full")) {
-            json_object_object_add(o, "balloon_bytes", json_u64(d.balloon));
-            json_object_object_add(o, "writes_refused_enospc", json_u64(d.enospc));
-        }
-        if (!strcmp(scenario, "partition")) {
-            json_object_object_add(o, "node_shards_missing_after_heal", json_u64(d.node_missing));
-            json_object_object_add(o, "core_replica_shards_missing", json_u64(d.core_missing));
-        }
-        if (!strcmp(scenario, "fringe-lag")) {
-            json_object_object_add(o, "fringe_lag_max_ops", json_u64(d.lag_max_ops));
-            json_object_object_add(o, "fringe_lag_max_s", json_object_new_double(d.lag_max_s));
-        }
-        json_object_object_add(
-            o, "ops_per_s_before",
-            json_object_new_double(d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0));
-        json_object_object_add(
-            o, "ops_per_s_during",
-            json_object_new_double(d.secs_during > 0 ? (double)d.ops_during / d.secs_during : 0));
-        json_object_object_add(
-            o, "ops_per_s_after",
-            json_object_new_double(d.secs_after > 0 ? (double)d.ops_after / d.secs_after : 0));
-        json_object_object_add(o, "map_epoch", json_u64(fm ? fm->epoch : 0));
-        for (size_t k = 0; fm && k < fm->n; k++) {
-            struct json_object *n = json_object_new_object();
-            json_object_object_add(n, "id", json_object_new_string(fm->nodes[k].id));
-            json_object_object_add(n, "state",
-                                   json_object_new_string(ts_node_state_name(fm->nodes[k].state)));
-            json_object_array_add(nodes, n);
-        }
-        json_object_object_add(o, "nodes", nodes);
-        json_object_object_add(o, "log", json_object_new_string(d.log));
-        if (x->report) {
-            FILE *f = fopen(x->report, "w");
-            if (f) {
-                fputs(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY), f);
-                fputc('\n', f);
-                fclose(f);
-            }
-        }
-        if (x->json) {
-            json_print(o);
-        } else {
-            printf("drill %s on %s (dataset %s)\n", scenario, d.node, d.ds);
-            printf("  time to detect:            %.3f s\n", secs(d.act_ns, d.detect_ns));
-            printf("  time to recover:           %.3f s (reads and writes served again)\n",
-                   secs(d.act_ns, d.recover_ns));
-            printf("  acknowledged writes:       %llu\n", (unsigned long long)d.writes_ok);
-            printf("  acknowledged writes lost:  %llu\n", (unsigned long long)lost);
-            printf("  acknowledged entries rolled back on any replica: %llu (entries rolled "
-                   "back: %llu)\n",
-                   (unsigned long long)rb_acked, (unsigned long long)rb_all);
-            printf("  writes failed (not acked): %llu\n", (unsigned long long)d.writes_failed);
-            printf("  reads ok / failed:         %llu / %llu\n", (unsigned long long)d.reads_ok,
-                   (unsigned long long)d.reads_failed);
-            printf("  checksum errors caught:    %llu\n", (unsigned long long)d.checksum_errors);
-            if (!strcmp(scenario, "corrupt-chunk"))
-                printf("  bytes flipped on %s:      %llu; its shards bad after repair: %llu\n",
-                       d.node, (unsigned long long)d.flipped, (unsigned long long)d.node_still_bad);
-            if (!strcmp(scenario, "disk-full"))
-                printf(
-                    "  filled on %s:              %llu bytes; writes refused (TS_ENOSPC): %llu\n",
-                    d.node, (unsigned long long)d.balloon, (unsigned long long)d.enospc);
-            if (!strcmp(scenario, "partition"))
-                printf("  shards %s lacks, healed:   %llu; a core replica lacks: %llu\n", d.node,
-                       (unsigned long long)d.node_missing, (unsigned long long)d.core_missing);
-            if (!strcmp(scenario, "fringe-lag"))
-                printf("  fringe lag, largest:       %llu ops, %.2f s\n",
-                       (unsigned long long)d.lag_max_ops, d.lag_max_s);
-            printf("  good steps/s (write+read): before %.0f, during %.0f, after %.0f\n",
-                   d.secs_before > 0 ? (double)d.ops_before / d.secs_before : 0,
-                   d.secs_during > 0 ? (double)d.ops_during / d.secs_during : 0,
-                   d.secs_after > 0 ? (double)d.ops_after / d.secs_after : 0);
-            printf("  final map epoch:           %llu\n", (unsigned long long)(fm ? fm->epoch : 0));
-            json_object_put(o);
-        }
-    }
-    if (lost) {
-        snprintf(x->local, sizeof(x->local), "%llu acknowledged writes lost",
-                 (unsigned long long)lost);
-        rc = TS_EIO;
-    } else if (rb_acked) {
-        snprintf(x->local, sizeof(x->local),
-                 "%llu acknowledged entries rolled back on replicas (read back whole, but a "
-                 "replica lost them for a while)",
-                 (unsigned long long)rb_acked);
-        rc = TS_EIO;
-    } else if (d.node_missing) {
-        snprintf(x->local, sizeof(x->local), "%s lacks %llu acknowledged shards after the heal",
-                 d.node, (unsigned long long)d.node_missing);
-        rc = TS_EIO;
-    } else if (d.core_missing) {
-        snprintf(x->local, sizeof(x->local),
-                 "core replicas lack %llu acknowledged shards after the heal",
-                 (unsigned long long)d.core_missing);
-        rc = TS_EIO;
-    }
+    rc = drill_finish(&d, scenario);
 out:
     free(d.acked);
     free(d.acked_epoch);
+    free(d.rep);
     return rc;
 }

@@ -1,7 +1,9 @@
 /*
  * tessera CLI: the failover drills' shared parts (cli_drill.c: the load, the acts on nodes, the
- * report; cli_drill_data.c: the drills on data, corrupt-chunk, fringe-lag and disk-full;
- * cli_drill_net.c: partition; cli_agent.c: the acts themselves, here or on a node's host).
+ * scenarios; cli_drill_check.c: what every drill checks at its end, acknowledged shards read
+ * through the cluster and from each core replica alone, and the report; cli_drill_data.c: the
+ * drills on data, corrupt-chunk, fringe-lag and disk-full; cli_drill_net.c: partition;
+ * cli_agent.c: the acts themselves, here or on a node's host).
  */
 #ifndef TS_CLI_DRILL_H
 #define TS_CLI_DRILL_H
@@ -12,6 +14,16 @@
 
 #define SHARD_BYTES (64u << 10)
 #define MAX_SHARDS 100000
+#define DRILL_OTHER_BYTES 1 /* drill_read_alone: the node served other bytes than acknowledged */
+
+/* A core replica's figures at the end of a drill (cli_drill_check.c). */
+struct drill_replica {
+    char id[64];
+    uint64_t checked;    /* acknowledged shards it is a core replica of (the final map), read */
+    uint64_t missing;    /* of those, not served whole within the wait (absent, incomplete,
+                          * declined, a checksum error, no answer) */
+    uint64_t mismatched; /* served whole, with other bytes (or another length) */
+};
 
 struct drill {
     struct ctx *x;
@@ -36,15 +48,32 @@ struct drill {
     uint64_t enospc;       /* writes refused with TS_ENOSPC (disk-full) */
     uint64_t balloon;      /* bytes the disk-full drill put on the node's filesystem */
     char first_err[300];   /* the first write the act made fail, and why */
-    uint64_t node_missing; /* partition: acknowledged shards the healed node does not serve */
-    uint64_t core_missing; /* partition: acknowledged shards a core replica does not serve */
+    uint64_t node_missing; /* partition: the healed node's missing + mismatched (drill_finish) */
+    /* at the end: acknowledged shards lost (read through the cluster), rolled back */
+    uint64_t lost, rb_acked, rb_all, rb_unseen;
+    /* at the end: every UP node's figures as a core replica (nrep of them), and the shards
+     * missing or mismatched on one, summed over the replicas */
+    struct drill_replica *rep;
+    size_t nrep;
+    uint64_t core_missing;
 };
 
 /* Node i's STATUS as a parsed document (the caller puts it), or NULL. */
 struct json_object *drill_status_of(struct drill *d, size_t i);
-/* Acknowledged shards some core replica does not serve alone, byte for byte (each waited for
- * up to 30 s): every replica is read, not only the cluster's choice. */
-uint64_t drill_core_missing(struct drill *d);
+/* cli_drill_check.c: shard s read from node i alone (not through the cluster's choice of replica)
+ * and compared with its bytes: 0 (the same), DRILL_OTHER_BYTES (served whole, other bytes or
+ * length), or the read's TS_E*. Asked again every 100 ms until `deadline` (monotonic ns) while the
+ * node declines (TS_EBUSY, TS_ESTALE: it serves a PG once its primary has confirmed it) or, with
+ * `any`, on any error (a replica catching up); other bytes are never asked again. */
+int drill_read_alone(struct drill *d, int i, uint32_t s, uint64_t deadline, int any);
+/* Every acknowledged shard read from each of its core replicas (under the map now) alone, byte
+ * for byte, waited for up to 30 s in all: d->rep, d->nrep (every UP node) and d->core_missing,
+ * which it returns. */
+uint64_t drill_check_replicas(struct drill *d);
+/* The end of every drill: acknowledged shards read through the cluster (d->lost), from each
+ * core replica alone (drill_check_replicas), the nodes' rollbacks; the report (printed, and
+ * written to --report). 0, or TS_EIO with d->x->local saying what failed. */
+int drill_finish(struct drill *d, const char *scenario);
 /* The drill dataset's log entries that a rollback removed on any node (the nodes' STATUS
  * "rolled_back"): *acked those of acknowledged shards, at or after the epoch of their
  * acknowledgement (an earlier, failed attempt's entry is not one), *all every one; *unseen:

@@ -63,28 +63,20 @@ static int replica_next(struct drill *d, size_t k)
 static void read_from_node(struct drill *d, int i, uint32_t upto, uint8_t *bad, uint64_t *nbad,
                            uint64_t *wrong)
 {
-    static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
-
     uint64_t deadline = now_ns() + 30ull * 1000000000; /* for the node to serve again */
 
     *nbad = *wrong = 0;
     for (uint32_t s = 0; s < upto; s++) {
-        int rc = TS_EBUSY;
-        size_t n = 0;
+        int rc;
         if (!d->acked[s] || (bad && bad[s] == 2) || !drill_core_of(d, s, i))
             continue;
         /* Restarted, the node serves a PG once its primary has compared its log: wait. */
-        for (int t = 0; t < 50 && (rc == TS_EBUSY || rc == TS_ESTALE) && now_ns() < deadline; t++) {
-            rc = ts_client_node_read(d->x->c, (size_t)i, d->ds, s, 0, SHARD_BYTES, got, &n);
-            if (rc == TS_EBUSY || rc == TS_ESTALE)
-                usleep(100000);
-        }
-        drill_shard_bytes(buf, s);
+        rc = drill_read_alone(d, i, s, deadline, 0);
         if (rc == TS_ECORRUPT) {
             (*nbad)++;
             if (bad)
                 bad[s] = 1;
-        } else if (rc == 0 && (n != SHARD_BYTES || memcmp(buf, got, SHARD_BYTES) != 0)) {
+        } else if (rc == DRILL_OTHER_BYTES) {
             (*wrong)++;
         }
     }

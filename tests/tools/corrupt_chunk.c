@@ -6,6 +6,9 @@
  *
  *   corrupt_chunk DATA_DIR DATASET SHARD CHUNK [BYTE_OFFSET]
  *   corrupt_chunk DATA_DIR DATASET SHARD drop
+ *
+ * A DATASET ending in '*' names the last dataset, in name order, whose name starts with the rest
+ * (the newest of a drill's, drill-SCENARIO-TIME); SHARD may be FIRST-LAST (each one's record).
  */
 #include <fcntl.h>
 #include <rocksdb/c.h>
@@ -27,6 +30,58 @@ static void put_be(uint8_t *p, uint64_t v, int n)
         p[i] = (uint8_t)v;
 }
 
+/* The last dataset record (meta "D" + name), in name order, whose name starts with prefix
+ * (len bytes): its name into out; 0, or -1 when there is none. */
+static int newest_dataset(rocksdb_t *db, rocksdb_column_family_handle_t *meta,
+                          rocksdb_readoptions_t *ro, const char *prefix, size_t len, char *out,
+                          size_t cap)
+{
+    rocksdb_iterator_t *it = rocksdb_create_iterator_cf(db, ro, meta);
+    char seek[200];
+    int found = -1;
+
+    snprintf(seek, sizeof(seek), "D%.*s", (int)len, prefix);
+    for (rocksdb_iter_seek(it, seek, strlen(seek)); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t klen;
+        const char *k = rocksdb_iter_key(it, &klen);
+        if (klen < strlen(seek) || memcmp(k, seek, strlen(seek)) != 0 || klen - 1 >= cap)
+            break;
+        snprintf(out, cap, "%.*s", (int)(klen - 1), k + 1);
+        found = 0;
+    }
+    rocksdb_iter_destroy(it);
+    return found;
+}
+
+/* Drops the records of shards first..last of dataset id (those it has); how many it dropped, or
+ * -1 on an error. */
+static long drop(rocksdb_t *db, rocksdb_column_family_handle_t *meta, rocksdb_readoptions_t *ro,
+                 rocksdb_writeoptions_t *wo, uint64_t id, unsigned long first, unsigned long last)
+{
+    long dropped = 0;
+
+    for (unsigned long s = first; s <= last; s++) {
+        uint8_t sk[13] = {'S'};
+        char *err = NULL, *v;
+        size_t vlen;
+        put_be(sk + 1, id, 8);
+        put_be(sk + 9, s, 4);
+        v = rocksdb_get_cf(db, ro, meta, (const char *)sk, sizeof(sk), &vlen, &err);
+        if (!err && !v)
+            continue; /* not held here */
+        rocksdb_free(v);
+        if (!err)
+            rocksdb_delete_cf(db, wo, meta, (const char *)sk, sizeof(sk), &err);
+        if (err) {
+            fprintf(stderr, "corrupt_chunk: shard %lu: %s\n", s, err);
+            return -1;
+        }
+        printf("dropped the record of shard %lu\n", s);
+        dropped++;
+    }
+    return dropped;
+}
+
 int main(int argc, char **argv)
 {
     const char *names[] = {"default", "meta", "chunks", "oplog"};
@@ -35,7 +90,7 @@ int main(int argc, char **argv)
     rocksdb_readoptions_t *ro;
     rocksdb_writeoptions_t *wo;
     const rocksdb_options_t *opts[4];
-    char *err = NULL, *v, dkey[200];
+    char *err = NULL, *v, dkey[200], ds[200];
     size_t vlen, at;
     uint8_t key[16];
     uint64_t id = 0;
@@ -58,25 +113,31 @@ int main(int argc, char **argv)
     ro = rocksdb_readoptions_create();
     wo = rocksdb_writeoptions_create();
     rocksdb_writeoptions_set_sync(wo, 1);
-    snprintf(dkey, sizeof(dkey), "D%s", argv[2]);
+    snprintf(ds, sizeof(ds), "%s", argv[2]);
+    if (ds[0] && ds[strlen(ds) - 1] == '*' &&
+        newest_dataset(db, cf[1], ro, argv[2], strlen(ds) - 1, ds, sizeof(ds)) != 0) {
+        fprintf(stderr, "corrupt_chunk: no dataset %s\n", argv[2]);
+        return 1;
+    }
+    snprintf(dkey, sizeof(dkey), "D%s", ds);
     v = rocksdb_get_cf(db, ro, cf[1], dkey, strlen(dkey), &vlen, &err);
     if (err || !v || vlen < 24) {
-        fprintf(stderr, "corrupt_chunk: no dataset %s\n", argv[2]);
+        fprintf(stderr, "corrupt_chunk: no dataset %s\n", ds);
         return 1;
     }
     for (int i = 7; i >= 0; i--) /* dataset record: little-endian id at offset 16 */
         id = (id << 8) | (uint8_t)v[16 + i];
     rocksdb_free(v);
     if (!strcmp(argv[4], "drop")) {
-        uint8_t sk[13] = {'S'};
-        put_be(sk + 1, id, 8);
-        put_be(sk + 9, strtoul(argv[3], NULL, 0), 4);
-        rocksdb_delete_cf(db, wo, cf[1], (const char *)sk, sizeof(sk), &err);
-        if (err) {
-            fprintf(stderr, "corrupt_chunk: delete: %s\n", err);
+        char *dash;
+        unsigned long first = strtoul(argv[3], &dash, 0);
+        long n =
+            drop(db, cf[1], ro, wo, id, first, *dash == '-' ? strtoul(dash + 1, NULL, 0) : first);
+        if (n <= 0) {
+            fprintf(stderr, "corrupt_chunk: %s holds no record of shard %s\n", ds, argv[3]);
             return 1;
         }
-        printf("dropped the record of shard %s/%s\n", argv[2], argv[3]);
+        printf("dropped %ld shard records of %s\n", n, ds);
         goto out;
     }
     {
