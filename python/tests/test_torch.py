@@ -276,7 +276,9 @@ DDP = textwrap.dedent("""
     sys.path.insert(0, {pkg!r})
     import torch, torch.distributed as dist
     from tessera.torch import TesseraIterable, DataLoader
-    dist.init_process_group("gloo")
+    # Rendezvous through a file: no port to pick (gloo's own sockets take the kernel's).
+    dist.init_process_group("gloo", init_method={init!r}, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     d = TesseraIterable({addr!r}, "torch", batch_size=16, seed=11)
     d.set_epoch(1)
@@ -309,12 +311,10 @@ DDP = textwrap.dedent("""
 def test_ddp_two_ranks_train_on_disjoint_records(ds, tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP.format(pkg=os.path.join(os.path.dirname(__file__), "..", ""),
-                                 addr=ds, n=N))
-    port = __import__("conftest").free_port()
+                                 addr=ds, n=N, init=f"file://{tmp_path / 'rendezvous'}"))
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=300)[0].decode() for p in procs]
