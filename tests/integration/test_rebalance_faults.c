@@ -441,12 +441,62 @@ static int setup(void **state)
     return 0;
 }
 
+/*
+ * The background drivers `--detach` started (pid and log, from the CLI's output): at teardown
+ * the ones still running are stopped (after a failure they would go on trying a cluster that is
+ * gone) and their logs removed.
+ */
+#define DRIVERS_MAX 16
+static struct {
+    pid_t pid;
+    char log[128];
+} drivers[DRIVERS_MAX];
+static int ndrivers;
+
+static void note_driver(void)
+{
+    const char *p = strstr(out, "driven in the background (pid ");
+
+    if (!p || ndrivers == DRIVERS_MAX)
+        return;
+    if (sscanf(p, "driven in the background (pid %d, log %127[^)])", &drivers[ndrivers].pid,
+               drivers[ndrivers].log) == 2)
+        ndrivers++;
+}
+
+/* Whether pid is still a `tessera ... rebalance resume` (not a pid used again). */
+static int is_driver(pid_t pid)
+{
+    char path[64], cmd[4096];
+    size_t n;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+    f = fopen(path, "r");
+    if (!f)
+        return 0;
+    n = fread(cmd, 1, sizeof(cmd) - 1, f);
+    fclose(f);
+    cmd[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (!cmd[i])
+            cmd[i] = ' ';
+    return strstr(cmd, " rebalance resume") != NULL;
+}
+
 static int teardown(void **state)
 {
     (void)state;
     if (getenv("RB_KEEP")) {
         LOG("RB_KEEP: leaving the cluster running");
         return 0;
+    }
+    for (int i = 0; i < ndrivers; i++) {
+        if (is_driver(drivers[i].pid)) {
+            LOG("stopping the background driver %d", (int)drivers[i].pid);
+            kill(drivers[i].pid, SIGTERM);
+        }
+        unlink(drivers[i].log);
     }
     return tsd_cluster_stop(&CL);
 }
@@ -701,6 +751,7 @@ static void pause_races(void)
         assert_true(paused);
         usleep(300000);
         assert_int_equal(cli("rebalance resume --detach"), 0);
+        note_driver();
         done++;
     }
     LOG("%d of %d pause/resume rounds made while the rebalance ran", done, rounds);
@@ -725,6 +776,7 @@ static void test_scenario(void **state)
     assert_int_equal(
         cli("rebalance apply %s --max-concurrent 2 --max-bytes-per-sec %s --detach", path, rate),
         0);
+    note_driver();
     if (scen == 1)
         kill_mid_move(-1); /* the primary of a moving PG */
     else if (scen == 2)
