@@ -8,7 +8,6 @@ lib/libtessera.so (which the tessera package loads through $TESSERA_LIBRARY).
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -29,16 +28,11 @@ if not os.path.exists(TESSERAD) or not os.path.exists(os.environ["TESSERA_LIBRAR
                        "TESSERA_BUILD_DIR)")
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 class Daemon:
-    """One tesserad; start() waits for its ready line (never a fixed sleep)."""
+    """One tesserad; start() waits for its ready line (never a fixed sleep) and reads the
+    addresses it listens on from it: give it port 0 and it picks free ones itself (a port
+    bound and released by the test could be taken before the daemon binds it). A restart
+    listens on the same addresses."""
 
     def __init__(self, workdir, name, args):
         self.dir = os.path.join(workdir, name)
@@ -60,11 +54,17 @@ class Daemon:
             if m:
                 self.addr = m.group(1).decode()
                 self.tls_addr = None if m.group(2) == b"-" else m.group(2).decode()
+                self._keep_addresses()
                 return self
             if self.proc.poll() is not None:
                 break
             time.sleep(0.02)
         raise RuntimeError(f"tesserad did not start: {open(self.log).read()[-2000:]}")
+
+    def _keep_addresses(self):
+        for flag, addr in (("--listen", self.addr), ("--tls-listen", self.tls_addr)):
+            if addr and flag in self.args:
+                self.args[self.args.index(flag) + 1] = addr
 
     def kill9(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -96,29 +96,35 @@ def node(workdir):
 
 @pytest.fixture(scope="session")
 def cluster(workdir):
-    """Three nodes n1..n3 with node certificates and a map; yields (daemons, writer options)."""
+    """Three nodes n1..n3 with node certificates; yields (daemons, writer options). Each node
+    picks its own ports (port 0); the map naming the addresses they took is then pushed to
+    them as admin (tessera map push)."""
     certs = os.path.join(workdir, "certs")
     subprocess.run([os.path.join(REPO, "conf", "mkcerts"), certs, "n1", "n2", "n3"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ports = [(free_port(), free_port()) for _ in range(3)]
+    ca = os.path.join(certs, "ca.pem")
+    nodes = []
+    for i in range(3):
+        nid = f"n{i + 1}"
+        nodes.append(Daemon(workdir, nid, [
+            "--node-id", nid, "--listen", "127.0.0.1:0", "--tls-listen", "127.0.0.1:0",
+            "--tls-cert", os.path.join(certs, f"node-{nid}.pem"),
+            "--tls-key", os.path.join(certs, f"node-{nid}.key"), "--tls-ca", ca,
+            "--anonymous-role", "reader"]).start())
     mp = os.path.join(workdir, "cluster.map")
     with open(mp, "w") as f:
         f.write("epoch = 1;\npg_count = 16;\nnodes = (\n")
         f.write(",\n".join(
-            f'  {{ id = "n{i + 1}"; addr = "127.0.0.1:{p}"; tls_addr = "127.0.0.1:{t}"; '
+            f'  {{ id = "n{i + 1}"; addr = "{d.addr}"; tls_addr = "{d.tls_addr}"; '
             f'weight = 100; domain = "d{i + 1}"; state = "up"; }}'
-            for i, (p, t) in enumerate(ports)))
+            for i, d in enumerate(nodes)))
         f.write("\n);\n")
-    nodes = []
-    for i, (p, t) in enumerate(ports):
-        nid = f"n{i + 1}"
-        nodes.append(Daemon(workdir, nid, [
-            "--node-id", nid, "--listen", f"127.0.0.1:{p}", "--tls-listen", f"127.0.0.1:{t}",
-            "--tls-cert", os.path.join(certs, f"node-{nid}.pem"),
-            "--tls-key", os.path.join(certs, f"node-{nid}.key"),
-            "--tls-ca", os.path.join(certs, "ca.pem"), "--map-file", mp]).start())
+    subprocess.run([CLI, "-s", nodes[0].tls_addr, "--tls-ca", ca,
+                    "--tls-cert", os.path.join(certs, "admin.pem"),
+                    "--tls-key", os.path.join(certs, "admin.key"), "map", "push", mp],
+                   check=True, stdout=subprocess.DEVNULL)
     from tessera import ConnectOptions
-    writer = ConnectOptions(nodes[0].tls_addr, tls_ca=os.path.join(certs, "ca.pem"),
+    writer = ConnectOptions(nodes[0].tls_addr, tls_ca=ca,
                             tls_cert=os.path.join(certs, "writer.pem"),
                             tls_key=os.path.join(certs, "writer.key"))
     yield nodes, writer

@@ -1,7 +1,7 @@
 """tessera.torch against PyTorch itself (Debian's torch, CPU, gloo) and real daemons: the plans
 equal DistributedSampler's and the seed-style split; DataLoader workers see every record once;
 set_epoch; exact resume (other worker counts, twice in a row, 4 ranks -> 3); two DDP ranks
-training on disjoint records; a replica killed mid-epoch."""
+training on disjoint records; a replica killed mid-epoch after it served reads."""
 
 import os
 import struct
@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DistributedSampler
 
+import tessera.torch
 from conftest import CLI, load, record, record_id
 from tessera import Client, Plan, Reader, TesseraError
 from tessera.torch import DataLoader, PlanSampler, TesseraIterable, TesseraRecords
@@ -277,7 +278,9 @@ DDP = textwrap.dedent("""
     sys.path.insert(0, {pkg!r})
     import torch, torch.distributed as dist
     from tessera.torch import TesseraIterable, DataLoader
-    dist.init_process_group("gloo")
+    # Rendezvous through a file: no port to pick (gloo's own sockets take the kernel's).
+    dist.init_process_group("gloo", init_method={init!r}, rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
     rank = dist.get_rank()
     d = TesseraIterable({addr!r}, "torch", batch_size=16, seed=11)
     d.set_epoch(1)
@@ -310,12 +313,10 @@ DDP = textwrap.dedent("""
 def test_ddp_two_ranks_train_on_disjoint_records(ds, tmp_path):
     script = tmp_path / "ddp.py"
     script.write_text(DDP.format(pkg=os.path.join(os.path.dirname(__file__), "..", ""),
-                                 addr=ds, n=N))
-    port = __import__("conftest").free_port()
+                                 addr=ds, n=N, init=f"file://{tmp_path / 'rendezvous'}"))
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
         procs.append(subprocess.Popen([sys.executable, str(script)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outs = [p.communicate(timeout=300)[0].decode() for p in procs]
@@ -323,22 +324,48 @@ def test_ddp_two_ranks_train_on_disjoint_records(ds, tmp_path):
     assert "ddp ok 480 480" in outs[0]
 
 
-def test_replica_killed_mid_epoch(cluster):
+def test_replica_killed_mid_epoch(cluster, monkeypatch):
+    """n3 is killed (-9) mid-epoch once it has served records to the loader (the reader's
+    per-node stats say so); the epoch still yields every record once and intact, n3's part
+    read again from the other replicas."""
     nodes, writer = cluster
     with Client(writer) as c:
         load(c, "kill", 3000, 12, core=3, min_core=2)
+    readers = []
+
+    class Watched(tessera.torch.Reader):
+        """The loader's reader, kept for its stats (taken once more as it closes)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            readers.append(self)
+
+        def close(self):
+            if self._h:
+                self.last_stats = self.stats()
+            super().close()
+
+    monkeypatch.setattr(tessera.torch, "Reader", Watched)
+    window, seen, at_kill = 16, [], None
     d = TesseraIterable(nodes[0].addr, "kill", batch_size=32, seed=1,
-                        reader={"window_units": 16})
-    seen, killed = [], False
-    for i, batch in enumerate(DataLoader(d, num_workers=2)):
+                        reader={"window_units": window})
+    # No worker processes: the reader is in this one, so its stats can be read at the kill.
+    for i, batch in enumerate(DataLoader(d, num_workers=0)):
         for r in batch:
             assert bytes(r) == record(record_id(r))
             seen.append(record_id(r))
-        if i == 20 and not killed:
+        if i == 20 and at_kill is None:
+            at_kill = readers[0].stats()
             nodes[2].kill9()
-            killed = True
-    assert killed
+    assert at_kill is not None and len(readers) == 1
+    n3_at_kill = at_kill["served"].get("n3", {}).get("units", 0)
+    assert n3_at_kill > 0, at_kill["served"]
     assert sorted(seen) == list(range(3000))
+    end = readers[0].last_stats
+    assert sum(n["units"] for n in end["served"].values()) == 3000, end["served"]
+    # After the kill n3 served only what the reader held ahead; the rest was read elsewhere.
+    assert end["served"]["n3"]["units"] - n3_at_kill <= window, (at_kill, end)
+    assert end["retries"] + end["reconnects"] > 0, end
 
 
 # ---- what a record is (issue 28): payload by default for a dataset that says its format ----
