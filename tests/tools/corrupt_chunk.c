@@ -90,7 +90,7 @@ int main(int argc, char **argv)
     rocksdb_readoptions_t *ro;
     rocksdb_writeoptions_t *wo;
     const rocksdb_options_t *opts[4];
-    char *err = NULL, *v, dkey[200], ds[200];
+    char *err = NULL, *v, ds[200], dkey[sizeof(ds) + 1];
     size_t vlen, at;
     uint8_t key[16];
     uint64_t id = 0;
