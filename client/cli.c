@@ -69,14 +69,23 @@ enum opt_id {
     O_FORMAT,
     O_SEAL,
     O_RECORD,
+    O_ETCD,
+    O_ETCD_PREFIX,
 };
 
 static const struct cli_opt global_opts[] = {
-    {"help", 'h', 0, O_HELP},       {"server", 's', 1, O_SERVER},
-    {"tls-ca", 0, 1, O_TLS_CA},     {"tls-cert", 0, 1, O_TLS_CERT},
-    {"tls-key", 0, 1, O_TLS_KEY},   {"tls-server-name", 0, 1, O_TLS_NAME},
-    {"json", 0, 0, O_JSON},         {"timeout", 0, 1, O_TIMEOUT},
-    {"verbose", 'v', 0, O_VERBOSE}, {NULL, 0, 0, 0},
+    {"help", 'h', 0, O_HELP},
+    {"server", 's', 1, O_SERVER},
+    {"tls-ca", 0, 1, O_TLS_CA},
+    {"tls-cert", 0, 1, O_TLS_CERT},
+    {"tls-key", 0, 1, O_TLS_KEY},
+    {"tls-server-name", 0, 1, O_TLS_NAME},
+    {"json", 0, 0, O_JSON},
+    {"timeout", 0, 1, O_TIMEOUT},
+    {"verbose", 'v', 0, O_VERBOSE},
+    {"etcd", 0, 1, O_ETCD},
+    {"etcd-prefix", 0, 1, O_ETCD_PREFIX},
+    {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt create_opts[] = {
@@ -418,6 +427,9 @@ static void usage(FILE *f)
           "HOST)\n"
           "      --json               machine-readable output (JSON)\n"
           "      --timeout MS         per-request timeout in milliseconds (default 30000)\n"
+          "      --etcd ENDPOINTS     the cluster map in etcd (default $TESSERA_ETCD): map show\n"
+          "                           and map push read and change it there\n"
+          "      --etcd-prefix P      the cluster's key prefix (default /tessera/default)\n"
           "  -v, --verbose            log what the library does to stderr\n"
           "  -h, --help               this help; 'tessera COMMAND --help' for a command's\n"
           "\n"
@@ -647,6 +659,12 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
         case O_SEAL:
             x->seal = 1;
             break;
+        case O_ETCD:
+            x->etcd = val;
+            break;
+        case O_ETCD_PREFIX:
+            x->etcd_prefix = val;
+            break;
         case O_FORMAT: {
             int f = strcmp(val, "none") ? tessera_record_format_parse(val) : 0;
             if (f < 0) {
@@ -855,6 +873,18 @@ int main(int argc, char **argv)
         goto out_free;
     if (verbose)
         ts_log_set(ts_log_stderr, NULL, TS_LOG_DEBUG);
+    if (!x.etcd && (env = getenv("TESSERA_ETCD")) && env[0])
+        x.etcd = env;
+    if (!x.etcd_prefix)
+        x.etcd_prefix = "/tessera/default";
+    if (x.etcd && (k->run == cmd_map_show || k->run == cmd_map_push)) {
+        /* The map in etcd: no node to connect to. */
+        rc = k->run == cmd_map_show ? cli_etcd_map_show(&x) : cli_etcd_map_push(&x);
+        if (rc)
+            print_error(&x, k, rc);
+        rc = rc ? EXIT_FAIL : 0;
+        goto out_free;
+    }
     if (k->run == cmd_map_push && !x.server_set)
         map_push_seed(&x, &opts); /* no -s: the first node of the map file */
     opts.address = x.server;

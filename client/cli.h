@@ -39,7 +39,8 @@ struct ctx {
     const char *tls_addr, *domain;
     uint64_t weight, rate;
     int dry_run;
-    int seal; /* ingest --seal */
+    const char *etcd, *etcd_prefix; /* --etcd ENDPOINTS (or $TESSERA_ETCD), --etcd-prefix */
+    int seal;                       /* ingest --seal */
     /* rebalance */
     uint64_t max_concurrent;
     int detach;
@@ -131,6 +132,12 @@ int cmd_read(struct ctx *x);
 
 /* cli_admin.c */
 int cmd_scrub(struct ctx *x);
+/* The map as `map show` prints it (text, or JSON with --json); m NULL: a single node. */
+struct ts_map;
+int map_print(struct ctx *x, const struct ts_map *m);
+/* cli_etcd.c: `map show` and `map push` against the map in etcd (--etcd) */
+int cli_etcd_map_show(struct ctx *x);
+int cli_etcd_map_push(struct ctx *x);
 int cmd_map_show(struct ctx *x);
 /* `map push FILE` without -s: connect to the first node of the file that is up. */
 void map_push_seed(struct ctx *x, const struct tessera_opts *o);

@@ -134,9 +134,13 @@ int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
 
 int cmd_map_show(struct ctx *x)
 {
+    return map_print(x, ts_client_map(x->c));
+}
+
+int map_print(struct ctx *x, const struct ts_map *m)
+{
     static const char *const hdr[] = {"ID",     "ADDR",  "TLS_ADDR",   "DOMAIN",
                                       "WEIGHT", "STATE", "PRIMARY_PGS"};
-    const struct ts_map *m = ts_client_map(x->c);
     unsigned *leads, count[3] = {0, 0, 0};
     struct cli_table t;
     int rc;
@@ -150,7 +154,7 @@ int cmd_map_show(struct ctx *x)
             json_print(o);
         } else {
             printf("node %s has no cluster map (a single node, epoch 0)\n",
-                   tessera_client_node(x->c));
+                   x->c ? tessera_client_node(x->c) : "-");
         }
         return 0;
     }

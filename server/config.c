@@ -59,6 +59,11 @@ static const struct setting settings[] = {
     STR("map_file", map_file, "",
         "cluster map to start with (libconfig; see conf/cluster5.map); a newer one pushed later is "
         "kept in data_dir/cluster.map"),
+    STR("etcd", etcd, "",
+        "etcd members holding the cluster map (\"https://h:2379,...\"; TLS with tls.cert, "
+        "tls.key and tls.ca): the node installs the map etcd holds, follows its changes, and "
+        "refuses map pushes from admins (they change it in etcd); \"\": no etcd"),
+    STR("etcd_prefix", etcd_prefix, "/tessera/default", "the cluster's key prefix in etcd"),
     STR("tls.cert", tls_cert, "", "server certificate (PEM)"),
     STR("tls.key", tls_key, "", "server private key (PEM)"),
     STR("tls.ca", tls_ca, "", "CA bundle that client certificates must chain to (PEM)"),

@@ -20,6 +20,7 @@ struct tsd_config {
     char *tls_cert, *tls_key, *tls_ca;
     char *tls_ciphersuites;
     char *map_file;
+    char *etcd, *etcd_prefix; /* the control plane: etcd's members, the cluster's key prefix */
     int tls_require_client_cert;
     int workers;
     int chunk_files;

@@ -521,6 +521,14 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     struct ts_wr w;
     int rc;
 
+    if (s->cfg->etcd[0] && tsd_conn_role(s, c) != TS_ROLE_NODE) {
+        /* Nodes pass on maps they installed from etcd; anyone else changes the map in etcd. */
+        tsd_reply_error(c, h, TS_EPERM,
+                        "map-push refused: this cluster's map lives in etcd (%s, %s): change it "
+                        "there (tessera --etcd ENDPOINTS map push)",
+                        s->cfg->etcd, s->cfg->etcd_prefix);
+        return;
+    }
     rc = tsd_map_install_why(s, m, why, sizeof(why));
     if (rc == TS_ESTALE && why[0]) {
         tsd_reply_stale(c, h, "map-push: %s", why);

@@ -169,9 +169,10 @@ struct tsd_server {
     uint64_t start_ns;
     int anon_role;
     size_t out_budget;
-    size_t in_budget;           /* input_budget_mb, bytes */
-    _Atomic size_t in_reserved; /* of in_budget, held by frames being read */
-    _Atomic uint64_t epoch;     /* of the map below; 0: single node */
+    size_t in_budget;              /* input_budget_mb, bytes */
+    _Atomic size_t in_reserved;    /* of in_budget, held by frames being read */
+    _Atomic uint64_t epoch;        /* of the map below; 0: single node */
+    struct tsd_etcd_map *etcd_map; /* etcd_map.c: the map from etcd, when configured */
     pthread_rwlock_t map_lock;
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */
@@ -241,6 +242,11 @@ void tsd_cluster_fini(struct tsd_server *s);
  * pg_count; it is persisted first (a refused or unpersisted map changes nothing). TS_ESTALE if
  * older; TS_EINVAL (why says) if refused. */
 int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
+/* etcd_map.c: the thread that installs the map etcd holds (the etcd setting; nothing without) */
+int tsd_etcd_map_start(struct tsd_server *s);
+void tsd_etcd_map_stop(struct tsd_server *s);
+struct json_object;
+void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root);
 int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap);
 
 /* Where a client write of (dataset, shard) goes, when this node may take it. */

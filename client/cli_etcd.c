@@ -1,0 +1,115 @@
+/*
+ * tessera --etcd ENDPOINTS [--etcd-prefix P] map show | map push FILE: the cluster map in etcd
+ * (control/mapstore.h), for a cluster whose nodes follow it (tesserad's `etcd` setting). A push
+ * is one compare-and-swap: the file's map at the epoch after the one etcd holds; when another
+ * change came first it is built again on that one. TLS to etcd with --tls-ca/--tls-cert/--tls-key.
+ */
+#include "cli.h"
+
+#include "etcd.h"
+#include "mapstore.h"
+#include "ts_map.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static int open_etcd(struct ctx *x, ts_etcd **e)
+{
+    struct ts_etcd_opts o = {.endpoints = x->etcd,
+                             .ca = x->opts->tls_ca,
+                             .cert = x->opts->tls_cert,
+                             .key = x->opts->tls_key,
+                             .timeout_ms = x->opts->timeout_ms > 0 ? x->opts->timeout_ms : 5000};
+    int rc = ts_etcd_open(e, &o);
+
+    if (rc)
+        snprintf(x->local, sizeof(x->local),
+                 "--etcd %s: not a list of etcd members (or the TLS "
+                 "files do not load)",
+                 x->etcd);
+    return rc;
+}
+
+int cli_etcd_map_show(struct ctx *x)
+{
+    struct ts_map *m = NULL;
+    ts_etcd *e = NULL;
+    int64_t rev = 0;
+    int rc = open_etcd(x, &e);
+
+    if (rc)
+        return rc;
+    rc = ts_mapstore_get(e, x->etcd_prefix, &m, &rev);
+    if (rc == TS_ENOENT)
+        snprintf(x->local, sizeof(x->local),
+                 "etcd holds no map under %s (tessera --etcd ... map "
+                 "push FILE stores the first)",
+                 x->etcd_prefix);
+    else if (rc)
+        snprintf(x->local, sizeof(x->local), "%s", ts_etcd_error(e));
+    if (!rc) {
+        if (!x->json)
+            printf("etcd %s, %s/map at revision %lld\n", x->etcd, x->etcd_prefix, (long long)rev);
+        rc = map_print(x, m);
+    }
+    ts_map_free(m);
+    ts_etcd_close(e);
+    return rc;
+}
+
+/* The change a push makes: the file's map at the epoch after the current one. */
+static int from_file(void *arg, const struct ts_map *cur, struct ts_map **next, char *why,
+                     size_t cap)
+{
+    const struct ts_map *f = arg;
+
+    if (f->pg_count != cur->pg_count) {
+        snprintf(why, cap, "pg_count %u differs from the cluster's %u (fixed for its life)",
+                 f->pg_count, cur->pg_count);
+        return TS_EINVAL;
+    }
+    *next = ts_map_dup(f);
+    if (!*next)
+        return TS_ENOMEM;
+    (*next)->epoch = cur->epoch + 1;
+    return 0;
+}
+
+int cli_etcd_map_push(struct ctx *x)
+{
+    struct ts_map *f = NULL;
+    ts_etcd *e = NULL;
+    uint64_t epoch = 0;
+    int rc = ts_map_parse_file(x->argv[0], &f, x->local, sizeof(x->local));
+
+    if (rc)
+        return rc;
+    rc = open_etcd(x, &e);
+    if (!rc) {
+        rc = ts_mapstore_change(e, x->etcd_prefix, from_file, f, 10, &epoch, x->local,
+                                sizeof(x->local));
+        if (rc == TS_ENOENT) { /* the cluster's first map: as the file says */
+            x->local[0] = '\0';
+            rc = ts_mapstore_init(e, x->etcd_prefix, f);
+            epoch = f->epoch;
+            if (rc == TS_EEXIST) /* another came first: push over it */
+                rc = ts_mapstore_change(e, x->etcd_prefix, from_file, f, 10, &epoch, x->local,
+                                        sizeof(x->local));
+            else if (rc)
+                snprintf(x->local, sizeof(x->local), "%s", ts_etcd_error(e));
+        }
+    }
+    if (!rc && x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "file", json_object_new_string(x->argv[0]));
+        json_object_object_add(o, "epoch", json_u64(epoch));
+        json_object_object_add(o, "etcd", json_object_new_string(x->etcd));
+        json_print(o);
+    } else if (!rc) {
+        printf("pushed map %s to etcd (%s/map) at epoch %llu\n", x->argv[0], x->etcd_prefix,
+               (unsigned long long)epoch);
+    }
+    ts_map_free(f);
+    ts_etcd_close(e);
+    return rc;
+}

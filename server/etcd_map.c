@@ -1,0 +1,178 @@
+/*
+ * The cluster map from etcd (the `etcd` setting; docs/operations.md "The control plane on
+ * etcd"): a thread that installs the map etcd holds and follows every change of it. At start,
+ * when etcd holds no map yet, the node's own (from map_file) is offered as the first one (created
+ * only if absent: the first node to get there wins, the others install its map). Each round reads
+ * the key, installs a newer map through tsd_map_install_why (persisted first, as a pushed map
+ * is), then watches the key for up to WATCH_MS; the round's read says whether etcd answers
+ * (STATUS "etcd"). With etcd unreachable the node goes on under the map it has and changes
+ * nothing.
+ */
+#include "server_internal.h"
+
+#include "etcd.h"
+#include "mapstore.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#undef FAC
+#define FAC "etcd"
+#define WATCH_MS 2000
+
+struct tsd_etcd_map {
+    pthread_t thread;
+    _Atomic int stop;
+    pthread_mutex_t mu; /* guards what STATUS reads: */
+    int reachable;
+    int64_t rev;    /* the map key's revision last seen */
+    uint64_t epoch; /* of the map etcd held then */
+    char err[400];  /* the last failure, "" after a good read */
+};
+
+static void note(struct tsd_etcd_map *x, int reachable, int64_t rev, uint64_t epoch,
+                 const char *err)
+{
+    pthread_mutex_lock(&x->mu);
+    x->reachable = reachable;
+    if (reachable) {
+        x->rev = rev;
+        x->epoch = epoch;
+    }
+    snprintf(x->err, sizeof(x->err), "%s", err ? err : "");
+    pthread_mutex_unlock(&x->mu);
+}
+
+/* Offers this node's map as the cluster's first (when it has one). */
+static void bootstrap(struct tsd_server *s, ts_etcd *e)
+{
+    struct ts_map *m = NULL;
+    int rc;
+
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map)
+        m = ts_map_dup(s->map);
+    pthread_rwlock_unlock(&s->map_lock);
+    if (!m)
+        return;
+    rc = ts_mapstore_init(e, s->cfg->etcd_prefix, m);
+    if (!rc)
+        TS_INFO(FAC, "etcd held no map under %s: stored this node's (epoch %llu)",
+                s->cfg->etcd_prefix, (unsigned long long)m->epoch);
+    ts_map_free(m);
+}
+
+/* One round: read, install what is newer, wait for a change. */
+static void round_once(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
+{
+    struct ts_map *m = NULL;
+    struct ts_etcd_kv kv;
+    char key[512], why[300];
+    int64_t rev = 0;
+    int rc = ts_mapstore_get(e, s->cfg->etcd_prefix, &m, &rev), deleted;
+
+    if (rc == TS_ENOENT) {
+        bootstrap(s, e);
+        rc = ts_mapstore_get(e, s->cfg->etcd_prefix, &m, &rev);
+    }
+    if (rc) {
+        char err[400];
+        snprintf(err, sizeof(err), "%s", rc == TS_ENOENT ? "etcd holds no map" : ts_etcd_error(e));
+        note(x, rc == TS_ENOENT || rc == TS_EPROTO, 0, 0, err);
+        if (rc != TS_ENOENT)
+            TS_WARN(FAC, rc, "cannot read the map from etcd: %s", err);
+        sleep(1);
+        return;
+    }
+    note(x, 1, rev, m->epoch, NULL);
+    if (m->epoch > atomic_load(&s->epoch)) {
+        rc = tsd_map_install_why(s, m, why, sizeof(why));
+        if (!rc)
+            TS_INFO(FAC, "installed the map etcd holds: epoch %llu (revision %lld)",
+                    (unsigned long long)m->epoch, (long long)rev);
+    }
+    ts_map_free(m);
+    rc = ts_etcd_watch(e, ts_mapstore_key(s->cfg->etcd_prefix, key, sizeof(key)), rev + 1, WATCH_MS,
+                       &kv, &deleted);
+    ts_etcd_kv_free(&kv);
+    if (rc && rc != TS_ETIMEDOUT)
+        sleep(1); /* the next round's read says why */
+}
+
+static void *etcd_map_main(void *arg)
+{
+    struct tsd_server *s = arg;
+    struct tsd_etcd_map *x = s->etcd_map;
+    struct ts_etcd_opts o = {.endpoints = s->cfg->etcd, .timeout_ms = 3000};
+    ts_etcd *e = NULL;
+    int rc;
+
+    if (s->cfg->tls_ca[0])
+        o.ca = s->cfg->tls_ca;
+    if (s->cfg->tls_cert[0])
+        o.cert = s->cfg->tls_cert, o.key = s->cfg->tls_key;
+    rc = ts_etcd_open(&e, &o);
+    if (rc) {
+        note(x, 0, 0, 0, "cannot use the etcd setting (members, TLS files)");
+        TS_WARN(FAC, rc, "etcd %s: cannot open a client", s->cfg->etcd);
+        return NULL;
+    }
+    while (!atomic_load(&x->stop))
+        round_once(s, x, e);
+    ts_etcd_close(e);
+    return NULL;
+}
+
+int tsd_etcd_map_start(struct tsd_server *s)
+{
+    struct tsd_etcd_map *x;
+
+    if (!s->cfg->etcd[0])
+        return 0;
+    x = calloc(1, sizeof(*x));
+    if (!x)
+        return TS_ENOMEM;
+    pthread_mutex_init(&x->mu, NULL);
+    snprintf(x->err, sizeof(x->err), "not read yet");
+    s->etcd_map = x;
+    if (pthread_create(&x->thread, NULL, etcd_map_main, s) != 0) {
+        s->etcd_map = NULL;
+        free(x);
+        return TS_ENOMEM;
+    }
+    return 0;
+}
+
+void tsd_etcd_map_stop(struct tsd_server *s)
+{
+    struct tsd_etcd_map *x = s->etcd_map;
+
+    if (!x)
+        return;
+    atomic_store(&x->stop, 1);
+    pthread_join(x->thread, NULL); /* at most one call's timeout */
+    pthread_mutex_destroy(&x->mu);
+    free(x);
+    s->etcd_map = NULL;
+}
+
+void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root)
+{
+    struct tsd_etcd_map *x = s->etcd_map;
+    struct json_object *o;
+
+    if (!x)
+        return;
+    o = json_object_new_object();
+    pthread_mutex_lock(&x->mu);
+    json_object_object_add(o, "endpoints", json_object_new_string(s->cfg->etcd));
+    json_object_object_add(o, "prefix", json_object_new_string(s->cfg->etcd_prefix));
+    json_object_object_add(o, "reachable", json_object_new_boolean(x->reachable));
+    json_object_object_add(o, "map_epoch", json_object_new_int64((int64_t)x->epoch));
+    json_object_object_add(o, "map_revision", json_object_new_int64(x->rev));
+    json_object_object_add(o, "error", x->err[0] ? json_object_new_string(x->err) : NULL);
+    pthread_mutex_unlock(&x->mu);
+    json_object_object_add(root, "etcd", o);
+}

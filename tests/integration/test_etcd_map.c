@@ -1,0 +1,347 @@
+/*
+ * Nodes that follow the map in etcd (tesserad's `etcd` setting, server/etcd_map.c), with a real
+ * 3-member etcd cluster and 3 real tesserad nodes (mutual TLS between them):
+ *  - the first node to reach an empty etcd stores its map; all install what etcd holds;
+ *  - `tessera --etcd ... map push FILE` changes it by compare-and-swap and every node installs it;
+ *  - two admins pushing at once, 5 times each: one history in etcd (each epoch once, each the one
+ *    before plus one), and every node ends on etcd's map;
+ *  - an admin's MAP_PUSH straight to a node (the old way) is refused and changes nothing;
+ *  - etcd's majority gone: writes and reads go on under the current map, no map change can be
+ *    made, STATUS says etcd is unreachable; etcd back: changes go through again.
+ */
+#include "etcd_harness.h"
+#include "harness.h"
+
+#include "etcd.h"
+#include "mapstore.h"
+#include "tessera/tessera.h"
+#include "ts_common.h"
+#include "ts_proto.h"
+#include "ts_test.h"
+
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define PREFIX "/tessera/t"
+#define PGS 8
+
+static struct etcd_cluster E;
+static struct tsd_cluster CL;
+static char dir[600];
+
+static ts_etcd *etcd_client(void)
+{
+    struct ts_etcd_opts o = {.endpoints = E.endpoints, .timeout_ms = 3000};
+    ts_etcd *e = NULL;
+
+    assert_int_equal(ts_etcd_open(&e, &o), 0);
+    return e;
+}
+
+/* The epoch of the map node i has (MAP_GET), 0 when it cannot be read. */
+static uint64_t node_epoch(int i)
+{
+    struct ts_map *m = raw_map_get(CL.node[i].addr);
+    uint64_t epoch = m ? m->epoch : 0;
+
+    ts_map_free(m);
+    return epoch;
+}
+
+/* Waits up to ms for every node to have epoch; the time it took (ms), or -1. */
+static long all_at(uint64_t epoch, int ms)
+{
+    uint64_t t0 = ts_now_mono_ns();
+
+    for (int t = 0; t < ms / 50; t++) {
+        int ok = 1;
+        for (int i = 0; i < CL.n && ok; i++)
+            ok = node_epoch(i) == epoch;
+        if (ok)
+            return (long)((ts_now_mono_ns() - t0) / 1000000);
+        usleep(50 * 1000);
+    }
+    for (int i = 0; i < CL.n; i++)
+        fprintf(stderr, "  n%d at epoch %llu (want %llu)\n", i + 1,
+                (unsigned long long)node_epoch(i), (unsigned long long)epoch);
+    return -1;
+}
+
+/* `tessera --etcd E --etcd-prefix PREFIX ARGS` (with the admin's TLS options, unused by a plain
+ * etcd); its exit status, its output in out. */
+static int etcd_cli(char *out, size_t cap, const char *args)
+{
+    char cmd[2048], line[512];
+    size_t n = 0;
+    FILE *p;
+    int st;
+
+    snprintf(cmd, sizeof(cmd), "%s --etcd %s --etcd-prefix %s %s 2>&1", TESSERA_CLI_PATH,
+             E.endpoints, PREFIX, args);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    out[0] = '\0';
+    while (fgets(line, sizeof(line), p))
+        if (n + strlen(line) < cap) {
+            memcpy(out + n, line, strlen(line) + 1);
+            n += strlen(line);
+        }
+    st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* The cluster's map file with node n3's weight w, at path. */
+static void map_file_with_weight(const char *path, unsigned w)
+{
+    struct ts_map *m = NULL;
+    char err[256];
+
+    assert_int_equal(ts_map_parse_file(CL.map_path, &m, err, sizeof(err)), 0);
+    m->nodes[2].weight = w;
+    assert_int_equal(ts_map_write_file(m, path), 0);
+    ts_map_free(m);
+}
+
+static void test_nodes_follow_etcd(void **state)
+{
+    ts_etcd *e = etcd_client();
+    struct ts_map *m = NULL;
+    char path[700], out[4096];
+    long ms;
+
+    (void)state;
+    /* A node stored its map; every node has epoch 1. */
+    for (int t = 0; t < 100 && ts_mapstore_get(e, PREFIX, &m, NULL) != 0; t++)
+        usleep(100 * 1000);
+    assert_non_null(m);
+    assert_true(m->epoch == 1 && m->n == 3);
+    ts_map_free(m);
+    assert_true(all_at(1, 10000) >= 0);
+
+    snprintf(path, sizeof(path), "%s/w200.map", dir);
+    map_file_with_weight(path, 200);
+    {
+        char args[800];
+        snprintf(args, sizeof(args), "map push %s", path);
+        assert_int_equal(etcd_cli(out, sizeof(out), args), 0);
+    }
+    assert_non_null(strstr(out, "at epoch 2"));
+    ms = all_at(2, 10000);
+    fprintf(stderr, "  epoch 2 pushed to etcd: on every node after %ld ms\n", ms);
+    assert_true(ms >= 0);
+    m = raw_map_get(CL.node[1].addr);
+    assert_true(m && m->nodes[2].weight == 200);
+    ts_map_free(m);
+    assert_int_equal(etcd_cli(out, sizeof(out), "--json map show"), 0);
+    assert_non_null(strstr(out, "\"epoch\": 2"));
+    ts_etcd_close(e);
+}
+
+static void test_two_admins_one_history(void **state)
+{
+    ts_etcd *e = etcd_client();
+    struct ts_map *m = NULL, *got;
+    int64_t rev = 0;
+    uint64_t start;
+    char key[128];
+    pid_t kid[2];
+    int st;
+
+    (void)state;
+    assert_int_equal(ts_mapstore_get(e, PREFIX, &m, &rev), 0);
+    start = m->epoch;
+    ts_map_free(m);
+    for (int k = 0; k < 2; k++) {
+        kid[k] = fork();
+        if (kid[k] == 0) {
+            char path[700], out[4096], args[800];
+            snprintf(path, sizeof(path), "%s/admin%d.map", dir, k);
+            map_file_with_weight(path, 300 + (unsigned)k);
+            snprintf(args, sizeof(args), "map push %s", path);
+            for (int r = 0; r < 5; r++)
+                if (etcd_cli(out, sizeof(out), args) != 0) {
+                    fprintf(stderr, "admin %d: %s", k, out);
+                    _exit(1);
+                }
+            _exit(0);
+        }
+    }
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(waitpid(kid[k], &st, 0), kid[k]);
+        assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    }
+    /* etcd's history from where it was: each revision the epoch after the one before. */
+    for (uint64_t want = start; want <= start + 10; want++) {
+        struct ts_etcd_kv kv;
+        struct ts_rd r;
+        int deleted;
+        assert_int_equal(
+            ts_etcd_watch(e, ts_mapstore_key(PREFIX, key, sizeof(key)), rev, 2000, &kv, &deleted),
+            0);
+        ts_rd_init(&r, kv.value, kv.len);
+        assert_int_equal(ts_map_decode(&r, &got), 0);
+        assert_true(got->epoch == want);
+        rev = kv.mod_rev + 1;
+        ts_map_free(got);
+        ts_etcd_kv_free(&kv);
+    }
+    /* Every node on etcd's last map. */
+    assert_true(all_at(start + 10, 15000) >= 0);
+    assert_int_equal(ts_mapstore_get(e, PREFIX, &m, NULL), 0);
+    for (int i = 0; i < CL.n; i++) {
+        struct ts_map *n = raw_map_get(CL.node[i].addr);
+        assert_non_null(n);
+        assert_true(n->epoch == m->epoch && n->nodes[2].weight == m->nodes[2].weight);
+        ts_map_free(n);
+    }
+    ts_map_free(m);
+    ts_etcd_close(e);
+}
+
+static void test_admin_push_to_a_node_refused(void **state)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr), *next;
+    uint64_t before = m->epoch;
+
+    (void)state;
+    next = ts_map_dup(m);
+    next->epoch = m->epoch + 5;
+    next->nodes[2].weight = 999;
+    assert_int_equal(raw_map_push(CL.node[0].tls_addr, next), TS_EPERM);
+    usleep(300 * 1000);
+    for (int i = 0; i < CL.n; i++)
+        assert_true(node_epoch(i) == before);
+    ts_map_free(next);
+    ts_map_free(m);
+}
+
+/* STATUS "etcd": {"reachable": ...} of node i, as 1/0, or -1 when absent. */
+static int etcd_reachable(int i)
+{
+    char out[65536];
+    json_object *j, *o, *r;
+    int v = -1;
+    const char *brace;
+
+    if (tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), "--json status --node n%d", i + 1) != 0)
+        return -1;
+    brace = strchr(out, '{');
+    j = brace ? json_tokener_parse(brace) : NULL;
+    if (j && json_object_object_get_ex(j, "etcd", &o) &&
+        json_object_object_get_ex(o, "reachable", &r))
+        v = json_object_get_boolean(r);
+    json_object_put(j);
+    return v;
+}
+
+static void test_etcd_majority_gone(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0};
+    struct tessera_opts o;
+    tessera_client *c = NULL;
+    char path[700], out[4096], args[800];
+    uint64_t before = node_epoch(0);
+    uint8_t buf[4096], back[4096];
+    size_t n;
+    int down = 0, rc = -1;
+
+    (void)state;
+    tsd_client_opts(&o, &CL.node[0], "admin");
+    assert_int_equal(tessera_client_open(&c, &o), 0);
+    assert_int_equal(tessera_dataset_create(c, "d", &p), 0);
+    etcd_member_kill(&E, 0);
+    etcd_member_kill(&E, 1);
+    /* The data path goes on under the current map. */
+    memset(buf, 7, sizeof(buf));
+    assert_int_equal(tessera_put(c, "d", 1, buf, sizeof(buf), NULL, 0), 0);
+    assert_int_equal(tessera_read(c, "d", 1, 0, sizeof(back), back, &n), 0);
+    assert_true(n == sizeof(buf) && !memcmp(buf, back, n));
+    /* No map change; status says etcd is unreachable. */
+    snprintf(path, sizeof(path), "%s/w500.map", dir);
+    map_file_with_weight(path, 500);
+    snprintf(args, sizeof(args), "--timeout 1500 map push %s", path);
+    assert_int_not_equal(etcd_cli(out, sizeof(out), args), 0);
+    fprintf(stderr, "  push with etcd's majority gone: %s", out);
+    for (int t = 0; t < 40 && !down; t++) {
+        down = etcd_reachable(1) == 0;
+        if (!down)
+            usleep(250 * 1000);
+    }
+    assert_true(down);
+    for (int i = 0; i < CL.n; i++)
+        assert_true(node_epoch(i) == before);
+    /* etcd back: changes go through, the nodes follow. */
+    assert_int_equal(etcd_member_start(&E, 0), 0);
+    assert_int_equal(etcd_member_start(&E, 1), 0);
+    for (int t = 0; t < 50 && rc; t++) {
+        rc = etcd_cli(out, sizeof(out), args);
+        if (rc)
+            usleep(200 * 1000);
+    }
+    assert_int_equal(rc, 0);
+    assert_true(all_at(before + 1, 15000) >= 0);
+    assert_int_equal(etcd_reachable(1), 1);
+    memset(back, 0, sizeof(back));
+    assert_int_equal(tessera_read(c, "d", 1, 0, sizeof(back), back, &n), 0);
+    assert_true(n == sizeof(buf) && !memcmp(buf, back, n));
+    tessera_client_close(c);
+}
+
+static int setup(void **state)
+{
+    char *tmp;
+    int rc;
+
+    (void)state;
+    rc = etcd_cluster_start(&E, 3, 0);
+    if (rc)
+        return rc == 77 ? -1 : rc;
+    tmp = ts_test_tmpdir("etcd-map");
+    snprintf(dir, sizeof(dir), "%s", tmp);
+    free(tmp);
+    {
+        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, NULL};
+        rc = tsd_cluster_start(&CL, 3, NULL, PGS, extra);
+    }
+    return rc;
+}
+
+static int teardown(void **state)
+{
+    char cmd[700];
+    int rc;
+
+    (void)state;
+    rc = tsd_cluster_stop(&CL);
+    etcd_cluster_stop(&E);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        rc = -1;
+    return rc;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nodes_follow_etcd),
+        cmocka_unit_test(test_two_admins_one_history),
+        cmocka_unit_test(test_admin_push_to_a_node_refused),
+        cmocka_unit_test(test_etcd_majority_gone),
+    };
+    int rc;
+
+    if (access("/usr/bin/etcd", X_OK) != 0) {
+        const char *req = getenv("TESSERA_REQUIRE_VM");
+        fprintf(stderr, "test_etcd_map: %s: no /usr/bin/etcd (apt-get install etcd-server)\n",
+                req && !strcmp(req, "1") ? "required" : "skipped");
+        return req && !strcmp(req, "1") ? 1 : 77;
+    }
+    rc = cmocka_run_group_tests_name("etcd map", tests, setup, teardown);
+    if (rc)
+        tsd_cluster_dump_logs(&CL);
+    return rc;
+}
