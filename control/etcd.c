@@ -368,9 +368,13 @@ static int post(ts_etcd *e, const char *path, const char *body, int stream, int 
         if (!rc && (c.status || c.event)) {
             json_object *j = c.event;
             e->cur = (e->cur + k) % e->n;
-            if (!j) {
+            if (!j) { /* the body is not NUL-terminated: parsed by its length */
                 size_t n = evbuffer_get_length(c.body);
-                j = json_tokener_parse(n ? (const char *)evbuffer_pullup(c.body, -1) : "");
+                json_tokener *tok = json_tokener_new();
+                j = tok && n ? json_tokener_parse_ex(tok, (const char *)evbuffer_pullup(c.body, -1),
+                                                     (int)n)
+                             : NULL;
+                json_tokener_free(tok);
             }
             evbuffer_free(c.body);
             if (!j) {
