@@ -109,6 +109,9 @@ static const struct setting settings[] = {
     INT("peer_timeout_ms", peer_timeout_ms, 100, 600000, "3000",
         "a peer node that owes replies and says nothing this long is unreachable"),
     INT("max_chunk_mb", max_chunk_mb, 1, 64, "64", "largest chunk size a dataset may use, MiB"),
+    INT("etcd_lease_ttl_s", etcd_lease_ttl_s, 2, 300, "5",
+        "with etcd: the node's registration (etcd_prefix/nodes/ID, bound to a lease) is kept "
+        "alive while the node runs and goes this long after it stops answering"),
 };
 
 static char **str_at(struct tsd_config *c, const struct setting *s)

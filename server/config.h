@@ -39,7 +39,8 @@ struct tsd_config {
     int max_chunk_mb;
     int pg_log_keep;
     int peer_timeout_ms;
-    int max_open_files; /* derived at start-up from the descriptor limit */
+    int etcd_lease_ttl_s; /* the node's registration in etcd lives this long without keepalive */
+    int max_open_files;   /* derived at start-up from the descriptor limit */
 };
 
 /* Fills every setting with its default. */

@@ -1,6 +1,11 @@
 /*
- * The cluster map from etcd (the `etcd` setting; docs/operations.md "The control plane on
- * etcd"): a thread that installs the map etcd holds and follows every change of it. At start,
+ * The node in etcd (the `etcd` setting; docs/operations.md "The control plane on etcd"): its
+ * registration, and the cluster map. The registration is the key PREFIX/nodes/ID (the node's
+ * addresses, pid and map epoch, as JSON) bound to a lease of etcd_lease_ttl_s, kept alive every
+ * third of it: while the node runs the key is there, and it goes TTL after the node stopped
+ * answering (kill -9, a power cut, cut off from etcd): what a monitor watches. A lease that
+ * expired (etcd unreachable for longer) is granted again. A clean stop revokes it at once.
+ * The map: a thread that installs the map etcd holds and follows every change of it. At start,
  * when etcd holds no map yet, the node's own (from map_file) is offered as the first one (created
  * only if absent: the first node to get there wins, the others install its map). Each round reads
  * the key, installs a newer map through tsd_map_install_why (persisted first, as a pushed map
@@ -27,9 +32,11 @@ struct tsd_etcd_map {
     _Atomic int stop;
     pthread_mutex_t mu; /* guards what STATUS reads: */
     int reachable;
-    int64_t rev;    /* the map key's revision last seen */
-    uint64_t epoch; /* of the map etcd held then */
-    char err[400];  /* the last failure, "" after a good read */
+    int64_t rev;      /* the map key's revision last seen */
+    uint64_t epoch;   /* of the map etcd held then */
+    char err[400];    /* the last failure, "" after a good read */
+    int64_t lease;    /* the registration's lease (0: none held) */
+    uint64_t kept_ns; /* when it was last kept alive */
 };
 
 static void note(struct tsd_etcd_map *x, int reachable, int64_t rev, uint64_t epoch,
@@ -64,6 +71,45 @@ static void bootstrap(struct tsd_server *s, ts_etcd *e)
     ts_map_free(m);
 }
 
+/* The registration: granted (again) when there is none, else kept alive every third of the TTL. */
+static void register_tick(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
+{
+    int64_t ttl_s = s->cfg->etcd_lease_ttl_s, lease = x->lease, left = 0;
+    uint64_t now = ts_now_mono_ns();
+    char key[600], val[800];
+    int rc;
+
+    if (lease && now - x->kept_ns < (uint64_t)ttl_s * 1000000000ull / 3)
+        return;
+    if (lease && (rc = ts_etcd_lease_keepalive(e, lease, &left)) != TS_ENOENT) {
+        if (!rc)
+            x->kept_ns = now;
+        return; /* kept, or etcd does not answer: the next round tries again */
+    }
+    if (ts_etcd_lease_grant(e, ttl_s, &lease) != 0)
+        return;
+    snprintf(key, sizeof(key), "%s/nodes/%s", s->cfg->etcd_prefix, s->cfg->node_id);
+    snprintf(val, sizeof(val),
+             "{\"node\": \"%s\", \"addr\": \"%s\", \"tls_addr\": \"%s\", \"pid\": %d, "
+             "\"epoch\": %llu}",
+             s->cfg->node_id, s->addr[0], s->addr[1], (int)getpid(),
+             (unsigned long long)atomic_load(&s->epoch));
+    rc = ts_etcd_put(e, key, val, strlen(val), lease, NULL);
+    if (rc) {
+        ts_etcd_lease_revoke(e, lease);
+        return;
+    }
+    if (x->lease)
+        TS_WARN(FAC, TS_ENOENT, "registration lease %llx had expired: registered again",
+                (unsigned long long)x->lease);
+    TS_INFO(FAC, "registered as %s (lease %llx, %lld s)", key, (unsigned long long)lease,
+            (long long)ttl_s);
+    pthread_mutex_lock(&x->mu);
+    x->lease = lease;
+    pthread_mutex_unlock(&x->mu);
+    x->kept_ns = now;
+}
+
 /* One round: read, install what is newer, wait for a change. */
 static void round_once(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
 {
@@ -77,6 +123,8 @@ static void round_once(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
         bootstrap(s, e);
         rc = ts_mapstore_get(e, s->cfg->etcd_prefix, &m, &rev);
     }
+    if (rc != TS_ETIMEDOUT && rc != TS_EUNAVAIL)
+        register_tick(s, x, e);
     if (rc) {
         char err[400];
         snprintf(err, sizeof(err), "%s", rc == TS_ENOENT ? "etcd holds no map" : ts_etcd_error(e));
@@ -94,8 +142,8 @@ static void round_once(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
                     (unsigned long long)m->epoch, (long long)rev);
     }
     ts_map_free(m);
-    rc = ts_etcd_watch(e, ts_mapstore_key(s->cfg->etcd_prefix, key, sizeof(key)), rev + 1, WATCH_MS,
-                       &kv, &deleted);
+    rc = ts_etcd_watch(e, ts_mapstore_key(s->cfg->etcd_prefix, key, sizeof(key)), rev + 1,
+                       TS_MIN(WATCH_MS, s->cfg->etcd_lease_ttl_s * 1000 / 3), &kv, &deleted);
     ts_etcd_kv_free(&kv);
     if (rc && rc != TS_ETIMEDOUT)
         sleep(1); /* the next round's read says why */
@@ -121,6 +169,8 @@ static void *etcd_map_main(void *arg)
     }
     while (!atomic_load(&x->stop))
         round_once(s, x, e);
+    if (x->lease) /* a clean stop: the registration goes at once */
+        ts_etcd_lease_revoke(e, x->lease);
     ts_etcd_close(e);
     return NULL;
 }
@@ -173,6 +223,8 @@ void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root)
     json_object_object_add(o, "map_epoch", json_object_new_int64((int64_t)x->epoch));
     json_object_object_add(o, "map_revision", json_object_new_int64(x->rev));
     json_object_object_add(o, "error", x->err[0] ? json_object_new_string(x->err) : NULL);
+    json_object_object_add(o, "lease", json_object_new_int64(x->lease));
+    json_object_object_add(o, "lease_ttl_s", json_object_new_int64(s->cfg->etcd_lease_ttl_s));
     pthread_mutex_unlock(&x->mu);
     json_object_object_add(root, "etcd", o);
 }

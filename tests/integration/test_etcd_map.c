@@ -6,6 +6,8 @@
  *  - two admins pushing at once, 5 times each: one history in etcd (each epoch once, each the one
  *    before plus one), and every node ends on etcd's map;
  *  - an admin's MAP_PUSH straight to a node (the old way) is refused and changes nothing;
+ *  - each node is registered under PREFIX/nodes/ID with a lease: kill -9 of a node, and its key
+ *    is gone within the lease's TTL (2 s here; measured); started again, it is back;
  *  - etcd's majority gone: writes and reads go on under the current map, no map change can be
  *    made, STATUS says etcd is unreachable; etcd back: changes go through again.
  */
@@ -219,6 +221,46 @@ static void test_admin_push_to_a_node_refused(void **state)
     ts_map_free(m);
 }
 
+/* Waits up to ms for node i's registration to be there (want 1) or gone (0); the ms it took. */
+static long registered(ts_etcd *e, int i, int want, int ms)
+{
+    uint64_t t0 = ts_now_mono_ns();
+    char key[64];
+
+    snprintf(key, sizeof(key), PREFIX "/nodes/n%d", i + 1);
+    for (int t = 0; t < ms / 50; t++) {
+        struct ts_etcd_kv kv;
+        int rc = ts_etcd_get(e, key, &kv, NULL);
+        int there = rc == 0 && kv.lease != 0 &&
+                    strstr((const char *)kv.value, key + strlen(PREFIX "/nodes/"));
+        ts_etcd_kv_free(&kv);
+        if (there == want)
+            return (long)((ts_now_mono_ns() - t0) / 1000000);
+        usleep(50 * 1000);
+    }
+    return -1;
+}
+
+static void test_registration_follows_liveness(void **state)
+{
+    ts_etcd *e = etcd_client();
+    long ms;
+
+    (void)state;
+    for (int i = 0; i < CL.n; i++)
+        assert_true(registered(e, i, 1, 5000) >= 0);
+    tsd_kill9(&CL.node[2]);
+    ms = registered(e, 2, 0, 10000);
+    fprintf(stderr, "  n3 killed (-9): its registration gone after %ld ms (lease TTL 2 s)\n", ms);
+    assert_true(ms >= 0 && ms <= 2000 + 1500);
+    assert_true(registered(e, 0, 1, 100) >= 0 && registered(e, 1, 1, 100) >= 0);
+    assert_int_equal(tsd_start(&CL.node[2], NULL), 0);
+    ms = registered(e, 2, 1, 5000);
+    fprintf(stderr, "  n3 started again: registered after %ld ms\n", ms);
+    assert_true(ms >= 0);
+    ts_etcd_close(e);
+}
+
 /* STATUS "etcd": {"reachable": ...} of node i, as 1/0, or -1 when absent. */
 static int etcd_reachable(int i)
 {
@@ -304,7 +346,8 @@ static int setup(void **state)
     snprintf(dir, sizeof(dir), "%s", tmp);
     free(tmp);
     {
-        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, NULL};
+        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, "--etcd-lease-ttl-s",
+                               "2",      NULL};
         rc = tsd_cluster_start(&CL, 3, NULL, PGS, extra);
     }
     return rc;
@@ -330,6 +373,7 @@ int main(void)
         cmocka_unit_test(test_nodes_follow_etcd),
         cmocka_unit_test(test_two_admins_one_history),
         cmocka_unit_test(test_admin_push_to_a_node_refused),
+        cmocka_unit_test(test_registration_follows_liveness),
         cmocka_unit_test(test_etcd_majority_gone),
     };
     int rc;
