@@ -609,6 +609,40 @@ int ts_etcd_cas(ts_etcd *e, const char *key, int64_t expect, const void *v, size
     return rc;
 }
 
+int ts_etcd_list(ts_etcd *e, const char *prefix, char ***keys, size_t *n)
+{
+    json_object *o, *r, *kvs, *k;
+    size_t len = prefix ? strlen(prefix) : 0, cnt;
+    char *end;
+    int rc;
+
+    if (!e || !len || !keys || !n)
+        return TS_EINVAL;
+    *keys = NULL;
+    *n = 0;
+    end = strdup(prefix); /* the range's end: the prefix with its last byte one more */
+    if (!end)
+        return TS_ENOMEM;
+    end[len - 1]++;
+    o = key_req(prefix);
+    add_b64(o, "range_end", end, len);
+    free(end);
+    json_object_object_add(o, "keys_only", json_object_new_boolean(1));
+    rc = call_json(e, "/v3/kv/range", o, &r);
+    if (rc)
+        return rc;
+    cnt = json_object_object_get_ex(r, "kvs", &kvs) ? json_object_array_length(kvs) : 0;
+    *keys = calloc(cnt ? cnt : 1, sizeof(char *));
+    for (size_t i = 0; *keys && i < cnt; i++) {
+        uint8_t *key = NULL;
+        if (json_object_object_get_ex(json_object_array_get_idx(kvs, i), "key", &k) &&
+            unb64(json_object_get_string(k), &key) >= 0)
+            (*keys)[(*n)++] = (char *)key;
+    }
+    json_object_put(r);
+    return *keys ? 0 : TS_ENOMEM;
+}
+
 int ts_etcd_delete(ts_etcd *e, const char *key)
 {
     json_object *r;

@@ -51,6 +51,9 @@ int ts_etcd_put(ts_etcd *e, const char *key, const void *v, size_t len, int64_t 
 int ts_etcd_cas(ts_etcd *e, const char *key, int64_t expect, const void *v, size_t len,
                 int64_t lease, int64_t *rev, struct ts_etcd_kv *now);
 int ts_etcd_delete(ts_etcd *e, const char *key);
+/* The keys that start with prefix (at most max), malloc'ed strings in keys[0..*n) (free each and
+ * the array). */
+int ts_etcd_list(ts_etcd *e, const char *prefix, char ***keys, size_t *n);
 
 /* Leases: granted for ttl_s seconds; kept alive once per call (*ttl: what is left); TS_ENOENT
  * for a lease that expired or was revoked (its keys are gone). */

@@ -109,6 +109,17 @@ static const struct setting settings[] = {
     INT("peer_timeout_ms", peer_timeout_ms, 100, 600000, "3000",
         "a peer node that owes replies and says nothing this long is unreachable"),
     INT("max_chunk_mb", max_chunk_mb, 1, 64, "64", "largest chunk size a dataset may use, MiB"),
+    BOOL("monitor", monitor, "true",
+         "with etcd: stand for the cluster's monitor (one, elected through etcd), which marks "
+         "nodes down, out and up again by their registrations"),
+    INT("monitor.down_after_ms", monitor_down_after_ms, 1000, 3600000, "8000",
+        "the monitor marks a node down when its registration has been gone this long"),
+    INT("monitor.up_after_ms", monitor_up_after_ms, 0, 3600000, "3000",
+        "... and up again once it has been registered again this long"),
+    INT("monitor.out_after_ms", monitor_out_after_ms, 1000, 2000000000, "600000",
+        "... and out (its data re-replicated elsewhere) when it has been gone this long"),
+    INT("monitor.max_down_pct", monitor_max_down_pct, 1, 100, "34",
+        "the monitor marks a node down only while at most this share of the nodes is down"),
     INT("etcd_lease_ttl_s", etcd_lease_ttl_s, 2, 300, "5",
         "with etcd: the node's registration (etcd_prefix/nodes/ID, bound to a lease) is kept "
         "alive while the node runs and goes this long after it stops answering"),

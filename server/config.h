@@ -40,7 +40,9 @@ struct tsd_config {
     int pg_log_keep;
     int peer_timeout_ms;
     int etcd_lease_ttl_s; /* the node's registration in etcd lives this long without keepalive */
-    int max_open_files;   /* derived at start-up from the descriptor limit */
+    int monitor;          /* with etcd: may be the cluster's elected monitor (etcd_monitor.c) */
+    int monitor_down_after_ms, monitor_up_after_ms, monitor_out_after_ms, monitor_max_down_pct;
+    int max_open_files; /* derived at start-up from the descriptor limit */
 };
 
 /* Fills every setting with its default. */

@@ -296,6 +296,7 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
         json_object_object_add(root, "replication", rep);
     }
     tsd_etcd_map_status(s, root);
+    tsd_monitor_status(s, root);
     ds = json_object_new_array();
     json_object_object_add(
         root, "datasets_truncated",

@@ -484,7 +484,7 @@ int tsd_server_run(struct tsd_server *s)
     for (int i = 0; i < s->nworkers; i++)
         if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0)
             return TS_ENOMEM;
-    if (tsd_etcd_map_start(s) != 0)
+    if (tsd_etcd_map_start(s) != 0 || tsd_monitor_start(s) != 0)
         return TS_ENOMEM;
     /* The readiness line: tests and scripts wait for it. */
     fprintf(stderr,
@@ -513,6 +513,7 @@ void tsd_server_fini(struct tsd_server *s)
     s->sig_term = s->sig_int = NULL;
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
+    tsd_monitor_stop(s);
     tsd_etcd_map_stop(s); /* it installs maps: before replication stops */
     /* Replication and maintenance post completions to the workers' loops: stop them first. */
     ts_repl_stop(s->repl);

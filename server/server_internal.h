@@ -173,6 +173,7 @@ struct tsd_server {
     _Atomic size_t in_reserved;    /* of in_budget, held by frames being read */
     _Atomic uint64_t epoch;        /* of the map below; 0: single node */
     struct tsd_etcd_map *etcd_map; /* etcd_map.c: the map from etcd, when configured */
+    struct tsd_monitor *monitor;   /* etcd_monitor.c: this node's bid to be the monitor */
     pthread_rwlock_t map_lock;
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */
@@ -247,6 +248,10 @@ int tsd_etcd_map_start(struct tsd_server *s);
 void tsd_etcd_map_stop(struct tsd_server *s);
 struct json_object;
 void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root);
+/* etcd_monitor.c: the elected monitor (the monitor setting, with etcd) */
+int tsd_monitor_start(struct tsd_server *s);
+void tsd_monitor_stop(struct tsd_server *s);
+void tsd_monitor_status(struct tsd_server *s, struct json_object *root);
 int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap);
 
 /* Where a client write of (dataset, shard) goes, when this node may take it. */
