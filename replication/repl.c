@@ -680,7 +680,7 @@ static void map_push_to(ts_repl *r, const char *id)
     uint64_t now = ts_now_mono_ns();
     struct ts_wr w;
 
-    if (!p || !r->map || r->self < 0)
+    if (!p || !r->map || r->self < 0 || r->o.no_map_push)
         return;
     if (p->map_pushed_epoch == r->map->epoch && now - p->map_pushed_ns < 200ull * 1000000)
         return; /* pushed this epoch a moment ago */

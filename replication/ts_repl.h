@@ -35,6 +35,9 @@ struct ts_repl_opts {
      * not been backfilled yet): it may not lead the PG before a backfill. Thread-safe. */
     int (*needs_backfill)(void *arg, uint32_t pg);
     void *arg;
+    /* Never push our map to a peer that is behind (a cluster whose map lives in etcd: each node
+     * installs only what etcd committed, and learns it from etcd). */
+    int no_map_push;
 };
 
 /* rc: 0, or why it failed; acked: how many targets hold the write. */

@@ -327,6 +327,7 @@ int tsd_cluster_init(struct tsd_server *s)
     ro.ssl = s->peer_ssl;
     ro.adopt_map = adopt_map;
     ro.needs_backfill = needs_backfill_cb;
+    ro.no_map_push = s->cfg->etcd[0] != '\0';
     ro.arg = s;
     pthread_rwlock_rdlock(&s->map_lock);
     rc = ts_repl_start(&s->repl, &ro, s->map);

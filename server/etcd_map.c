@@ -149,19 +149,24 @@ static void round_once(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd *e)
         sleep(1); /* the next round's read says why */
 }
 
-static void *etcd_map_main(void *arg)
+int tsd_etcd_open(struct tsd_server *s, ts_etcd **e)
 {
-    struct tsd_server *s = arg;
-    struct tsd_etcd_map *x = s->etcd_map;
     struct ts_etcd_opts o = {.endpoints = s->cfg->etcd, .timeout_ms = 3000};
-    ts_etcd *e = NULL;
-    int rc;
 
     if (s->cfg->tls_ca[0])
         o.ca = s->cfg->tls_ca;
     if (s->cfg->tls_cert[0])
         o.cert = s->cfg->tls_cert, o.key = s->cfg->tls_key;
-    rc = ts_etcd_open(&e, &o);
+    return ts_etcd_open(e, &o);
+}
+
+static void *etcd_map_main(void *arg)
+{
+    struct tsd_server *s = arg;
+    struct tsd_etcd_map *x = s->etcd_map;
+    ts_etcd *e = NULL;
+    int rc = tsd_etcd_open(s, &e);
+
     if (rc) {
         note(x, 0, 0, 0, "cannot use the etcd setting (members, TLS files)");
         TS_WARN(FAC, rc, "etcd %s: cannot open a client", s->cfg->etcd);

@@ -141,14 +141,9 @@ static void *monitor_main(void *arg)
 {
     struct tsd_server *s = arg;
     struct tsd_monitor *x = s->monitor;
-    struct ts_etcd_opts o = {.endpoints = s->cfg->etcd, .timeout_ms = 3000};
     ts_etcd *e = NULL;
 
-    if (s->cfg->tls_ca[0])
-        o.ca = s->cfg->tls_ca;
-    if (s->cfg->tls_cert[0])
-        o.cert = s->cfg->tls_cert, o.key = s->cfg->tls_key;
-    if (ts_etcd_open(&e, &o) != 0)
+    if (tsd_etcd_open(s, &e) != 0)
         return NULL;
     while (!atomic_load(&x->stop)) {
         monitor_round(s, x, e);

@@ -521,8 +521,9 @@ void tsd_op_map_push(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     struct ts_wr w;
     int rc;
 
-    if (s->cfg->etcd[0] && tsd_conn_role(s, c) != TS_ROLE_NODE) {
-        /* Nodes pass on maps they installed from etcd; anyone else changes the map in etcd. */
+    if (s->cfg->etcd[0]) {
+        /* A node installs only maps etcd committed, and learns them from etcd: no push, from an
+         * admin or a peer, is taken (an admin changes the map in etcd). */
         tsd_reply_error(c, h, TS_EPERM,
                         "map-push refused: this cluster's map lives in etcd (%s, %s): change it "
                         "there (tessera --etcd ENDPOINTS map push)",

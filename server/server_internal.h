@@ -245,6 +245,9 @@ void tsd_cluster_fini(struct tsd_server *s);
 int tsd_map_install(struct tsd_server *s, const struct ts_map *m);
 /* etcd_map.c: the thread that installs the map etcd holds (the etcd setting; nothing without) */
 int tsd_etcd_map_start(struct tsd_server *s);
+/* A client of the node's etcd (its members; TLS with the node's certificate). */
+struct ts_etcd;
+int tsd_etcd_open(struct tsd_server *s, struct ts_etcd **e);
 void tsd_etcd_map_stop(struct tsd_server *s);
 struct json_object;
 void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root);

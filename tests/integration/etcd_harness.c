@@ -16,6 +16,18 @@
 
 #define ETCD_BIN "/usr/bin/etcd"
 
+int etcd_required(const char *test)
+{
+    const char *req = getenv("TESSERA_REQUIRE_VM");
+    int must = req && !strcmp(req, "1");
+
+    if (access(ETCD_BIN, X_OK) == 0)
+        return 0;
+    fprintf(stderr, "%s: %s: no %s (apt-get install etcd-server)\n", test,
+            must ? "required" : "skipped", ETCD_BIN);
+    return must ? 1 : 77;
+}
+
 const char *etcd_member_url(const struct etcd_cluster *c, int i, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s://127.0.0.1:%d", c->tls ? "https" : "http", c->client_port[i]);

@@ -19,6 +19,9 @@ struct etcd_cluster {
     char certs[600];     /* tls: conf/mkcerts' directory (ca.pem, admin.pem, ...) */
 };
 
+/* 0 when this machine has /usr/bin/etcd; else 77 (skip) or, where the suite's own command
+ * installed it (TESSERA_REQUIRE_VM=1, scripts/test), 1: the reason printed for test. */
+int etcd_required(const char *test);
 /* Starts n members and waits until the cluster answers: 0, or -1 (the logs on stderr); 77 when
  * this machine has no etcd. */
 int etcd_cluster_start(struct etcd_cluster *c, int n, int tls);

@@ -408,13 +408,8 @@ int main(void)
     };
     int rc;
 
-    if (access("/usr/bin/etcd", X_OK) != 0) {
-        /* scripts/test installed it (scripts/deps): there a missing etcd is a broken CI */
-        const char *req = getenv("TESSERA_REQUIRE_VM");
-        fprintf(stderr, "test_etcd: %s: no /usr/bin/etcd (apt-get install etcd-server)\n",
-                req && !strcmp(req, "1") ? "required" : "skipped");
-        return req && !strcmp(req, "1") ? 1 : 77;
-    }
+    if ((rc = etcd_required("test_etcd")) != 0)
+        return rc;
     rc = cmocka_run_group_tests_name("etcd", tests, setup, teardown);
     return rc;
 }

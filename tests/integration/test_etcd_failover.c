@@ -242,12 +242,8 @@ int main(void)
     };
     int rc;
 
-    if (access("/usr/bin/etcd", X_OK) != 0) {
-        const char *req = getenv("TESSERA_REQUIRE_VM");
-        fprintf(stderr, "test_etcd_failover: %s: no /usr/bin/etcd (apt-get install etcd-server)\n",
-                req && !strcmp(req, "1") ? "required" : "skipped");
-        return req && !strcmp(req, "1") ? 1 : 77;
-    }
+    if ((rc = etcd_required("test_etcd_failover")) != 0)
+        return rc;
     rc = cmocka_run_group_tests_name("etcd failover", tests, setup, teardown);
     if (rc)
         tsd_cluster_dump_logs(&CL);

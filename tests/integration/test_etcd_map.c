@@ -5,7 +5,8 @@
  *  - `tessera --etcd ... map push FILE` changes it by compare-and-swap and every node installs it;
  *  - two admins pushing at once, 5 times each: one history in etcd (each epoch once, each the one
  *    before plus one), and every node ends on etcd's map;
- *  - an admin's MAP_PUSH straight to a node (the old way) is refused and changes nothing;
+ *  - a MAP_PUSH straight to a node, an admin's (the old way) or a peer node's, is refused and
+ *    changes nothing: a node installs only maps etcd committed;
  *  - each node is registered under PREFIX/nodes/ID with a lease: kill -9 of a node, and its key
  *    is gone within the lease's TTL (2 s here; measured); started again, it is back;
  *  - etcd's majority gone: writes and reads go on under the current map, no map change can be
@@ -214,6 +215,18 @@ static void test_admin_push_to_a_node_refused(void **state)
     next->epoch = m->epoch + 5;
     next->nodes[2].weight = 999;
     assert_int_equal(raw_map_push(CL.node[0].tls_addr, next), TS_EPERM);
+    /* Nor from a peer node: a node installs only what etcd committed. */
+    {
+        int fd = raw_connect_as(CL.node[0].tls_addr, "node-n2");
+        struct ts_wr w;
+        ts_wr_init(&w);
+        ts_map_encode(&w, next);
+        assert_true(fd >= 0);
+        assert_int_equal(raw_send_frame(fd, TS_OP_MAP_PUSH, 0, 1, w.buf, w.len), 0);
+        assert_int_equal(raw_recv_reply(fd, 5000, NULL, NULL, 0, NULL, NULL), TS_EPERM);
+        raw_close(fd);
+        ts_wr_fini(&w);
+    }
     usleep(300 * 1000);
     for (int i = 0; i < CL.n; i++)
         assert_true(node_epoch(i) == before);
@@ -378,12 +391,8 @@ int main(void)
     };
     int rc;
 
-    if (access("/usr/bin/etcd", X_OK) != 0) {
-        const char *req = getenv("TESSERA_REQUIRE_VM");
-        fprintf(stderr, "test_etcd_map: %s: no /usr/bin/etcd (apt-get install etcd-server)\n",
-                req && !strcmp(req, "1") ? "required" : "skipped");
-        return req && !strcmp(req, "1") ? 1 : 77;
-    }
+    if ((rc = etcd_required("test_etcd_map")) != 0)
+        return rc;
     rc = cmocka_run_group_tests_name("etcd map", tests, setup, teardown);
     if (rc)
         tsd_cluster_dump_logs(&CL);
