@@ -415,6 +415,48 @@ void tsd_op_pg_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const stru
     tsd_reply_send(c, h, &w);
 }
 
+/*
+ * A promise for epoch E goes only to the PG's primary in this node's map of epoch E: with an
+ * older map here the asker is told to wait (peering asks again once the map arrived, from etcd
+ * or a push), and an asker that is not the primary of the map this node holds at E is refused.
+ * So two nodes that hold different maps for one epoch (issue 29) can never both gather this
+ * node's promise; with the map in etcd no two maps share an epoch at all.
+ */
+static int promise_admissible(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t pg,
+                              uint64_t epoch, const char *from)
+{
+    struct tsd_server *s = c->w->srv;
+    const char *asker = c->node_id[0] ? c->node_id : from;
+    char primary[sizeof(s->map->nodes[0].id)] = "";
+    uint64_t mine = 0;
+    int order[1];
+
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map) {
+        mine = s->map->epoch;
+        if (ts_map_pg_order(s->map, pg, order, 1) == 1)
+            snprintf(primary, sizeof(primary), "%s", s->map->nodes[order[0]].id);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    if (!mine || epoch < mine)
+        return 1; /* no map (a lone node), or an older epoch: the promise decides (stale) */
+    if (epoch > mine) {
+        tsd_reply_error(c, h, TS_EBUSY,
+                        "pg-query PG %u from %s at epoch %llu: this node holds the map of epoch "
+                        "%llu, not yet that one",
+                        pg, asker, (unsigned long long)epoch, (unsigned long long)mine);
+        return 0;
+    }
+    if (strcmp(primary, asker)) {
+        tsd_reply_error(c, h, TS_EPERM,
+                        "pg-query PG %u from %s at epoch %llu: the PG's primary in this node's "
+                        "map of that epoch is %s",
+                        pg, asker, (unsigned long long)epoch, primary[0] ? primary : "nobody");
+        return 0;
+    }
+    return 1;
+}
+
 void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct ts_pg_state st;
@@ -425,6 +467,8 @@ void tsd_op_pg_query(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     int rc;
 
     tsd_peer_map_check(c, h);
+    if (!promise_admissible(c, h, pg, epoch, from))
+        return;
     rc = ts_store_pg_promise(c->w->srv->store, pg, epoch, &st);
     if (rc == TS_ESTALE) {
         tsd_reply_stale(c, h, "pg-query PG %u from %s at epoch %llu: epoch %llu was promised here",

@@ -438,6 +438,66 @@ static void test_impostor_peer_not_trusted(void **state)
     free(buf);
 }
 
+/* PG_QUERY for (pg, epoch) as node `as` to node i: the reply's status, msg its text. */
+static int pg_query_as(int i, const char *as, uint32_t pg, uint64_t epoch, char *msg, size_t cap)
+{
+    char cert[64], name[64];
+    int fd, role = -1, rc;
+    struct ts_wr w;
+
+    snprintf(cert, sizeof(cert), "node-%s", as);
+    snprintf(name, sizeof(name), "node:%s", as);
+    fd = raw_connect_as(CL.node[i].tls_addr, cert);
+    assert_true(fd >= 0);
+    assert_int_equal(hello(fd, name, &role, msg, cap), 0);
+    ts_wr_init(&w);
+    ts_wr_u32(&w, pg);
+    ts_wr_u64(&w, epoch);
+    ts_wr_str(&w, as);
+    rc = request(fd, TS_OP_PG_QUERY, w.buf, w.len, msg, cap);
+    ts_wr_fini(&w);
+    raw_close(fd);
+    return rc;
+}
+
+/* Issue 29: a node promises an epoch only to the PG's primary in its own map of that epoch.
+ * Before, any node could gather promises at an equal epoch (two different maps of one epoch
+ * activated a PG on two nodes). */
+static void test_promise_only_to_the_primary(void **state)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr), *after;
+    int order[1], prim, other, asked;
+    uint32_t pg = 0;
+    char msg[300];
+
+    (void)state;
+    assert_non_null(m);
+    assert_int_equal(ts_map_pg_order(m, pg, order, 1), 1);
+    prim = tsd_cluster_find(&CL, m->nodes[order[0]].id);
+    other = (prim + 1) % CL.n;
+    asked = (prim + 2) % CL.n;
+    /* The node that is not the primary, at the map's own epoch: refused. */
+    assert_int_equal(pg_query_as(asked, CL.id[other], pg, m->epoch, msg, sizeof(msg)), TS_EPERM);
+    fprintf(stderr, "  %s asks %s for PG %u at epoch %llu: %s\n", CL.id[other], CL.id[asked], pg,
+            (unsigned long long)m->epoch, msg);
+    assert_non_null(strstr(msg, CL.id[prim]));
+    /* At an epoch the asked node has no map of yet: wait, no promise. */
+    assert_int_equal(pg_query_as(asked, CL.id[other], pg, m->epoch + 1, msg, sizeof(msg)),
+                     TS_EBUSY);
+    fprintf(stderr, "  ... at epoch %llu: %s\n", (unsigned long long)m->epoch + 1, msg);
+    /* The primary itself is answered (a promise it already holds). */
+    assert_int_equal(pg_query_as(asked, CL.id[prim], pg, m->epoch, msg, sizeof(msg)), 0);
+    /* Nothing moved: same map everywhere, the data intact. */
+    for (int i = 0; i < CL.n; i++) {
+        after = raw_map_get(CL.node[i].addr);
+        assert_non_null(after);
+        assert_int_equal(after->epoch, m->epoch);
+        ts_map_free(after);
+    }
+    ts_map_free(m);
+    assert_keep_intact();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -446,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_node_is_who_its_certificate_says),
         cmocka_unit_test(test_impossible_policies_refused),
         cmocka_unit_test(test_unsafe_cluster_configs_refused),
+        cmocka_unit_test(test_promise_only_to_the_primary),
         cmocka_unit_test(test_impostor_peer_not_trusted),
     };
     int rc = cmocka_run_group_tests_name("trust", tests, group_setup, group_teardown);
