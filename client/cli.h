@@ -81,7 +81,8 @@ void dataset_print(const struct ts_dataset_info *d);
 /* ---- commands: 0 or TS_E* (a local failure explained in x->local) ---------------------------- */
 
 /* cli_admin.c: writes m to a temporary map file and pushes it to every node (one epoch past
- * every node's: tessera_map_push_file); the new epoch in *epoch. */
+ * every node's: tessera_map_push_file); the new epoch in *epoch. With --etcd: one
+ * compare-and-swap in etcd over m's own epoch (cli_etcd_map_commit), nodes learn it from etcd. */
 struct ts_map;
 int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch);
 
@@ -138,6 +139,14 @@ int map_print(struct ctx *x, const struct ts_map *m);
 /* cli_etcd.c: `map show` and `map push` against the map in etcd (--etcd) */
 int cli_etcd_map_show(struct ctx *x);
 int cli_etcd_map_push(struct ctx *x);
+/* The map etcd holds (ts_map_free), or NULL (x->local says why). */
+struct ts_map *cli_etcd_map_get(struct ctx *x);
+/* next, stored by compare-and-swap in etcd only if etcd's map is still at epoch base (the one the
+ * change was made on), at epoch base + 1; TS_ESTALE ("the map changed under you") otherwise. */
+int cli_etcd_map_commit(struct ctx *x, const struct ts_map *next, uint64_t base, uint64_t *epoch);
+/* cli_admin.c: the map a change is made on, the caller's to free: etcd's with --etcd, else a
+ * copy of the newest one the nodes have; NULL on a single node (x->local says why). */
+struct ts_map *cli_map_base(struct ctx *x);
 int cmd_map_show(struct ctx *x);
 /* `map push FILE` without -s: connect to the first node of the file that is up. */
 void map_push_seed(struct ctx *x, const struct tessera_opts *o);

@@ -121,6 +121,9 @@ int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
     char dir[] = "/tmp/tessera-map-XXXXXX", path[64];
     int rc;
 
+    if (x->etcd)
+        return cli_etcd_map_commit(x, m, m->epoch, epoch);
+
     if (!mkdtemp(dir))
         return TS_EIO;
     snprintf(path, sizeof(path), "%s/cluster.map", dir);
@@ -130,6 +133,17 @@ int cli_map_push(struct ctx *x, const struct ts_map *m, uint64_t *epoch)
     unlink(path);
     rmdir(dir);
     return rc;
+}
+
+struct ts_map *cli_map_base(struct ctx *x)
+{
+    const struct ts_map *m;
+
+    if (x->etcd)
+        return cli_etcd_map_get(x);
+    ts_client_map_refresh(x->c); /* the newest map any node has: never build on an older one */
+    m = need_map(x);
+    return m ? ts_map_dup(m) : NULL;
 }
 
 int cmd_map_show(struct ctx *x)
@@ -247,6 +261,42 @@ int cmd_map_push(struct ctx *x)
     return 0;
 }
 
+/* failover with --etcd: the PG's primary in etcd's map marked down, by compare-and-swap over
+ * that map (a change that lost the race is made again on the new one, up to 5 times). */
+static int failover_etcd(struct ctx *x, uint32_t pg, char *old, char *now, uint64_t *epoch)
+{
+    int rc = TS_ESTALE;
+
+    for (int t = 0; t < 5 && rc == TS_ESTALE; t++) {
+        struct ts_map *m = cli_map_base(x);
+        int first[1];
+        if (!m)
+            return TS_EINVAL;
+        if (pg >= m->pg_count || ts_map_pg_order(m, pg, first, 1) != 1) {
+            snprintf(x->local, sizeof(x->local), "PG %u has no primary in etcd's map (epoch %llu)",
+                     pg, (unsigned long long)m->epoch);
+            ts_map_free(m);
+            return TS_EINVAL;
+        }
+        snprintf(old, 64, "%s", m->nodes[first[0]].id);
+        m->nodes[first[0]].state = TS_NODE_DOWN;
+        if (ts_map_pg_order(m, pg, first, 1) != 1) {
+            snprintf(x->local, sizeof(x->local),
+                     "refused: PG %u would have no primary without %s; nothing changed", pg, old);
+            ts_map_free(m);
+            return TS_EINVAL;
+        }
+        snprintf(now, 64, "%s", m->nodes[first[0]].id);
+        x->local[0] = '\0';
+        rc = cli_etcd_map_commit(x, m, m->epoch, epoch);
+        ts_map_free(m);
+        if (rc == TS_ESTALE)
+            fprintf(stderr, "tessera: failover %u: %s: trying again on the new map\n", pg,
+                    x->local);
+    }
+    return rc;
+}
+
 int cmd_failover(struct ctx *x)
 {
     const struct ts_map *m = need_map(x);
@@ -257,14 +307,20 @@ int cmd_failover(struct ctx *x)
     if (!m)
         return TS_EINVAL;
     (void)cli_parse_uint(x->argv[0], UINT32_MAX, &pg); /* checked with the arguments */
-    if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
-        snprintf(old, sizeof(old), "%s", m->nodes[first[0]].id);
-    rc = tessera_failover(x->c, (uint32_t)pg, &epoch);
-    if (rc)
-        return rc;
-    m = ts_client_map(x->c);
-    if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
-        snprintf(now, sizeof(now), "%s", m->nodes[first[0]].id);
+    if (x->etcd) {
+        rc = failover_etcd(x, (uint32_t)pg, old, now, &epoch);
+        if (rc)
+            return rc;
+    } else {
+        if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
+            snprintf(old, sizeof(old), "%s", m->nodes[first[0]].id);
+        rc = tessera_failover(x->c, (uint32_t)pg, &epoch);
+        if (rc)
+            return rc;
+        m = ts_client_map(x->c);
+        if (ts_map_pg_order(m, (uint32_t)pg, first, 1) == 1)
+            snprintf(now, sizeof(now), "%s", m->nodes[first[0]].id);
+    }
     if (x->json) {
         struct json_object *o = json_object_new_object();
         json_object_object_add(o, "pg", json_u64(pg));

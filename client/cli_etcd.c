@@ -113,3 +113,61 @@ int cli_etcd_map_push(struct ctx *x)
     ts_etcd_close(e);
     return rc;
 }
+
+/* ---- map changes through etcd (every command that changes the map, with --etcd) ---------- */
+
+struct ts_map *cli_etcd_map_get(struct ctx *x)
+{
+    struct ts_map *m = NULL;
+    ts_etcd *e = NULL;
+    int rc = open_etcd(x, &e);
+
+    if (!rc) {
+        rc = ts_mapstore_get(e, x->etcd_prefix, &m, NULL);
+        if (rc == TS_ENOENT)
+            snprintf(x->local, sizeof(x->local), "etcd holds no map under %s", x->etcd_prefix);
+        else if (rc)
+            snprintf(x->local, sizeof(x->local), "cannot read the map from etcd: %s",
+                     ts_etcd_error(e));
+    }
+    ts_etcd_close(e);
+    return m;
+}
+
+struct commit {
+    const struct ts_map *next;
+    uint64_t base;
+};
+
+/* The change as the command made it, only over the map it was made on. */
+static int over_base(void *arg, const struct ts_map *cur, struct ts_map **next, char *why,
+                     size_t cap)
+{
+    const struct commit *c = arg;
+
+    if (cur->epoch != c->base) {
+        snprintf(why, cap,
+                 "the map changed under you: etcd holds epoch %llu, this change was made on "
+                 "epoch %llu (nothing written; run the command again on the new map)",
+                 (unsigned long long)cur->epoch, (unsigned long long)c->base);
+        return TS_ESTALE;
+    }
+    *next = ts_map_dup(c->next);
+    if (!*next)
+        return TS_ENOMEM;
+    (*next)->epoch = cur->epoch + 1;
+    return 0;
+}
+
+int cli_etcd_map_commit(struct ctx *x, const struct ts_map *next, uint64_t base, uint64_t *epoch)
+{
+    struct commit c = {next, base};
+    ts_etcd *e = NULL;
+    int rc = open_etcd(x, &e);
+
+    if (!rc)
+        rc = ts_mapstore_change(e, x->etcd_prefix, over_base, &c, 1, epoch, x->local,
+                                sizeof(x->local));
+    ts_etcd_close(e);
+    return rc;
+}

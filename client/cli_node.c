@@ -120,9 +120,15 @@ static int health_read(struct ctx *x, const struct ts_map *m, struct health *h)
         struct json_object *doc, *rep, *arr;
         char *json = NULL;
 
+        /* The handle's node of that id (m may be etcd's map, in another order; a call may
+         * adopt a newer map, so it is looked up each time). */
+        const struct ts_map *hm = ts_client_map(x->c);
+        int ci = hm ? ts_map_find(hm, m->nodes[i].id) : -1;
+
         if (m->nodes[i].state != TS_NODE_UP)
             continue;
-        if (ts_client_node_status(x->c, i, &json) != 0 || !(doc = json_tokener_parse(json))) {
+        if (ci < 0 || ts_client_node_status(x->c, (size_t)ci, &json) != 0 ||
+            !(doc = json_tokener_parse(json))) {
             h->silent[i] = 1;
             tessera_buffer_free(json);
             continue;
@@ -287,40 +293,27 @@ static int edit_from_file(struct ctx *x, struct ts_map *m)
     return 0;
 }
 
-/* The map as a file in a fresh temporary directory (checked by parsing it back). */
-static int map_to_file(struct ctx *x, const struct ts_map *m, char *path, size_t cap)
+/* The changed map passes the checks every node makes of a map (its wire form decoded back). */
+static int map_valid(struct ctx *x, const struct ts_map *m)
 {
-    char dir[] = "/tmp/tessera-node-XXXXXX";
     struct ts_map *back = NULL;
-    char why[256] = "";
+    struct ts_wr w;
+    struct ts_rd r;
+    int rc;
 
-    if (!mkdtemp(dir))
-        return TS_EIO;
-    snprintf(path, cap, "%s/cluster.map", dir);
-    if (ts_map_write_file(m, path) != 0)
-        return TS_EIO;
-    if (ts_map_parse_file(path, &back, why, sizeof(why)) != 0) {
-        snprintf(x->local, sizeof(x->local), "the changed map is not valid: %s", why);
-        unlink(path);
-        rmdir(dir);
+    ts_wr_init(&w);
+    ts_map_encode(&w, m);
+    ts_rd_init(&r, w.buf, w.len);
+    rc = w.err ? TS_ENOMEM : ts_map_decode(&r, &back);
+    ts_wr_fini(&w);
+    ts_map_free(back);
+    if (rc == TS_ENOMEM)
+        return rc;
+    if (rc) {
+        snprintf(x->local, sizeof(x->local), "the changed map is not valid (%s)", ts_errname(rc));
         return TS_EINVAL;
     }
-    ts_map_free(back);
     return 0;
-}
-
-static void remove_file(const char *path)
-{
-    char dir[600];
-    char *slash;
-
-    unlink(path);
-    snprintf(dir, sizeof(dir), "%s", path);
-    slash = strrchr(dir, '/');
-    if (slash) {
-        *slash = '\0';
-        rmdir(dir);
-    }
 }
 
 static int contains(const int *v, size_t n, int x)
@@ -331,37 +324,37 @@ static int contains(const int *v, size_t n, int x)
     return 0;
 }
 
-/* One node command: edit a copy, show the PGs it changes, refuse or push. */
-static int node_change(struct ctx *x, const char *what, edit_fn edit)
+/* One node command: edit a copy of the newest map, show the PGs it changes, refuse or push.
+ * TS_ESTALE: the map changed under it (with --etcd: between reading and the compare-and-swap). */
+static int node_change_once(struct ctx *x, const char *what, edit_fn edit)
 {
-    const struct ts_map *cur = ts_client_map(x->c);
-    struct ts_map *next;
+    struct ts_map *cur = cli_map_base(x), *next = NULL;
     struct health h;
     struct need need;
     struct json_object *refused_js = NULL, *moves_js = NULL;
     uint32_t changed = 0, refused = 0, backfills = 0;
     uint32_t *in = NULL, *out = NULL;
     uint64_t *bin = NULL, *bout = NULL, bytes = 0, rate;
-    char path[600], first_refused[160] = "";
+    char first_refused[160] = "";
     uint64_t epoch = 0;
     int rc;
 
-    if (!cur) {
-        snprintf(x->local, sizeof(x->local),
-                 "%s (node %s) has no cluster map: it runs as a single node", x->server,
-                 tessera_client_node(x->c));
-        return TS_EINVAL;
-    }
+    memset(&h, 0, sizeof(h));
+    if (!cur)
+        return x->local[0] ? TS_EINVAL : TS_ENOMEM;
     if (cur->move && !x->dry_run && edit != edit_up && edit != edit_down) {
         snprintf(x->local, sizeof(x->local),
                  "a rebalance is in progress (map epoch %llu): let it finish ('tessera rebalance "
                  "status') or roll it back first; only node up and down are taken meanwhile",
                  (unsigned long long)cur->epoch);
-        return TS_EINVAL;
+        rc = TS_EINVAL;
+        goto out_free;
     }
     next = ts_map_dup(cur);
-    if (!next)
-        return TS_ENOMEM;
+    if (!next) {
+        rc = TS_ENOMEM;
+        goto out_free;
+    }
     rc = edit(x, next);
     if (rc)
         goto out_free;
@@ -510,11 +503,9 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
             printf("dry run: nothing changed\n");
         goto out_health;
     }
-    rc = map_to_file(x, next, path, sizeof(path));
-    if (rc)
-        goto out_health;
-    rc = tessera_map_push_file(x->c, path, &epoch);
-    remove_file(path);
+    rc = map_valid(x, next);
+    if (!rc)
+        rc = cli_map_push(x, next, &epoch);
     if (rc)
         goto out_health;
     if (x->json) {
@@ -526,7 +517,9 @@ static int node_change(struct ctx *x, const char *what, edit_fn edit)
         json_object_object_add(o, "replicas_to_backfill", json_u64(backfills));
         json_print(o);
     } else {
-        printf("applied: map epoch %llu pushed to every node that is up\n",
+        printf(x->etcd ? "applied: map epoch %llu stored in etcd (the nodes install it from "
+                         "there)\n"
+                       : "applied: map epoch %llu pushed to every node that is up\n",
                (unsigned long long)epoch);
         if (backfills)
             printf("the new replicas fill from their PGs' primaries; 'tessera status' shows "
@@ -542,6 +535,21 @@ out_health:
     health_free(&h);
 out_free:
     ts_map_free(next);
+    ts_map_free(cur);
+    return rc;
+}
+
+/* With --etcd, a change that lost the race is made again on the map that won (the plan is shown
+ * again: it may differ), up to 5 times; without, the push itself takes the next epoch. */
+static int node_change(struct ctx *x, const char *what, edit_fn edit)
+{
+    int rc = node_change_once(x, what, edit);
+
+    for (int t = 1; t < 5 && rc == TS_ESTALE && x->etcd && !x->dry_run; t++) {
+        fprintf(stderr, "tessera: %s: %s: planning again on the new map\n", what, x->local);
+        x->local[0] = '\0';
+        rc = node_change_once(x, what, edit);
+    }
     return rc;
 }
 
