@@ -120,6 +120,13 @@ static const struct setting settings[] = {
         "... and out (its data re-replicated elsewhere) when it has been gone this long"),
     INT("monitor.max_down_pct", monitor_max_down_pct, 1, 100, "34",
         "the monitor marks a node down only while at most this share of the nodes is down"),
+    INT("monitor.flap_max", monitor_flap_max, 1, 1000, "4",
+        "a node whose state the monitor changed this many times within monitor.flap_window_ms "
+        "is flapping: it is held down for monitor.damp_ms before it may come up again"),
+    INT("monitor.flap_window_ms", monitor_flap_window_ms, 1000, 86400000, "300000",
+        "... the window flaps are counted in"),
+    INT("monitor.damp_ms", monitor_damp_ms, 0, 86400000, "600000",
+        "... and how long a flapping node is held down"),
     INT("etcd_lease_ttl_s", etcd_lease_ttl_s, 2, 300, "5",
         "with etcd: the node's registration (etcd_prefix/nodes/ID, bound to a lease) is kept "
         "alive while the node runs and goes this long after it stops answering"),

@@ -42,6 +42,7 @@ struct tsd_config {
     int etcd_lease_ttl_s; /* the node's registration in etcd lives this long without keepalive */
     int monitor;          /* with etcd: may be the cluster's elected monitor (etcd_monitor.c) */
     int monitor_down_after_ms, monitor_up_after_ms, monitor_out_after_ms, monitor_max_down_pct;
+    int monitor_flap_max, monitor_flap_window_ms, monitor_damp_ms;
     int max_open_files; /* derived at start-up from the descriptor limit */
 };
 

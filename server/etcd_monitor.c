@@ -171,6 +171,9 @@ int tsd_monitor_start(struct tsd_server *s)
     x->cfg.up_after_ms = (uint64_t)s->cfg->monitor_up_after_ms;
     x->cfg.out_after_ms = (uint64_t)s->cfg->monitor_out_after_ms;
     x->cfg.max_down_pct = (unsigned)s->cfg->monitor_max_down_pct;
+    x->cfg.flap_max = (unsigned)s->cfg->monitor_flap_max;
+    x->cfg.flap_window_ms = (uint64_t)s->cfg->monitor_flap_window_ms;
+    x->cfg.damp_ms = (uint64_t)s->cfg->monitor_damp_ms;
     pthread_mutex_init(&x->mu, NULL);
     s->monitor = x;
     if (pthread_create(&x->thread, NULL, monitor_main, s) != 0) {
