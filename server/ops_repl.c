@@ -175,6 +175,7 @@ struct prune_arg {
     uint8_t *dead;
     size_t n;
     char (*gone)[TS_NAME_MAX + 1];
+    uint64_t *gone_inc; /* the incarnation of each that was judged */
     size_t ngone, capgone;
 };
 
@@ -197,8 +198,13 @@ static int prune_collect_cb(void *arg, const struct ts_dataset_info *d)
         if (!g)
             return TS_ENOMEM;
         a->gone = g;
+        g = realloc(a->gone_inc, cap * sizeof(*a->gone_inc));
+        if (!g)
+            return TS_ENOMEM;
+        a->gone_inc = g;
         a->capgone = cap;
     }
+    a->gone_inc[a->ngone] = d->created_ns;
     snprintf(a->gone[a->ngone++], sizeof(a->gone[0]), "%s", d->name);
     return 0;
 }
@@ -211,13 +217,15 @@ static int apply_delete(struct tsd_server *s, struct ts_log_rec *log)
     int rc = ts_store_dataset_get(s->store, log->dataset, &d);
 
     if (rc == 0 && d.created_ns <= log->inc) {
-        rc = ts_store_dataset_delete_ex(s->store, log->dataset, 1); /* decided by the primary */
+        /* decided by the primary; only that incarnation or an older one (one re-created by
+         * another thread since is newer and stays) */
+        rc = ts_store_dataset_delete_upto(s->store, log->dataset, log->inc, 1);
         if (rc == 0)
             TS_INFO(FAC, "dataset %s (incarnation %llu) deleted through PG %u's log", log->dataset,
                     (unsigned long long)d.created_ns, log->pg);
-    } else if (rc == TS_ENOENT) {
-        rc = 0;
     }
+    if (rc == TS_ENOENT || rc == TS_ESTALE)
+        rc = 0;
     if (rc)
         return rc;
     log->type = TS_LOG_DELETE;
@@ -254,10 +262,19 @@ static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
     a.n = n;
     ts_store_dataset_list(s->store, prune_collect_cb, &a);
     for (size_t i = 0; i < a.ngone; i++) {
-        int rc = ts_store_dataset_delete_ex(s->store, a.gone[i], 1);
+        /* Only the incarnation judged: another thread may have re-created the name since
+         * (a newer incarnation arriving through another PG), and that one stays. */
+        int rc = ts_store_dataset_delete_upto(s->store, a.gone[i], a.gone_inc[i], 1);
         if (rc == 0)
-            TS_WARN(FAC, 0, "dataset %s was deleted while this node was away (PG %u backfill)",
-                    a.gone[i], pg);
+            TS_WARN(FAC, 0,
+                    "dataset %s (incarnation %llu) was deleted while this node was away (PG %u "
+                    "backfill)",
+                    a.gone[i], (unsigned long long)a.gone_inc[i], pg);
+        else if (rc == TS_ESTALE)
+            TS_INFO(FAC,
+                    "dataset %s: incarnation %llu was deleted while this node was away; a newer "
+                    "one has arrived since and stays",
+                    a.gone[i], (unsigned long long)a.gone_inc[i]);
         else if (rc != TS_ENOENT)
             TS_WARN(FAC, rc, "dataset %s: deleted while this node was away, not removable now",
                     a.gone[i]);
@@ -267,6 +284,7 @@ static void apply_prune(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
     free(a.incs);
     free(a.dead);
     free(a.gone);
+    free(a.gone_inc);
 }
 
 void tsd_op_repl_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)

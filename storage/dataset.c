@@ -208,6 +208,11 @@ int ts_store_dataset_delete(ts_store *s, const char *name)
 
 int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force)
 {
+    return ts_store_dataset_delete_upto(s, name, UINT64_MAX, force);
+}
+
+int ts_store_dataset_delete_upto(ts_store *s, const char *name, uint64_t upto, int force)
+{
     struct ts_dataset_info d;
     uint8_t k[1 + TS_NAME_MAX], kid[9], lo[8], hi[8];
     rocksdb_writebatch_t *b;
@@ -219,6 +224,10 @@ int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force)
     rc = dataset_get(s, name, &d);
     if (rc)
         goto out_unlock;
+    if (d.created_ns > upto) {
+        rc = TS_ESTALE; /* a newer incarnation took the name since the caller looked */
+        goto out_unlock;
+    }
     if (force && writers_supersede(s, d.id, 1, 0))
         TS_INFO(FAC, "dataset %s: uploads still open end with its delete", name);
     if (writer_active(s, d.id, 1, 0)) {
@@ -331,7 +340,7 @@ int ts_store_dataset_ensure(ts_store *s, const char *name, const struct ts_datas
                 "dataset %s here is an older incarnation (%llu) than the primary's "
                 "(%llu): replacing it",
                 name, (unsigned long long)d.created_ns, (unsigned long long)incarnation);
-        rc = ts_store_dataset_delete(s, name);
+        rc = ts_store_dataset_delete_upto(s, name, incarnation - 1, 0);
         if (rc)
             return rc;
         rc = TS_ENOENT;

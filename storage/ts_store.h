@@ -97,6 +97,10 @@ int ts_store_dataset_delete(ts_store *s, const char *name);
 /* With force, uploads still open on the dataset do not block the delete: they end (their next
  * put or seal fails with TS_ESTALE). For deletes decided elsewhere (a primary's log entry). */
 int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force);
+/* The same, only while the incarnation here is upto or older (read and deleted under one lock):
+ * TS_ESTALE, and nothing deleted, when a newer one replaced it since the caller looked (a
+ * replication thread may re-create the name meanwhile). */
+int ts_store_dataset_delete_upto(ts_store *s, const char *name, uint64_t upto, int force);
 
 /*
  * Shards are written as a stream of chunks in order, then sealed. Beginning a shard that has

@@ -635,6 +635,20 @@ static void test_incarnations_and_tombstones(void **state)
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 200), TS_ESTALE);
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 150), TS_ESTALE);
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 300), 0);
+    /* A delete judged on incarnation 200 (a backfill's prune, a DELETE entry) that runs after
+     * 300 took the name (another PG's replication, on another thread) deletes nothing: before,
+     * it deleted by name, and the new incarnation's acknowledged shards went with it. */
+    put_shard(f->s, "inc", 0, 10, CHUNK, 1);
+    assert_int_equal(ts_store_dataset_delete_upto(f->s, "inc", 200, 1), TS_ESTALE);
+    assert_int_equal(ts_store_dataset_get(f->s, "inc", &d), 0);
+    assert_int_equal(d.created_ns, 300);
+    {
+        struct ts_shard_info si;
+        assert_int_equal(ts_store_shard_stat(f->s, "inc", 0, &si), 0);
+    }
+    assert_int_equal(ts_store_dataset_delete_upto(f->s, "inc", 300, 1), 0);
+    assert_int_equal(ts_store_tombstone(f->s, "inc", &dead), 0);
+    assert_int_equal(dead, 300);
 }
 
 static int pg_collect(void *arg, const char *ds, const struct ts_shard_info *si)
