@@ -36,13 +36,15 @@ const char *etcd_member_url(const struct etcd_cluster *c, int i, char *buf, size
 
 int etcd_member_start(struct etcd_cluster *c, int i)
 {
-    char name[16], data[600], log[600], url[64], peer[64], initial[512] = "";
+    char name[16], data[600], log[600], url[64], listen[64], peer[64], initial[512] = "";
     pid_t pid;
 
     snprintf(name, sizeof(name), "m%d", i);
     snprintf(data, sizeof(data), "%s/%s", c->dir, name);
     snprintf(log, sizeof(log), "%s/%s.log", c->dir, name);
     etcd_member_url(c, i, url, sizeof(url));
+    snprintf(listen, sizeof(listen), "%s://%s:%d", c->tls ? "https" : "http",
+             c->listen_any ? "0.0.0.0" : "127.0.0.1", c->client_port[i]);
     snprintf(peer, sizeof(peer), "http://127.0.0.1:%d", c->peer_port[i]);
     for (int k = 0; k < c->n; k++)
         snprintf(initial + strlen(initial), sizeof(initial) - strlen(initial),
@@ -60,7 +62,7 @@ int etcd_member_start(struct etcd_cluster *c, int i)
         argv[a++] = ETCD_BIN;
         argv[a++] = "--name", argv[a++] = name;
         argv[a++] = "--data-dir", argv[a++] = data;
-        argv[a++] = "--listen-client-urls", argv[a++] = url;
+        argv[a++] = "--listen-client-urls", argv[a++] = listen;
         argv[a++] = "--advertise-client-urls", argv[a++] = url;
         argv[a++] = "--listen-peer-urls", argv[a++] = peer;
         argv[a++] = "--initial-advertise-peer-urls", argv[a++] = peer;
@@ -128,10 +130,11 @@ static int wait_ready(struct etcd_cluster *c)
 
 int etcd_cluster_start(struct etcd_cluster *c, int n, int tls)
 {
-    int ports[2 * ETCD_MAX_MEMBERS];
+    int ports[2 * ETCD_MAX_MEMBERS], any = c->listen_any;
     char *tmp;
 
     memset(c, 0, sizeof(*c));
+    c->listen_any = any;
     if (access(ETCD_BIN, X_OK) != 0) {
         fprintf(stderr, "no %s (apt-get install etcd-server)\n", ETCD_BIN);
         return 77;

@@ -17,6 +17,8 @@ struct etcd_cluster {
     pid_t pid[ETCD_MAX_MEMBERS];
     char endpoints[512]; /* every member's client URL, comma-separated */
     char certs[600];     /* tls: conf/mkcerts' directory (ca.pem, admin.pem, ...) */
+    int listen_any;      /* set before the start: members take clients on every address (so a
+                          * node can be given its own way to them, e.g. 127.0.2.1, to cut) */
 };
 
 /* 0 when this machine has /usr/bin/etcd; else 77 (skip) or, where the suite's own command

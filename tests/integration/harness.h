@@ -68,6 +68,12 @@ int raw_read_shard(const char *addr, const char *ds, uint32_t shard, size_t len,
 /* The node's current map (MAP_GET on a connection of its own); NULL if it does not answer. */
 struct ts_map;
 struct ts_map *raw_map_get(const char *addr);
+/* A PG's log as the node at addr reports it (PG_INFO): head (epoch, seq), oldest seq kept,
+ * the epoch promised, the last epoch started. 0, or the failure. */
+struct raw_pginfo {
+    uint64_t applied, oldest, head_epoch, promised, les;
+};
+int raw_pg_info(const char *addr, uint32_t pg, struct raw_pginfo *pi);
 /* MAP_PUSH of m to the node at its TLS address as admin (header epoch 0, on a connection of its
  * own); the reply's status. */
 int raw_map_push(const char *tls_addr, const struct ts_map *m);

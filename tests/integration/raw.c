@@ -316,3 +316,35 @@ struct ts_map *raw_map_get(const char *addr)
     close(fd);
     return m;
 }
+
+int raw_pg_info(const char *addr, uint32_t pg, struct raw_pginfo *pi)
+{
+    int fd = raw_connect(addr), rc;
+    struct ts_wr w;
+    uint8_t *p = NULL;
+    size_t plen = 0;
+    struct ts_rd r;
+
+    memset(pi, 0, sizeof(*pi));
+    if (fd < 0)
+        return TS_ECONNREFUSED;
+    ts_wr_init(&w);
+    ts_wr_u32(&w, pg);
+    rc = raw_send_frame(fd, TS_OP_PG_INFO, 0, 1, w.buf, w.len);
+    ts_wr_fini(&w);
+    if (rc == 0)
+        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen);
+    close(fd);
+    if (rc == 0) {
+        ts_rd_init(&r, p + 4, plen - 4);
+        pi->applied = ts_rd_u64(&r);
+        pi->oldest = ts_rd_u64(&r);
+        pi->head_epoch = ts_rd_u64(&r);
+        pi->promised = ts_rd_u64(&r);
+        pi->les = ts_rd_u64(&r);
+        if (r.err)
+            rc = TS_EPROTO;
+    }
+    free(p);
+    return rc;
+}

@@ -1271,41 +1271,12 @@ static void test_seeded_rounds(void **state)
 
 /* ---- 4: recovery of a returning or lagging node: backfill, pull, roll back ---------------- */
 
-/* A PG's log as node i reports it (PG_INFO): head (epoch, seq), oldest seq still kept. */
-struct pginfo {
-    uint64_t applied, oldest, head_epoch, promised, les;
-};
+/* A PG's log as node i reports it (PG_INFO). */
+#define pginfo raw_pginfo
 
 static int node_pg_info(int i, uint32_t pg, struct pginfo *pi)
 {
-    int fd = raw_connect(CL.node[i].addr), rc;
-    struct ts_wr w;
-    uint8_t *p = NULL;
-    size_t plen = 0;
-    struct ts_rd r;
-
-    memset(pi, 0, sizeof(*pi));
-    if (fd < 0)
-        return TS_ECONNREFUSED;
-    ts_wr_init(&w);
-    ts_wr_u32(&w, pg);
-    rc = raw_send_frame(fd, TS_OP_PG_INFO, 0, 1, w.buf, w.len);
-    ts_wr_fini(&w);
-    if (rc == 0)
-        rc = raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen);
-    close(fd);
-    if (rc == 0) {
-        ts_rd_init(&r, p + 4, plen - 4);
-        pi->applied = ts_rd_u64(&r);
-        pi->oldest = ts_rd_u64(&r);
-        pi->head_epoch = ts_rd_u64(&r);
-        pi->promised = ts_rd_u64(&r);
-        pi->les = ts_rd_u64(&r);
-        if (r.err)
-            rc = TS_EPROTO;
-    }
-    free(p);
-    return rc;
+    return raw_pg_info(CL.node[i].addr, pg, pi);
 }
 
 static void print_pg_info(const char *when, int i, uint32_t pg)

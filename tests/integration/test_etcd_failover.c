@@ -7,7 +7,10 @@
  * peering, within 20 s); every acknowledged shard is read back byte for byte from each node that
  * is up, alone. n1 is started again: the monitor marks it up by itself, and it serves every
  * acknowledged shard too. Then a second round kills the node the monitor runs on: another node
- * is elected, marks it down and, once back, up; 0 lost again.
+ * is elected, marks it down and, once back, up; 0 lost again. Last, n1 is cut off from etcd
+ * alone (iptables, in the test's own network namespace): failed over, it logs and acknowledges
+ * nothing more in its old PGs (their logs on n1 stand still), 0 lost; reconnected, it is marked
+ * up again.
  */
 #include "etcd_harness.h"
 #include "harness.h"
@@ -18,6 +21,7 @@
 #include "ts_test.h"
 #include "etcd.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +35,7 @@
 
 static struct etcd_cluster E;
 static struct tsd_cluster CL;
-static char acked_path[700], failed_path[700], stop_path[700];
+static char acked_path[700], failed_path[700], stop_path[700], n1_etcd[256];
 
 /* The failed writes, and when the last one was (monotonic ms). */
 static unsigned failures(unsigned long long *last_ms)
@@ -237,15 +241,115 @@ static void test_primary_killed_heals_itself(void **state)
     assert_true(again >= 0);
 }
 
+/*
+ * n1 cut off from etcd only (an iptables rule in the test's network namespace drops what n1
+ * sends to the address it alone reaches etcd by, 127.0.2.1; its peers and clients still reach
+ * it): its lease runs out, the monitor fails it over, and n1, which can no longer learn the new
+ * map, acknowledges no write of its old PGs: every acknowledged write (a writer going through
+ * n1 the whole time) is on n2 and n3 alone. The rule removed: n1 installs etcd's map, is marked
+ * up, and serves them all.
+ */
+static void test_cut_off_from_etcd(void **state)
+{
+    struct ts_map *m1, *m2;
+    struct raw_pginfo before[8];
+    int led[8];
+    uint64_t t_cut, t_back;
+    unsigned long down_ms, up_ms, gap;
+    unsigned n, bad;
+    pid_t w;
+    int st;
+
+    (void)state;
+    assert_true(wait_state(1, 0, TS_NODE_UP, ts_now_mono_ns()) > 0 ||
+                seen_state(1, 0) == TS_NODE_UP);
+    unlink(stop_path);
+    w = fork();
+    if (w == 0)
+        writer(0, 3 * MAX_SHARDS);
+    sleep(3);
+    t_cut = ts_now_mono_ns();
+    assert_int_equal(system("iptables -w -A OUTPUT -d 127.0.2.1 -j DROP"), 0);
+    down_ms = wait_state(1, 0, TS_NODE_DOWN, t_cut);
+    fprintf(stderr, "  n1 cut off from etcd (not from its peers): marked down after %lu ms\n",
+            down_ms);
+    assert_true(down_ms > 0);
+    /* n1's logs of the PGs it led, a moment after the failover (peering done elsewhere). */
+    sleep(1);
+    m1 = raw_map_get(CL.node[0].addr);
+    assert_non_null(m1);
+    for (uint32_t pg = 0; pg < m1->pg_count; pg++) {
+        int first[1];
+        led[pg] = ts_map_pg_order(m1, pg, first, 1) == 1 && first[0] == 0;
+        if (led[pg])
+            assert_int_equal(raw_pg_info(CL.node[0].addr, pg, &before[pg]), 0);
+    }
+    ts_map_free(m1);
+    sleep(5); /* the writer goes on through n1 */
+    m1 = raw_map_get(CL.node[0].addr);
+    m2 = raw_map_get(CL.node[1].addr);
+    assert_true(m1 && m2);
+    fprintf(stderr,
+            "  n1 still holds epoch %llu, n2 has %llu: n1 cannot learn it was failed over\n",
+            (unsigned long long)m1->epoch, (unsigned long long)m2->epoch);
+    /* The fault happened: n1 is behind, and still answers its clients. */
+    assert_true(m1->epoch < m2->epoch);
+    ts_map_free(m1);
+    ts_map_free(m2);
+    {
+        FILE *f = fopen(stop_path, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    assert_int_equal(waitpid(w, &st, 0), w);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    {
+        unsigned long long last = 0;
+        unsigned nf = failures(&last);
+        fprintf(stderr,
+                "  %u writes through n1 failed (its old PGs), the last %llu ms after the cut\n", nf,
+                last - t_cut / 1000000);
+    }
+    /* n1 logged nothing more in the PGs it led (a primary logs a write before it acknowledges
+     * it): it acknowledged no write after it was failed over. */
+    for (uint32_t pg = 0; pg < 8; pg++) {
+        struct raw_pginfo now;
+        if (!led[pg])
+            continue;
+        assert_int_equal(raw_pg_info(CL.node[0].addr, pg, &now), 0);
+        fprintf(stderr, "  n1's log of PG %u (it led): head (%llu, %llu), the same as 5 s before\n",
+                pg, (unsigned long long)now.head_epoch, (unsigned long long)now.applied);
+        assert_true(now.applied == before[pg].applied && now.head_epoch == before[pg].head_epoch);
+    }
+    /* Nothing n1 acknowledged is missing from the PG's current replicas. */
+    for (int i = 1; i < CL.n; i++) {
+        bad = verify_on(i, &n, &gap);
+        fprintf(stderr, "  %s alone: %u acknowledged shards, %u missing\n", CL.id[i], n, bad);
+        assert_int_equal(bad, 0);
+    }
+    assert_int_equal(system("iptables -w -D OUTPUT -d 127.0.2.1 -j DROP"), 0);
+    t_back = ts_now_mono_ns();
+    up_ms = wait_state(1, 0, TS_NODE_UP, t_back);
+    fprintf(stderr, "  etcd reachable again: n1 marked up after %lu ms\n", up_ms);
+    assert_true(up_ms > 0);
+    bad = verify_on(0, &n, &gap);
+    fprintf(stderr, "  n1 alone: %u acknowledged shards, %u missing\n", n, bad);
+    assert_int_equal(bad, 0);
+}
+
 static int setup(void **state)
 {
     char *tmp;
     int rc;
 
     (void)state;
+    E.listen_any = 1; /* n1 reaches etcd by 127.0.2.1 alone: test_cut_off_from_etcd cuts that */
     rc = etcd_cluster_start(&E, 3, 0);
     if (rc)
         return -1;
+    for (int i = 0; i < E.n; i++)
+        snprintf(n1_etcd + strlen(n1_etcd), sizeof(n1_etcd) - strlen(n1_etcd),
+                 "%shttp://127.0.2.1:%d", i ? "," : "", E.client_port[i]);
     tmp = ts_test_tmpdir("etcd-failover");
     snprintf(acked_path, sizeof(acked_path), "%s/acked", tmp);
     snprintf(stop_path, sizeof(stop_path), "%s/stop", tmp);
@@ -263,7 +367,9 @@ static int setup(void **state)
                                "--monitor-up-after-ms",
                                "1000",
                                NULL};
-        rc = tsd_cluster_start(&CL, 3, NULL, 8, extra);
+        const char *n1[] = {"--etcd", n1_etcd, NULL};
+        const char *const *each[] = {n1, NULL, NULL};
+        rc = tsd_cluster_start_each(&CL, 3, NULL, 8, extra, each);
     }
     return rc;
 }
@@ -282,11 +388,22 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_primary_killed_heals_itself),
+        cmocka_unit_test(test_cut_off_from_etcd),
     };
     int rc;
 
     if ((rc = etcd_required("test_etcd_failover")) != 0)
         return rc;
+    if (geteuid() != 0 || unshare(CLONE_NEWNET) != 0) {
+        fprintf(stderr, "test_etcd_failover: SKIP: needs root and a network namespace of its own "
+                        "(iptables cuts a node off from etcd)\n");
+        return 77;
+    }
+    if (system("ip link set lo up") != 0 || system("iptables -w -L >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "test_etcd_failover: cannot bring up the namespace's loopback, or no "
+                        "iptables (scripts/deps installs it)\n");
+        return 1;
+    }
     rc = cmocka_run_group_tests_name("etcd failover", tests, setup, teardown);
     if (rc)
         tsd_cluster_dump_logs(&CL);
