@@ -348,3 +348,27 @@ int raw_pg_info(const char *addr, uint32_t pg, struct raw_pginfo *pi)
     free(p);
     return rc;
 }
+
+int raw_status_has(const char *addr, const char *needle)
+{
+    int fd = raw_connect(addr), found = 0;
+    uint8_t *p = NULL;
+    size_t plen = 0;
+
+    if (fd < 0)
+        return 0;
+    if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
+        char *txt = malloc(plen);
+        struct ts_rd r;
+        ts_rd_init(&r, p + 4, plen - 4);
+        if (txt) {
+            ts_rd_str(&r, txt, plen);
+            found = strstr(txt, needle) != NULL;
+        }
+        free(txt);
+    }
+    free(p);
+    close(fd);
+    return found;
+}

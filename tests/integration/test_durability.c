@@ -163,24 +163,7 @@ static void node_sync_setting(int i, char *out, size_t cap)
 /* Whether node i's STATUS text contains needle (0 if it does not answer). */
 static int status_has(int i, const char *needle)
 {
-    int fd = raw_connect(CL.node[i].addr), found = 0;
-    uint8_t *p = NULL;
-    size_t plen = 0;
-
-    if (fd < 0)
-        return 0;
-    if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
-        char *txt = malloc(plen);
-        struct ts_rd r;
-        ts_rd_init(&r, p + 4, plen - 4);
-        ts_rd_str(&r, txt, plen);
-        found = strstr(txt, needle) != NULL;
-        free(txt);
-    }
-    free(p);
-    close(fd);
-    return found;
+    return raw_status_has(CL.node[i].addr, needle);
 }
 
 /* Waits (at most 30 s) until every live node leads only active PGs and reports no replica

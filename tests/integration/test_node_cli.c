@@ -1,5 +1,5 @@
 /*
- * The node commands of the tessera CLI (client/cli_node.c) against a real 5-node cluster:
+ * The node commands of the tessera CLI (client/cli/cli_node.c) against a real 5-node cluster:
  * --dry-run changes nothing; a change that would leave a PG below min_core caught-up core
  * replicas is refused and changes nothing; node down / up / drain / weight / add / remove are
  * pushed as new epochs, and every acknowledged write reads back byte for byte after them.

@@ -1,5 +1,5 @@
 /*
- * Live rebalancing (client/cli_rebalance.c, common/map_move.c) against a real 5-node cluster,
+ * Live rebalancing (client/cli/cli_rebalance.c, common/map_move.c) against a real 5-node cluster,
  * with a verified write/read load and a training reader (shard units of a sealed dataset, every
  * byte checked) running throughout: n5 joins (it starts out), the rebalance is applied in the
  * background, paused (nothing moves while paused), resumed, rolled back, and applied again to the

@@ -39,6 +39,7 @@ struct ctx {
     const char *tls_addr, *domain;
     uint64_t weight, rate;
     int dry_run;
+    int auto_heal; /* drill --auto: the cluster (on etcd) heals itself, no operator step */
     const char *etcd, *etcd_prefix; /* --etcd ENDPOINTS (or $TESSERA_ETCD), --etcd-prefix */
     int seal;                       /* ingest --seal */
     /* rebalance */

@@ -151,7 +151,7 @@ void drill_rolled_back(struct drill *d, uint64_t *acked, uint64_t *all, uint64_t
 }
 
 /* One write and one read of the load; 1 when both succeeded. */
-static int load_step(struct drill *d)
+int drill_load_step(struct drill *d)
 {
     static uint8_t buf[SHARD_BYTES], got[SHARD_BYTES];
     uint64_t t = now_ns();
@@ -173,6 +173,8 @@ static int load_step(struct drill *d)
             d->acked[d->next] = 1;
             d->acked_epoch[d->next] = m ? m->epoch : 0;
             d->writes_ok++;
+            if (d->led)
+                drill_auto_acked(d, d->next, now_ns());
         } else {
             d->writes_failed++;
         }
@@ -217,7 +219,7 @@ void drill_load_for(struct drill *d, double secs)
     uint64_t end = now_ns() + (uint64_t)(secs * 1e9);
 
     while (now_ns() < end)
-        load_step(d);
+        drill_load_step(d);
 }
 
 /* One act on node i (cli_agent.c): here in the embedded mode, else by running the --agent
@@ -391,11 +393,24 @@ static int kill_and_fail_over(struct drill *d, int i, double secs)
     d->detect_ns = d->failover_ns = d->recover_ns = 0;
     d->phase = 1;
     d->act_ns = now_ns();
+    if (d->x->auto_heal && (rc = drill_auto_pgs(d, i)) != 0)
+        return rc;
     rc = drill_act(d, i, "kill", NULL, NULL, out, sizeof(out));
     if (rc)
         return rc;
     out[strcspn(out, "\n")] = '\0';
     drill_note(d, "kill -9 %s (%s)", d->node, out);
+    if (d->x->auto_heal) {
+        /* No operator: the monitor marks it down (its lease gone), peering moves its PGs. */
+        rc = drill_auto_wait(d, d->node, TS_NODE_DOWN, 120, &d->down_ns);
+        d->failover_ns = d->down_ns ? d->down_ns : now_ns();
+        if (rc)
+            drill_note(d, "%s not marked down by the monitor within 120 s", d->node);
+        else
+            drill_note(d, "%s marked down by the monitor %.3f s after the kill (no command)",
+                       d->node, (double)(d->down_ns - d->act_ns) / 1e9);
+        return rc;
+    }
     drill_load_for(d, secs); /* the load meets the dead node: detection */
     return drill_fail_over(d, i);
 }
@@ -412,6 +427,16 @@ int drill_restart(struct drill *d, const char *logdir)
     }
     out[strcspn(out, "\n")] = '\0';
     drill_note(d, "%s started again (%s)", d->node, out);
+    if (d->x->auto_heal) {
+        d->back_ns = now_ns();
+        rc = drill_auto_wait(d, d->node, TS_NODE_UP, 120, &d->up_ns);
+        if (rc)
+            drill_note(d, "%s not marked up by the monitor within 120 s", d->node);
+        else
+            drill_note(d, "%s marked up by the monitor %.3f s after its start", d->node,
+                       (double)(d->up_ns - d->back_ns) / 1e9);
+        return rc;
+    }
     return drill_mark_up(d, d->node);
 }
 
@@ -469,6 +494,8 @@ int cmd_drill(struct ctx *x)
                scenario, d.ds, dur);
         return 0;
     }
+    if (x->auto_heal && drill_auto_check(&d, scenario) != 0)
+        return TS_EINVAL;
     if (!strcmp(scenario, "disk-full") && drill_disk_full_pick(&d) < 0)
         return TS_EINVAL; /* refused before anything is created */
     if (!strcmp(scenario, "partition") && drill_partition_check(&d) < 0)
@@ -550,8 +577,13 @@ int cmd_drill(struct ctx *x)
         strcmp(scenario, "fringe-lag") && strcmp(scenario, "disk-full") &&
         strcmp(scenario, "partition"))
         drill_restart(&d, logs); /* leave the cluster whole: the killed node back and up */
+    if (x->auto_heal)
+        drill_auto_replicated(&d, 120);
     rc = drill_finish(&d, scenario);
 out:
+    free(d.led);
+    free(d.pg_writable_ns);
+    free(d.pg_replicated_ns);
     free(d.acked);
     free(d.acked_epoch);
     free(d.rep);

@@ -58,6 +58,7 @@ enum opt_id {
     O_DOMAIN,
     O_TLS_ADDR,
     O_DRY_RUN,
+    O_AUTO,
     O_DURATION,
     O_RATE,
     O_REPORT,
@@ -156,11 +157,8 @@ static const struct cli_opt agent_opts[] = {
 };
 
 static const struct cli_opt drill_opts[] = {
-    {"duration", 0, 1, O_DURATION},
-    {"report", 0, 1, O_REPORT},
-    {"agent", 0, 1, O_AGENT},
-    {"dry-run", 0, 0, O_DRY_RUN},
-    {NULL, 0, 0, 0},
+    {"duration", 0, 1, O_DURATION}, {"report", 0, 1, O_REPORT}, {"agent", 0, 1, O_AGENT},
+    {"dry-run", 0, 0, O_DRY_RUN},   {"auto", 0, 0, O_AUTO},     {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt status_opts[] = {
@@ -366,12 +364,12 @@ static const struct cmd cmds[] = {
     {NULL, "agent", 1, 3, 0, agent_opts, cmd_agent, "--node ID ACT [ARG [ARG]]",
      "The drills' agent: does one act to node ID's tesserad on this host, reached at -s\n"
      "(pid, kill, term, gone, stop, cont, start LOGDIR, mark DATASET, flip SINCE, datadir,\n"
-     "fill LEAVE, unfill, cut OWN PEERS, heal; client/cli_agent.c). `tessera drill --agent\n"
+     "fill LEAVE, unfill, cut OWN PEERS, heal; client/cli/cli_agent.c). `tessera drill --agent\n"
      "TEMPLATE` runs it on each node's host, e.g.\n"
      "--agent 'ssh {host} tessera -s {addr} agent --node {node}'.",
      0, NULL},
     {NULL, "drill", 1, 1, 1, drill_opts, cmd_drill,
-     "SCENARIO [--duration S] [--report FILE] [--agent TEMPLATE] [--json] [--dry-run]",
+     "SCENARIO [--duration S] [--report FILE] [--agent TEMPLATE] [--auto] [--json] [--dry-run]",
      "Runs a failover drill against the running cluster (admin role; its nodes on this host):\n"
      "a load of 64 KiB writes and verified reads on a dataset of its own, the act, the\n"
      "operator's answer (failover, restart, mark up), then every acknowledged write read back\n"
@@ -385,7 +383,9 @@ static const struct cmd cmds[] = {
      "throughput before/during/after and the final map; --report FILE writes it as JSON. The\n"
      "nodes run here (embedded mode), or --agent TEMPLATE runs each act on the node's host:\n"
      "TEMPLATE with {node} {host} {addr} {tls_addr} filled in, then ACT [ARG...] (see\n"
-     "'tessera agent').",
+     "'tessera agent'). --auto (kill-primary, kill-node, node-return on a cluster whose map\n"
+     "is in etcd): no failover and no mark-up by the drill: it waits for the monitor, and\n"
+     "reports per PG of the node the time until writable and until fully replicated.",
      1, NULL},
     {"hot", "add", 1, 1, 1, hot_add_opts, cmd_hot_add, "NAME [--fringe +K] [--pg P] [--dry-run]",
      "Gives dataset NAME K more fringe replicas (default +1) in every PG, or in PG P (admin\n"
@@ -655,6 +655,9 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_DRY_RUN:
             x->dry_run = 1;
+            break;
+        case O_AUTO:
+            x->auto_heal = 1;
             break;
         case O_SEAL:
             x->seal = 1;

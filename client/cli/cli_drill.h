@@ -56,7 +56,35 @@ struct drill {
     struct drill_replica *rep;
     size_t nrep;
     uint64_t core_missing;
+    /* --auto (cli_drill_auto.c): the PGs the killed node led (led[pg]), when each first took an
+     * acknowledged write after the act and when no node listed it peering or lagging any more
+     * after the node's return; when the monitor marked the node down and up */
+    uint32_t npg;
+    uint8_t *led;
+    uint64_t *pg_writable_ns, *pg_replicated_ns;
+    uint64_t down_ns, back_ns, up_ns;
 };
+
+/* cli_drill_auto.c: --auto. Refused (TS_EINVAL, why in x->local) unless the scenario is one the
+ * monitor heals and the cluster's nodes follow etcd. */
+int drill_auto_check(struct drill *d, const char *scenario);
+/* Notes the PGs node i leads now (before it is killed). */
+int drill_auto_pgs(struct drill *d, int i);
+/* A write of shard s was acknowledged at t: the first after the act in a PG the node led. */
+void drill_auto_acked(struct drill *d, uint32_t s, uint64_t t);
+/* Runs the load until the map marks node `id` `state` (TS_NODE_*), at most max_s: 0 with the
+ * moment in *at, or TS_ETIMEDOUT. */
+int drill_auto_wait(struct drill *d, const char *id, int state, double max_s, uint64_t *at);
+/* After the node's return: runs the load until no node lists any of its PGs peering or
+ * lagging (at most max_s), noting when each PG got there. */
+void drill_auto_replicated(struct drill *d, double max_s);
+/* The report's part: "auto", per PG "writable_s" and "replicated_s" (from the act), the
+ * monitor's "marked_down_s" and "marked_up_s" (from the act, from the start). */
+void drill_auto_report(const struct drill *d, struct json_object *o);
+/* ... and as text lines of the report. */
+void drill_auto_print(const struct drill *d);
+/* The load's step (cli_drill.c), for the waits above. */
+int drill_load_step(struct drill *d);
 
 /* Node i's STATUS as a parsed document (the caller puts it), or NULL. */
 struct json_object *drill_status_of(struct drill *d, size_t i);

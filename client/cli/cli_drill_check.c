@@ -196,6 +196,8 @@ static struct json_object *report_json(const struct drill *d, const char *scenar
                            json_object_new_double(rate(d->ops_during, d->secs_during)));
     json_object_object_add(o, "ops_per_s_after",
                            json_object_new_double(rate(d->ops_after, d->secs_after)));
+    if (d->x->auto_heal)
+        drill_auto_report(d, o);
     json_object_object_add(o, "map_epoch", json_u64(fm ? fm->epoch : 0));
     for (size_t k = 0; fm && k < fm->n; k++) {
         struct json_object *n = json_object_new_object();
@@ -217,6 +219,8 @@ static void report_text(const struct drill *d, const char *scenario)
     printf("  time to detect:            %.3f s\n", secs(d->act_ns, d->detect_ns));
     printf("  time to recover:           %.3f s (reads and writes served again)\n",
            secs(d->act_ns, d->recover_ns));
+    if (d->x->auto_heal)
+        drill_auto_print(d);
     printf("  acknowledged writes:       %llu\n", (unsigned long long)d->writes_ok);
     printf("  acknowledged writes lost:  %llu\n", (unsigned long long)d->lost);
     printf("  each core replica alone:   shards checked / missing / other bytes\n");
