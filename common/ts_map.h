@@ -44,13 +44,16 @@ struct ts_map_node {
  */
 enum ts_pg_move { TS_PG_SETTLED = 0, TS_PG_PENDING = 1, TS_PG_MOVING = 2 };
 
+#define TS_MOVE_DRIVER_MONITOR 1ull
+
 struct ts_map_move {
     struct ts_map_node *from; /* the node table before the rebalance */
     size_t nfrom;
     uint8_t *pg;         /* pg_count entries: enum ts_pg_move */
     int paused;          /* no new PG starts moving; backfills of moving PGs wait */
     uint64_t rate;       /* bytes/s of each moving PG's backfill, 0: unlimited */
-    uint64_t driver;     /* the CLI process that drives it (a random token): one at a time */
+    uint64_t driver;     /* the CLI process that drives it (a random token): one at a time;
+                          * TS_MOVE_DRIVER_MONITOR: the elected `tessera monitor` (on etcd) */
     uint32_t concurrent; /* PGs moving at once (--max-concurrent; 0: the driver's default) */
     /* Derived: `from` with the states of now (a node down now is down there). */
     struct ts_map *old;

@@ -2,12 +2,12 @@
  * bench/failover: how long a cluster on etcd takes to heal itself, over many kills
  * (docs/benchmarks.md "Failover"). A real 3-member etcd and N real nodes (mutual TLS) following
  * it; a writer thread puts 16 KiB shards round-robin over every PG and notes when each was
- * acknowledged (a put gives up after 1 s). Each round kills a random node with -9 (no command typed) and measures:
- *   down      kill -> the node marked down in the map (lease TTL + down_after + a monitor round)
- *   writable  kill -> the first acknowledged write to a PG the node led (down + peering)
- *   up        start again -> marked up (up_after + a monitor round)
- * then waits until every PG is active again before the next round. Prints each round and the
- * p50/p99/max of each measure; every acknowledged shard is read back at the end (0 lost).
+ * acknowledged (a put gives up after 1 s). Each round kills a random node with -9 (no command
+ * typed) and measures: down      kill -> the node marked down in the map (lease TTL + down_after +
+ * a monitor round) writable  kill -> the first acknowledged write to a PG the node led (down +
+ * peering) up        start again -> marked up (up_after + a monitor round) then waits until every
+ * PG is active again before the next round. Prints each round and the p50/p99/max of each measure;
+ * every acknowledged shard is read back at the end (0 lost).
  *
  *   bench_failover [KILLS (20)] [NODES (5)]   settings: TTL 2 s, down_after 2.5 s, up_after 1 s
  *   BENCH_FAILOVER_DEFAULTS=1 bench_failover   ... with the shipped settings (5 s, 8 s, 3 s)
@@ -104,15 +104,26 @@ int main(int argc, char **argv)
 {
     int kills = argc > 1 ? atoi(argv[1]) : 20, nodes = argc > 2 ? atoi(argv[2]) : 5, via = 0;
     int defaults = getenv("BENCH_FAILOVER_DEFAULTS") != NULL;
-    double *down = calloc((size_t)kills, sizeof(double)), *wr = calloc((size_t)kills, sizeof(double));
+    double *down = calloc((size_t)kills, sizeof(double)),
+           *wr = calloc((size_t)kills, sizeof(double));
     double *up = calloc((size_t)kills, sizeof(double));
     struct ts_dataset_policy p = {3, 0, 2, 65536, 0};
     /* Flap damping off: the bench kills the same nodes again and again on purpose. */
-    const char *tuned[] = {"--etcd", NULL, "--etcd-prefix", "/tessera/bench", "--etcd-lease-ttl-s",
-                           "2", "--monitor-down-after-ms", "2500", "--monitor-up-after-ms", "1000",
-                           "--monitor-flap-max", "1000", NULL};
-    const char *shipped[] = {"--etcd", NULL, "--etcd-prefix", "/tessera/bench",
-                             "--monitor-flap-max", "1000", NULL};
+    const char *tuned[] = {"--etcd",
+                           NULL,
+                           "--etcd-prefix",
+                           "/tessera/bench",
+                           "--etcd-lease-ttl-s",
+                           "2",
+                           "--monitor-down-after-ms",
+                           "2500",
+                           "--monitor-up-after-ms",
+                           "1000",
+                           "--monitor-flap-max",
+                           "1000",
+                           NULL};
+    const char *shipped[] = {
+        "--etcd", NULL, "--etcd-prefix", "/tessera/bench", "--monitor-flap-max", "1000", NULL};
     const char **extra = defaults ? shipped : tuned;
     struct tessera_opts o;
     tessera_client *c = NULL;

@@ -347,6 +347,13 @@ static const struct cmd cmds[] = {
      "replicas are complete, then the copies outside them are dropped. The state is in the\n"
      "cluster map: --detach (or any later 'resume') drives it from another process.",
      1, NULL},
+    {NULL, "monitor", 0, 0, 1, node_opts, cmd_monitor, "",
+     "Drives the rebalances of a cluster whose map is in etcd (--etcd), so they go on after\n"
+     "the command that started them ends: run two or more; one is elected (PREFIX/rebalancer,\n"
+     "bound to its 5 s lease) and drives every rebalance handed to it ('rebalance apply',\n"
+     "'resume' and 'rollback' with --etcd hand theirs over); when it dies the next takes over.\n"
+     "Runs until SIGTERM (admin role: -s NODE with an admin certificate).",
+     1, NULL},
     {"rebalance", "status", 0, 0, 1, node_opts, cmd_rebalance_status, "[--json]",
      "Shows the rebalance in progress: PGs done / total, moving, pending, bytes, paused.", 1, NULL},
     {"rebalance", "pause", 0, 0, 1, node_opts, cmd_rebalance_pause, "",

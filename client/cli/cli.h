@@ -145,6 +145,14 @@ struct ts_map *cli_etcd_map_get(struct ctx *x);
 /* next, stored by compare-and-swap in etcd only if etcd's map is still at epoch base (the one the
  * change was made on), at epoch base + 1; TS_ESTALE ("the map changed under you") otherwise. */
 int cli_etcd_map_commit(struct ctx *x, const struct ts_map *next, uint64_t base, uint64_t *epoch);
+/* Whether a `tessera monitor` is elected now (PREFIX/rebalancer exists). */
+int cli_etcd_monitor_elected(struct ctx *x);
+/* cli_rebalance.c: drive the rebalance in the map until it is done, paused or another drives
+ * it; as the monitor (cli_rebalance_as_monitor) while keep() says it is still elected. */
+int cli_rebalance_drive(struct ctx *x);
+void cli_rebalance_as_monitor(int (*keep)(void));
+/* cli_monitor.c: tessera monitor */
+int cmd_monitor(struct ctx *x);
 /* cli_admin.c: the map a change is made on, the caller's to free: etcd's with --etcd, else a
  * copy of the newest one the nodes have; NULL on a single node (x->local says why). */
 struct ts_map *cli_map_base(struct ctx *x);

@@ -171,3 +171,18 @@ int cli_etcd_map_commit(struct ctx *x, const struct ts_map *next, uint64_t base,
     ts_etcd_close(e);
     return rc;
 }
+
+int cli_etcd_monitor_elected(struct ctx *x)
+{
+    char key[512];
+    struct ts_etcd_kv kv = {0};
+    ts_etcd *e = NULL;
+    int yes = 0;
+
+    snprintf(key, sizeof(key), "%s/rebalancer", x->etcd_prefix);
+    if (open_etcd(x, &e) == 0 && ts_etcd_get(e, key, &kv, NULL) == 0)
+        yes = 1;
+    ts_etcd_kv_free(&kv);
+    ts_etcd_close(e);
+    return yes;
+}

@@ -44,21 +44,46 @@ struct rb {
     uint64_t *pg_bytes;
 };
 
+/* `tessera monitor` (cli_monitor.c): it drives as TS_MOVE_DRIVER_MONITOR while keep() says it
+ * is still the elected one. */
+static uint64_t token_override;
+static int (*keep_driving)(void);
+
+void cli_rebalance_as_monitor(int (*keep)(void))
+{
+    token_override = TS_MOVE_DRIVER_MONITOR;
+    keep_driving = keep;
+}
+
 /* This process's token as the rebalance's driver (the map names one; the others stop). */
 static uint64_t my_token(void)
 {
     static uint64_t t;
     struct timespec ts;
 
+    if (token_override)
+        return token_override;
     if (!t) {
         clock_gettime(CLOCK_REALTIME, &ts);
         t = ((uint64_t)getpid() << 32 ^ (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^
              (uint64_t)ts.tv_sec) &
             (uint64_t)INT64_MAX;
-        if (!t)
-            t = 1;
+        if (t <= TS_MOVE_DRIVER_MONITOR)
+            t += 2;
     }
     return t;
+}
+
+/* On etcd a command hands the drive to the elected `tessera monitor` and ends: the rebalance
+ * goes on without it (and after the monitor's death, under the next one). */
+static int handed_to_monitor(const struct ctx *x)
+{
+    return x->etcd && !token_override;
+}
+
+static uint64_t driver_token(const struct ctx *x)
+{
+    return handed_to_monitor(x) ? TS_MOVE_DRIVER_MONITOR : my_token();
 }
 
 static uint64_t now_ms(void)
@@ -524,6 +549,10 @@ static int drive(struct ctx *x)
     while (!rc) {
         struct ts_map *m = NULL;
         struct progress p;
+        if (keep_driving && !keep_driving()) {
+            rc = 3; /* no longer the elected monitor: the next one drives */
+            break;
+        }
         rc = drive_step(&b, tty, &rate);
         if (rc == 1 || rc == 2 || rc == 3)
             break;
@@ -553,6 +582,24 @@ static int drive(struct ctx *x)
     return rc == 1 || rc == 2 || rc == 3 ? 0 : rc;
 }
 
+/* The drive is the monitor's: say so, and whether one is elected now (PREFIX/rebalancer). */
+static int monitor_note(struct ctx *x)
+{
+    int running = cli_etcd_monitor_elected(x);
+
+    if (!x->json)
+        printf("rebalance: driven by the elected 'tessera monitor' (etcd %s%s); 'tessera "
+               "rebalance status' shows progress\n",
+               x->etcd_prefix,
+               running ? "" : ": none runs now, the rebalance waits until one does");
+    return 0;
+}
+
+int cli_rebalance_drive(struct ctx *x)
+{
+    return drive(x);
+}
+
 /* --detach: `tessera ... rebalance resume` goes on in a session of its own, its output in a
  * log file (the state is in the map, so a fresh process picks the drive up; a forked copy of
  * this one would share its connections). */
@@ -564,6 +611,8 @@ static int drive_maybe_detached(struct ctx *x)
     ssize_t n;
     pid_t pid;
 
+    if (handed_to_monitor(x))
+        return monitor_note(x);
     if (!x->detach)
         return drive(x);
     n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
@@ -688,7 +737,7 @@ int cmd_rebalance_apply(struct ctx *x)
     rc = ts_map_move_set(next, cur->nodes, cur->n, st, 0, x->rate ? x->rate / maxc : 0);
     if (rc)
         goto out;
-    next->move->driver = my_token();
+    next->move->driver = driver_token(x);
     next->move->concurrent = (uint32_t)maxc;
     if (x->dry_run) {
         printf("rebalance apply: %u of %u PGs would move, %llu at a time; dry run: nothing "
@@ -736,7 +785,7 @@ static int set_paused_once(struct ctx *x, int paused)
         int was = m->move->paused;
         m->move->paused = paused;
         if (!paused)
-            m->move->driver = my_token(); /* resume: this process drives it from now on */
+            m->move->driver = driver_token(x); /* resume: this process (or the monitor) drives */
         if (!paused && x->max_concurrent)
             m->move->concurrent = (uint32_t)x->max_concurrent; /* kept for the next resume */
         rc = cli_map_push(x, m, &epoch);
@@ -886,7 +935,7 @@ static int rollback_once(struct ctx *x)
         rc = ts_map_move_set(back, m->nodes, m->n, st, 0, m->move->rate);
     if (rc)
         goto out;
-    back->move->driver = my_token();
+    back->move->driver = driver_token(x);
     back->move->concurrent = x->max_concurrent ? (uint32_t)x->max_concurrent : m->move->concurrent;
     rc = cli_map_push(x, back, &epoch);
     if (rc)
