@@ -63,6 +63,59 @@ void ts_policy_observe(struct ts_policy *p, const char *id, int registered, int 
     nd->caught_up = !!caught_up;
 }
 
+void ts_policy_reachable(struct ts_policy *p, const char *id, int reachable)
+{
+    struct ts_policy_node *nd = find(p, id);
+
+    if (nd)
+        nd->reachable = !!reachable;
+}
+
+/* A node holds a reachable copy: up in the map, and registered or answering its peers. */
+static int reachable_copy(struct ts_policy *p, const struct ts_map *m, int i)
+{
+    const struct ts_policy_node *nd = find(p, m->nodes[i].id);
+
+    return m->nodes[i].state == TS_NODE_UP && (!nd || nd->registered || nd->reachable);
+}
+
+/* The PG's copies in map m: the core replicas of its full-strength placement (`full`: every node
+ * that is not out taken as up, as the data was placed) that are up in m and reachable. */
+static unsigned live_copies(struct ts_policy *p, const struct ts_map *full, const struct ts_map *m,
+                            uint32_t pg, unsigned core)
+{
+    int f[16];
+    size_t nf = ts_map_pg_order(full, pg, f, core);
+    unsigned ok = 0;
+
+    for (size_t k = 0; k < nf; k++)
+        ok += reachable_copy(p, m, f[k]);
+    return ok;
+}
+
+/* The first PG the change from `before` to `after` takes below min_core live copies (one below
+ * already is not the change's doing), or UINT32_MAX; TS_ENOMEM as UINT32_MAX - 1. Nodes are
+ * matched by index: the policy changes states, not the node table. */
+static uint32_t starved_pg(struct ts_policy *p, const struct ts_map *before,
+                           const struct ts_map *after, const struct ts_policy_cfg *c)
+{
+    unsigned core = c->core < 1 ? 1 : c->core > 16 ? 16 : c->core;
+    struct ts_map *full = ts_map_dup(before);
+    uint32_t found = UINT32_MAX;
+
+    if (!full)
+        return UINT32_MAX;
+    for (size_t i = 0; i < full->n; i++)
+        if (full->nodes[i].state == TS_NODE_DOWN)
+            full->nodes[i].state = TS_NODE_UP;
+    for (uint32_t pg = 0; pg < after->pg_count && found == UINT32_MAX; pg++)
+        if (live_copies(p, full, after, pg, core) < c->min_core &&
+            live_copies(p, full, before, pg, core) >= c->min_core)
+            found = pg;
+    ts_map_free(full);
+    return found;
+}
+
 /* Counts a state change of nd at now; damps it when it flaps. */
 static void flap(struct ts_policy_node *nd, const struct ts_policy_cfg *c, uint64_t now)
 {
@@ -107,6 +160,7 @@ int ts_policy_decide(struct ts_policy *p, const struct ts_map *m, const struct t
             continue; /* never observed: nothing known */
         for_ms = now - nd->since_ms;
         if (mn->state == TS_NODE_UP && !nd->registered && for_ms >= c->down_after_ms) {
+            uint32_t pg;
             if (away >= limit) {
                 add_why(why, cap, mn->id,
                         "stays up: marking it down would put more nodes away "
@@ -114,6 +168,16 @@ int ts_policy_decide(struct ts_policy *p, const struct ts_map *m, const struct t
                 continue;
             }
             mn->state = TS_NODE_DOWN;
+            if (nd->reachable && c->min_core && (pg = starved_pg(p, m, x, c)) != UINT32_MAX) {
+                char what[160];
+                mn->state = TS_NODE_UP;
+                snprintf(what, sizeof(what),
+                         "stays up: it lost its lease but answers its peers, and marking it "
+                         "down would leave PG %u below min_core %u reachable copies",
+                         pg, c->min_core);
+                add_why(why, cap, mn->id, what);
+                continue;
+            }
             away++;
             flap(nd, c, now);
             add_why(why, cap, mn->id, "down (its lease is gone)");

@@ -12,8 +12,12 @@
  *                 nodes it put out itself, auto_out)
  * Guard rails: a registered node is never marked down; the monitor marks a node down only while
  * the nodes down in the map stay within max_down_pct of them (an etcd partition or a rack's
- * power must not empty the cluster: the rest wait); a node whose state changed
- * flap_max times within flap_window_ms is held down for damp_ms before it may come up again.
+ * power must not empty the cluster: the rest wait); a node that lost its lease but still answers
+ * its peers (reachable: cut off from etcd alone) is not marked down when that would leave some
+ * PG with fewer than min_core caught-up core replicas that are reachable (registered, or
+ * answering) — it stays up, its PGs stay writable, and it goes down once it stops answering or
+ * the others suffice; a node whose state changed flap_max times within flap_window_ms is held
+ * down for damp_ms before it may come up again.
  */
 #ifndef TS_POLICY_H
 #define TS_POLICY_H
@@ -30,6 +34,8 @@ struct ts_policy_cfg {
     uint64_t flap_window_ms;
     unsigned flap_max;
     uint64_t damp_ms;
+    unsigned core, min_core; /* what the datasets ask of a PG (the widest core, the largest
+                              * min_core); min_core 0: no min_core guard */
 };
 
 void ts_policy_cfg_defaults(struct ts_policy_cfg *c);
@@ -44,6 +50,7 @@ struct ts_policy_node {
     uint64_t flap_start_ms; /* the current flap window */
     unsigned flaps;         /* state changes in it */
     uint64_t damped_until_ms;
+    int reachable; /* it answers its peers (the monitor's node reached it), lease or not */
 };
 
 struct ts_policy {
@@ -56,6 +63,8 @@ void ts_policy_fini(struct ts_policy *p);
 /* An observation of node id at now_ms: registered or not, caught up or not. */
 void ts_policy_observe(struct ts_policy *p, const char *id, int registered, int caught_up,
                        uint64_t now_ms);
+/* Whether node id answers its peers (observed by the monitor for nodes without a lease). */
+void ts_policy_reachable(struct ts_policy *p, const char *id, int reachable);
 /*
  * The next map (epoch + 1) for map m at now_ms: 0 with *next (ts_map_free) and why says what
  * changed, or 0 with *next NULL when nothing is to change; TS_ENOMEM.

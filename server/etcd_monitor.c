@@ -13,7 +13,9 @@
  * returning node out of its PGs' acting sets until it has caught up), and store the policy's
  * next map by compare-and-swap (built again on a map that changed meanwhile). A new monitor
  * knows nothing of the past: it waits down_after from its own first look before it marks a node
- * down.
+ * down. A node without a lease is probed (a TCP connection to its address): one that answers is
+ * still a live copy for the policy's min_core guard, fed the datasets' widest core and largest
+ * min_core each round.
  */
 #include "server_internal.h"
 
@@ -21,9 +23,13 @@
 #include "mapstore.h"
 #include "policy.h"
 
+#include <fcntl.h>
 #include <json-c/json.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #undef FAC
@@ -55,6 +61,52 @@ static int policy_change(void *arg, const struct ts_map *cur, struct ts_map **ne
     int rc = ts_policy_decide(&r->x->pol, cur, &r->x->cfg, r->now_ms, next, why, cap);
 
     return !rc && !*next ? TS_ENOENT : rc; /* TS_ENOENT: nothing to change */
+}
+
+/* What the datasets ask of a PG: the widest core, the largest min_core (the min_core guard). */
+static int needs_cb(void *arg, const struct ts_dataset_info *d)
+{
+    struct ts_policy_cfg *c = arg;
+
+    if (d->policy.core > c->core)
+        c->core = d->policy.core;
+    if (d->policy.min_core > c->min_core)
+        c->min_core = d->policy.min_core;
+    return 0;
+}
+
+/* Whether host:port accepts a TCP connection within 300 ms (a node without a lease that still
+ * answers its peers: cut off from etcd alone). */
+static int answers(const char *hostport)
+{
+    char host[256], *colon;
+    struct addrinfo hints = {0}, *ai = NULL;
+    struct pollfd pfd;
+    int fd, ok = 0, err = 0;
+    socklen_t len = sizeof(err);
+
+    snprintf(host, sizeof(host), "%s", hostport);
+    colon = strrchr(host, ':');
+    if (!colon)
+        return 0;
+    *colon = '\0';
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) != 0 || !ai)
+        return 0;
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            ok = 1;
+        } else {
+            pfd.fd = fd;
+            pfd.events = POLLOUT;
+            ok = poll(&pfd, 1, 300) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+                 err == 0;
+        }
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return ok;
 }
 
 /* This thread's lease: granted when there is none (or it expired), else kept alive. */
@@ -119,7 +171,15 @@ static void monitor_round(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *
         for (size_t k = 0; k < nkeys && !reg; k++)
             reg = !strcmp(keys[k] + strlen(prefix), m->nodes[i].id);
         ts_policy_observe(&x->pol, m->nodes[i].id, reg, reg, r.now_ms);
+        /* A node without a lease that still answers its peers holds a live copy: the min_core
+         * guard keeps it up while the PGs need it. */
+        if (!reg && m->nodes[i].state == TS_NODE_UP)
+            ts_policy_reachable(
+                &x->pol, m->nodes[i].id,
+                answers(m->nodes[i].tls_addr[0] ? m->nodes[i].tls_addr : m->nodes[i].addr));
     }
+    x->cfg.core = x->cfg.min_core = 0;
+    ts_store_dataset_list(s->store, needs_cb, &x->cfg);
     rc = ts_mapstore_change(e, s->cfg->etcd_prefix, policy_change, &r, 3, &epoch, why, sizeof(why));
     if (!rc) {
         TS_INFO(FAC, "map epoch %llu: %s", (unsigned long long)epoch, why);

@@ -141,6 +141,37 @@ static void test_guard_three_of_five(void **state)
     sim_fini(&s);
 }
 
+/* Two nodes lose their leases but still answer their peers (cut off from etcd alone), core 3 /
+ * min_core 2, no max_down_pct limit: the first goes down (every PG keeps two reachable copies),
+ * the second stays up while marking it down would leave PGs with one; once it stops answering
+ * too, it goes down (its copy is unreachable either way). Without the guard both go at once. */
+static void test_min_core_guard(void **state)
+{
+    struct sim s;
+    int down = 0;
+
+    (void)state;
+    sim_init(&s);
+    s.c.max_down_pct = 100;
+    s.c.core = 3;
+    s.c.min_core = 2;
+    s.reg[0] = s.reg[1] = 0;
+    for (int i = 0; i < 5; i++)
+        ts_policy_observe(&s.p, s.m->nodes[i].id, s.reg[i], s.caught[i], s.now);
+    ts_policy_reachable(&s.p, "n1", 1);
+    ts_policy_reachable(&s.p, "n2", 1);
+    sim_for(&s, 60000);
+    for (int i = 0; i < 5; i++)
+        down += state_of(&s, i) == TS_NODE_DOWN;
+    assert_int_equal(down, 1);
+    assert_int_equal(state_of(&s, 0), TS_NODE_DOWN);
+    assert_int_equal(state_of(&s, 1), TS_NODE_UP);
+    ts_policy_reachable(&s.p, "n2", 0);
+    sim_for(&s, 1000);
+    assert_int_equal(state_of(&s, 1), TS_NODE_DOWN);
+    sim_fini(&s);
+}
+
 /* SIGSTOP/SIGCONT of one node: its lease comes and goes every ~10 s for 30 minutes. */
 static void test_flapping_is_damped(void **state)
 {
@@ -188,9 +219,8 @@ static void test_random_schedules(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_down_out_and_back),
-        cmocka_unit_test(test_guard_three_of_five),
-        cmocka_unit_test(test_flapping_is_damped),
+        cmocka_unit_test(test_down_out_and_back),  cmocka_unit_test(test_guard_three_of_five),
+        cmocka_unit_test(test_flapping_is_damped), cmocka_unit_test(test_min_core_guard),
         cmocka_unit_test(test_random_schedules),
     };
     return cmocka_run_group_tests_name("policy", tests, NULL, NULL);
