@@ -341,9 +341,42 @@ int tsd_cluster_start(struct tsd_cluster *cl, int n, const char *const *domains,
     return tsd_cluster_start_each(cl, n, domains, pg_count, extra, NULL);
 }
 
+/* Whether node i of cl could not start because its port was taken (by another test's daemon,
+ * running side by side under ctest -j: ports are picked at random, then bound by tesserad). */
+static int port_taken(const struct tsd_cluster *cl, int i)
+{
+    char cmd[700];
+
+    snprintf(cmd, sizeof(cmd), "grep -q 'Address already in use' '%s' 2>/dev/null",
+             cl->node[i].log);
+    return system(cmd) == 0;
+}
+
+static int cluster_start_once(struct tsd_cluster *cl, int n, const char *const *domains,
+                              uint32_t pg_count, const char *const *extra,
+                              const char *const *const *node_extra, int *failed);
+
 int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *domains,
                            uint32_t pg_count, const char *const *extra,
                            const char *const *const *node_extra)
+{
+    for (int attempt = 0;; attempt++) {
+        int failed = -1,
+            rc = cluster_start_once(cl, n, domains, pg_count, extra, node_extra, &failed);
+        if (rc == 0 || failed < 0 || attempt == 4 || !port_taken(cl, failed))
+            return rc;
+        fprintf(stderr,
+                "harness: %s's port was taken meanwhile: the cluster starts again on "
+                "other ports\n",
+                cl->id[failed]);
+        for (int i = 0; i < failed; i++)
+            tsd_stop(&cl->node[i]);
+    }
+}
+
+static int cluster_start_once(struct tsd_cluster *cl, int n, const char *const *domains,
+                              uint32_t pg_count, const char *const *extra,
+                              const char *const *const *node_extra, int *failed)
 {
     const char *tmp = getenv("TMPDIR");
     FILE *f;
@@ -412,8 +445,10 @@ int tsd_cluster_start_each(struct tsd_cluster *cl, int n, const char *const *dom
         for (int j = 0; node_extra && node_extra[i] && node_extra[i][j] && k < 46; j++)
             args[k++] = node_extra[i][j];
         args[k] = NULL;
-        if (tsd_start(&cl->node[i], args) != 0)
+        if (tsd_start(&cl->node[i], args) != 0) {
+            *failed = i;
             return -1;
+        }
     }
     return 0;
 }
