@@ -12,6 +12,8 @@
 #include "tessera/errno.h"
 #include "ts_common.h"
 
+#include <unistd.h>
+
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -345,10 +347,30 @@ static int grpc_rc(int code)
     }
 }
 
+static int post_members(ts_etcd *e, const char *path, const char *body, int stream, int timeout_ms,
+                        json_object **out);
+
 /* Posts body to path, member after member until one answers: the reply's JSON in *out (also
- * for an error reply, which gives its TS_E* code). */
+ * for an error reply, which gives its TS_E* code). A read that meets etcd without a leader for a
+ * moment ("leader changed", "no leader": a member died, the others elect) is asked again every
+ * 100 ms within the call's time; a write is not (its outcome is unknown: the caller decides). */
 static int post(ts_etcd *e, const char *path, const char *body, int stream, int timeout_ms,
                 json_object **out)
+{
+    uint64_t end = ts_now_mono_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int rc;
+
+    for (;;) {
+        rc = post_members(e, path, body, stream, timeout_ms, out);
+        if (rc != TS_EUNAVAIL || strcmp(path, "/v3/kv/range") ||
+            ts_now_mono_ns() + 100000000ull > end || !strstr(e->err, "etcdserver:"))
+            return rc;
+        usleep(100 * 1000);
+    }
+}
+
+static int post_members(ts_etcd *e, const char *path, const char *body, int stream, int timeout_ms,
+                        json_object **out)
 {
     char tried[400] = "";
 
