@@ -108,5 +108,9 @@ const char *ts_record_format_name(int fmt);
 /* Monotonic and wall clocks in nanoseconds. */
 uint64_t ts_now_mono_ns(void);
 uint64_t ts_now_wall_ns(void);
+/* "HOST:PORT" or "[V6]:PORT" (port 0: any free port) -> a socket address for bind(); 0 or
+ * TS_ECONFIG. */
+struct sockaddr_storage;
+int ts_listen_addr_parse(const char *addr, struct sockaddr_storage *ss, int *sslen);
 
 #endif

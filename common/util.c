@@ -2,6 +2,10 @@
 #include "ts_common.h"
 
 #include <isa-l/crc.h>
+#include <netdb.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <time.h>
 
@@ -59,4 +63,41 @@ uint64_t ts_now_mono_ns(void)
 uint64_t ts_now_wall_ns(void)
 {
     return clock_ns(CLOCK_REALTIME);
+}
+
+/* "HOST:PORT" or "[V6]:PORT" (port 0: any free port) -> socket address. */
+int ts_listen_addr_parse(const char *addr, struct sockaddr_storage *ss, int *sslen)
+{
+    char host[256];
+    const char *colon = strrchr(addr, ':'), *h = addr;
+    size_t hl;
+    struct addrinfo hints, *res = NULL;
+
+    if (!colon || !colon[1])
+        return TS_ECONFIG;
+    hl = (size_t)(colon - addr);
+    if (addr[0] == '[' && hl >= 2 && addr[hl - 1] == ']') {
+        h = addr + 1;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= sizeof(host))
+        return TS_ECONFIG;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    {
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (*end || port < 0 || port > 65535)
+            return TS_ECONFIG;
+    }
+    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
+        return TS_ECONFIG;
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sslen = (int)res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
 }

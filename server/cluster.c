@@ -351,6 +351,34 @@ void tsd_cluster_fini(struct tsd_server *s)
     pthread_rwlock_destroy(&s->map_lock);
 }
 
+static int width_cb(void *arg, const struct ts_dataset_info *d)
+{
+    unsigned *w = arg;
+    if ((unsigned)d->policy.core + d->policy.fringe > *w)
+        *w = (unsigned)d->policy.core + d->policy.fringe;
+    return 0;
+}
+
+/* By placement, for the widest dataset policy and the map's hot datasets. */
+uint64_t tsd_pgs_not_confirmed(struct tsd_server *s)
+{
+    unsigned width = 0;
+    uint64_t unclean = 0;
+
+    ts_store_dataset_list(s->store, width_cb, &width);
+    pthread_rwlock_rdlock(&s->map_lock);
+    for (uint32_t pg = 0; s->map && s->pg_clean && pg < s->npg; pg++) {
+        int order[TS_REPL_MAX_REPLICAS];
+        size_t no = ts_map_pg_order(s->map, pg, order, TS_REPL_MAX_REPLICAS);
+        size_t w = width + ts_map_hot_extra_max(s->map, pg); /* hot datasets' extras */
+        for (size_t k = 1; k < no && k < w; k++)
+            if (order[k] == s->self && !atomic_load(&s->pg_clean[pg]))
+                unclean++;
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    return unclean;
+}
+
 uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
 {
     uint32_t pg = 0;

@@ -64,6 +64,12 @@ static const struct setting settings[] = {
         "tls.key and tls.ca): the node installs the map etcd holds, follows its changes, and "
         "refuses map pushes from admins (they change it in etcd); \"\": no etcd"),
     STR("etcd_prefix", etcd_prefix, "/tessera/default", "the cluster's key prefix in etcd"),
+    STR("metrics_listen", metrics_listen, "",
+        "HTTP address HOST:PORT of /metrics (Prometheus), /healthz and /readyz (\"\" disables; "
+        "port 0 picks a free one)"),
+    BOOL("metrics_tls", metrics_tls, "false",
+         "serve metrics_listen over TLS with tls.cert and tls.key (client certificates as "
+         "tls.require_client_cert says)"),
     STR("tls.cert", tls_cert, "", "server certificate (PEM)"),
     STR("tls.key", tls_key, "", "server private key (PEM)"),
     STR("tls.ca", tls_ca, "", "CA bundle that client certificates must chain to (PEM)"),
@@ -450,6 +456,11 @@ int tsd_config_validate(const struct tsd_config *c)
                 "certificate get role '%s' (anonymous_role): anyone who can connect may write%s\n",
                 c->listen, ts_role_name(tsd_config_anon_role(c)),
                 tsd_config_anon_role(c) == TS_ROLE_ADMIN ? " and delete" : "");
+    if (c->metrics_tls && (!c->tls_listen[0] || !c->metrics_listen[0])) {
+        fprintf(stderr, "tesserad: metrics_tls needs metrics_listen and the node's TLS "
+                        "(tls_listen, tls.cert, tls.key)\n");
+        return TS_ECONFIG;
+    }
     if (ts_log_level_parse(c->log_level) < 0) {
         fprintf(stderr, "tesserad: log_level must be error, warn, info or debug\n");
         return TS_ECONFIG;

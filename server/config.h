@@ -21,6 +21,8 @@ struct tsd_config {
     char *tls_ciphersuites;
     char *map_file;
     char *etcd, *etcd_prefix; /* the control plane: etcd's members, the cluster's key prefix */
+    char *metrics_listen;     /* /metrics, /healthz, /readyz over HTTP; "" disables */
+    int metrics_tls;          /* ... over TLS with the node's certificate */
     int tls_require_client_cert;
     int workers;
     int chunk_files;

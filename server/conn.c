@@ -150,8 +150,9 @@ static void reply_static_error(struct tsd_conn *c, const struct ts_frame_hdr *re
     tsd_conn_flush(c);
 }
 
-/* Hands the frame's buffer to the connection's output without copying it. */
-void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w)
+/* Hands the frame's buffer to the connection's output without copying it; rc: the error it
+ * carries (0: a success), for the metrics. */
+static void reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w, int rc)
 {
     struct evbuffer *out = tsd_conn_out(c);
     struct tsd_server *s = c->w->srv;
@@ -159,17 +160,24 @@ void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct t
     if (!w->err)
         ts_wr_frame(w, req->opcode, TS_F_REPLY, req->req_id, atomic_load(&s->epoch));
     if (w->err) {
-        int rc = w->err;
+        int err = w->err;
         ts_wr_fini(w);
-        reply_static_error(c, req, rc);
+        tsd_m_reply(c, req, err, 0);
+        reply_static_error(c, req, err);
         return;
     }
     STAT_ADD(&c->w->stats, bytes_out, w->len);
+    tsd_m_reply(c, req, rc, w->len);
     if (evbuffer_add_reference(out, w->buf, w->len, wr_free_cb, w->buf) != 0)
         free(w->buf);
     w->buf = NULL;
     ts_wr_fini(w);
     tsd_conn_flush(c);
+}
+
+void tsd_reply_send(struct tsd_conn *c, const struct ts_frame_hdr *req, struct ts_wr *w)
+{
+    reply_send(c, req, w, 0);
 }
 
 /* An error reply's message, counted as an error of the worker. */
@@ -196,7 +204,7 @@ void tsd_reply_error(struct tsd_conn *c, const struct ts_frame_hdr *req, int rc,
     ts_wr_begin_frame(&w);
     ts_wr_u32(&w, (uint32_t)rc);
     ts_wr_str(&w, msg);
-    tsd_reply_send(c, req, &w);
+    reply_send(c, req, &w, rc);
 }
 
 /* ---- connections ------------------------------------------------------------------------ */
@@ -223,6 +231,7 @@ void tsd_conn_free(struct tsd_conn *c)
     }
     c->w->srv->ops->uploads_abort(c);
     in_release(c);
+    tsd_m_conn_close(c);
     if (c->budget_ev) {
         event_free(c->budget_ev);
         c->budget_ev = NULL;
@@ -387,7 +396,7 @@ static int conn_process(struct tsd_conn *c)
         }
         /* Central checks, decided on the header alone: a frame that will be refused is not
          * buffered (its payload is dropped as it arrives). */
-        c->last_active_ns = ts_now_mono_ns();
+        c->last_active_ns = c->t0_ns = ts_now_mono_ns();
         if (!d) {
             refuse = 1;
             tsd_reply_error(c, &h, TS_ENOTSUP, "unknown opcode %u", h.opcode);
@@ -421,6 +430,7 @@ static int conn_process(struct tsd_conn *c)
         }
         if (refuse) {
             STAT_ADD(&c->w->stats, requests, 1);
+            tsd_m_request(c, &h);
             evbuffer_drain(in, TS_HDR_LEN);
             c->discard = h.length;
             continue;
@@ -440,6 +450,7 @@ static int conn_process(struct tsd_conn *c)
         STAT_ADD(&c->w->stats, requests, 1);
         STAT_ADD(&c->w->stats, bytes_in, TS_HDR_LEN + (uint64_t)h.length);
         STAT_ADD(&c->w->stats, by_op[h.opcode], 1);
+        tsd_m_request(c, &h);
         /* The payload is decoded whole before the handler runs; a malformed one is answered
          * here (the connection stays usable: framing is intact). */
         rc = tsd_req_decode(h.opcode, payload, h.length, &q, msg, sizeof(msg));
@@ -702,6 +713,7 @@ static void conn_eventcb(struct bufferevent *bev, short what, void *arg)
         SSL *ssl = bufferevent_openssl_get_ssl(bev);
         c->role = tsd_tls_peer_role(ssl, c, s->anon_role);
         c->ready = 1;
+        tsd_m_conn_open(c);
         if (c->handshaking) {
             c->handshaking = 0;
             atomic_fetch_sub(&s->nhandshakes, 1);
@@ -831,6 +843,7 @@ void tsd_conn_start(struct tsd_worker *w, struct tsd_pending *p)
         c->role = s->anon_role;
         c->anonymous = 1;
         c->ready = 1;
+        tsd_m_conn_open(c);
     }
     if (!c->bev && !c->rev) {
         TS_ERROR(FAC, TS_ENOMEM, "cannot set up connection from %s", p->peer);
@@ -882,6 +895,7 @@ struct tsd_conn *tsd_conn_start_rdma(struct tsd_worker *w, struct bufferevent *b
     c->refs = 1;
     c->ready = 1;
     c->role = role; /* what the token's connection had (never node: see RDMA_TOKEN) */
+    tsd_m_conn_open(c);
     c->fd = -1;
     c->last_active_ns = ts_now_mono_ns();
     snprintf(c->peer, sizeof(c->peer), "%s", peer);

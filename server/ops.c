@@ -363,8 +363,11 @@ int ops_local_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const char
                                         : "");
         return rc;
     }
-    if (len)
+    if (len) {
         STAT_ADD(&c->w->stats, chunks_written, 1);
+        if (c->role != TS_ROLE_NODE) /* a client's write (not a replica's copy) */
+            tsd_m_written(c, name, len);
+    }
     *u_out = u;
     return 0;
 }
@@ -391,6 +394,7 @@ struct parked {
     uint32_t shard;
     uint32_t pg;
     uint64_t epoch; /* the PG's interval when the write was accepted (cluster mode) */
+    uint64_t t0_ns; /* when the request arrived (metrics: its latency) */
 };
 
 /* need: replicas, this one included, that must hold the write. */
@@ -403,6 +407,7 @@ static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h, uns
         return NULL;
     pk->c = c;
     pk->h = *h;
+    pk->t0_ns = c->t0_ns;
     pk->targets = targets;
     pk->min_acks = need > 1 ? need - 1 : 0;
     c->refs++;
@@ -419,6 +424,8 @@ static int unpark(struct parked *pk)
     c->parked--;
     if (!alive)
         tsd_conn_unref(c);
+    else
+        c->t0_ns = pk->t0_ns; /* the reply about to go is this request's */
     return alive;
 }
 
@@ -951,12 +958,22 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
 {
     struct scrub_job *j = arg;
 
+    struct tsd_scrub_stats *sc = &j->s->scrub;
+
+    atomic_fetch_add(&sc->running, 1);
     j->rc = ts_store_scrub_ex(j->s->store, j->name[0] ? j->name : NULL, scrub_cb, &j->a, &j->rep,
                               &j->s->stopping);
     if (j->rep.corrupt)
         STAT_ADD(&j->s->workers[0].stats, corrupt_chunks, j->rep.corrupt);
     if (!j->rc)
         tsd_scrub_pgs(j->s, &j->pgs); /* in a cluster: shards lost behind the log's back */
+    atomic_fetch_add(&sc->chunks, j->rep.chunks);
+    atomic_fetch_add(&sc->bytes, j->rep.bytes);
+    atomic_fetch_add(&sc->corrupt, j->rep.corrupt);
+    atomic_fetch_add(&sc->pg_differing, j->pgs.differing);
+    atomic_fetch_add(&sc->runs, 1);
+    atomic_store(&sc->last_end_ns, ts_now_wall_ns());
+    atomic_fetch_sub(&sc->running, 1);
     event_base_once(j->worker_base, -1, EV_TIMEOUT, scrub_done, j, NULL);
 }
 

@@ -90,6 +90,11 @@ static void add_zeros(struct evbuffer *out, size_t n)
 /* The stream is done: free it, and for a placed read send its reply now (after the WRITEs). */
 static int stream_done(struct tsd_conn *c, struct tsd_read_stream *rs)
 {
+    struct ts_frame_hdr h = {.opcode = TS_OP_READ};
+
+    c->t0_ns = rs->t0_ns; /* the latency of this read */
+    tsd_m_reply(c, &h, 0, rs->head_len + (rs->end - rs->start));
+    tsd_m_read(c, rs->name, rs->shard, rs->end - rs->start);
     if (rs->placed && rs->reply) {
         if (evbuffer_add_reference(tsd_conn_out(c), rs->reply, rs->reply_len, hdr_free_cb,
                                    rs->reply) == 0)
@@ -274,6 +279,8 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     rs->end = end;
     rs->chunk_size = si->chunk_size;
     rs->req_id = h->req_id;
+    rs->shard = shard;
+    rs->t0_ns = c->t0_ns;
     rs->placed = q->u.read.placed;
     rs->start = off;
     rs->raddr = q->u.read.raddr;
@@ -359,6 +366,7 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                                   h->req_id,        s->epoch,  (uint32_t)(w.len - TS_HDR_LEN)};
         ts_frame_encode(w.buf, &rh);
         STAT_ADD(&c->w->stats, bytes_out, w.len);
+        rs->head_len = w.len;
         rs->reply = w.buf;
         rs->reply_len = w.len;
         w.buf = NULL;
@@ -375,6 +383,7 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
         struct evbuffer *out = tsd_conn_out(c);
         ts_frame_encode(w.buf, &rh);
         STAT_ADD(&c->w->stats, bytes_out, w.len);
+        rs->head_len = w.len;
         /* By reference: libevent 2.1 refuses evbuffer_add() right after a file segment (a
          * previous reply's sendfile piece), while a reference is always a chain of its own. */
         if (evbuffer_add_reference(out, w.buf, w.len, hdr_free_cb, w.buf) != 0) {

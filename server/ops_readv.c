@@ -178,6 +178,8 @@ void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct
         if (rc == TS_ENOMEM)
             break;
         failed += rc != 0;
+        if (!rc) /* each range: its dataset's counters and hotness */
+            tsd_m_read(c, rq->name, shard, got);
         ts_wr_u32(&w, (uint32_t)rc);
         ts_wr_u32(&w, got);
         ts_wr_u32(&w, crc);
@@ -203,6 +205,7 @@ void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct
     ts_frame_encode(w.buf, &rh);
     STAT_ADD(&c->w->stats, bytes_out, w.len + data);
     STAT_ADD(&c->w->stats, read_bytes, data);
+    tsd_m_reply(c, h, 0, w.len + data);
     if (evbuffer_add_reference(out, w.buf, w.len, buf_free_cb, w.buf) != 0) {
         ts_wr_fini(&w);
         rv_release(&v, 0);

@@ -1,5 +1,6 @@
 /* STATUS: the node's health, counters, cache, cluster and replication state as one JSON
  * document (docs/operations.md "Status and health"). */
+#include "metrics_internal.h"
 #include "ops_internal.h"
 
 #include <json-c/json.h>
@@ -8,19 +9,19 @@
 #include <string.h>
 #include <unistd.h>
 
-static long rss_kb(void)
+uint64_t tsd_rss_bytes(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
-    long kb = -1;
+    long kb = 0;
 
     if (!f)
-        return -1;
+        return 0;
     while (fgets(line, sizeof(line), f))
         if (sscanf(line, "VmRSS: %ld kB", &kb) == 1)
             break;
     fclose(f);
-    return kb;
+    return (uint64_t)kb * 1024;
 }
 
 #define STATUS_MAX_DATASETS 100
@@ -44,14 +45,6 @@ static int status_ds_cb(void *arg, const struct ts_dataset_info *d)
     json_object_object_add(o, "record_format",
                            json_object_new_string(ts_record_format_name(d->policy.record_format)));
     json_object_array_add(arr, o);
-    return 0;
-}
-
-static int width_cb(void *arg, const struct ts_dataset_info *d)
-{
-    unsigned *w = arg;
-    if ((unsigned)d->policy.core + d->policy.fringe > *w)
-        *w = (unsigned)d->policy.core + d->policy.fringe;
     return 0;
 }
 
@@ -86,22 +79,7 @@ static void status_pgs(struct tsd_server *s, json_object *rep)
         json_object_array_add(arr, o);
     }
     free(ps);
-    /* PGs this node holds a replica of (by placement, for the widest dataset policy and the
-     * map's hot datasets) and does not lead, that its primary has not confirmed yet. */
-    {
-        unsigned width = 0;
-        ts_store_dataset_list(s->store, width_cb, &width);
-        pthread_rwlock_rdlock(&s->map_lock);
-        for (uint32_t pg = 0; s->map && s->pg_clean && pg < s->npg; pg++) {
-            int order[TS_REPL_MAX_REPLICAS];
-            size_t no = ts_map_pg_order(s->map, pg, order, TS_REPL_MAX_REPLICAS);
-            size_t w = width + ts_map_hot_extra_max(s->map, pg); /* hot datasets' extras */
-            for (size_t k = 1; k < no && k < w; k++)
-                if (order[k] == s->self && !atomic_load(&s->pg_clean[pg]))
-                    unclean++;
-        }
-        pthread_rwlock_unlock(&s->map_lock);
-    }
+    unclean = tsd_pgs_not_confirmed(s);
     json_object_object_add(rep, "pgs_active", json_object_new_int64((int64_t)active));
     json_object_object_add(rep, "pgs_peering", json_object_new_int64((int64_t)waiting));
     json_object_object_add(rep, "peering", arr);
@@ -134,6 +112,64 @@ static void status_rolled_back(struct tsd_server *s, json_object *root)
     json_object_object_add(root, "rolled_back", arr);
 }
 
+/* The hottest datasets, PGs and shards this node served in the metrics window (hotness.h). */
+#define STATUS_HOT 10
+static void status_hot(struct tsd_server *s, json_object *root)
+{
+    struct tsd_hot_ds ds[STATUS_HOT];
+    struct tsd_hot_pg pg[STATUS_HOT];
+    struct tsd_hot_shard sh[STATUS_HOT];
+    size_t nds, npg, nsh;
+    uint64_t med;
+    double win;
+    json_object *hot = json_object_new_object(), *a;
+
+    if (!s->metrics) {
+        json_object_object_add(root, "hot", hot);
+        return;
+    }
+    tsd_metrics_hot_lock(s);
+    win = tsd_hot_window_s(tsd_metrics_hot(s), ts_now_mono_ns());
+    nds = tsd_hot_top_datasets(tsd_metrics_hot(s), ds, STATUS_HOT);
+    npg = tsd_hot_top_pgs(tsd_metrics_hot(s), pg, STATUS_HOT);
+    nsh = tsd_hot_top_shards(tsd_metrics_hot(s), sh, STATUS_HOT);
+    med = tsd_hot_pg_median(tsd_metrics_hot(s));
+    tsd_metrics_hot_unlock(s);
+    json_object_object_add(hot, "window_s", json_object_new_double(win));
+    if (win <= 0)
+        win = 1;
+    a = json_object_new_array();
+    for (size_t i = 0; i < nds; i++) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "name", json_object_new_string(ds[i].name));
+        json_object_object_add(o, "reads", json_object_new_int64((int64_t)ds[i].reads));
+        json_object_object_add(o, "read_bytes", json_object_new_int64((int64_t)ds[i].bytes));
+        json_object_object_add(o, "bytes_per_s", json_object_new_double((double)ds[i].bytes / win));
+        json_object_array_add(a, o);
+    }
+    json_object_object_add(hot, "datasets", a);
+    a = json_object_new_array();
+    for (size_t i = 0; i < npg; i++) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "pg", json_object_new_int64(pg[i].pg));
+        json_object_object_add(o, "bytes_per_s", json_object_new_double((double)pg[i].bytes / win));
+        json_object_object_add(o, "reads_per_s", json_object_new_double((double)pg[i].reads / win));
+        json_object_array_add(a, o);
+    }
+    json_object_object_add(hot, "pgs", a);
+    json_object_object_add(hot, "pg_median_bytes_per_s", json_object_new_double((double)med / win));
+    a = json_object_new_array();
+    for (size_t i = 0; i < nsh; i++) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(sh[i].dataset));
+        json_object_object_add(o, "shard", json_object_new_int64(sh[i].shard));
+        json_object_object_add(o, "bytes_per_s", json_object_new_double((double)sh[i].bytes / win));
+        json_object_array_add(a, o);
+    }
+    json_object_object_add(hot, "shards", a);
+    json_object_object_add(root, "hot", hot);
+}
+
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     struct tsd_server *s = c->w->srv;
@@ -154,12 +190,14 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
     json_object_object_add(root, "sync", json_object_new_string(s->cfg->sync));
     json_object_object_add(root, "workers", json_object_new_int(s->nworkers));
     json_object_object_add(root, "connections", json_object_new_int(atomic_load(&s->nconns)));
-    json_object_object_add(root, "rss_kb", json_object_new_int64(rss_kb()));
+    json_object_object_add(root, "rss_kb",
+                           json_object_new_int64((int64_t)(tsd_rss_bytes() / 1024)));
     lis = json_object_new_object();
     json_object_object_add(lis, "tcp", json_object_new_string(s->addr[0]));
     json_object_object_add(lis, "tls", json_object_new_string(s->addr[1]));
     json_object_object_add(lis, "rdma",
                            json_object_new_string(tsd_rdma_addr(s) ? tsd_rdma_addr(s) : ""));
+    json_object_object_add(lis, "metrics", json_object_new_string(tsd_metrics_addr(s)));
     json_object_object_add(root, "listen", lis);
     json_object_object_add(root, "rdma_sessions", json_object_new_int((int)tsd_rdma_sessions(s)));
     json_object_object_add(root, "your_role",
@@ -216,6 +254,7 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
         json_object_object_add(root, "disk", dj);
     }
     json_object_object_add(root, "stats", stats);
+    status_hot(s, root);
     status_rolled_back(s, root);
     if (atomic_load(&s->epoch)) {
         json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;

@@ -5,6 +5,7 @@
  *   -> streaming (a READ reply is produced as the peer drains it; input paused)
  *   -> closing (output flushed, then freed).
  */
+#include "metrics_internal.h"
 #include "server_internal.h"
 
 #include <arpa/inet.h>
@@ -220,43 +221,6 @@ static void accept_error_cb(struct evconnlistener *l, void *arg)
     }
 }
 
-/* "HOST:PORT" or "[V6]:PORT" (port 0: any free port) -> socket address. */
-static int parse_listen_addr(const char *addr, struct sockaddr_storage *ss, int *sslen)
-{
-    char host[256];
-    const char *colon = strrchr(addr, ':'), *h = addr;
-    size_t hl;
-    struct addrinfo hints, *res = NULL;
-
-    if (!colon || !colon[1])
-        return TS_ECONFIG;
-    hl = (size_t)(colon - addr);
-    if (addr[0] == '[' && hl >= 2 && addr[hl - 1] == ']') {
-        h = addr + 1;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= sizeof(host))
-        return TS_ECONFIG;
-    memcpy(host, h, hl);
-    host[hl] = '\0';
-    memset(&hints, 0, sizeof(hints));
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    {
-        char *end;
-        long port = strtol(colon + 1, &end, 10);
-        if (*end || port < 0 || port > 65535)
-            return TS_ECONFIG;
-    }
-    if (getaddrinfo(host, colon + 1, &hints, &res) != 0 || !res)
-        return TS_ECONFIG;
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *sslen = (int)res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
-
 static int listen_on(struct tsd_server *s, int which, const char *addr)
 {
     struct sockaddr_storage ss;
@@ -267,7 +231,7 @@ static int listen_on(struct tsd_server *s, int which, const char *addr)
     int port = 0;
 
     memset(&ss, 0, sizeof(ss));
-    if (parse_listen_addr(addr, &ss, &sslen) != 0) {
+    if (ts_listen_addr_parse(addr, &ss, &sslen) != 0) {
         TS_ERROR(FAC, TS_ECONFIG, "cannot parse listen address '%s' (want HOST:PORT)", addr);
         return TS_ECONFIG;
     }
@@ -408,6 +372,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
         w->id = i;
         pthread_mutex_init(&w->lock, NULL);
         w->base = event_base_new();
+        w->m = tsd_wmetrics_create();
         w->notify =
             w->base ? event_new(w->base, -1, EV_PERSIST | EV_READ, worker_notify_cb, w) : NULL;
         w->idle_sweep = w->notify ? event_new(w->base, -1, EV_PERSIST, worker_idle_sweep, w) : NULL;
@@ -415,7 +380,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
             struct timeval sec = {1, 0};
             evtimer_add(w->idle_sweep, &sec);
         }
-        if (!w->notify || !w->idle_sweep) {
+        if (!w->notify || !w->idle_sweep || !w->m) {
             rc = TS_ENOMEM;
             goto out_workers;
         }
@@ -449,6 +414,7 @@ out_workers:
             event_free(s->workers[i].idle_sweep);
         if (s->workers[i].base)
             event_base_free(s->workers[i].base);
+        tsd_wmetrics_destroy(s->workers[i].m);
         pthread_mutex_destroy(&s->workers[i].lock);
     }
     free(s->workers);
@@ -478,6 +444,8 @@ static void *maint_main(void *arg)
 
 int tsd_server_run(struct tsd_server *s)
 {
+    int rc;
+
     s->maint_base = event_base_new();
     if (!s->maint_base || pthread_create(&s->maint_thread, NULL, maint_main, s) != 0)
         return TS_ENOMEM;
@@ -486,13 +454,19 @@ int tsd_server_run(struct tsd_server *s)
             return TS_ENOMEM;
     if (tsd_etcd_map_start(s) != 0 || tsd_monitor_start(s) != 0)
         return TS_ENOMEM;
+    rc = tsd_metrics_start(s);
+    if (rc) {
+        fprintf(stderr, "tesserad: cannot start the metrics listener %s: %s\n",
+                s->cfg->metrics_listen, ts_strerror(rc));
+        return rc;
+    }
     /* The readiness line: tests and scripts wait for it. */
     fprintf(stderr,
             "tesserad ready node=%s listen=%s tls_listen=%s data=%s workers=%d pid=%d "
-            "rdma_listen=%s\n",
+            "rdma_listen=%s metrics=%s\n",
             s->cfg->node_id, s->addr[0][0] ? s->addr[0] : "-", s->addr[1][0] ? s->addr[1] : "-",
-            s->cfg->data_dir, s->nworkers, (int)getpid(),
-            tsd_rdma_addr(s) ? tsd_rdma_addr(s) : "-");
+            s->cfg->data_dir, s->nworkers, (int)getpid(), tsd_rdma_addr(s) ? tsd_rdma_addr(s) : "-",
+            tsd_metrics_addr(s)[0] ? tsd_metrics_addr(s) : "-");
     fflush(stderr);
     event_base_dispatch(s->base);
     /* Draining: wait for the workers; the drain timer may still break them. */
@@ -513,6 +487,7 @@ void tsd_server_fini(struct tsd_server *s)
     s->sig_term = s->sig_int = NULL;
     signal(SIGTERM, SIG_IGN);
     signal(SIGINT, SIG_IGN);
+    tsd_metrics_stop(s); /* its heartbeat events live on the workers' loops */
     tsd_monitor_stop(s);
     tsd_etcd_map_stop(s); /* it installs maps: before replication stops */
     /* Replication and maintenance post completions to the workers' loops: stop them first. */
@@ -539,6 +514,7 @@ void tsd_server_fini(struct tsd_server *s)
         if (w->idle_sweep)
             event_free(w->idle_sweep);
         event_base_free(w->base);
+        tsd_wmetrics_destroy(w->m);
         pthread_mutex_destroy(&w->lock);
     }
     free(s->workers);

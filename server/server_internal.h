@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 
 #include "config.h"
+#include "metrics.h"
 #include "rdma.h"
 #include "requests.h"
 #include "ts_common.h"
@@ -66,6 +67,7 @@ struct tsd_worker {
     struct event *drain_tick;
     _Atomic int done; /* its loop has ended */
     struct tsd_stats stats;
+    struct tsd_wmetrics *m; /* metrics.h: the Prometheus counters */
 };
 
 struct tsd_upload {
@@ -91,6 +93,8 @@ struct tsd_read_stream {
     uint32_t rkey;
     uint8_t *reply;
     size_t reply_len;
+    uint32_t shard;           /* metrics: the read's shard, */
+    uint64_t t0_ns, head_len; /* when it arrived, and its reply's head and piece table */
 };
 
 struct tsd_conn {
@@ -128,7 +132,9 @@ struct tsd_conn {
     uint32_t in_reserved; /* bytes of the input budget held for the frame being read */
     int budget_wait;      /* paused until budget_ev: the input budget is spent */
     struct event *budget_ev;
-    struct tsd_rdma_sess *rdma; /* an RDMA session's connection (frames through a pair) */
+    struct tsd_rdma_sess *rdma;  /* an RDMA session's connection (frames through a pair) */
+    uint64_t t0_ns;              /* when the request being answered arrived (metrics: latency) */
+    int m_counted, m_role, m_tr; /* counted in the connection gauges, as this role/transport */
 };
 
 /* The request handlers as the connection layer reaches them (filled by ops.c). A handler gets
@@ -143,6 +149,15 @@ struct tsd_ops {
     /* Ends the uploads of c idle since before `before` (monotonic ns). */
     void (*uploads_expire)(struct tsd_conn *c, uint64_t before);
 };
+
+/* Scrubs, for the metrics: totals of the scrubs completed, and whether one runs now. */
+struct tsd_scrub_stats {
+    _Atomic uint64_t runs, chunks, bytes, corrupt, pg_differing;
+    _Atomic int running;
+    _Atomic uint64_t last_end_ns; /* wall clock */
+};
+
+struct tsd_metrics;
 
 struct tsd_server {
     const struct tsd_ops *ops;
@@ -186,6 +201,8 @@ struct tsd_server {
     uint32_t npg;
     struct tsd_rdma *rdma; /* the RDMA listener and its sessions (rdma.c); NULL: none */
     struct tsd_rdma_tokens rdma_tokens;
+    struct tsd_metrics *metrics; /* http.c: the metrics thread and listener */
+    struct tsd_scrub_stats scrub;
 };
 
 /*
@@ -297,6 +314,12 @@ struct tsd_scrub_pgs {
     uint64_t missing;   /* complete shards the primaries hold beyond ours */
 };
 void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
+
+/* cluster.c: PGs this node holds a replica of (not leads) that their primary has not confirmed
+ * yet (it serves no reads of them). */
+uint64_t tsd_pgs_not_confirmed(struct tsd_server *s);
+/* ops_status.c: the daemon's resident memory (bytes; 0 if unknown). */
+uint64_t tsd_rss_bytes(void);
 
 /* conn.c: the role requests are judged by (anonymous clients are at most readers in a cluster) */
 int tsd_conn_role(struct tsd_server *s, const struct tsd_conn *c);

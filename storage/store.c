@@ -249,3 +249,26 @@ char *ts_store_engine_stats(ts_store *s)
 {
     return s ? rocksdb_property_value(s->db, "rocksdb.stats") : NULL;
 }
+
+void ts_store_engine_props(ts_store *s, struct ts_store_engine_props *out)
+{
+    static const char *const names[TS_ENGINE_PROPS] = {
+        "rocksdb.estimate-num-keys", "rocksdb.live-sst-files-size",
+        "rocksdb.estimate-pending-compaction-bytes", "rocksdb.num-running-compactions",
+        "rocksdb.num-running-flushes"};
+    uint64_t v;
+
+    memset(out, 0, sizeof(*out));
+    for (int i = 0; i < CF_COUNT; i++) {
+        if (!s->cf[i])
+            continue;
+        for (int k = 0; k < TS_ENGINE_PROPS; k++)
+            if (rocksdb_property_int_cf(s->db, s->cf[i], names[k], &v) == 0) {
+                if (k >= 3 && i) /* running compactions and flushes: the whole DB's */
+                    continue;
+                out->v[k] += v;
+            }
+    }
+    if (s->cache)
+        out->block_cache_bytes = rocksdb_cache_get_usage(s->cache);
+}

@@ -357,5 +357,13 @@ void ts_store_space(ts_store *s, struct ts_store_space *out);
 
 /* Engine statistics as text (RocksDB "rocksdb.stats" etc.), malloc'ed; NULL on error. */
 char *ts_store_engine_stats(ts_store *s);
+/* RocksDB's figures, summed over the column families: estimated keys, live SST bytes, pending
+ * compaction bytes, running compactions, running flushes; and the block cache's usage. */
+enum { TS_ENGINE_PROPS = 5 };
+struct ts_store_engine_props {
+    uint64_t v[TS_ENGINE_PROPS];
+    uint64_t block_cache_bytes;
+};
+void ts_store_engine_props(ts_store *s, struct ts_store_engine_props *out);
 
 #endif
