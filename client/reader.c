@@ -464,6 +464,7 @@ void tessera_reader_stats(tessera_reader *r, struct tessera_reader_stats *st)
         return;
     pthread_mutex_lock(&r->m);
     *st = r->st;
+    st->ahead_bytes = r->ahead;
     pthread_mutex_unlock(&r->m);
 }
 

@@ -108,6 +108,7 @@ struct tessera_reader_stats {
     uint64_t reconnects;      /* connections opened again after one broke */
     uint64_t index_loads;     /* record indexes fetched (record units) */
     uint64_t ahead_bytes_max; /* the most bytes held ahead of the caller at once */
+    uint64_t ahead_bytes;     /* bytes held ahead now: read or being read, not yet returned */
     size_t nnodes;            /* which node served what (the first TESSERA_READER_MAX_NODES) */
     struct tessera_reader_node nodes[TESSERA_READER_MAX_NODES];
 };

@@ -156,6 +156,7 @@ class ReaderStats(ctypes.Structure):
         ("reconnects", c_u64),
         ("index_loads", c_u64),
         ("ahead_bytes_max", c_u64),
+        ("ahead_bytes", c_u64),
         ("nnodes", c_size),
         ("nodes", ReaderNode * READER_MAX_NODES),
     ]

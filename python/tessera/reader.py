@@ -8,8 +8,8 @@ import weakref
 from itertools import accumulate, chain
 from sys import getrefcount
 
-from ._lib import (Handle, ReaderOpts, ReaderStats, TesseraError, Unit, c_void_p, check, enc,
-                   lib)
+from ._lib import (READER_MAX_NODES, Handle, ReaderOpts, ReaderStats, TesseraError, Unit,
+                   c_void_p, check, enc, lib)
 from .client import Client, ConnectOptions
 from .plan import encode_state, plan_opts
 from .records import record_form
@@ -82,6 +82,7 @@ class Reader(Handle):
 
     _free = "tessera_reader_close"
     _lock = threading.RLock()  # replaced per reader; guards _h against views given back
+    _closed_stats = None  # stats() once closed
 
     def __init__(self, connect, dataset, *, unit="record", rank=0, world=1, seed=0, epoch=0,
                  shuffle="none", window=16, assign="contiguous", remainder="uneven", order=None,
@@ -128,6 +129,8 @@ class Reader(Handle):
 
     def close(self):
         with self._lock:
+            if self._h:
+                self._closed_stats = dict(self.stats(), ahead_bytes=0)  # counters stay
             super().close()
 
     def __len__(self):
@@ -243,13 +246,24 @@ class Reader(Handle):
         return encode_state(lib().tessera_reader_plan(self._h), consumed)
 
     def stats(self):
+        """What the reader did so far (docs/client.md "Readers"): units and bytes returned,
+        stall_s (time waited in the library for data) and stalls, retries, reconnects,
+        index_loads, ahead_bytes (held ahead now), ahead_bytes_max, and per node ("served") its
+        units and bytes. Counters only grow; after close(), the last ones (ahead_bytes 0)."""
+        if not self._h:
+            return dict(self._closed_stats or stats_dict(ReaderStats()))
         s = ReaderStats()
         lib().tessera_reader_stats(self._h, ctypes.byref(s))
-        return {
-            "units": s.units, "bytes": s.bytes, "stall_s": s.stall_ns / 1e9, "stalls": s.stalls,
-            "retries": s.retries, "reconnects": s.reconnects, "index_loads": s.index_loads,
-            "ahead_bytes_max": s.ahead_bytes_max,
-            "served": {s.nodes[i].node.decode(): {"units": s.nodes[i].units,
-                                                  "bytes": s.nodes[i].bytes}
-                       for i in range(s.nnodes)},
-        }
+        return stats_dict(s)
+
+
+def stats_dict(s):
+    """A ReaderStats struct as Reader.stats() gives it."""
+    return {
+        "units": s.units, "bytes": s.bytes, "stall_s": s.stall_ns / 1e9, "stalls": s.stalls,
+        "retries": s.retries, "reconnects": s.reconnects, "index_loads": s.index_loads,
+        "ahead_bytes": s.ahead_bytes, "ahead_bytes_max": s.ahead_bytes_max,
+        "served": {s.nodes[i].node.decode(): {"units": s.nodes[i].units,
+                                              "bytes": s.nodes[i].bytes}
+                   for i in range(min(s.nnodes, READER_MAX_NODES))},
+    }

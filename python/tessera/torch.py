@@ -13,14 +13,21 @@ was. That is what a state_dict records; a loader given it (any worker count, any
 reads exactly the rest of the epoch.
 """
 
+import ctypes
+import multiprocessing
+import time
+from typing import NamedTuple
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader as _TorchLoader
 from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
 
+from . import metrics as _metrics
+from ._lib import ReaderStats, lib
 from .client import Client, ConnectOptions
 from .plan import Plan
-from .reader import Reader
+from .reader import Reader, stats_dict
 from .records import payload, record_form
 
 # Units a DataLoader worker reads ahead (within 4 MiB). The window refills by halves, and a
@@ -50,6 +57,62 @@ def _randperm(n, seed, epoch):
     g = torch.Generator()
     g.manual_seed(seed + epoch)
     return torch.randperm(n, generator=g).tolist()
+
+
+class _Slot(ctypes.Structure):
+    """One DataLoader worker's reader stats in memory shared with the loader's process: the
+    sum over the worker's closed readers (done) and its open reader's (live), written under a
+    sequence count (odd while written)."""
+
+    _fields_ = [("seq", ctypes.c_uint64), ("done", ReaderStats), ("live", ReaderStats)]
+
+
+_COUNTERS = ("units", "bytes", "stall_ns", "stalls", "retries", "reconnects", "index_loads")
+
+
+def _fold(dst, src):
+    """Adds the counters of ReaderStats src into dst (per node by name, up to the struct's
+    room)."""
+    for f in _COUNTERS:
+        setattr(dst, f, getattr(dst, f) + getattr(src, f))
+    dst.ahead_bytes_max = max(dst.ahead_bytes_max, src.ahead_bytes_max)
+    dst.ahead_bytes = 0
+    names = [dst.nodes[i].node for i in range(dst.nnodes)]
+    for i in range(min(src.nnodes, len(src.nodes))):
+        n = src.nodes[i]
+        if n.node in names:
+            d = dst.nodes[names.index(n.node)]
+        elif dst.nnodes < len(dst.nodes):
+            d = dst.nodes[dst.nnodes]
+            d.node, d.units, d.bytes = n.node, 0, 0
+            dst.nnodes += 1
+            names.append(n.node)
+        else:
+            continue
+        d.units += n.units
+        d.bytes += n.bytes
+
+
+def _slot_write(slot, fn):
+    slot.seq += 1
+    try:
+        fn()
+    finally:
+        slot.seq += 1
+
+
+def _slot_read(slot):
+    """A consistent copy of slot's (done, live), both ReaderStats."""
+    done, live = ReaderStats(), ReaderStats()
+    for _ in range(1000):
+        seq = slot.seq
+        if seq & 1 == 0:
+            ctypes.pointer(done)[0] = slot.done
+            ctypes.pointer(live)[0] = slot.live
+            if slot.seq == seq:
+                break
+        time.sleep(0)
+    return done, live
 
 
 def _opts(connect):
@@ -94,6 +157,10 @@ class TesseraIterable(IterableDataset):
         self._units = None
         self._counts = None       # records per shard (units() fetches them)
         self.yielded = 0          # records yielded when iterated in this process
+        # Reader stats (reader_stats()): readers of this process (the open one, the sum of the
+        # closed ones) and DataLoader workers' slots in shared memory (track_workers()).
+        self._mine = (None, None)  # (stats of this process's closed readers, the open one)
+        self._slots = None
 
     # ---- the plan ---------------------------------------------------------------------------
 
@@ -124,7 +191,42 @@ class TesseraIterable(IterableDataset):
     def __getstate__(self):  # to DataLoader workers: without the permutation (made again)
         state = dict(self.__dict__)
         state["_torch_order"] = None
+        state["_mine"] = (None, None)  # this process's readers stay here
         return state
+
+    # ---- reader stats -----------------------------------------------------------------------
+
+    def track_workers(self, n):
+        """Makes room for the reader stats of n DataLoader workers in memory shared with them
+        (tessera.torch.DataLoader calls it before starting its workers; call it before a plain
+        torch DataLoader starts its own). Workers past the room are not counted."""
+        n = max(int(n), 1)
+        if self._slots is not None and len(self._slots) >= n:
+            return
+        slots = multiprocessing.RawArray(_Slot, n)
+        if self._slots is not None:
+            ctypes.memmove(slots, self._slots, ctypes.sizeof(self._slots))
+        self._slots = slots
+
+    def reader_stats(self):
+        """The stats (as Reader.stats()) of every reader this dataset opened for its rank, in
+        this process and in DataLoader workers, summed: counters over all epochs so far
+        (workers' as of the last batch each handed over), ahead_bytes held now."""
+        total = ReaderStats()
+        ahead = 0
+        for i in range(len(self._slots) if self._slots is not None else 0):
+            done, live = _slot_read(self._slots[i])
+            _fold(total, done)
+            _fold(total, live)
+            ahead += live.ahead_bytes
+        out = stats_dict(total)
+        out["ahead_bytes"] = ahead
+        done, live = self._mine  # one read: iteration replaces the pair as a whole
+        if done is not None:
+            out = _metrics.add_stats(out, done)
+        if live is not None:
+            out = _metrics.add_stats(out, live.stats())
+        return out
 
     def rank_len(self, rank=None):
         """Records rank `rank` (default: this one) reads this epoch (what is left of it after a
@@ -156,15 +258,43 @@ class TesseraIterable(IterableDataset):
         opts.update(split_block=self.batch_size, split_n=n, split_i=i)
         reader = Reader(self.connect, self.dataset, unit="record", resume=self._resume,
                         copy=self.copy, **self._plan_options(self.rank, self.world), **opts)
+        slot = None
+        if info is None:
+            self._mine = (self._mine[0], reader)  # read live by reader_stats()
+        elif self._slots is not None and i < len(self._slots):
+            slot = self._slots[i]
         try:
             items = reader.stream()  # batched: small records cost one call per batch
             if self.transform:
                 items = map(self.transform, items)
-            for data in items:
-                self.yielded += 1
-                yield data
+            if slot is None:
+                for data in items:
+                    self.yielded += 1
+                    yield data
+            else:
+                # A worker hands its reader's stats over once per batch (one library call).
+                every = left = max(self.batch_size, 1)
+                for data in items:
+                    self.yielded += 1
+                    left -= 1
+                    if not left:
+                        left = every
+                        _slot_write(slot, lambda: lib().tessera_reader_stats(
+                            reader._h, ctypes.byref(slot.live)))
+                    yield data
         finally:
+            if slot is not None:
+                last = ReaderStats()
+                lib().tessera_reader_stats(reader._h, ctypes.byref(last))
+
+                def fold():
+                    _fold(slot.done, last)
+                    ctypes.memset(ctypes.byref(slot.live), 0, ctypes.sizeof(ReaderStats))
+                _slot_write(slot, fold)
             reader.close()
+            if info is None:
+                done, st = self._mine[0], reader.stats()  # a closed reader's stay as they are
+                self._mine = (st if done is None else _metrics.add_stats(done, st), None)
 
     # ---- resume -----------------------------------------------------------------------------
 
@@ -204,9 +334,11 @@ class DataLoader(_TorchLoader):
             raise ValueError("the loader's batch_size must be the dataset's")
         super().__init__(dataset, **kwargs)
         self._records = 0
+        dataset.track_workers(self.num_workers)
 
     def __iter__(self):
         self._records = 0
+        self.dataset.track_workers(self.num_workers)  # before the workers start
         for batch in super().__iter__():
             # Every batch but a rank's last holds batch_size records (the workers' blocks);
             # position() caps the count at the rank's length.
@@ -215,6 +347,10 @@ class DataLoader(_TorchLoader):
 
     def state_dict(self):
         return self.dataset.state_dict(consumed=self._records)
+
+    def reader_stats(self):
+        """The dataset's reader stats (TesseraIterable.reader_stats)."""
+        return self.dataset.reader_stats()
 
     def load_state_dict(self, state):
         self.dataset.load_state_dict(state)
@@ -304,4 +440,106 @@ class PlanSampler(Sampler):
         return len(self._plan())
 
 
-__all__ = ["DataLoader", "PlanSampler", "TesseraIterable", "TesseraRecords", "torch"]
+class Step(NamedTuple):
+    """One training step as StepMonitor saw it: its number (from 1), its time (seconds), the
+    reader's data stall inside it (the growth of its stall counter, seconds), and the time the
+    loop waited for the step's batch (in next(); with DataLoader workers, the wait for the
+    workers)."""
+
+    step: int
+    seconds: float
+    stall_s: float
+    wait_s: float
+
+
+class StepMonitor:
+    """The per-step hook: each training step's time next to the data stall inside it.
+
+        mon = tessera.torch.StepMonitor(loader, on_step=log)
+        for batch in mon.wrap(loader):   # or: with mon.step(): ... around a step
+            train(batch)                 # mon.last: the step before this one
+
+    source: what the stall is read from (a DataLoader, TesseraIterable or Reader; its
+    reader_stats() or stats()). A step of wrap() runs from asking for its batch to asking for
+    the next, so its time is the loop's time per step. Each step ends in `last` (a Step),
+    `steps` counts them, on_step(step) is called, and, with prometheus_client, the rank's
+    tessera_job_steps_total, tessera_job_step_seconds and tessera_job_step_stall_seconds on
+    registry (default REGISTRY; histograms=False: none; True: ImportError without
+    prometheus_client). rank: the label (default the source's rank)."""
+
+    def __init__(self, source, *, rank=None, registry=None, histograms=None, on_step=None):
+        self.source = _metrics.source_of(source)
+        self.rank = _metrics.rank_of(source, rank)
+        self.on_step = on_step
+        self.steps = 0
+        self.last = None
+        self._t0 = self._stall0 = None
+        self._wait = 0.0
+        self._m = None
+        if histograms or (histograms is None and _metrics.available()):
+            steps, secs, stall = _metrics.step_metrics(registry)
+            r = str(self.rank)
+            self._m = (steps.labels(rank=r), secs.labels(rank=r), stall.labels(rank=r))
+
+    def _stall(self):
+        f = getattr(self.source, "reader_stats", None)
+        return (f() if f is not None else self.source.stats())["stall_s"]
+
+    def begin(self):
+        """A step starts now."""
+        self._wait = 0.0
+        self._stall0 = self._stall()
+        self._t0 = time.perf_counter()
+
+    def end(self):
+        """The step begun last ends now: recorded, and returned as a Step."""
+        if self._t0 is None:
+            raise RuntimeError("StepMonitor.end() without begin()")
+        secs = time.perf_counter() - self._t0
+        stall = max(self._stall() - self._stall0, 0.0)
+        self._t0 = None
+        self.steps += 1
+        self.last = Step(self.steps, secs, stall, self._wait)
+        if self._m is not None:
+            self._m[0].inc()
+            self._m[1].observe(secs)
+            self._m[2].observe(stall)
+        if self.on_step is not None:
+            self.on_step(self.last)
+        return self.last
+
+    class _Span:
+        def __init__(self, mon):
+            self.mon = mon
+
+        def __enter__(self):
+            self.mon.begin()
+            return self.mon
+
+        def __exit__(self, *exc):
+            self.mon.end()
+
+    def step(self):
+        """A with block that is one step (fetch its batch inside it to count that stall)."""
+        return StepMonitor._Span(self)
+
+    def wrap(self, iterable):
+        """iterable's batches, each step timed from asking for its batch to asking for the
+        next (the step after the last batch, which only meets the end, is not counted)."""
+        it = iter(iterable)
+        self.begin()
+        while True:
+            t = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                self._t0 = None
+                return
+            self._wait += time.perf_counter() - t
+            yield batch
+            self.end()
+            self.begin()
+
+
+__all__ = ["DataLoader", "PlanSampler", "Step", "StepMonitor", "TesseraIterable",
+           "TesseraRecords", "torch"]
