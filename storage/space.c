@@ -124,6 +124,7 @@ void ts_store_space(ts_store *s, struct ts_store_space *out)
     out->reserve = s->space_reserve;
     out->memtables = memtable_bytes(s);
     pthread_mutex_lock(&s->space_lock);
-    out->full = s->space_avail < s->space_reserve + out->memtables;
+    /* Before the first write was admitted nothing was measured yet: what statfs says now. */
+    out->full = (s->space_checked_ns ? s->space_avail : avail) < s->space_reserve + out->memtables;
     pthread_mutex_unlock(&s->space_lock);
 }

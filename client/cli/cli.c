@@ -72,6 +72,10 @@ enum opt_id {
     O_RECORD,
     O_ETCD,
     O_ETCD_PREFIX,
+    O_INTERVAL,
+    O_ONCE,
+    O_ITERATIONS,
+    O_PROMETHEUS,
 };
 
 static const struct cli_opt global_opts[] = {
@@ -164,6 +168,11 @@ static const struct cli_opt drill_opts[] = {
 static const struct cli_opt status_opts[] = {
     {"node", 0, 1, O_NODE},
     {NULL, 0, 0, 0},
+};
+
+static const struct cli_opt top_opts[] = {
+    {"interval", 0, 1, O_INTERVAL},     {"once", 0, 0, O_ONCE}, {"iterations", 0, 1, O_ITERATIONS},
+    {"prometheus", 0, 1, O_PROMETHEUS}, {NULL, 0, 0, 0},
 };
 
 static const struct cli_opt ingest_opts[] = {
@@ -293,7 +302,24 @@ static const struct cmd cmds[] = {
      "Shows the server's status: node, listeners, connections, counters, datasets.\n"
      "On a cluster: one section per node of the map (reachable, epoch, the PGs it leads,\n"
      "its replicas' applied position and lag in operations, bytes and seconds); exits 1\n"
-     "when a node that is up in the map does not answer. --node ID: that node's whole status.",
+     "when a node that is up in the map does not answer. --node ID: that node's whole status.\n"
+     "Ends with \"anomalies:\", what 'tessera top' flags too, in words (or \"no anomalies\"):\n"
+     "nodes down or not answering, PGs not active for over 2 s, replicas over 5 s, 1000 ops\n"
+     "or 256 MiB behind, disks under 10 % free or refusing writes, checksum failures, a PG\n"
+     "read over 10x the median PG, a node serving over 2x the mean read rate, WAL damage.",
+     0, NULL},
+    {NULL, "top", 0, 0, 0, top_opts, cmd_top,
+     "[--interval S] [--once] [--iterations N] [--prometheus URL]",
+     "A live view of the cluster (or the single node), redrawn in place every --interval\n"
+     "seconds (default 1; fractions allowed) and sized to the terminal: map epoch, nodes up\n"
+     "and down and the totals; per node its state, connections, read and write MiB/s and\n"
+     "requests/s (between two polls), free disk, cache hits, PGs active/peering and its worst\n"
+     "replica's lag; the hottest datasets, PGs and shards (from the nodes' STATUS \"hot\"\n"
+     "object, \"-\" without one); the lagging replicas; job stalls per rank (--prometheus\n"
+     "http://HOST:9090: rate(tessera_job_data_stall_seconds_total[1m]) from Prometheus's\n"
+     "HTTP API); the anomalies 'tessera status' lists. q or Ctrl-C quits and gives the\n"
+     "terminal back. --once: one frame (two polls an interval apart, for the rates) as plain\n"
+     "text, for scripts; --iterations N: stop after N frames.",
      0, NULL},
     {"map", "show", 0, 0, 0, no_opts, cmd_map_show, "",
      "Shows the cluster map the server has: epoch, PG count, and every node's id, addresses,\n"
@@ -803,6 +829,32 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             else
                 x->count = v;
             break;
+        case O_INTERVAL: {
+            char *end = NULL;
+            double d = strtod(val, &end);
+            if (!end || end == val || *end || !(d >= 0.1 && d <= 3600)) {
+                snprintf(msg, sizeof(msg), "--interval: '%s' is not 0.1 to 3600 seconds", val);
+                return usage_error(msg, k);
+            }
+            x->top_interval = d;
+            break;
+        }
+        case O_ONCE:
+            x->top_once = 1;
+            break;
+        case O_ITERATIONS:
+            if (cli_parse_uint(val, UINT32_MAX, &x->top_iterations) != 0 || !x->top_iterations) {
+                snprintf(msg, sizeof(msg), "--iterations: '%s' is not a number above 0", val);
+                return usage_error(msg, k);
+            }
+            break;
+        case O_PROMETHEUS:
+            if (strncmp(val, "http://", 7) != 0) {
+                snprintf(msg, sizeof(msg), "--prometheus: '%s' is not http://HOST:PORT", val);
+                return usage_error(msg, k);
+            }
+            x->prometheus = val;
+            break;
         case O_LENGTH:
             if (opt_size(k, o->name, val, UINT64_MAX, &x->length))
                 return EXIT_USAGE;
@@ -869,6 +921,7 @@ int main(int argc, char **argv)
     opts.client_name = "tessera-cli";
     x.policy.core = 1;
     x.hot_fringe = 1; /* hot add: +1 without --fringe */
+    x.top_interval = 1;
     tessera_plan_opts_init(&x.plan);
     tessera_reader_opts_init(&x.rd);
     x.opts = &opts;

@@ -59,6 +59,11 @@ struct ctx {
     /* read: the reader's options (the plan's come from plan above), the connection's */
     struct tessera_reader_opts rd;
     uint64_t count;
+    /* top: seconds between polls, one frame only, stop after N frames (0: until 'q') */
+    double top_interval;
+    int top_once;
+    uint64_t top_iterations;
+    const char *prometheus; /* top --prometheus URL: job stalls */
     const struct tessera_opts *opts;
     /* a local failure, in words (instead of a TS_E* line) */
     char local[512];
@@ -165,5 +170,7 @@ int cmd_pg(struct ctx *x);
 
 /* cli_status.c */
 int cmd_status(struct ctx *x);
+/* cli_top.c */
+int cmd_top(struct ctx *x);
 
 #endif

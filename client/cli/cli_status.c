@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_anomaly.h"
 #include "ts_map.h"
 
 /* ---- status -------------------------------------------------------------------------------- */
@@ -209,15 +210,40 @@ static void status_replication(struct json_object *rep)
     }
 }
 
+/* The "anomalies:" section: what `tessera top` flags too, in words. */
+static void status_anomalies(const struct cli_node_obs *obs, size_t n)
+{
+    struct cli_anomaly an[64];
+    size_t k = cli_anomalies(obs, n, NULL, an, TS_ARRAY_SIZE(an));
+
+    printf("\nanomalies:%s\n", k ? "" : " no anomalies");
+    for (size_t i = 0; i < k && i < TS_ARRAY_SIZE(an); i++)
+        printf("  %-20s %s\n", cli_anomaly_kind_name(an[i].kind), an[i].text);
+    if (k > TS_ARRAY_SIZE(an))
+        printf("  ... and %zu more\n", k - TS_ARRAY_SIZE(an));
+}
+
 /*
  * `status` on a cluster: every node of the map, one section each (or with --json, an array of
  * {node, addr, state, status | error}). 1 when a node that is up in the map did not answer.
  */
 static int status_cluster(struct ctx *x, const struct ts_map *m)
 {
-    struct json_object *all = x->json ? json_object_new_array() : NULL;
-    char b[4][64];
+    struct json_object *all = x->json ? json_object_new_array() : NULL, **docs;
+    struct cli_node_obs *obs;
+    char b[4][64], (*errs)[160];
     int bad = 0;
+
+    docs = calloc(m->n ? m->n : 1, sizeof(*docs));
+    obs = calloc(m->n ? m->n : 1, sizeof(*obs));
+    errs = calloc(m->n ? m->n : 1, sizeof(*errs));
+    if (!docs || !obs || !errs) {
+        free(docs);
+        free(obs);
+        free(errs);
+        json_object_put(all);
+        return TS_ENOMEM;
+    }
 
     if (!x->json)
         printf("cluster: map epoch %llu, %u PGs, %zu nodes (asked via %s)\n",
@@ -237,6 +263,13 @@ static int status_cluster(struct ctx *x, const struct ts_map *m)
         }
         if (rc && nd->state == TS_NODE_UP)
             bad = 1;
+        obs[i].id = nd->id;
+        obs[i].map_state = ts_node_state_name(nd->state);
+        obs[i].read_bps = obs[i].write_bps = obs[i].req_ps = -1;
+        if (rc) {
+            snprintf(errs[i], sizeof(errs[i]), "%s (%s)", ts_strerror(rc), ts_errname(rc));
+            obs[i].error = errs[i];
+        }
         if (all) {
             struct json_object *e = json_object_new_object();
             json_object_object_add(e, "node", json_object_new_string(nd->id));
@@ -271,10 +304,18 @@ static int status_cluster(struct ctx *x, const struct ts_map *m)
         if (json_object_object_get_ex(doc, "replication", &rep) &&
             json_object_is_type(rep, json_type_object))
             status_replication(rep);
-        json_object_put(doc);
+        docs[i] = doc; /* kept for the anomalies */
+        obs[i].status = doc;
     }
     if (all)
         json_print(all);
+    else
+        status_anomalies(obs, m->n);
+    for (size_t i = 0; i < m->n; i++)
+        json_object_put(docs[i]);
+    free(docs);
+    free(obs);
+    free(errs);
     if (bad)
         snprintf(x->local, sizeof(x->local), "a node that is up in the map did not answer");
     return bad ? TS_EUNAVAIL : 0;
@@ -332,6 +373,13 @@ int cmd_status(struct ctx *x)
     }
     if (tables)
         status_tables(doc);
+    {
+        struct cli_node_obs o = {0};
+        o.id = i >= 0 ? x->node : tessera_client_node(x->c);
+        o.status = doc;
+        o.read_bps = o.write_bps = o.req_ps = -1;
+        status_anomalies(&o, 1);
+    }
     json_object_put(doc);
     return 0;
 }
