@@ -915,6 +915,11 @@ static void lag_snapshot(ts_repl *r)
         l->applied = ps->known ? ps->applied : 0;
         l->primary_applied = my_applied;
         l->recovering = !ps->pull && (!ps->known || !ps->told_clean);
+        if (ps->backfill) {
+            l->backfilling = 1;
+            l->bf_done = ps->at;
+            l->bf_total = ps->nitems;
+        }
         if (my_applied > l->applied) {
             uint64_t from = l->applied + 1, scanned = 0;
             struct ts_log_rec rec;

@@ -89,7 +89,9 @@ struct ts_repl_lag {
     uint64_t applied, primary_applied;
     uint64_t lag_ops, lag_bytes;
     double lag_s;
-    int recovering; /* not yet confirmed to hold this PG's log (it serves no reads of it) */
+    int recovering;  /* not yet confirmed to hold this PG's log (it serves no reads of it) */
+    int backfilling; /* a backfill of this replica runs: */
+    uint64_t bf_done, bf_total; /* shards sent of the PG's shards */
 };
 /* A snapshot of every replica's position for the PGs this node is primary of (malloc'ed). */
 int ts_repl_lag(ts_repl *r, struct ts_repl_lag **out, size_t *n, unsigned *primary_pgs,

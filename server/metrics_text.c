@@ -308,7 +308,8 @@ static void render_repl(struct tsd_server *s, struct evbuffer *o)
     struct ts_repl_lag *l = NULL;
     struct ts_repl_pgstat *ps = NULL;
     struct lag_row *rows;
-    size_t nl = 0, nr = 0, nps = 0, recovering = 0;
+    size_t nl = 0, nr = 0, nps = 0, recovering = 0, backfilling = 0;
+    uint64_t bf_done = 0, bf_total = 0;
     unsigned ppgs = 0;
     uint64_t repairs = 0, backfills = 0;
     static const char *const states[] = {"active", "peering", "pulling", "activating", "blocked"};
@@ -322,6 +323,9 @@ static void render_repl(struct tsd_server *s, struct evbuffer *o)
     for (size_t i = 0; rows && i < nl; i++) {
         size_t r = 0;
         recovering += l[i].recovering != 0;
+        backfilling += l[i].backfilling != 0;
+        bf_done += l[i].bf_done;
+        bf_total += l[i].bf_total;
         while (r < nr && !(rows[r].core == l[i].core && strcmp(rows[r].node, l[i].node) == 0))
             r++;
         if (r == nr) {
@@ -357,6 +361,13 @@ static void render_repl(struct tsd_server *s, struct evbuffer *o)
         "Replicas of PGs this node leads that are not yet confirmed to hold the PG's log.",
         (double)recovering);
     one(o, "tessera_primary_pgs", "gauge", "PGs this node leads.", (double)ppgs);
+    one(o, "tessera_backfills_running", "gauge",
+        "Backfills of replicas of PGs this node leads running now.", (double)backfilling);
+    one(o, "tessera_backfill_shards", "gauge",
+        "Shards the running backfills have to send, all of them together.", (double)bf_total);
+    one(o, "tessera_backfill_shards_sent", "gauge",
+        "Shards the running backfills have sent so far (progress: sent / shards).",
+        (double)bf_done);
     ts_repl_pg_states(s->repl, &ps, &nps);
     help(o, "tessera_pgs", "gauge", "PGs this node leads or is peering to lead, by state.");
     for (size_t k = 0; k < sizeof(states) / sizeof(states[0]); k++) {

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -207,8 +208,9 @@ static int setup(void **state)
     const char *extra[] = {"--metrics-listen", "127.0.0.1:0", "--peer-timeout-ms", "1000", NULL};
 
     if (access(PROMETHEUS, X_OK) != 0 || access(PROMTOOL, X_OK) != 0) {
-        fprintf(stderr, "test_metrics: %s and %s are needed (Debian's prometheus package: "
-                        "scripts/deps installs it)\n",
+        fprintf(stderr,
+                "test_metrics: %s and %s are needed (Debian's prometheus package: "
+                "scripts/deps installs it)\n",
                 PROMETHEUS, PROMTOOL);
         return -1;
     }
@@ -331,12 +333,11 @@ static void test_read_bytes_and_hot_dataset(void **state)
         fail_msg("Prometheus shows %.0f bytes read of coldds; the test read %llu", v,
                  (unsigned long long)read_cold);
     g_want = (double)HOT_ROUNDS * HOT_SHARDS;
-    assert_true(
-        prom_wait("sum(tessera_dataset_reads_total{dataset=\"hotds\"})", is_want, &v, 10));
+    assert_true(prom_wait("sum(tessera_dataset_reads_total{dataset=\"hotds\"})", is_want, &v, 10));
     /* Written: every byte the client put, counted once (at the primaries). */
     g_want = (double)HOT_SHARDS * LEN;
-    assert_true(prom_wait("sum(tessera_dataset_written_bytes_total{dataset=\"hotds\"})", is_want,
-                          &v, 10));
+    assert_true(
+        prom_wait("sum(tessera_dataset_written_bytes_total{dataset=\"hotds\"})", is_want, &v, 10));
     /* The hot dataset on top: by rate, and by the nodes' hot-shard sketches. */
     snprintf(expr, sizeof(expr),
              "topk(1, sum by (dataset) (rate(tessera_dataset_read_bytes_total[1m])))");
@@ -380,8 +381,8 @@ static void test_fringe_lag_rises_and_returns(void **state)
     assert_int_equal(ns, 4);
     stop_i = tsd_cluster_find(&CL, CL.id[f]);
     put_shard(c, "lagds", shards[0]); /* the PG's replicas in touch */
-    snprintf(expr, sizeof(expr), "sum(tessera_replica_lag_operations{replica=\"%s\",tier=\"fringe\"})",
-             CL.id[stop_i]);
+    snprintf(expr, sizeof(expr),
+             "sum(tessera_replica_lag_operations{replica=\"%s\",tier=\"fringe\"})", CL.id[stop_i]);
     assert_true(prom_wait(expr, is_zero, &v, 20));
 
     assert_int_equal(kill(CL.node[stop_i].pid, SIGSTOP), 0);
