@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #define HOT_K 10
+#define MAX_ZERO_DATASETS 4096 /* datasets shown at 0 before their first read */
 
 static void help(struct evbuffer *o, const char *name, const char *type, const char *text)
 {
@@ -158,11 +159,36 @@ static int named_cmp(const void *a, const void *b)
     return strcmp(((const struct named *)a)->name, ((const struct named *)b)->name);
 }
 
-/* The names of every worker's table t (offset of the table in struct tsd_wmetrics), their
- * values summed; "_other" last when a table overflowed. malloc'ed. */
-static struct named *merge_tables(struct tsd_server *s, size_t off, size_t *n)
+/* The datasets this node holds (their series start at 0: a counter that appears only with its
+ * first increment hides that increment from rate()). */
+struct ds_names {
+    char (*name)[TS_NAME_MAX + 1];
+    size_t n, cap;
+};
+
+static int ds_name_cb(void *arg, const struct ts_dataset_info *d)
 {
-    size_t cap = (size_t)s->nworkers * TSD_MTAB_SLOTS + 1, k = 0;
+    struct ds_names *dn = arg;
+
+    if (dn->n == dn->cap) {
+        size_t cap = dn->cap ? 2 * dn->cap : 64;
+        void *p = realloc(dn->name, cap * sizeof(*dn->name));
+        if (!p)
+            return 1;
+        dn->name = p;
+        dn->cap = cap;
+    }
+    memcpy(dn->name[dn->n++], d->name, sizeof(*dn->name));
+    return dn->n >= MAX_ZERO_DATASETS;
+}
+
+/* The names of every worker's table t (offset of the table in struct tsd_wmetrics), their
+ * values summed, and (when zeros is given) the names in zeros with no counts yet; "_other" last
+ * when a table overflowed. malloc'ed. */
+static struct named *merge_tables(struct tsd_server *s, size_t off, const struct ds_names *zeros,
+                                  size_t *n)
+{
+    size_t cap = (size_t)s->nworkers * TSD_MTAB_SLOTS + 1 + (zeros ? zeros->n : 0), k = 0;
     struct named *all = calloc(cap, sizeof(*all));
     uint64_t other[TSD_MV_N] = {0};
     int any_other = 0;
@@ -189,6 +215,8 @@ static struct named *merge_tables(struct tsd_server *s, size_t off, size_t *n)
             any_other |= other[v] != 0;
         }
     }
+    for (size_t i = 0; zeros && i < zeros->n; i++)
+        all[k++].name = zeros->name[i]; /* values 0: summed into the counted one if any */
     qsort(all, k, sizeof(*all), named_cmp);
     {
         size_t w = 0;
@@ -223,7 +251,11 @@ static void render_named(struct tsd_server *s, struct evbuffer *o)
          "Data bytes written by clients (chunks acknowledged), by dataset.", TSD_MV_WRITTEN_BYTES},
     };
     size_t n;
-    struct named *all = merge_tables(s, offsetof(struct tsd_wmetrics, datasets), &n);
+    struct ds_names zeros = {0};
+    struct named *all;
+
+    ts_store_dataset_list(s->store, ds_name_cb, &zeros);
+    all = merge_tables(s, offsetof(struct tsd_wmetrics, datasets), &zeros, &n);
 
     for (size_t d = 0; d < sizeof(ds) / sizeof(ds[0]); d++) {
         help(o, ds[d].name, "counter", ds[d].help);
@@ -234,7 +266,8 @@ static void render_named(struct tsd_server *s, struct evbuffer *o)
         }
     }
     free(all);
-    all = merge_tables(s, offsetof(struct tsd_wmetrics, peers), &n);
+    free(zeros.name);
+    all = merge_tables(s, offsetof(struct tsd_wmetrics, peers), NULL, &n);
     for (int d = 0; d < 2; d++) {
         const char *name =
             d ? "tessera_peer_sent_bytes_total" : "tessera_peer_received_bytes_total";
