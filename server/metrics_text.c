@@ -164,12 +164,16 @@ static int named_cmp(const void *a, const void *b)
 struct ds_names {
     char (*name)[TS_NAME_MAX + 1];
     size_t n, cap;
+    uint64_t bytes; /* of every dataset held (complete shards) */
 };
 
 static int ds_name_cb(void *arg, const struct ts_dataset_info *d)
 {
     struct ds_names *dn = arg;
 
+    dn->bytes += d->bytes;
+    if (dn->n >= MAX_ZERO_DATASETS)
+        return 0; /* counted, not listed */
     if (dn->n == dn->cap) {
         size_t cap = dn->cap ? 2 * dn->cap : 64;
         void *p = realloc(dn->name, cap * sizeof(*dn->name));
@@ -179,7 +183,7 @@ static int ds_name_cb(void *arg, const struct ts_dataset_info *d)
         dn->cap = cap;
     }
     memcpy(dn->name[dn->n++], d->name, sizeof(*dn->name));
-    return dn->n >= MAX_ZERO_DATASETS;
+    return 0;
 }
 
 /* The names of every worker's table t (offset of the table in struct tsd_wmetrics), their
@@ -267,6 +271,9 @@ static void render_named(struct tsd_server *s, struct evbuffer *o)
     }
     free(all);
     free(zeros.name);
+    one(o, "tessera_stored_bytes", "gauge",
+        "Bytes of the datasets this node holds (complete shards; a scrub reads them all).",
+        (double)zeros.bytes);
     all = merge_tables(s, offsetof(struct tsd_wmetrics, peers), NULL, &n);
     for (int d = 0; d < 2; d++) {
         const char *name =
@@ -393,6 +400,9 @@ static void render_repl(struct tsd_server *s, struct evbuffer *o)
     one(o, "tessera_replicas_recovering", "gauge",
         "Replicas of PGs this node leads that are not yet confirmed to hold the PG's log.",
         (double)recovering);
+    one(o, "tessera_replicas_confirmed", "gauge",
+        "Replicas of PGs this node leads confirmed to hold the PG's log (they serve reads).",
+        (double)(nl - recovering));
     one(o, "tessera_primary_pgs", "gauge", "PGs this node leads.", (double)ppgs);
     one(o, "tessera_backfills_running", "gauge",
         "Backfills of replicas of PGs this node leads running now.", (double)backfilling);
@@ -432,10 +442,16 @@ static void render_integrity(struct tsd_server *s, struct evbuffer *o, const str
     one(o, "tessera_scrubs_total", "counter", "Scrubs completed.", (double)atomic_load(&sc->runs));
     one(o, "tessera_scrub_running", "gauge", "1 while a scrub runs.",
         (double)atomic_load(&sc->running));
-    one(o, "tessera_scrub_checked_bytes_total", "counter", "Bytes scrubs read and verified.",
-        (double)atomic_load(&sc->bytes));
-    one(o, "tessera_scrub_checked_chunks_total", "counter", "Chunks scrubs read and verified.",
-        (double)atomic_load(&sc->chunks));
+    {
+        uint64_t chunks, bytes;
+        ts_store_scrub_progress(s->store, &chunks, &bytes);
+        one(o, "tessera_scrub_checked_bytes_total", "counter",
+            "Bytes scrubs read and verified, counted as they go (progress: its rate against "
+            "tessera_stored_bytes).",
+            (double)bytes);
+        one(o, "tessera_scrub_checked_chunks_total", "counter",
+            "Chunks scrubs read and verified, counted as they go.", (double)chunks);
+    }
     one(o, "tessera_scrub_corrupt_chunks_total", "counter", "Chunks scrubs found damaged.",
         (double)atomic_load(&sc->corrupt));
     one(o, "tessera_scrub_pgs_differing_total", "counter",

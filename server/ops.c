@@ -967,8 +967,6 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
         STAT_ADD(&j->s->workers[0].stats, corrupt_chunks, j->rep.corrupt);
     if (!j->rc)
         tsd_scrub_pgs(j->s, &j->pgs); /* in a cluster: shards lost behind the log's back */
-    atomic_fetch_add(&sc->chunks, j->rep.chunks);
-    atomic_fetch_add(&sc->bytes, j->rep.bytes);
     atomic_fetch_add(&sc->corrupt, j->rep.corrupt);
     atomic_fetch_add(&sc->pg_differing, j->pgs.differing);
     atomic_fetch_add(&sc->runs, 1);

@@ -152,7 +152,7 @@ struct tsd_ops {
 
 /* Scrubs, for the metrics: totals of the scrubs completed, and whether one runs now. */
 struct tsd_scrub_stats {
-    _Atomic uint64_t runs, chunks, bytes, corrupt, pg_differing;
+    _Atomic uint64_t runs, corrupt, pg_differing;
     _Atomic int running;
     _Atomic uint64_t last_end_ns; /* wall clock */
 };

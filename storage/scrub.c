@@ -48,8 +48,10 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
         struct ts_chunk_ref ref;
         rc = ts_read_ctx_chunk(r, i, &ref);
         a->rep->chunks++;
+        atomic_fetch_add_explicit(&a->s->scrub_chunks, 1, memory_order_relaxed);
         if (rc == 0) {
             a->rep->bytes += ref.len;
+            atomic_fetch_add_explicit(&a->s->scrub_bytes, ref.len, memory_order_relaxed);
             ts_chunk_ref_release(&ref);
         } else {
             a->rep->corrupt++;
@@ -127,4 +129,10 @@ int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint
                 shard, len);
     ts_read_ctx_close(r);
     return rc;
+}
+
+void ts_store_scrub_progress(ts_store *s, uint64_t *chunks, uint64_t *bytes)
+{
+    *chunks = atomic_load_explicit(&s->scrub_chunks, memory_order_relaxed);
+    *bytes = atomic_load_explicit(&s->scrub_bytes, memory_order_relaxed);
 }

@@ -65,6 +65,8 @@ struct arena {
 };
 
 struct ts_store {
+    /* Scrubs: chunks and bytes read and verified, counted as they go (the metrics' progress). */
+    _Atomic uint64_t scrub_chunks, scrub_bytes;
     rocksdb_t *db;
     rocksdb_options_t *opts;
     rocksdb_options_t *cf_opts[CF_COUNT];

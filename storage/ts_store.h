@@ -327,6 +327,9 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                       void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
+/* Chunks and bytes every scrub since the store opened has read and verified, counted as it goes
+ * (a running scrub's progress). Thread-safe. */
+void ts_store_scrub_progress(ts_store *s, uint64_t *chunks, uint64_t *bytes);
 
 /* The replicas a dataset has beyond core + fringe in the PG asked about (a hot dataset's extra
  * fringe replicas, from the map: the storage layer does not know the map). */

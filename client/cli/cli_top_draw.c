@@ -358,11 +358,12 @@ void cli_top_render(const struct cli_top_view *v, FILE *out)
         line(&s, "  %-8s %9s %9s         %-20s %9s", "PG", "MiB/s", "reads/s", "DATASET/SHARD",
              "MiB/s");
     for (size_t i = 0; i < npg && i + 1 < b.pg; i++) {
-        char l[64] = "", r[64] = "";
+        char l[160] = "", r[160] = ""; /* keys are cut to their column */
         if (i < pg.n)
-            snprintf(l, sizeof(l), "%-8s %9.1f %9.0f", pg.r[i].key, pg.r[i].bps / MIB, pg.r[i].rps);
+            snprintf(l, sizeof(l), "%-8.8s %9.1f %9.0f", pg.r[i].key, pg.r[i].bps / MIB,
+                     pg.r[i].rps);
         if (i < sh.n)
-            snprintf(r, sizeof(r), "%-20s %9.1f", sh.r[i].key, sh.r[i].bps / MIB);
+            snprintf(r, sizeof(r), "%-20.40s %9.1f", sh.r[i].key, sh.r[i].bps / MIB);
         line(&s, "  %-36s %s", l, r);
     }
 

@@ -42,6 +42,10 @@ static char maddr[N][64]; /* each node's metrics address */
 static char prom_addr[64];
 static pid_t prom_pid;
 static char prom_dir[256];
+/* A training job's target as Prometheus sees it: tessera_job_data_stall_seconds_total of rank 3
+ * growing by 0.25 s per second (a child rewrites the file), served by python3 -m http.server. */
+static pid_t job_http_pid, job_writer_pid;
+static int job_port;
 
 /* ---- a plain HTTP/1.0 GET (the test's own client: Prometheus and the nodes both speak it) */
 
@@ -193,6 +197,10 @@ static int start_prometheus(void)
                "scrape_configs:\n  - job_name: tessera\n    static_configs:\n");
     for (int i = 0; i < N; i++)
         fprintf(f, "      - targets: ['%s']\n        labels: {node: %s}\n", maddr[i], CL.id[i]);
+    fprintf(f,
+            "  - job_name: tessera-job\n    static_configs:\n"
+            "      - targets: ['127.0.0.1:%d']\n",
+            job_port);
     fclose(f);
     snprintf(prom_addr, sizeof(prom_addr), "127.0.0.1:%d", port);
     prom_pid = fork();
@@ -217,6 +225,47 @@ static int start_prometheus(void)
     return -1;
 }
 
+static void start_job_target(void)
+{
+    char dir[300];
+
+    snprintf(dir, sizeof(dir), "%s/job", CL.dir);
+    mkdir(dir, 0700);
+    job_port = tsd_free_port();
+    job_writer_pid = fork();
+    if (job_writer_pid == 0) {
+        char tmp[400], dst[400];
+        struct timespec t0, t;
+        snprintf(tmp, sizeof(tmp), "%s/.metrics", dir);
+        snprintf(dst, sizeof(dst), "%s/metrics", dir);
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (;;) {
+            FILE *o = fopen(tmp, "w");
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (o) {
+                fprintf(o,
+                        "# TYPE tessera_job_data_stall_seconds_total counter\n"
+                        "tessera_job_data_stall_seconds_total{rank=\"3\"} %.3f\n",
+                        0.25 * ((double)(t.tv_sec - t0.tv_sec) +
+                                (double)(t.tv_nsec - t0.tv_nsec) / 1e9));
+                fclose(o);
+                rename(tmp, dst);
+            }
+            usleep(200000);
+        }
+    }
+    job_http_pid = fork();
+    if (job_http_pid == 0) {
+        char port[16];
+        snprintf(port, sizeof(port), "%d", job_port);
+        freopen("/dev/null", "w", stderr);
+        freopen("/dev/null", "w", stdout);
+        execl("/usr/bin/python3", "python3", "-m", "http.server", "--bind", "127.0.0.1",
+              "--directory", dir, port, (char *)NULL);
+        _exit(127);
+    }
+}
+
 static int setup(void **state)
 {
     const char *extra[] = {"--metrics-listen", "127.0.0.1:0", "--peer-timeout-ms", "1000", NULL};
@@ -232,15 +281,18 @@ static int setup(void **state)
         return -1;
     for (int i = 0; i < N; i++)
         metrics_addr_of(i);
+    start_job_target();
     return start_prometheus();
 }
 
 static int teardown(void **state)
 {
-    if (prom_pid > 0) {
-        kill(prom_pid, SIGTERM);
-        waitpid(prom_pid, NULL, 0);
-    }
+    pid_t kids[] = {prom_pid, job_http_pid, job_writer_pid};
+    for (size_t i = 0; i < sizeof(kids) / sizeof(kids[0]); i++)
+        if (kids[i] > 0) {
+            kill(kids[i], SIGTERM);
+            waitpid(kids[i], NULL, 0);
+        }
     return tsd_cluster_stop(&CL);
 }
 
@@ -374,6 +426,26 @@ static void test_read_bytes_and_hot_dataset(void **state)
     assert_true(v > 0);
 }
 
+/* A scrub of n1 shows in its metrics: it read and verified every byte n1 holds. */
+static void test_scrub_shows(void **state)
+{
+    static char out[1 << 14];
+    double v = -1, stored = -1;
+
+    g_want = 0;
+    assert_true(prom_wait("tessera_scrubs_total{node=\"n1\"}", is_want, &v, 10));
+    assert_int_equal(tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), "scrub"), 0);
+    g_want = 1;
+    assert_true(prom_wait("tessera_scrubs_total{node=\"n1\"}", is_want, &v, 10));
+    assert_true(prom_query("tessera_stored_bytes{node=\"n1\"}", &stored, NULL, NULL, 0) > 0);
+    assert_true(stored >= LEN);
+    g_want = stored;
+    if (!prom_wait("tessera_scrub_checked_bytes_total{node=\"n1\"}", is_want, &v, 10))
+        fail_msg("n1 holds %.0f bytes; its scrub checked %.0f", stored, v);
+    g_want = 0;
+    assert_true(prom_wait("tessera_scrub_running{node=\"n1\"}", is_want, &v, 10));
+}
+
 /* A fringe replica stopped: its lag rises on the primary; running again: back to 0. */
 static void test_fringe_lag_rises_and_returns(void **state)
 {
@@ -439,6 +511,36 @@ static void test_killed_node_target_down(void **state)
     assert_int_equal(tsd_start(&CL.node[k], NULL), 0);
 }
 
+/* `tessera top --prometheus URL` shows each rank's data stall as this real Prometheus computes
+ * it (the job's target reports rank 3 stalling 0.25 s per second; while the query's 1 minute
+ * window fills, Prometheus's rate climbs towards 0.25: top must show what Prometheus answers
+ * around the same moment). */
+static void test_top_shows_job_stalls_from_prometheus(void **state)
+{
+    static char out[1 << 16];
+    const char *q = "sum by (rank) (rate(tessera_job_data_stall_seconds_total[1m]))";
+    char url[100];
+    double before = -1, after = -1, shown = -1;
+    char *line;
+
+    assert_true(prom_wait(q, is_positive, &before, 20));
+    snprintf(url, sizeof(url), "http://%s", prom_addr);
+    assert_true(prom_query(q, &before, NULL, NULL, 0) > 0);
+    assert_int_equal(tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out),
+                             "top --once --interval 0.3 --prometheus %s", url),
+                     0);
+    assert_true(prom_query(q, &after, NULL, NULL, 0) > 0);
+    line = strstr(out, "rank 3");
+    if (!line || sscanf(line, "rank 3 stalled %*f %% of the time (%lf s/s)", &shown) != 1)
+        fail_msg("tessera top --prometheus shows no stall of rank 3:\n%s",
+                 strstr(out, "JOB STALLS") ? strstr(out, "JOB STALLS") : out);
+    fprintf(stderr, "rank 3: Prometheus %.3f then %.3f s/s, top shows %.3f\n", before, after,
+            shown);
+    assert_true(shown > 0);
+    assert_true(shown >= (before < after ? before : after) - 0.002);
+    assert_true(shown <= (before > after ? before : after) + 0.002);
+}
+
 /* metrics_tls: /metrics over TLS with the node's certificate (and a client certificate where
  * the node requires one); plain HTTP on that port gets nothing. curl is the client. */
 static void test_metrics_over_tls(void **state)
@@ -498,8 +600,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_node_serves_valid_metrics),
         cmocka_unit_test(test_read_bytes_and_hot_dataset),
+        cmocka_unit_test(test_scrub_shows),
         cmocka_unit_test(test_fringe_lag_rises_and_returns),
         cmocka_unit_test(test_killed_node_target_down),
+        cmocka_unit_test(test_top_shows_job_stalls_from_prometheus),
         cmocka_unit_test(test_metrics_over_tls),
     };
     return cmocka_run_group_tests_name("metrics", tests, setup, teardown);
