@@ -300,6 +300,8 @@ int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p);
 int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n);
 int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out);
+/* Its record only (policy and state; shards and bytes 0): DATASET_STAT with TS_F_BRIEF. */
+int ts_conn_dataset_policy(tessera_client *c, const char *name, struct ts_dataset_info *out);
 int ts_conn_dataset_seal(tessera_client *c, const char *name);
 int ts_conn_dataset_delete(tessera_client *c, const char *name);
 int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,

@@ -75,7 +75,7 @@ static int policy_get(struct ts_cluster *cl, const char *name, const int *order,
             return rc;
         rc = ts_cl_peer_conn(cl, p, 0, &sub);
         if (!rc)
-            rc = ts_cl_peer_done(cl, p, sub, ts_conn_dataset_stat(sub, name, &d), NULL, 0);
+            rc = ts_cl_peer_done(cl, p, sub, ts_conn_dataset_policy(sub, name, &d), NULL, 0);
         if (!rc) {
             *replicas = (unsigned)d.policy.core + d.policy.fringe;
             return ts_cl_policy_keep(cl, name, &d.policy);

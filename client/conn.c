@@ -375,6 +375,12 @@ int ts_call_status(struct tessera_client *c, struct ts_req *r)
 int ts_call_name(struct tessera_client *c, uint8_t op, const char *name, struct ts_req **out,
                  struct ts_rd *body)
 {
+    return ts_call_name_flags(c, op, name, 0, out, body);
+}
+
+int ts_call_name_flags(struct tessera_client *c, uint8_t op, const char *name, uint16_t flags,
+                       struct ts_req **out, struct ts_rd *body)
+{
     struct ts_req *r;
     int rc;
 
@@ -385,6 +391,7 @@ int ts_call_name(struct tessera_client *c, uint8_t op, const char *name, struct 
     r = ts_req_name(c, op, name);
     if (!r)
         return TS_ENOMEM;
+    r->hflags = flags;
     rc = ts_call(c, r, body);
     if (rc)
         return rc;

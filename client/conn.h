@@ -218,5 +218,8 @@ int ts_call_status(struct tessera_client *c, struct ts_req *r);
 /* A request with just a dataset name as its body; the reply body is in *body. */
 int ts_call_name(struct tessera_client *c, uint8_t op, const char *name, struct ts_req **out,
                  struct ts_rd *body);
+/* The same with request header flags (TS_F_BRIEF). */
+int ts_call_name_flags(struct tessera_client *c, uint8_t op, const char *name, uint16_t flags,
+                       struct ts_req **out, struct ts_rd *body);
 
 #endif

@@ -253,7 +253,8 @@ int ts_conn_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t
     return list_out(c, &dataset_list, NULL, (void **)out, n);
 }
 
-int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
+static int dataset_stat(tessera_client *c, const char *name, uint16_t flags,
+                        struct ts_dataset_info *out)
 {
     struct ts_req *r;
     struct ts_rd body;
@@ -264,13 +265,23 @@ int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
         return rc;
     if (!out)
         return TS_EINVAL;
-    rc = ts_call_name(c, TS_OP_DATASET_STAT, name, &r, &body);
+    rc = ts_call_name_flags(c, TS_OP_DATASET_STAT, name, flags, &r, &body);
     if (rc)
         return rc;
     if (ts_rd_dataset_info(&body, out))
         rc = ts_proto_err(c, "DATASET_STAT");
     ts_req_free(c, r);
     return rc;
+}
+
+int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out)
+{
+    return dataset_stat(c, name, 0, out);
+}
+
+int ts_conn_dataset_policy(tessera_client *c, const char *name, struct ts_dataset_info *out)
+{
+    return dataset_stat(c, name, TS_F_BRIEF, out);
 }
 
 static int simple_name_op(tessera_client *c, uint8_t op, const char *name)

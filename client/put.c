@@ -42,7 +42,7 @@ static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_
     p->name = name;
     p->shard = shard;
     p->declared = declared;
-    rc = ts_conn_dataset_stat(c, name, &d);
+    rc = ts_conn_dataset_policy(c, name, &d); /* the chunk size: O(1), no shard count */
     if (rc)
         return rc;
     p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;

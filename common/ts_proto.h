@@ -33,7 +33,11 @@
  * names (u64 address, u32 rkey, u32 reserved after the range), not carried in the reply; the
  * reply (flag set too) holds the head and the piece table only and is sent after the writes. */
 #define TS_F_RDMA 0x0004u
-#define TS_F_KNOWN (TS_F_REPLY | TS_F_VERIFY | TS_F_RDMA)
+/* On a DATASET_STAT request: the dataset's own record only (name, id, policy, state); its
+ * shards and bytes are not counted (0 in the reply). A writer learns the chunk size in O(1):
+ * counting scans every shard record of the dataset. */
+#define TS_F_BRIEF 0x0008u
+#define TS_F_KNOWN (TS_F_REPLY | TS_F_VERIFY | TS_F_RDMA | TS_F_BRIEF)
 
 /* RDMA sessions (docs/protocol.md "RDMA"). */
 #define TS_RDMA_TOKEN_LEN 16

@@ -83,6 +83,9 @@ static const struct setting settings[] = {
     INT("workers", workers, 1, 64, "2", "worker threads (each with its own event loop)"),
     BOOL("storage.chunk_files", chunk_files, "true",
          "keep each shard's chunk bytes in a file of its own, RocksDB holding the records"),
+    INT("storage.inline_max_kb", inline_max_kb, 0, 1024, "0",
+        "with chunk files: a shard declared at most this many KiB keeps its bytes in RocksDB "
+        "(no file of its own: small writes skip a file's creation and deletion; 0: never)"),
     BOOL("storage.blob_files", blob_files, "true",
          "without chunk files: keep chunk bytes in BlobDB blob files"),
     BOOL("storage.verify_engine_checksums", verify_engine_checksums, "false",

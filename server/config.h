@@ -26,6 +26,7 @@ struct tsd_config {
     int tls_require_client_cert;
     int workers;
     int chunk_files;
+    int inline_max_kb;
     int blob_files;
     int verify_engine_checksums;
     int block_cache_mb;

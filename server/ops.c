@@ -167,7 +167,10 @@ static void op_dataset_stat(struct tsd_conn *c, const struct ts_frame_hdr *h,
     struct ts_wr w;
     int rc;
 
-    rc = ts_store_dataset_stat(c->w->srv->store, name, &d);
+    if (h->flags & TS_F_BRIEF)
+        rc = ts_store_dataset_record(c->w->srv->store, name, &d);
+    else
+        rc = ts_store_dataset_stat(c->w->srv->store, name, &d);
     if (rc) {
         ops_reply_store_error(c, h, rc, name, -1);
         return;

@@ -330,6 +330,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     so.path = cfg->data_dir;
     so.sync = ts_store_sync_parse(cfg->sync); /* checked by tsd_config_check */
     so.chunk_files = cfg->chunk_files;
+    so.inline_max = (uint32_t)cfg->inline_max_kb << 10;
     so.blob_files = cfg->blob_files;
     so.verify_engine_checksums = cfg->verify_engine_checksums;
     so.block_cache_bytes = (uint64_t)cfg->block_cache_mb << 20;

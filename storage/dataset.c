@@ -81,6 +81,13 @@ out_unlock:
     return rc;
 }
 
+int ts_store_dataset_record(ts_store *s, const char *name, struct ts_dataset_info *out)
+{
+    if (!s || !out)
+        return TS_EINVAL;
+    return dataset_get(s, name, out);
+}
+
 int ts_store_dataset_stat(ts_store *s, const char *name, struct ts_dataset_info *out)
 {
     int rc;

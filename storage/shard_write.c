@@ -101,7 +101,9 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     w->expect_size = expect_size;
     w->fd = -1;
     pthread_mutex_init(&w->lock, NULL);
-    if (s->o.chunk_files) {
+    /* A small shard of a declared size lives inline (its chunks in the engine, file 0): a file
+     * of its own would cost an inode's creation and deletion per shard. */
+    if (s->o.chunk_files && !(expect_size != TS_SIZE_UNKNOWN && expect_size <= s->o.inline_max)) {
         rc = chunkfile_create(s, d.id, shard, &w->file, &w->fd);
         if (rc) {
             free(w);

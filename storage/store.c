@@ -49,6 +49,7 @@ void ts_store_opts_init(struct ts_store_opts *o)
     memset(o, 0, sizeof(*o));
     o->sync = TS_SYNC_SEAL;
     o->chunk_files = 1;
+    o->inline_max = 0; /* opt-in for now (storage.inline_max_kb; docs/operations.md) */
     o->blob_files = 1;
     o->min_blob_size = 4096;
     o->blob_file_size = 256ull << 20;
@@ -126,7 +127,10 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
             /* Chunk bytes: already compressed or incompressible training data; no compression.
              * Blob files keep large values out of compaction (written once, read many). */
             rocksdb_options_set_compression(co, rocksdb_no_compression);
-            if (o->blob_files) {
+            /* Blob files are not garbage-collected (below): with chunk files, the chunks in
+             * the engine are small shards' (inline), deleted and rewritten freely; they stay
+             * in SSTs, where compaction reclaims them. */
+            if (o->blob_files && !o->chunk_files) {
                 rocksdb_options_set_enable_blob_files(co, 1);
                 rocksdb_options_set_min_blob_size(co, o->min_blob_size);
                 rocksdb_options_set_blob_file_size(co, o->blob_file_size);
@@ -160,9 +164,10 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     s->ro_chunk = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(s->ro_chunk, o->verify_engine_checksums ? 1 : 0);
     chunkfile_sweep(s); /* files of uploads and deletes a crash cut short */
-    TS_INFO(FAC, "opened store at %s (chunk files %s, blob files %s, sync %s)", s->path,
-            o->chunk_files ? "on" : "off", o->blob_files ? "on" : "off",
-            ts_store_sync_name(o->sync));
+    TS_INFO(FAC,
+            "opened store at %s (chunk files %s, inline up to %u bytes, blob files %s, sync %s)",
+            s->path, o->chunk_files ? "on" : "off", o->chunk_files ? o->inline_max : 0,
+            o->blob_files ? "on" : "off", ts_store_sync_name(o->sync));
     *out = s;
     return 0;
 

@@ -33,7 +33,11 @@ struct ts_store_opts {
     int chunk_files;             /* 1 (default): a shard's chunks in a file of its own, RocksDB
                                     keeping the records only (storage/chunkfile.c); 0: chunk
                                     values in RocksDB (blob files or SSTs, below) */
-    int blob_files;              /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs */
+    uint32_t inline_max;         /* with chunk_files: a shard declared at most this large keeps
+                                    its chunks in RocksDB, no file of its own (0, the default:
+                                    every shard gets a file) */
+    int blob_files;              /* 1 (default): chunk values in BlobDB blob files; 0: in SSTs
+                                    (with chunk_files, inline shards' chunks are in SSTs) */
     uint32_t min_blob_size;      /* values at least this large go to blob files (default 4096) */
     uint64_t blob_file_size;     /* target blob file size (default 256 MiB) */
     uint64_t block_cache_bytes;  /* shared block cache for SSTs (default 256 MiB) */
@@ -87,6 +91,9 @@ void ts_store_close_unflushed(ts_store *s);
 void ts_dataset_policy_init(struct ts_dataset_policy *p);
 int ts_store_dataset_create(ts_store *s, const char *name, const struct ts_dataset_policy *p);
 int ts_store_dataset_stat(ts_store *s, const char *name, struct ts_dataset_info *out);
+/* The dataset's record alone (policy, state, id; shards and bytes 0): O(1), where
+ * ts_store_dataset_stat counts the shards by a scan of their records. */
+int ts_store_dataset_record(ts_store *s, const char *name, struct ts_dataset_info *out);
 /* Calls cb for each dataset in name order; a non-zero return from cb stops and is returned. */
 int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_dataset_info *info),
                           void *arg);

@@ -550,6 +550,55 @@ static void test_status(void **state)
 }
 
 /*
+ * DATASET_STAT with TS_F_BRIEF (what a writer asks before each put, for the chunk size): the
+ * dataset's record alone, its policy and state, shards and bytes 0; without the flag, the
+ * shards counted. A brief stat costs no scan of the dataset's shard records, so a put does not
+ * slow down as its dataset grows (846 small writes/s became 2,300 on the same run: docs).
+ */
+static void test_brief_dataset_stat(void **state)
+{
+    tessera_client *c = connect_c();
+    struct ts_dataset_policy p = {1, 0, 1, 4096, 0};
+    struct ts_dataset_info full, brief;
+    uint8_t *payload = NULL;
+    size_t plen = 0;
+    struct ts_wr name;
+    struct ts_rd rd;
+    uint64_t id;
+    int fd;
+
+    assert_int_equal(tessera_dataset_create(c, "brief", &p), 0);
+    for (uint32_t s = 0; s < 5; s++)
+        assert_int_equal(tsd_put_pattern(c, "brief", s, 10000, s), 0);
+    tessera_client_close(c);
+    ts_wr_init(&name);
+    ts_wr_str(&name, "brief");
+    assert_int_equal(name.err, 0);
+    fd = raw_connect(D.addr);
+    assert_true(fd >= 0);
+    for (int brief_flag = 0; brief_flag < 2; brief_flag++) {
+        struct ts_dataset_info *d = brief_flag ? &brief : &full;
+        assert_int_equal(raw_send_frame(fd, TS_OP_DATASET_STAT, brief_flag ? TS_F_BRIEF : 0, 9,
+                                        name.buf, name.len),
+                         0);
+        assert_int_equal(raw_recv_reply(fd, 5000, &id, NULL, 0, &payload, &plen), 0);
+        ts_rd_init(&rd, payload + 4, plen - 4);
+        assert_int_equal(ts_rd_dataset_info(&rd, d), 0);
+        free(payload);
+        payload = NULL;
+    }
+    raw_close(fd);
+    ts_wr_fini(&name);
+    assert_int_equal(full.shards, 5);
+    assert_int_equal(full.bytes, 50000);
+    assert_int_equal(brief.shards, 0);
+    assert_int_equal(brief.bytes, 0);
+    assert_int_equal(brief.id, full.id);
+    assert_int_equal(brief.policy.chunk_size, 4096);
+    assert_int_equal(brief.state, full.state);
+}
+
+/*
  * A node without an RDMA listener: RDMA_TOKEN is refused with the reason, an rdma:// client
  * says why it cannot have a session, and a tesserad asked to listen for RDMA where there is no
  * RDMA device refuses to start and says so (on an RDMA host it starts: then that part is moot).
@@ -759,6 +808,7 @@ int main(void)
         cmocka_unit_test(test_reply_flag_and_short_body),
         cmocka_unit_test(test_slow_reader_bounded_memory),
         cmocka_unit_test(test_status),
+        cmocka_unit_test(test_brief_dataset_stat),
         cmocka_unit_test(test_rdma_absent),
         cmocka_unit_test(test_cache_memory_corruption),
         cmocka_unit_test(test_cache_corruption_whole_piece),

@@ -71,6 +71,14 @@ static int setup_seal(void **state)
     return fx_open(f);
 }
 
+/* Shards of up to two chunks inline (storage.inline_max_kb): no file of their own. */
+static int setup_inline(void **state)
+{
+    struct fx *f = fx_closed(state);
+    f->o.inline_max = 2 * CHUNK;
+    return fx_open(f);
+}
+
 static int setup_sst(void **state)
 {
     setup_blob(state);
@@ -808,6 +816,43 @@ static void test_corruption(void **state)
 }
 
 /*
+ * Inline shards (storage.inline_max_kb): a shard declared at most inline_max bytes keeps its
+ * chunks in RocksDB, no file of its own; a larger one, or one of unknown size, gets a file.
+ * Both read back byte for byte, also after a crash (close without flush: the WAL replayed),
+ * scrub reads them, and a delete takes the inline bytes too.
+ */
+static void test_inline_shards(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    struct ts_scrub_report rep;
+    size_t n;
+    uint8_t buf[64];
+
+    mk_dataset(f->s, "inl", CHUNK);
+    assert_int_equal(ts_store_dataset_stat(f->s, "inl", &d), 0);
+    put_shard(f->s, "inl", 0, 2 * CHUNK, CHUNK, 11);     /* inline: two chunks */
+    put_shard(f->s, "inl", 1, 100, CHUNK, 12);           /* inline: one short chunk */
+    put_shard(f->s, "inl", 2, 2 * CHUNK + 1, CHUNK, 13); /* a file */
+    assert_int_equal(chunk_files_in(f->dir, d.id), 1);
+    check_range(f->s, "inl", 0, 11, 0, 2 * CHUNK, 2 * CHUNK);
+    check_range(f->s, "inl", 1, 12, 0, 100, 100);
+    check_range(f->s, "inl", 2, 13, 0, 2 * CHUNK + 1, 2 * CHUNK + 1);
+    ts_store_close_unflushed(f->s); /* as kill -9: the memtables are lost, the WAL replays */
+    f->s = NULL;
+    assert_int_equal(fx_open(f), 0);
+    check_range(f->s, "inl", 0, 11, 0, 2 * CHUNK, 2 * CHUNK);
+    check_range(f->s, "inl", 1, 12, 0, 100, 100);
+    assert_int_equal(ts_store_scrub(f->s, "inl", NULL, NULL, &rep), 0);
+    assert_int_equal(rep.shards, 3);
+    assert_int_equal(rep.corrupt, 0);
+    assert_int_equal(rep.bytes, 2 * CHUNK + 100 + 2 * CHUNK + 1);
+    assert_int_equal(ts_store_shard_delete(f->s, "inl", 0), 0);
+    assert_int_equal(ts_store_read(f->s, "inl", 0, 0, sizeof(buf), buf, &n), TS_ENOENT);
+    check_range(f->s, "inl", 1, 12, 0, 100, 100);
+}
+
+/*
  * Chunk files come and go with their records: the file holds the shard's bytes; it goes with
  * its shard, a dataset's folder with the dataset, an abandoned upload's file when the shard is
  * written again; at open, a file no record names (a crash between a file and its record) is
@@ -1284,12 +1329,17 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_blob_file_damage_keeps_writes, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_inline_shards, setup_inline, teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_sizes, setup_inline, teardown),
+        cmocka_unit_test_setup_teardown(test_delete_and_list, setup_inline, teardown),
+        cmocka_unit_test_setup_teardown(test_seal_rules, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_chunk_files, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_wal_reported, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_crash_kill9, setup_seal, teardown),
+        cmocka_unit_test_setup_teardown(test_crash_kill9, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_chunk_files, setup_seal, teardown),
         cmocka_unit_test_setup_teardown(test_records_and_reopen, setup_seal, teardown),
         cmocka_unit_test_setup_teardown(test_writer_takeover, setup_seal, teardown),
