@@ -365,7 +365,7 @@ uint64_t tsd_pgs_not_confirmed(struct tsd_server *s)
     unsigned width = 0;
     uint64_t unclean = 0;
 
-    ts_store_dataset_list(s->store, width_cb, &width);
+    ts_store_dataset_list_records(s->store, width_cb, &width); /* policies only */
     pthread_rwlock_rdlock(&s->map_lock);
     for (uint32_t pg = 0; s->map && s->pg_clean && pg < s->npg; pg++) {
         int order[TS_REPL_MAX_REPLICAS];

@@ -167,11 +167,16 @@ struct ds_names {
     uint64_t bytes; /* of every dataset held (complete shards) */
 };
 
+static int ds_bytes_cb(void *arg, const struct ts_dataset_info *d)
+{
+    ((struct ds_names *)arg)->bytes += d->bytes;
+    return 0;
+}
+
 static int ds_name_cb(void *arg, const struct ts_dataset_info *d)
 {
     struct ds_names *dn = arg;
 
-    dn->bytes += d->bytes;
     if (dn->n >= MAX_ZERO_DATASETS)
         return 0; /* counted, not listed */
     if (dn->n == dn->cap) {
@@ -184,6 +189,29 @@ static int ds_name_cb(void *arg, const struct ts_dataset_info *d)
     }
     memcpy(dn->name[dn->n++], d->name, sizeof(*dn->name));
     return 0;
+}
+
+/* Bytes of every dataset held: a scan of every shard record, so done at most once a minute,
+ * and while or right after a scrub runs (scrapes all run on the metrics thread: the cache
+ * needs no lock). */
+#define STORED_EVERY_NS (60ull * 1000000000ull)
+static uint64_t stored_bytes(struct tsd_server *s)
+{
+    static uint64_t at_ns, bytes, scrubs;
+    static const struct tsd_server *of;
+    uint64_t now = ts_now_mono_ns(), runs = atomic_load(&s->scrub.runs);
+
+    /* Also after each scrub: its checked bytes are compared with these. */
+    if (of != s || !at_ns || now - at_ns >= STORED_EVERY_NS || runs != scrubs ||
+        atomic_load(&s->scrub.running)) {
+        scrubs = runs;
+        struct ds_names dn = {0};
+        ts_store_dataset_list(s->store, ds_bytes_cb, &dn);
+        bytes = dn.bytes;
+        at_ns = now;
+        of = s;
+    }
+    return bytes;
 }
 
 /* The names of every worker's table t (offset of the table in struct tsd_wmetrics), their
@@ -258,7 +286,7 @@ static void render_named(struct tsd_server *s, struct evbuffer *o)
     struct ds_names zeros = {0};
     struct named *all;
 
-    ts_store_dataset_list(s->store, ds_name_cb, &zeros);
+    ts_store_dataset_list_records(s->store, ds_name_cb, &zeros); /* no shard scan */
     all = merge_tables(s, offsetof(struct tsd_wmetrics, datasets), &zeros, &n);
 
     for (size_t d = 0; d < sizeof(ds) / sizeof(ds[0]); d++) {
@@ -272,8 +300,9 @@ static void render_named(struct tsd_server *s, struct evbuffer *o)
     free(all);
     free(zeros.name);
     one(o, "tessera_stored_bytes", "gauge",
-        "Bytes of the datasets this node holds (complete shards; a scrub reads them all).",
-        (double)zeros.bytes);
+        "Bytes of the datasets this node holds (complete shards; a scrub reads them all), "
+        "counted at most once a minute.",
+        (double)stored_bytes(s));
     all = merge_tables(s, offsetof(struct tsd_wmetrics, peers), NULL, &n);
     for (int d = 0; d < 2; d++) {
         const char *name =

@@ -104,6 +104,7 @@ struct ds_list_arg {
     ts_store *s;
     int (*cb)(void *arg, const struct ts_dataset_info *info);
     void *arg;
+    int count; /* count each dataset's shards (a scan of their records) */
 };
 
 static int ds_list_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen)
@@ -118,20 +119,33 @@ static int ds_list_cb(void *arg, const uint8_t *k, size_t klen, const char *v, s
     memcpy(name, k + 1, klen - 1);
     name[klen - 1] = '\0';
     rc = ds_decode(v, vlen, name, &d);
-    if (rc == 0)
+    if (rc == 0 && a->count)
         rc = shard_scan(a->s, d.id, &d, NULL, NULL);
     return rc ? rc : a->cb(a->arg, &d);
 }
 
-int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_dataset_info *info),
-                          void *arg)
+static int ds_list(ts_store *s, int count, int (*cb)(void *arg, const struct ts_dataset_info *info),
+                   void *arg)
 {
-    struct ds_list_arg a = {s, cb, arg};
+    struct ds_list_arg a = {s, cb, arg, count};
     uint8_t prefix = 'D';
 
     if (!s || !cb)
         return TS_EINVAL;
     return meta_scan(s, &prefix, 1, ds_list_cb, &a);
+}
+
+int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_dataset_info *info),
+                          void *arg)
+{
+    return ds_list(s, 1, cb, arg);
+}
+
+int ts_store_dataset_list_records(ts_store *s,
+                                  int (*cb)(void *arg, const struct ts_dataset_info *info),
+                                  void *arg)
+{
+    return ds_list(s, 0, cb, arg);
 }
 
 struct seal_check_arg {

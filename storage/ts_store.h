@@ -97,6 +97,11 @@ int ts_store_dataset_record(ts_store *s, const char *name, struct ts_dataset_inf
 /* Calls cb for each dataset in name order; a non-zero return from cb stops and is returned. */
 int ts_store_dataset_list(ts_store *s, int (*cb)(void *arg, const struct ts_dataset_info *info),
                           void *arg);
+/* The same without counting each dataset's shards (shards and bytes 0): the records alone,
+ * O(datasets) where the count scans every shard record. */
+int ts_store_dataset_list_records(ts_store *s,
+                                  int (*cb)(void *arg, const struct ts_dataset_info *info),
+                                  void *arg);
 /* Seals an open dataset: every shard 0..N-1 must be complete (TS_EINCOMPLETE otherwise). */
 int ts_store_dataset_seal(ts_store *s, const char *name);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
