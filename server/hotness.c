@@ -232,6 +232,18 @@ uint64_t tsd_hot_pg_median(const struct tsd_hot *h)
     return med;
 }
 
+/* Sorts the n merged entries of all (malloc'ed; freed here), copies the first k to out. */
+static size_t take_top(void *all, size_t n, size_t size, int (*cmp)(const void *, const void *),
+                       void *out, size_t k)
+{
+    qsort(all, n, size, cmp);
+    if (n > k)
+        n = k;
+    memcpy(out, all, n * size);
+    free(all);
+    return n;
+}
+
 static int shard_cmp(const void *a, const void *b)
 {
     const struct tsd_hot_shard *x = a, *y = b;
@@ -262,12 +274,7 @@ size_t tsd_hot_top_shards(const struct tsd_hot *h, struct tsd_hot_shard *out, si
             all[m].bytes += b->sk[j].bytes;
         }
     }
-    qsort(all, n, sizeof(*all), shard_cmp);
-    if (n > k)
-        n = k;
-    memcpy(out, all, n * sizeof(*out));
-    free(all);
-    return n;
+    return take_top(all, n, sizeof(*all), shard_cmp, out, k);
 }
 
 static int ds_cmp(const void *a, const void *b)
@@ -300,10 +307,5 @@ size_t tsd_hot_top_datasets(const struct tsd_hot *h, struct tsd_hot_ds *out, siz
             all[m].reads += b->ds[j].reads;
         }
     }
-    qsort(all, n, sizeof(*all), ds_cmp);
-    if (n > k)
-        n = k;
-    memcpy(out, all, n * sizeof(*out));
-    free(all);
-    return n;
+    return take_top(all, n, sizeof(*all), ds_cmp, out, k);
 }
