@@ -385,24 +385,8 @@ void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32
     tsd_reply_send(c, h, &w);
 }
 
-/* A reply that waits for replication: the connection is held until it is sent. */
-struct parked {
-    struct tsd_conn *c;
-    struct ts_frame_hdr h;
-    unsigned min_acks; /* other core replicas that must hold the write */
-    unsigned targets;
-    uint32_t idx;
-    uint64_t bytes;
-    char name[TS_NAME_MAX + 1];
-    uint32_t shard;
-    uint32_t pg;
-    uint64_t epoch; /* the PG's interval when the write was accepted (cluster mode) */
-    uint64_t t0_ns; /* when the request arrived (metrics: its latency) */
-};
-
-/* need: replicas, this one included, that must hold the write. */
-static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h, unsigned need,
-                           unsigned targets)
+struct parked *ops_park(struct tsd_conn *c, const struct ts_frame_hdr *h, unsigned need,
+                        unsigned targets)
 {
     struct parked *pk = calloc(1, sizeof(*pk));
 
@@ -418,8 +402,7 @@ static struct parked *park(struct tsd_conn *c, const struct ts_frame_hdr *h, uns
     return pk;
 }
 
-/* Returns 1 if the parked connection is still there to reply to. */
-static int unpark(struct parked *pk)
+int ops_unpark(struct parked *pk)
 {
     struct tsd_conn *c = pk->c;
     int alive = !c->dead;
@@ -433,7 +416,7 @@ static int unpark(struct parked *pk)
 }
 
 /* After the reply of a live parked connection: drop the parked reference. */
-static void unpark_done(struct parked *pk)
+void ops_unpark_done(struct parked *pk)
 {
     struct tsd_conn *c = pk->c;
 
@@ -449,7 +432,7 @@ static void unpark_done(struct parked *pk)
  * again before acknowledging: what a newer primary read here before this point included the
  * write; anything acknowledged after would be unknown to it.
  */
-static int still_leading(struct parked *pk)
+int ops_still_leading(struct parked *pk)
 {
     struct ts_pg_state st;
 
@@ -462,8 +445,8 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
 {
     struct parked *pk = arg;
 
-    if (unpark(pk)) {
-        if (rc == TS_ESTALE || !still_leading(pk)) {
+    if (ops_unpark(pk)) {
+        if (rc == TS_ESTALE || !ops_still_leading(pk)) {
             /* A replica knows a newer map: this node may no longer lead the PG. */
             tsd_reply_stale(pk->c, &pk->h, "shard-write %s/%u chunk %u refused: %s", pk->name,
                             pk->shard, pk->idx, msg);
@@ -479,17 +462,15 @@ static void write_replicated(void *arg, int rc, unsigned acked, const char *msg)
                             pk->name, pk->shard, pk->idx, acked, pk->targets, pk->min_acks,
                             pk->min_acks + 1, msg);
         }
-        unpark_done(pk);
+        ops_unpark_done(pk);
         return;
     }
     free(pk);
 }
 
-/* Cluster mode: 1 when this node takes a write of (name, shard) (the placement filled in);
- * else 0 after replying the refusal (TS_ESTALE with the map, or TS_EBUSY while peering). */
-static int placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                     uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
-                     struct ts_repl_targets *to, uint64_t *epoch, unsigned *need)
+int ops_placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                  uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
+                  struct ts_repl_targets *to, uint64_t *epoch, unsigned *need)
 {
     struct tsd_placement pl;
     char why[512];
@@ -510,9 +491,8 @@ static int placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const cha
     return 1;
 }
 
-/* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
-static int enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                           uint32_t shard, unsigned need, const struct ts_repl_targets *to)
+int ops_enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                        uint32_t shard, unsigned need, const struct ts_repl_targets *to)
 {
     unsigned reach = to->n ? ts_repl_reachable(c->w->srv->repl, to) : 0;
 
@@ -548,7 +528,7 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h,
         }
         /* No reachability pre-check here: forwarding the chunk is the check (a replica that
          * cannot take it makes the write fail with TS_EUNAVAIL below min_core). */
-        if (!placement(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
+        if (!ops_placement(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
             return;
     } else {
         memset(&to, 0, sizeof(to));
@@ -561,10 +541,10 @@ static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h,
     }
     /* Synchronous replication: the other core replicas store the chunk before the ack. */
     ch = calloc(1, sizeof(*ch));
-    pk = ch ? park(c, h, need, to.n) : NULL;
+    pk = ch ? ops_park(c, h, need, to.n) : NULL;
     if (!pk || (len && !(ch->data = malloc(len)))) {
         if (pk) {
-            unpark(pk);
+            ops_unpark(pk);
             tsd_conn_unref(c);
             free(pk);
         }
@@ -607,177 +587,6 @@ int ops_records(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct t
     for (uint32_t i = 0; i < v->n; i++)
         (*recs)[i] = tsd_u64s_at(v, i);
     return 0;
-}
-
-static void reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                             uint32_t shard)
-{
-    struct ts_shard_info si;
-    struct ts_wr w;
-    int rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
-
-    if (rc) {
-        ops_reply_store_error(c, h, rc, name, shard);
-        return;
-    }
-    tsd_reply_begin(&w);
-    ts_wr_shard_info(&w, &si);
-    tsd_reply_send(c, h, &w);
-}
-
-static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
-{
-    struct parked *pk = arg;
-
-    if (unpark(pk)) {
-        if (!still_leading(pk)) {
-            tsd_reply_stale(pk->c, &pk->h,
-                            "shard-seal %s/%u: not acknowledged: PG %u has a newer primary than "
-                            "this node's epoch %llu",
-                            pk->name, pk->shard, pk->pg, (unsigned long long)pk->epoch);
-        } else if (acked >= pk->min_acks) {
-            if (acked < pk->targets)
-                TS_WARN(FAC, 0,
-                        "%s/%u sealed on %u of %u other core replicas (%s): the rest "
-                        "catch up from the PG log",
-                        pk->name, pk->shard, acked, pk->targets, msg);
-            reply_shard_info(pk->c, &pk->h, pk->name, pk->shard);
-        } else {
-            tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
-                            "shard-seal %s/%u: sealed here but only %u of %u other core replicas "
-                            "acknowledged, %u needed (min_core %u with this one): %s",
-                            pk->name, pk->shard, acked, pk->targets, pk->min_acks, pk->min_acks + 1,
-                            msg);
-        }
-        unpark_done(pk);
-        return;
-    }
-    free(pk);
-}
-
-/* The shard is sealed here already, with the contents the sender has: reply as a seal would,
- * once the PG's log up to its current head (which holds the shard's entry) is on `need`
- * replicas. */
-static void confirm_sealed(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                           uint32_t shard, uint32_t pg, uint64_t act_epoch, unsigned need,
-                           const struct ts_repl_targets *to)
-{
-    struct tsd_server *s = c->w->srv;
-    uint64_t head = 0;
-    struct parked *pk;
-
-    if (!act_epoch || !to->n || ts_store_pg_applied(s->store, pg, &head, NULL) != 0 || !head) {
-        reply_shard_info(c, h, name, shard);
-        return;
-    }
-    pk = park(c, h, need, to->n);
-    if (!pk) {
-        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
-        return;
-    }
-    snprintf(pk->name, sizeof(pk->name), "%s", name);
-    pk->shard = shard;
-    pk->pg = pg;
-    pk->epoch = act_epoch;
-    ts_repl_wait_applied(s->repl, pg, head, to, c->w->base, seal_replicated, pk);
-}
-
-static void op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
-{
-    struct tsd_server *s = c->w->srv;
-    const struct tsd_req_shard_seal *a = &q->u.shard_seal;
-    const char *name = a->name;
-    struct tsd_upload *u;
-    struct ts_shard_info si;
-    struct ts_dataset_info d;
-    struct ts_repl_targets to;
-    struct ts_log_rec log;
-    uint64_t *recs = NULL, act_epoch = 0;
-    uint32_t shard = a->shard, crc = a->crc, nrec = a->records.n, pg = 0;
-    unsigned need = 1;
-    uint8_t have_crc = a->have_crc;
-    int cluster = atomic_load(&s->epoch) != 0;
-    int rc;
-
-    if (ops_records(c, h, &a->records, &recs))
-        return;
-    memset(&to, 0, sizeof(to));
-    if (cluster) {
-        rc = ts_store_dataset_get(s->store, name, &d);
-        if (rc) {
-            ops_reply_store_error(c, h, rc, name, shard);
-            goto out_free;
-        }
-        if (!placement(c, h, name, shard, &d.policy, &pg, &to, &act_epoch, &need))
-            goto out_free;
-        if (!enough_replicas(c, h, name, shard, need, &to))
-            goto out_free;
-    }
-    u = ops_upload_find(c, name, shard);
-    if (!u) {
-        rc = ts_store_shard_stat(s->store, name, shard, &si);
-        if (rc == 0 && si.state == TS_SHARD_COMPLETE && have_crc && si.crc == crc) {
-            /* A retried put of the same shard (the first attempt's answer was lost, or it
-             * failed after sealing here): answer once it is as durable as a new seal. */
-            confirm_sealed(c, h, name, shard, pg, act_epoch, need, &to);
-        } else if (rc == 0 && si.state == TS_SHARD_COMPLETE)
-            tsd_reply_error(c, h, TS_EEXIST,
-                            "shard-seal %s/%u: already sealed with other contents (%llu bytes, "
-                            "CRC32C %08x)",
-                            name, shard, (unsigned long long)si.size, si.crc);
-        else if (rc && rc != TS_ENOENT)
-            ops_reply_store_error(c, h, rc, name, shard);
-        else
-            tsd_reply_error(c, h, TS_EINVAL,
-                            "shard-seal %s/%u: no upload of this shard in progress on this "
-                            "connection",
-                            name, shard);
-        goto out_free;
-    }
-    if (cluster) {
-        memset(&log, 0, sizeof(log));
-        log.pg = pg;
-        log.epoch = act_epoch;
-        log.fence = act_epoch; /* refused if a newer primary's peering reached us meanwhile */
-        snprintf(log.dataset, sizeof(log.dataset), "%s", name);
-        log.policy = d.policy;
-        log.inc = d.created_ns;
-        log.shard = shard;
-        rc = ts_shard_writer_seal_log(u->w, have_crc, crc, recs, nrec, &log);
-    } else {
-        rc = ts_shard_writer_seal(u->w, have_crc, crc, recs, nrec);
-    }
-    if (rc) {
-        if (rc == TS_EINCOMPLETE)
-            tsd_reply_error(c, h, rc, "shard-seal %s/%u: only %llu of the declared bytes arrived",
-                            name, shard, (unsigned long long)ts_shard_writer_bytes(u->w));
-        else if (rc == TS_ECORRUPT)
-            tsd_reply_error(c, h, rc, "shard-seal %s/%u: whole-shard CRC32C does not match", name,
-                            shard);
-        else
-            ops_reply_store_error(c, h, rc, name, shard);
-        goto out_free;
-    }
-    ops_upload_remove(c, u);
-    if (!cluster) {
-        reply_shard_info(c, h, name, shard);
-        goto out_free;
-    }
-    /* Wait for the other core replicas to apply the seal (fringe ones get it later). */
-    {
-        struct parked *pk = park(c, h, need, to.n);
-        if (!pk) {
-            tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
-            goto out_free;
-        }
-        snprintf(pk->name, sizeof(pk->name), "%s", name);
-        pk->shard = shard;
-        pk->pg = pg;
-        pk->epoch = act_epoch;
-        ts_repl_wait_applied(s->repl, pg, log.seq, &to, c->w->base, seal_replicated, pk);
-    }
-out_free:
-    free(recs);
 }
 
 /* ---- shard metadata --------------------------------------------------------------------- */
@@ -932,7 +741,7 @@ static void scrub_done(evutil_socket_t fd, short what, void *arg)
     struct parked *pk = j->pk;
     struct ts_wr w;
 
-    if (unpark(pk)) {
+    if (ops_unpark(pk)) {
         if (j->rc) {
             ops_reply_store_error(pk->c, &pk->h, j->rc, j->name[0] ? j->name : "(all)", -1);
         } else {
@@ -949,7 +758,7 @@ static void scrub_done(evutil_socket_t fd, short what, void *arg)
             ts_wr_u32(&w, j->pgs.unchecked);
             tsd_reply_send(pk->c, &pk->h, &w);
         }
-        unpark_done(pk);
+        ops_unpark_done(pk);
     } else {
         free(pk);
     }
@@ -985,7 +794,7 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     const char *name = q->u.scrub.name; /* "": every dataset */
 
     j = calloc(1, sizeof(*j));
-    if (!j || !(j->pk = park(c, h, 1, 0))) {
+    if (!j || !(j->pk = ops_park(c, h, 1, 0))) {
         free(j);
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
         return;
@@ -1008,7 +817,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_DATASET_SEAL] = op_dataset_seal,
     [TS_OP_DATASET_DELETE] = op_dataset_delete,
     [TS_OP_SHARD_WRITE] = op_shard_write,
-    [TS_OP_SHARD_SEAL] = op_shard_seal,
+    [TS_OP_SHARD_SEAL] = tsd_op_shard_seal,
     [TS_OP_READ] = tsd_op_read,
     [TS_OP_SHARD_STAT] = op_shard_stat,
     [TS_OP_SHARD_LIST] = op_shard_list,
@@ -1036,7 +845,8 @@ static tsd_handler handler_for(unsigned opcode)
 
 const struct tsd_ops *tsd_ops_table(void)
 {
-    static const struct tsd_ops ops = {handler_for, tsd_uploads_abort, tsd_stream_continue,
-                                       tsd_stream_free, tsd_uploads_expire};
+    static const struct tsd_ops ops = {handler_for,     tsd_uploads_abort,  tsd_stream_continue,
+                                       tsd_stream_free, tsd_uploads_expire, tsd_seals_durable,
+                                       tsd_seals_forget};
     return &ops;
 }

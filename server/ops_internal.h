@@ -25,6 +25,43 @@ void ops_upload_remove(struct tsd_conn *c, struct tsd_upload *u);
 int ops_records(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_u64s *v,
                 uint64_t **recs);
 
+/* A reply that waits for replication: the connection is held until it is sent. */
+struct parked {
+    struct tsd_conn *c;
+    struct ts_frame_hdr h;
+    unsigned min_acks; /* other core replicas that must hold the write */
+    unsigned targets;
+    uint32_t idx;
+    uint64_t bytes;
+    char name[TS_NAME_MAX + 1];
+    uint32_t shard;
+    uint32_t pg;
+    uint64_t epoch; /* the PG's interval when the write was accepted (cluster mode) */
+    uint64_t t0_ns; /* when the request arrived (metrics: its latency) */
+};
+/* Parks c's reply to h: need is the replicas (this one included) that must hold the write,
+ * targets the other core replicas asked; NULL when out of memory. */
+struct parked *ops_park(struct tsd_conn *c, const struct ts_frame_hdr *h, unsigned need,
+                        unsigned targets);
+/* Returns 1 if the parked connection is still there to reply to (then reply, and call
+ * ops_unpark_done); 0: it is gone (free pk). */
+int ops_unpark(struct parked *pk);
+void ops_unpark_done(struct parked *pk);
+/* Whether this node still leads pk's PG in the interval its write was accepted in. */
+int ops_still_leading(struct parked *pk);
+/* Cluster mode: 1 when this node takes a write of (name, shard) (the placement filled in);
+ * else 0 after replying the refusal. */
+int ops_placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                  uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
+                  struct ts_repl_targets *to, uint64_t *epoch, unsigned *need);
+/* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
+int ops_enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                        uint32_t shard, unsigned need, const struct ts_repl_targets *to);
+/* ops_seal.c: SHARD_SEAL (through the store's group commit where seals are synced), and the
+ * worker's end of it: seals made durable, answered on the worker's loop. */
+void tsd_op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_seals_durable(struct tsd_worker *w);
+void tsd_seals_forget(struct tsd_worker *w);
 /* ops.c, reached by the connection layer through tsd_ops_table() */
 void tsd_uploads_abort(struct tsd_conn *c);
 int tsd_stream_continue(struct tsd_conn *c); /* a streaming READ: 1 when finished */

@@ -64,6 +64,14 @@ static void worker_drain(struct tsd_worker *w)
         evtimer_add(w->drain_tick, &tick);
 }
 
+/* Seals back from the store's group commit. */
+static void worker_sealed_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct tsd_worker *w = arg;
+
+    w->srv->ops->seals_durable(w);
+}
+
 static void worker_notify_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct tsd_worker *w = arg;
@@ -377,11 +385,12 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
         w->notify =
             w->base ? event_new(w->base, -1, EV_PERSIST | EV_READ, worker_notify_cb, w) : NULL;
         w->idle_sweep = w->notify ? event_new(w->base, -1, EV_PERSIST, worker_idle_sweep, w) : NULL;
+        w->sealed_ev = w->base ? event_new(w->base, -1, 0, worker_sealed_cb, w) : NULL;
         if (w->idle_sweep) {
             struct timeval sec = {1, 0};
             evtimer_add(w->idle_sweep, &sec);
         }
-        if (!w->notify || !w->idle_sweep || !w->m) {
+        if (!w->notify || !w->idle_sweep || !w->sealed_ev || !w->m) {
             rc = TS_ENOMEM;
             goto out_workers;
         }
@@ -413,6 +422,8 @@ out_workers:
             event_free(s->workers[i].notify);
         if (s->workers[i].idle_sweep)
             event_free(s->workers[i].idle_sweep);
+        if (s->workers[i].sealed_ev)
+            event_free(s->workers[i].sealed_ev);
         if (s->workers[i].base)
             event_base_free(s->workers[i].base);
         tsd_wmetrics_destroy(s->workers[i].m);
@@ -503,8 +514,12 @@ void tsd_server_fini(struct tsd_server *s)
     }
     tsd_rdma_stop(s); /* its events live on worker 0's loop */
     tsd_rdma_tokens_fini(&s->rdma_tokens);
+    /* The loops have ended: no seal is queued after this, and none reaches a freed event. */
+    ts_store_commit_quiesce(s->store);
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
+        s->ops->seals_forget(w);
+        event_free(w->sealed_ev);
         while (w->queue) {
             struct tsd_pending *p = w->queue;
             w->queue = p->next;

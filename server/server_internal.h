@@ -68,6 +68,10 @@ struct tsd_worker {
     _Atomic int done; /* its loop has ended */
     struct tsd_stats stats;
     struct tsd_wmetrics *m; /* metrics.h: the Prometheus counters */
+    /* Seals back from the store's commit thread (ops_seal.c), under lock; sealed_ev wakes the
+     * loop for them. */
+    struct tsd_seal_job *sealed;
+    struct event *sealed_ev;
 };
 
 struct tsd_upload {
@@ -148,6 +152,10 @@ struct tsd_ops {
     void (*stream_free)(struct tsd_read_stream *rs);
     /* Ends the uploads of c idle since before `before` (monotonic ns). */
     void (*uploads_expire)(struct tsd_conn *c, uint64_t before);
+    /* Seals the store's group commit made durable (or failed): answered on w's loop. */
+    void (*seals_durable)(struct tsd_worker *w);
+    /* At shutdown, once no seal is in the commit thread: frees what was never answered. */
+    void (*seals_forget)(struct tsd_worker *w);
 };
 
 /* Scrubs, for the metrics: totals of the scrubs completed, and whether one runs now. */

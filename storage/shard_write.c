@@ -126,7 +126,10 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
                                  key_shard(k, 'R', d.id, shard));
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'S', d.id, shard),
                               (const char *)rec, sizeof(rec));
-    rc = batch_write(s, b, "shard begin");
+    /* Synced only where it takes over an abandoned upload (its file goes next): a new upload's
+     * record need not outlive a crash, and a seal's synced write covers it (the WAL replays a
+     * prefix). */
+    rc = batch_write_wo(s, abandoned ? s->wo : s->wo_chunk, b, "shard begin");
     rocksdb_writebatch_destroy(b);
     if (rc) {
         chunkfile_close(&w->fd);
@@ -255,20 +258,12 @@ int ts_shard_writer_seal(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
     return ts_shard_writer_seal_log(w, have_crc, expect_crc, records, nrecords, NULL);
 }
 
-int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
-                             const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log)
+/* What a seal checks before it writes anything: the writer's state is unchanged on failure. */
+int shard_seal_check(ts_shard_writer *w, int have_crc, uint32_t expect_crc, const uint64_t *records,
+                     uint32_t nrecords)
 {
-    ts_store *s;
-    struct ts_shard_info si;
-    uint8_t ks[13], lo[17];
-    uint8_t *rec = NULL, *ridx = NULL;
-    size_t reclen;
-    rocksdb_writebatch_t *b;
-    int rc;
-
     if (!w || (nrecords && !records))
         return TS_EINVAL;
-    s = w->s;
     if (atomic_load(&w->superseded))
         return TS_ESTALE;
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes != w->expect_size) {
@@ -284,6 +279,21 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
     for (uint32_t i = 0; i < nrecords; i++)
         if (records[i] > w->bytes || (i && records[i] < records[i - 1]))
             return TS_EINVAL;
+    return 0;
+}
+
+/* A checked seal's write (with write options wo: s->wo, or unsynced under group commit); w is
+ * freed on success. */
+int shard_seal_write(ts_shard_writer *w, const uint64_t *records, uint32_t nrecords,
+                     struct ts_log_rec *log, rocksdb_writeoptions_t *wo)
+{
+    ts_store *s = w->s;
+    struct ts_shard_info si;
+    uint8_t ks[13], lo[17];
+    uint8_t *rec = NULL, *ridx = NULL;
+    size_t reclen;
+    rocksdb_writebatch_t *b;
+    int rc;
 
     memset(&si, 0, sizeof(si));
     si.state = TS_SHARD_COMPLETE;
@@ -311,7 +321,8 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
 
     if (w->fd >= 0 && sync_seals(s)) {
         /* Under always written chunk by chunk (once more costs nothing); under seal the
-         * shard's bytes become durable here, before the record that seals them. */
+         * shard's bytes become durable here, before the record that seals them (even an
+         * unsynced record may reach the disk first: the WAL is written back like any file). */
         rc = chunkfile_sync(w->fd);
         if (rc)
             goto out_free;
@@ -347,7 +358,7 @@ int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_c
             goto out_free;
         }
     }
-    rc = batch_write(s, b, "shard seal");
+    rc = batch_write_wo(s, wo, b, "shard seal");
     if (log)
         ts_pglog_end(s);
     pthread_mutex_unlock(&w->lock);
@@ -363,6 +374,14 @@ out_free:
     free(rec);
     free(ridx);
     return rc;
+}
+
+int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                             const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log)
+{
+    int rc = shard_seal_check(w, have_crc, expect_crc, records, nrecords);
+
+    return rc ? rc : shard_seal_write(w, records, nrecords, log, w->s->wo);
 }
 
 void ts_shard_writer_abort(ts_shard_writer *w)

@@ -164,6 +164,17 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     s->ro_chunk = rocksdb_readoptions_create();
     rocksdb_readoptions_set_verify_checksums(s->ro_chunk, o->verify_engine_checksums ? 1 : 0);
     chunkfile_sweep(s); /* files of uploads and deletes a crash cut short */
+    if (sync_seals(s) && (rc = commit_start(s)) != 0) {
+        TS_ERROR(FAC, rc, "cannot start the group commit thread");
+        rocksdb_writeoptions_destroy(s->wo);
+        rocksdb_writeoptions_destroy(s->wo_chunk);
+        rocksdb_readoptions_destroy(s->ro_chunk);
+        rocksdb_readoptions_destroy(s->ro_meta);
+        for (int i = 0; i < CF_COUNT; i++)
+            rocksdb_column_family_handle_destroy(s->cf[i]);
+        rocksdb_close(s->db);
+        goto out_destroy_opts;
+    }
     TS_INFO(FAC,
             "opened store at %s (chunk files %s, inline up to %u bytes, blob files %s, sync %s)",
             s->path, o->chunk_files ? "on" : "off", o->chunk_files ? o->inline_max : 0,
@@ -207,6 +218,7 @@ static void store_close(ts_store *s, int flush)
 {
     if (!s)
         return;
+    commit_stop(s); /* seals queued are written and reported first */
     /* A clean close leaves the data in table and blob files, not only in the WAL: the next
      * open replays nothing (best effort: on a full disk the WAL keeps it). */
     if (flush) {

@@ -97,6 +97,7 @@ struct ts_store {
     struct ts_rolled_back *rb; /* TS_ROLLED_BACK_KEEP, a ring under loglock (pglog.c) */
     uint64_t nrb;              /* shard-sealing entries noted in the ring since open */
     uint64_t nrb_all;          /* every entry rolled back since open */
+    struct ts_commit *commit;  /* the group commit thread (commit.c; NULL under sync = none) */
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */
@@ -219,6 +220,18 @@ void ts_space_plan(ts_store *s, uint64_t *write_buffer, uint64_t *max_wal);
 /* 0 if a write of len bytes leaves the reserve and room for flushes; TS_ENOSPC (why says
  * what is free) otherwise. */
 int ts_space_admit(ts_store *s, uint64_t len, char *why, size_t cap);
+
+/* shard_write.c: a seal in two steps (ts_shard_writer_seal_log is both): check leaves the
+ * writer as it was on failure; write (with options wo) frees it on success. */
+int shard_seal_check(ts_shard_writer *w, int have_crc, uint32_t expect_crc, const uint64_t *records,
+                     uint32_t nrecords);
+int shard_seal_write(ts_shard_writer *w, const uint64_t *records, uint32_t nrecords,
+                     struct ts_log_rec *log, rocksdb_writeoptions_t *wo);
+
+/* commit.c: the group commit thread, started at open where seals are synced, stopped (after
+ * what was queued) before the engine closes. */
+int commit_start(ts_store *s);
+void commit_stop(ts_store *s);
 
 /* pglog.c: adds log record *log (and the PG's new head) to batch b under the log lock, which
  * ts_pglog_end() releases once the batch was written. On failure the lock is not held. */

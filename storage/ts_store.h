@@ -222,6 +222,33 @@ struct ts_log_rec {
  */
 int ts_shard_writer_seal_log(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
                              const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log);
+/*
+ * Group commit (storage/commit.c). Seals as ts_shard_writer_seal_log does (log may be NULL), on
+ * the store's commit thread, which writes every seal queued meanwhile and then syncs the WAL
+ * once for all of them. A failed check (TS_EINCOMPLETE, TS_ECORRUPT, TS_EINVAL, TS_ESTALE)
+ * returns at once and leaves w to the caller as ts_shard_writer_seal does. 0: w belongs to the
+ * store now, and done(arg, rc) is called once, from the commit thread, when the seal is
+ * durable (rc 0; log->seq is set) or failed (w aborted: the shard stays incomplete). *log and
+ * arg must live until then; records are copied. Under sync = none the seal is written and done
+ * called before this returns.
+ */
+typedef void (*ts_seal_done_fn)(void *arg, int rc);
+int ts_shard_writer_seal_async(ts_shard_writer *w, int have_crc, uint32_t expect_crc,
+                               const uint64_t *records, uint32_t nrecords, struct ts_log_rec *log,
+                               ts_seal_done_fn done, void *arg);
+/* Whether seals go through the commit thread (the sync policy is seal or always). */
+int ts_store_group_commit(const ts_store *s);
+struct ts_commit_stats {
+    uint64_t seals;         /* seals made durable through the commit thread */
+    uint64_t syncs;         /* WAL syncs it did for them */
+    uint64_t largest_group; /* the most seals one sync covered */
+};
+void ts_store_commit_stats(ts_store *s, struct ts_commit_stats *out);
+/* Tests: holds the commit thread before its next group (1) or lets it go (0). */
+void ts_store_commit_hold(ts_store *s, int hold);
+/* Returns once every seal queued so far was written, synced and reported (a caller that stops
+ * queueing, e.g. a daemon whose loops have ended, then frees what done callbacks use). */
+void ts_store_commit_quiesce(ts_store *s);
 /* Appends a record that carries no shard (same sequence rules). */
 int ts_store_log_append(ts_store *s, struct ts_log_rec *log);
 /* The PG's last applied sequence (0: none) and its oldest retained one (0: log empty). */

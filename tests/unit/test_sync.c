@@ -6,6 +6,7 @@
  *   sync = seal:   the shard's chunk file and the WAL (the seal's record) at least once each;
  *   sync = always: the WAL at least once per chunk, and the chunk file;
  *   sync = none:   neither.
+ * And the group commit of seals: concurrent seals share one WAL sync, none acknowledged first.
  * Deleting the chunk file's fdatasync (storage/chunkfile.c) or the synced write options
  * (storage/store.c) fails it in the ordinary suite; tests/powercut shows the same with real
  * power cuts of a qemu guest.
@@ -138,12 +139,146 @@ static void test_none_syncs_nothing(void **state)
     assert_int_equal(c.wal, 0);
 }
 
+/*
+ * Group commit (storage/commit.c): seals queued while the commit thread is held are written
+ * and made durable by ONE sync of the WAL, and none is reported done before that sync: each
+ * done callback sees the WAL's sync count past what it was when the seals were queued.
+ * Reporting before the sync (or syncing per seal) fails it.
+ */
+#define GROUP 16
+
+struct group_seen {
+    atomic_uint done, bad_rc, before_sync;
+    unsigned wal_at_queue;
+};
+
+static void group_done(void *arg, int rc)
+{
+    struct group_seen *g = arg;
+
+    if (rc)
+        atomic_fetch_add(&g->bad_rc, 1);
+    if (atomic_load(&syncs[K_WAL]) <= g->wal_at_queue)
+        atomic_fetch_add(&g->before_sync, 1); /* acknowledged before any sync covered it */
+    atomic_fetch_add(&g->done, 1);
+}
+
+static void group_commit_run(uint32_t inline_max)
+{
+    struct ts_store_opts o;
+    struct ts_dataset_policy p;
+    struct ts_commit_stats st;
+    struct group_seen g;
+    ts_store *s = NULL;
+    ts_shard_writer *w[GROUP];
+    char *dir = ts_test_tmpdir("group");
+    uint8_t buf[16384];
+    unsigned wal, chunk;
+
+    memset(&g, 0, sizeof(g));
+    ts_store_opts_init(&o);
+    o.path = dir;
+    o.sync = TS_SYNC_SEAL;
+    o.inline_max = inline_max;
+    assert_int_equal(ts_store_open(&s, &o), 0);
+    assert_true(ts_store_group_commit(s));
+    ts_dataset_policy_init(&p);
+    assert_int_equal(ts_store_dataset_create(s, "g", &p), 0);
+    for (unsigned i = 0; i < GROUP; i++) {
+        ts_test_fill(buf, sizeof(buf), 7, i);
+        assert_int_equal(ts_store_shard_begin(s, "g", i, sizeof(buf), &w[i]), 0);
+        assert_int_equal(
+            ts_shard_writer_put(w[i], 0, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))), 0);
+    }
+    ts_store_commit_hold(s, 1);
+    for (int k = 0; k < K_N; k++)
+        atomic_store(&syncs[k], 0);
+    g.wal_at_queue = 0;
+    for (unsigned i = 0; i < GROUP; i++)
+        assert_int_equal(ts_shard_writer_seal_async(w[i], 0, 0, NULL, 0, NULL, group_done, &g), 0);
+    usleep(50000);
+    assert_int_equal(atomic_load(&g.done), 0); /* held: nothing written, nothing reported */
+    ts_store_commit_hold(s, 0);
+    ts_store_commit_quiesce(s);
+    wal = atomic_load(&syncs[K_WAL]);
+    chunk = atomic_load(&syncs[K_CHUNK]);
+    ts_store_commit_stats(s, &st);
+    fprintf(stderr,
+            "group commit (%s): %u seals, %u WAL syncs, %u chunk-file syncs; stats: %llu seals, "
+            "%llu syncs, largest group %llu\n",
+            inline_max ? "inline shards" : "chunk files", atomic_load(&g.done), wal, chunk,
+            (unsigned long long)st.seals, (unsigned long long)st.syncs,
+            (unsigned long long)st.largest_group);
+    assert_int_equal(atomic_load(&g.done), GROUP);
+    assert_int_equal(atomic_load(&g.bad_rc), 0);
+    assert_int_equal(atomic_load(&g.before_sync), 0);
+    assert_int_equal(wal, 1); /* one WAL sync for the group */
+    assert_int_equal(st.syncs, 1);
+    assert_int_equal(st.largest_group, GROUP);
+    /* Chunk files: each shard's bytes synced before its record (no file when inline). */
+    assert_int_equal(chunk, inline_max ? 0 : GROUP);
+    for (unsigned i = 0; i < GROUP; i++) {
+        struct ts_shard_info si;
+        assert_int_equal(ts_store_shard_stat(s, "g", i, &si), 0);
+        assert_int_equal(si.state, TS_SHARD_COMPLETE);
+    }
+    ts_store_close(s);
+    ts_test_rmtree(dir);
+}
+
+static void test_group_commit_one_sync(void **state)
+{
+    (void)state;
+    group_commit_run(0);
+    group_commit_run(64u << 10);
+}
+
+/* A seal refused by its checks returns at once and leaves the writer to the caller. */
+static void test_group_commit_refusal(void **state)
+{
+    struct ts_store_opts o;
+    struct ts_dataset_policy p;
+    struct group_seen g;
+    ts_store *s = NULL;
+    ts_shard_writer *w = NULL;
+    char *dir = ts_test_tmpdir("group");
+    uint8_t buf[4096];
+
+    (void)state;
+    memset(&g, 0, sizeof(g));
+    ts_store_opts_init(&o);
+    o.path = dir;
+    assert_int_equal(ts_store_open(&s, &o), 0);
+    ts_dataset_policy_init(&p);
+    p.chunk_size = sizeof(buf);
+    assert_int_equal(ts_store_dataset_create(s, "g", &p), 0);
+    ts_test_fill(buf, sizeof(buf), 3, 0);
+    assert_int_equal(ts_store_shard_begin(s, "g", 1, 2 * sizeof(buf), &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))),
+                     0);
+    assert_int_equal(ts_shard_writer_seal_async(w, 0, 0, NULL, 0, NULL, group_done, &g),
+                     TS_EINCOMPLETE);
+    ts_test_fill(buf, sizeof(buf), 3, sizeof(buf));
+    assert_int_equal(ts_shard_writer_put(w, 1, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))),
+                     0);
+    assert_int_equal(ts_shard_writer_seal_async(w, 1, 0x12345678, NULL, 0, NULL, group_done, &g),
+                     TS_ECORRUPT);
+    assert_int_equal(ts_shard_writer_seal_async(w, 0, 0, NULL, 0, NULL, group_done, &g), 0);
+    ts_store_commit_quiesce(s);
+    assert_int_equal(atomic_load(&g.done), 1);
+    assert_int_equal(atomic_load(&g.bad_rc), 0);
+    ts_store_close(s);
+    ts_test_rmtree(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_seal_syncs_file_and_wal),
         cmocka_unit_test(test_always_syncs_every_chunk),
         cmocka_unit_test(test_none_syncs_nothing),
+        cmocka_unit_test(test_group_commit_one_sync),
+        cmocka_unit_test(test_group_commit_refusal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
