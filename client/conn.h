@@ -114,6 +114,13 @@ struct tessera_client {
     char *optbuf;
     char node[256];
     char err[512];
+    /* The chunk sizes of the datasets this connection put to last (put.c): a put of a known
+     * dataset skips DATASET_STAT; a put refused as the wrong shape asks again. */
+    struct {
+        char name[TS_NAME_MAX + 1];
+        uint32_t chunk;
+    } chunk_memo[8];
+    unsigned chunk_memo_next;
 };
 
 /* ---- messages and checks at entry (request.c) ----------------------------------------------- */

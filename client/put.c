@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -30,10 +31,37 @@ struct put {
     uint32_t head;  /* oldest request in flight */
     uint32_t count; /* requests in flight */
     int rc;         /* first failure */
+    int memo;       /* the chunk size came from c->chunk_memo */
 };
 
+/* The remembered chunk size of dataset name on c (0: none). */
+static uint32_t memo_get(tessera_client *c, const char *name)
+{
+    for (unsigned i = 0; i < (sizeof(c->chunk_memo) / sizeof(c->chunk_memo[0])); i++)
+        if (c->chunk_memo[i].chunk && !strcmp(c->chunk_memo[i].name, name))
+            return c->chunk_memo[i].chunk;
+    return 0;
+}
+
+static void memo_set(tessera_client *c, const char *name, uint32_t chunk)
+{
+    unsigned i = c->chunk_memo_next++ % (sizeof(c->chunk_memo) / sizeof(c->chunk_memo[0]));
+
+    snprintf(c->chunk_memo[i].name, sizeof(c->chunk_memo[i].name), "%s", name);
+    c->chunk_memo[i].chunk = chunk;
+}
+
+static void memo_forget(tessera_client *c, const char *name)
+{
+    for (unsigned i = 0; i < (sizeof(c->chunk_memo) / sizeof(c->chunk_memo[0])); i++)
+        if (!strcmp(c->chunk_memo[i].name, name))
+            c->chunk_memo[i].chunk = 0;
+}
+
+/* use_memo: the chunk size may come from c->chunk_memo (a caller that can put again when the
+ * dataset turns out to have another one). */
 static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_t shard,
-                     uint64_t declared)
+                     uint64_t declared, int use_memo)
 {
     struct ts_dataset_info d;
     int rc;
@@ -42,10 +70,15 @@ static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_
     p->name = name;
     p->shard = shard;
     p->declared = declared;
-    rc = ts_conn_dataset_policy(c, name, &d); /* the chunk size: O(1), no shard count */
-    if (rc)
-        return rc;
-    p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+    p->chunk = use_memo ? memo_get(c, name) : 0;
+    p->memo = p->chunk != 0;
+    if (!p->chunk) {
+        rc = ts_conn_dataset_policy(c, name, &d); /* the chunk size: O(1), no shard count */
+        if (rc)
+            return rc;
+        p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+        memo_set(c, name, p->chunk);
+    }
     if (declared != TS_SIZE_UNKNOWN && declared && (declared - 1) / p->chunk >= (1u << 30)) {
         /* Refused before a byte is sent: the server stores at most 2^30 chunks a shard. */
         ts_conn_set_error(c, "%s/%u: %llu bytes make more than 2^30 chunks of %u bytes", name,
@@ -127,14 +160,15 @@ static int put_chunk(tessera_client *c, struct put *p, const void *data, uint32_
     return 0;
 }
 
-/* SHARD_SEAL with the shard's CRC32C and record index; *info from the reply. */
-static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32_t crc,
-                     const uint64_t *records, uint32_t nrecords, struct ts_shard_info *info)
+/* Sends SHARD_SEAL with the shard's CRC32C and record index; *out is the request (NULL and
+ * an error if it could not be sent). */
+static int seal_send(tessera_client *c, const char *name, uint32_t shard, uint32_t crc,
+                     const uint64_t *records, uint32_t nrecords, struct ts_req **out)
 {
     struct ts_req *r = ts_req_name(c, TS_OP_SHARD_SEAL, name);
-    struct ts_rd body;
     int rc;
 
+    *out = NULL;
     if (!r)
         return TS_ENOMEM;
     ts_wr_u32(&r->w, shard);
@@ -143,28 +177,64 @@ static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32
     ts_wr_u32(&r->w, nrecords);
     for (uint32_t i = 0; i < nrecords; i++)
         ts_wr_u64(&r->w, records[i]);
-    rc = ts_call(c, r, &body);
+    rc = ts_req_send(c, r, NULL, 0);
     if (rc)
-        return rc;
-    if (ts_rd_shard_info(&body, info))
-        rc = ts_proto_err(c, "SHARD_SEAL");
+        ts_req_free(c, r);
+    else
+        *out = r;
+    return rc;
+}
+
+/* The answer to a seal sent; *info from it. err: where its refusal's message goes. r is freed. */
+static int seal_wait(tessera_client *c, struct ts_req *r, struct ts_shard_info *info, char *err,
+                     size_t errlen)
+{
+    struct ts_rd body;
+    int rc = ts_pump(c, ts_cond_done, r);
+
+    rc = rc ? rc : r->rc;
+    if (!rc) {
+        ts_rd_init(&body, r->reply, r->reply_len);
+        rc = ts_reply_status(&body, err, errlen);
+        ts_note_stale(c, &body, rc);
+        if (!rc && ts_rd_shard_info(&body, info))
+            rc = ts_proto_err(c, "SHARD_SEAL");
+    }
     ts_req_free(c, r);
     return rc;
 }
 
-/* Collects every outstanding acknowledgement, then seals; frees the window. */
+static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32_t crc,
+                     const uint64_t *records, uint32_t nrecords, struct ts_shard_info *info)
+{
+    struct ts_req *r;
+    int rc = seal_send(c, name, shard, crc, records, nrecords, &r);
+
+    return rc ? rc : seal_wait(c, r, info, c->err, sizeof(c->err));
+}
+
+/* Seals right behind the chunks, before their acknowledgements (one round trip for a small
+ * put: the server takes a connection's frames in order, and a seal succeeds only when every
+ * chunk before it was stored and the shard's CRC32C matches); then collects the chunks' answers
+ * and the seal's. A chunk's refusal is the put's failure (the seal's refusal, which follows
+ * from it, is not reported over it). Frees the window. */
 static int put_end(tessera_client *c, struct put *p, const uint64_t *records, uint32_t nrecords)
 {
     struct ts_shard_info info;
-    int rc;
+    struct ts_req *seal = NULL;
+    char scratch[sizeof(c->err)];
+    int rc = 0;
 
+    if (!p->rc)
+        rc = seal_send(c, p->name, p->shard, p->crc, records, nrecords, &seal);
     while (p->count)
         put_collect(c, p);
     free(p->win);
     p->win = NULL;
+    if (seal)
+        rc = seal_wait(c, seal, &info, p->rc ? scratch : c->err, sizeof(scratch));
     if (p->rc)
         return p->rc;
-    rc = seal_call(c, p->name, p->shard, p->crc, records, nrecords, &info);
     if (!rc)
         TS_DEBUG(FAC, "sealed %s/%u: %llu bytes, %u chunks, crc %08x", p->name, p->shard,
                  (unsigned long long)info.size, info.nchunks, info.crc);
@@ -205,20 +275,18 @@ static int put_exists(tessera_client *c, const char *name, uint32_t shard, const
     return put_exists_crc(c, name, shard, len, ts_crc32c(0, buf, len), records, nrecords);
 }
 
-int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
-                const uint64_t *records, uint32_t nrecords)
+/* One try of ts_conn_put. */
+static int put_buf(tessera_client *c, struct put *p_out, const char *name, uint32_t shard,
+                   const void *buf, size_t len, const uint64_t *records, uint32_t nrecords,
+                   int use_memo)
 {
     const uint8_t *src = buf;
     struct put p;
     size_t off = 0;
     int rc;
 
-    rc = ts_enter_name(c, name);
-    if (rc)
-        return rc;
-    if ((!buf && len) || (!records && nrecords))
-        return TS_EINVAL;
-    rc = put_begin(c, &p, name, shard, len);
+    rc = put_begin(c, &p, name, shard, len, use_memo);
+    *p_out = p;
     if (rc)
         goto out_end;
     do { /* an empty shard is one empty chunk */
@@ -228,9 +296,31 @@ int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void 
         off += n;
     } while (off < len);
 out_end:
+    p_out->memo = p.memo;
     if (!p.win)
         return rc ? rc : p.rc;
-    rc = put_end(c, &p, records, nrecords);
+    return put_end(c, &p, records, nrecords);
+}
+
+int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
+                const uint64_t *records, uint32_t nrecords)
+{
+    struct put p;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if ((!buf && len) || (!records && nrecords))
+        return TS_EINVAL;
+    for (int tries = 0;; tries++) {
+        rc = put_buf(c, &p, name, shard, buf, len, records, nrecords, tries == 0);
+        if (rc != TS_EINVAL || !p.memo)
+            break;
+        /* Refused as the wrong shape with a remembered chunk size: the dataset may have been
+         * made again with another one. Nothing was sealed: ask, and put again. */
+        memo_forget(c, name);
+    }
     if (rc == TS_EEXIST)
         rc = put_exists(c, name, shard, buf, len, records, nrecords);
     return rc;
@@ -300,7 +390,7 @@ int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, 
         return rc;
     if (fd < 0)
         return TS_EINVAL;
-    rc = put_begin(c, &p, name, shard, size);
+    rc = put_begin(c, &p, name, shard, size, 0); /* the input cannot be read twice */
     if (rc)
         goto out_free;
     /* One buffer per window slot: a buffer is reused once its chunk is acknowledged. */

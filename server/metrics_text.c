@@ -514,6 +514,15 @@ void tsd_metrics_render_engine(struct tsd_server *s, struct evbuffer *o)
         one(o, nm[k][0], "gauge", nm[k][1], (double)p.v[k]);
     one(o, "tessera_rocksdb_block_cache_bytes", "gauge", "Bytes in RocksDB's block cache.",
         (double)p.block_cache_bytes);
+    {
+        struct ts_commit_stats cm;
+        ts_store_commit_stats(s->store, &cm);
+        one(o, "tessera_group_commit_seals_total", "counter",
+            "Seals made durable by the group commit (sync = seal or always).", (double)cm.seals);
+        one(o, "tessera_group_commit_syncs_total", "counter",
+            "WAL syncs the group commit did for them: seals per sync is the grouping.",
+            (double)cm.syncs);
+    }
 }
 
 static void render_node(struct tsd_server *s, struct evbuffer *o, const struct tsd_stats *st)

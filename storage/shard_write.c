@@ -15,6 +15,9 @@
 #define FAC "storage"
 
 #define MAX_SHARD_CHUNKS (1u << 30)
+/* Bytes of one-chunk inline shards held in memory between their chunk and their seal, all
+ * uploads together; past it a chunk is written as it comes (as a bigger shard's is). */
+#define INLINE_HELD_MAX (64ull << 20)
 
 /* ---- shard writes ------------------------------------------------------------------------ */
 
@@ -30,6 +33,43 @@ static void writer_unregister(ts_store *s, ts_shard_writer *w)
     pthread_mutex_unlock(&s->lock);
 }
 
+/* Whether a shard declared expect_size bytes long lives inline (chunks in the engine). */
+static int fd_less(const ts_store *s, uint64_t expect_size)
+{
+    return s->o.chunk_files && expect_size != TS_SIZE_UNKNOWN && expect_size <= s->o.inline_max;
+}
+
+/* Adds an upload's first records to b: its shard record (writing) and no record index. */
+static void begin_records(ts_shard_writer *w, rocksdb_writebatch_t *b)
+{
+    ts_store *s = w->s;
+    struct ts_shard_info si;
+    uint8_t k[13], rec[SHARD_REC_LEN];
+
+    memset(&si, 0, sizeof(si));
+    si.state = TS_SHARD_WRITING;
+    si.chunk_size = w->chunk_size;
+    si.expect_size = w->expect_size;
+    shard_encode(rec, &si, w->file);
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
+                                 key_shard(k, 'R', w->dsid, w->shard));
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k,
+                              key_shard(k, 'S', w->dsid, w->shard), (const char *)rec, sizeof(rec));
+}
+
+/* Frees a writer's memory (its held chunk given back). */
+static void writer_free(ts_shard_writer *w)
+{
+    if (w->held) {
+        atomic_fetch_sub(&w->s->inline_held, w->bytes);
+        free(w->held);
+    }
+    chunkfile_close(&w->fd);
+    pthread_mutex_destroy(&w->lock);
+    free(w->crcs);
+    free(w);
+}
+
 int ts_store_shard_begin(ts_store *s, const char *dataset, uint32_t shard, uint64_t expect_size,
                          ts_shard_writer **out)
 {
@@ -43,7 +83,6 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     struct ts_shard_info si;
     ts_shard_writer *w = NULL;
     uint32_t old_file = 0;
-    uint8_t k[13], rec[SHARD_REC_LEN];
     rocksdb_writebatch_t *b;
     int rc, abandoned;
 
@@ -103,7 +142,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     pthread_mutex_init(&w->lock, NULL);
     /* A small shard of a declared size lives inline (its chunks in the engine, file 0): a file
      * of its own would cost an inode's creation and deletion per shard. */
-    if (s->o.chunk_files && !(expect_size != TS_SIZE_UNKNOWN && expect_size <= s->o.inline_max)) {
+    if (s->o.chunk_files && !fd_less(s, expect_size)) {
         rc = chunkfile_create(s, d.id, shard, &w->file, &w->fd);
         if (rc) {
             free(w);
@@ -111,26 +150,24 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
         }
     }
 
-    memset(&si, 0, sizeof(si));
-    si.state = TS_SHARD_WRITING;
-    si.chunk_size = w->chunk_size;
-    si.expect_size = expect_size;
-    shard_encode(rec, &si, w->file);
-    b = rocksdb_writebatch_create();
-    /* An abandoned upload of this shard (its record says writing): its chunks go. Only then:
-     * a range delete per upload would pile range tombstones into the memtable, which RocksDB
-     * fragments again on every read (small shards slowed down without bound). */
-    if (abandoned)
-        shard_range_delete(s, b, d.id, shard);
-    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)k,
-                                 key_shard(k, 'R', d.id, shard));
-    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_shard(k, 'S', d.id, shard),
-                              (const char *)rec, sizeof(rec));
-    /* Synced only where it takes over an abandoned upload (its file goes next): a new upload's
-     * record need not outlive a crash, and a seal's synced write covers it (the WAL replays a
-     * prefix). */
-    rc = batch_write_wo(s, abandoned ? s->wo : s->wo_chunk, b, "shard begin");
-    rocksdb_writebatch_destroy(b);
+    /* A new inline shard writes nothing yet: its record goes with its first chunk written, or
+     * with its seal (a shard of one chunk: one batch for the whole put). */
+    w->deferred = fd_less(s, expect_size) && !abandoned;
+    rc = 0;
+    if (!w->deferred) {
+        /* An abandoned upload of this shard (its record says writing): its chunks go. Only
+         * then: a range delete per upload would pile range tombstones into the memtable, which
+         * RocksDB fragments again on every read (small shards slowed down without bound). */
+        b = rocksdb_writebatch_create();
+        if (abandoned)
+            shard_range_delete(s, b, d.id, shard);
+        begin_records(w, b);
+        /* Synced only where it takes over an abandoned upload (its file goes next): a new
+         * upload's record need not outlive a crash, and a seal's synced write covers it (the
+         * WAL replays a prefix). */
+        rc = batch_write_wo(s, abandoned ? s->wo : s->wo_chunk, b, "shard begin");
+        rocksdb_writebatch_destroy(b);
+    }
     if (rc) {
         chunkfile_close(&w->fd);
         chunkfile_unlink(s, d.id, shard, w->file);
@@ -213,12 +250,27 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
             return rc;
         }
     }
+    if (w->deferred && idx == 0 && len == w->expect_size &&
+        atomic_fetch_add(&s->inline_held, len) + len <= INLINE_HELD_MAX) {
+        /* The whole shard in one chunk: held until the seal, which writes it all at once. */
+        w->held = malloc(len);
+        if (!w->held) {
+            atomic_fetch_sub(&s->inline_held, len);
+            return TS_ENOMEM;
+        }
+        memcpy(w->held, data, len);
+        goto done;
+    } else if (w->deferred && idx == 0 && len == w->expect_size) {
+        atomic_fetch_sub(&s->inline_held, len); /* over the bound: written now */
+    }
     pthread_mutex_lock(&w->lock);
     if (atomic_load(&w->superseded)) { /* taken over while the bytes were written */
         pthread_mutex_unlock(&w->lock);
         return TS_ESTALE;
     }
     b = rocksdb_writebatch_create();
+    if (w->deferred)
+        begin_records(w, b); /* the record this upload's begin left for now */
     if (w->fd < 0)
         rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
                                   key_chunk(kc, w->dsid, w->shard, idx), data, len);
@@ -233,6 +285,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     rocksdb_writebatch_destroy(b);
     if (rc)
         return rc;
+    w->deferred = 0;
+done:
     w->crcs[idx] = crc;
     w->next++;
     w->bytes += len;
@@ -334,6 +388,14 @@ int shard_seal_write(ts_shard_writer *w, const uint64_t *records, uint32_t nreco
         goto out_free;
     }
     b = rocksdb_writebatch_create();
+    if (w->deferred) { /* nothing of this upload written yet: all of it in this batch */
+        rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)ks,
+                                     key_shard(ks, 'R', w->dsid, w->shard));
+        if (w->held)
+            rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)lo,
+                                      key_chunk(lo, w->dsid, w->shard, 0), (const char *)w->held,
+                                      w->bytes);
+    }
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)ks,
                               key_shard(ks, 'S', w->dsid, w->shard), (const char *)rec, reclen);
     if (nrecords)
@@ -343,7 +405,7 @@ int shard_seal_write(ts_shard_writer *w, const uint64_t *records, uint32_t nreco
     /* The CRC list now lives in the shard record; drop the per-chunk records: exactly the
      * w->next this writer put (begin removed older ones), as point deletes, not a range
      * tombstone per seal (see begin). */
-    for (uint32_t i = 0; i < w->next; i++)
+    for (uint32_t i = 0; i < w->next && !w->deferred; i++)
         rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)lo,
                                      key_chunkrec(lo, w->dsid, w->shard, i));
     if (log) {
@@ -366,10 +428,7 @@ int shard_seal_write(ts_shard_writer *w, const uint64_t *records, uint32_t nreco
     if (rc)
         goto out_free;
     writer_unregister(s, w);
-    chunkfile_close(&w->fd);
-    pthread_mutex_destroy(&w->lock);
-    free(w->crcs);
-    free(w);
+    writer_free(w);
 out_free:
     free(rec);
     free(ridx);
@@ -389,8 +448,5 @@ void ts_shard_writer_abort(ts_shard_writer *w)
     if (!w)
         return;
     writer_unregister(w->s, w);
-    chunkfile_close(&w->fd);
-    pthread_mutex_destroy(&w->lock);
-    free(w->crcs);
-    free(w);
+    writer_free(w);
 }

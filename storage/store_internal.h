@@ -93,11 +93,12 @@ struct ts_store {
     uint64_t space_checked_ns, space_warned_ns;
     struct writer_slot *writers;
     size_t nwriters, capwriters;
-    uint64_t wal_damage_ns;    /* when a damaged WAL was last found at open (0: never) */
-    struct ts_rolled_back *rb; /* TS_ROLLED_BACK_KEEP, a ring under loglock (pglog.c) */
-    uint64_t nrb;              /* shard-sealing entries noted in the ring since open */
-    uint64_t nrb_all;          /* every entry rolled back since open */
-    struct ts_commit *commit;  /* the group commit thread (commit.c; NULL under sync = none) */
+    uint64_t wal_damage_ns;       /* when a damaged WAL was last found at open (0: never) */
+    struct ts_rolled_back *rb;    /* TS_ROLLED_BACK_KEEP, a ring under loglock (pglog.c) */
+    uint64_t nrb;                 /* shard-sealing entries noted in the ring since open */
+    uint64_t nrb_all;             /* every entry rolled back since open */
+    struct ts_commit *commit;     /* the group commit thread (commit.c; NULL under sync = none) */
+    _Atomic uint64_t inline_held; /* bytes of single-chunk inline shards held until their seal */
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */
@@ -199,6 +200,11 @@ struct ts_shard_writer {
     uint32_t file;  /* its id, in the shard record */
     uint32_t *crcs;
     uint32_t cap;
+    /* A new inline shard: its begin record is not written until a chunk must be (deferred),
+     * and a shard of one chunk keeps that chunk here (held, counted in s->inline_held) until
+     * its seal writes everything in one batch. */
+    int deferred;
+    uint8_t *held;
     _Atomic int superseded; /* a newer upload of the shard (or its dataset's delete) took over */
     pthread_mutex_t lock;   /* held over a put's or seal's last check and its batch: a takeover
                                (writers_supersede) waits for it, so no batch of a superseded

@@ -555,6 +555,35 @@ static void test_status(void **state)
  * shards counted. A brief stat costs no scan of the dataset's shard records, so a put does not
  * slow down as its dataset grows (846 small writes/s became 2,300 on the same run: docs).
  */
+/*
+ * A connection remembers the chunk size of the datasets it put to (client/put.c: a small put
+ * is then one round trip, chunk and seal together). The dataset deleted and made again, by
+ * another connection, with a smaller and then a larger chunk size: the next puts still
+ * succeed, byte for byte (refused as the wrong shape, the put asks again and is redone).
+ */
+static void test_put_chunk_memo(void **state)
+{
+    tessera_client *c = connect_c(), *admin = connect_c();
+    struct ts_dataset_policy big = {1, 0, 1, 65536, 0}, small = {1, 0, 1, 4096, 0};
+
+    (void)state;
+    assert_int_equal(tessera_dataset_create(admin, "memo", &big), 0);
+    put_shard(c, "memo", 0, 10000, 1);
+    assert_int_equal(tessera_dataset_delete(admin, "memo"), 0);
+    assert_int_equal(tessera_dataset_create(admin, "memo", &small), 0);
+    put_shard(c, "memo", 0, 10000, 2); /* remembered 64 KiB: one chunk, too big for 4 KiB */
+    check_shard(admin, "memo", 0, 10000, 2);
+    put_shard(c, "memo", 1, 3000, 3);
+    assert_int_equal(tessera_dataset_delete(admin, "memo"), 0);
+    assert_int_equal(tessera_dataset_create(admin, "memo", &big), 0);
+    put_shard(c, "memo", 0, 10000, 4); /* remembered 4 KiB: a short chunk, then another */
+    check_shard(admin, "memo", 0, 10000, 4);
+    check_shard(c, "memo", 0, 10000, 4);
+    assert_int_equal(tessera_dataset_delete(admin, "memo"), 0);
+    tessera_client_close(c);
+    tessera_client_close(admin);
+}
+
 static void test_brief_dataset_stat(void **state)
 {
     tessera_client *c = connect_c();
@@ -809,6 +838,7 @@ int main(void)
         cmocka_unit_test(test_slow_reader_bounded_memory),
         cmocka_unit_test(test_status),
         cmocka_unit_test(test_brief_dataset_stat),
+        cmocka_unit_test(test_put_chunk_memo),
         cmocka_unit_test(test_rdma_absent),
         cmocka_unit_test(test_cache_memory_corruption),
         cmocka_unit_test(test_cache_corruption_whole_piece),

@@ -853,6 +853,47 @@ static void test_inline_shards(void **state)
 }
 
 /*
+ * A one-chunk inline shard (issue 31) is written in one batch at its seal: until then nothing
+ * of it is in the engine (not even a record saying writing), an abort leaves nothing, a
+ * takeover or a second upload of the same shard is still refused while it is open, and the
+ * seal makes the whole shard readable and survives a kill -9 (the WAL replays it).
+ */
+static void test_inline_one_batch(void **state)
+{
+    struct fx *f = *state;
+    struct ts_shard_info si;
+    ts_shard_writer *w, *w2;
+    uint8_t buf[100];
+
+    mk_dataset(f->s, "one", CHUNK);
+    ts_test_fill(buf, sizeof(buf), 21, 0);
+    assert_int_equal(ts_store_shard_begin(f->s, "one", 0, sizeof(buf), &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))),
+                     0);
+    assert_int_equal(ts_store_shard_stat(f->s, "one", 0, &si), TS_ENOENT); /* nothing written */
+    assert_int_equal(ts_store_shard_begin(f->s, "one", 0, sizeof(buf), &w2), TS_EBUSY);
+    ts_shard_writer_abort(w);
+    assert_int_equal(ts_store_shard_stat(f->s, "one", 0, &si), TS_ENOENT);
+    /* Again, sealed this time. */
+    assert_int_equal(ts_store_shard_begin(f->s, "one", 0, sizeof(buf), &w), 0);
+    assert_int_equal(ts_shard_writer_put(w, 0, buf, sizeof(buf), ts_crc32c(0, buf, sizeof(buf))),
+                     0);
+    assert_int_equal(ts_shard_writer_seal(w, 1, ts_crc32c(0, buf, sizeof(buf)), NULL, 0), 0);
+    check_range(f->s, "one", 0, 21, 0, sizeof(buf), sizeof(buf));
+    assert_int_equal(ts_store_shard_begin(f->s, "one", 0, sizeof(buf), &w2), TS_EEXIST);
+    /* An empty inline shard: begin and seal only. */
+    assert_int_equal(ts_store_shard_begin(f->s, "one", 1, 0, &w), 0);
+    assert_int_equal(ts_shard_writer_seal(w, 0, 0, NULL, 0), 0);
+    ts_store_close_unflushed(f->s); /* as kill -9 */
+    f->s = NULL;
+    assert_int_equal(fx_open(f), 0);
+    check_range(f->s, "one", 0, 21, 0, sizeof(buf), sizeof(buf));
+    assert_int_equal(ts_store_shard_stat(f->s, "one", 1, &si), 0);
+    assert_int_equal(si.state, TS_SHARD_COMPLETE);
+    assert_int_equal(si.size, 0);
+}
+
+/*
  * Chunk files come and go with their records: the file holds the shard's bytes; it goes with
  * its shard, a dataset's folder with the dataset, an abandoned upload's file when the shard is
  * written again; at open, a file no record names (a crash between a file and its record) is
@@ -1329,6 +1370,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_blob_file_damage_keeps_writes, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_inline_one_batch, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_inline_shards, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_roundtrip_sizes, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_delete_and_list, setup_inline, teardown),
