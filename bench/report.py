@@ -124,6 +124,55 @@ def targets_section(w, m, ceil1):
     w("")
 
 
+def issue31_section(w, m):
+    """Issue 31's rows against its targets (small writes from bench/small/run's records)."""
+    def best_p99(test):
+        v = [x for x in (m(test, s, "p99_us") for s in ("redis", "memcached")) if x]
+        return min(v) if v else None
+    one_node = m("put", "tessera", "server_cpu_s_per_gb")
+    cluster = m("put", "cluster", "server_cpu_s_per_gb")
+    rows = [
+        ("small writes, 16 KiB x 16, sync none (inline)",
+         ratio(m("small16k-c16", "ts-none", "ops_per_s"), m("small16k-c16", "redis", "ops_per_s")),
+         0.5, "x Redis SET"),
+        ("small writes, p99 µs (at most)", m("small16k-c16", "ts-none", "p99_us"), 2000, "µs"),
+        ("small durable writes, sync seal, writes/s", m("small16k-c16", "ts-seal", "ops_per_s"), 5000,
+         "writes/s"),
+        ("small durable writes, sync seal",
+         ratio(m("small16k-c16", "ts-seal", "ops_per_s"), m("small16k-c16", "redis-aof", "ops_per_s")),
+         1.0, "x Redis appendfsync always (reported)"),
+        ("replicated put, CPU per stored copy (at most)",
+         ratio(cluster / 3 if cluster else None, one_node), 2.0, "x one node's put CPU per GB"),
+        ("TLS GET 1 MiB, 16 conns", ratio(m("get1m-c16", "tessera-tls", "gb_per_s"),
+                                          m("get1m-c16", "nginx-https", "gb_per_s")), 1.5,
+         "x nginx HTTPS"),
+        ("GET 16 KiB x 16", ratio(m("get16k-c16", "tessera", "ops_per_s"),
+                                  max([x for x in (m("get16k-c16", s, "ops_per_s")
+                                                   for s in ("redis", "memcached")) if x],
+                                      default=None)), 1.1, "x the better of Redis/memcached"),
+        ("GET 16 KiB x 16, p99 (at most)", ratio(m("get16k-c16", "tessera", "p99_us"),
+                                                 best_p99("get16k-c16")), 1.0, "x the better p99"),
+        ("GET 16 KiB pipelined 16 x 16, p99 (at most)",
+         ratio(m("pipe16k-c16-d16", "tessera", "p99_us"), m("pipe16k-c16-d16", "redis", "p99_us")),
+         2.0, "x Redis's p99"),
+        ("GET 1 MiB x 16, server CPU s/GB (at most)", m("get1m-c16", "tessera", "server_cpu_s_per_gb"),
+         0.12, "s/GB"),
+    ]
+    w("## Issue 31: every row against its target")
+    w("")
+    w("| row | this run | target | |")
+    w("|---|---|---|---|")
+    for name, v, target, unit in rows:
+        at_most = "(at most)" in name
+        ok = None if v is None else (v <= target if at_most else v >= target)
+        shown = "-" if v is None else f"{v:.2f}"
+        w(f"| {name} | {shown} | {'<=' if at_most else '>='} {target:.2f} {unit} "
+          f"| {'' if ok is None else 'met' if ok else 'MISSED'} |")
+    w("")
+    w("Misses are explained by profile in docs/benchmarks.md (issue 31).")
+    w("")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True)
@@ -281,6 +330,7 @@ def main():
           f"| {fmt(m('put16k-c16', sysid, 'client_cpu'))} | {vs} | {n('put16k-c16', sysid)} |")
     w("")
     targets_section(w, m, ceil1)
+    issue31_section(w, m)
 
     plan_section(w, m, n, meta, groups)
 
