@@ -80,6 +80,19 @@ def load_meta(path):
     return meta
 
 
+def target_rows(w, rows):
+    """A table of (row, value, target, unit); a row named '(at most)' wants value <= target."""
+    w("| row | this run | target | |")
+    w("|---|---|---|---|")
+    for name, v, target, unit in rows:
+        at_most = "(at most)" in name
+        ok = None if v is None else (v <= target if at_most else v >= target)
+        shown = "-" if v is None else f"{v:.2f}"
+        w(f"| {name} | {shown} | {'<=' if at_most else '>='} {target:.2f} {unit} "
+          f"| {'' if ok is None else 'met' if ok else 'MISSED'} |")
+    w("")
+
+
 def targets_section(w, m, ceil1):
     """Issue 15's rows, each against its target, from this run's medians."""
     def best(test, systems):
@@ -113,15 +126,7 @@ def targets_section(w, m, ceil1):
     ]
     w("## Issue 15: every row against its target")
     w("")
-    w("| row | this run | target | |")
-    w("|---|---|---|---|")
-    for name, v, target, unit in rows:
-        at_most = "(at most)" in name
-        ok = None if v is None else (v <= target if at_most else v >= target)
-        shown = "-" if v is None else f"{v:.2f}"
-        w(f"| {name} | {shown} | {'<=' if at_most else '>='} {target:.2f} {unit} "
-          f"| {'' if ok is None else 'met' if ok else 'MISSED'} |")
-    w("")
+    target_rows(w, rows)
 
 
 def issue31_section(w, m):
@@ -160,15 +165,7 @@ def issue31_section(w, m):
     ]
     w("## Issue 31: every row against its target")
     w("")
-    w("| row | this run | target | |")
-    w("|---|---|---|---|")
-    for name, v, target, unit in rows:
-        at_most = "(at most)" in name
-        ok = None if v is None else (v <= target if at_most else v >= target)
-        shown = "-" if v is None else f"{v:.2f}"
-        w(f"| {name} | {shown} | {'<=' if at_most else '>='} {target:.2f} {unit} "
-          f"| {'' if ok is None else 'met' if ok else 'MISSED'} |")
-    w("")
+    target_rows(w, rows)
     w("Misses are explained by profile in docs/benchmarks.md (issue 31).")
     w("")
 

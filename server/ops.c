@@ -591,15 +591,13 @@ int ops_records(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct t
 
 /* ---- shard metadata --------------------------------------------------------------------- */
 
-static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
+void ops_reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                          uint32_t shard)
 {
-    const char *name = q->u.shard_stat.name;
     struct ts_shard_info si;
     struct ts_wr w;
-    uint32_t shard = q->u.shard_stat.shard;
-    int rc;
+    int rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
 
-    rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
     if (rc) {
         ops_reply_store_error(c, h, rc, name, shard);
         return;
@@ -607,6 +605,11 @@ static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, cons
     tsd_reply_begin(&w);
     ts_wr_shard_info(&w, &si);
     tsd_reply_send(c, h, &w);
+}
+
+static void op_shard_stat(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
+{
+    ops_reply_shard_info(c, h, q->u.shard_stat.name, q->u.shard_stat.shard);
 }
 
 /*

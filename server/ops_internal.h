@@ -12,6 +12,9 @@ void ops_reply_ok(struct tsd_conn *c, const struct ts_frame_hdr *h);
 /* A storage error, naming what is missing (the dataset or the shard; shard < 0: none). */
 void ops_reply_store_error(struct tsd_conn *c, const struct ts_frame_hdr *h, int rc,
                            const char *name, long shard);
+/* A shard's info (SHARD_STAT's reply, and a seal's), or the error that stopped it. */
+void ops_reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                          uint32_t shard);
 void ops_reply_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, uint32_t idx,
                         uint64_t bytes);
 /* Stores one chunk of an upload on this connection (chunk 0 starts it); *u_out: the upload. */

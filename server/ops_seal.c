@@ -26,22 +26,6 @@ struct tsd_seal_job {
     int rc;
 };
 
-static void reply_shard_info(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                             uint32_t shard)
-{
-    struct ts_shard_info si;
-    struct ts_wr w;
-    int rc = ts_store_shard_stat(c->w->srv->store, name, shard, &si);
-
-    if (rc) {
-        ops_reply_store_error(c, h, rc, name, shard);
-        return;
-    }
-    tsd_reply_begin(&w);
-    ts_wr_shard_info(&w, &si);
-    tsd_reply_send(c, h, &w);
-}
-
 static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
 {
     struct parked *pk = arg;
@@ -58,7 +42,7 @@ static void seal_replicated(void *arg, int rc, unsigned acked, const char *msg)
                         "%s/%u sealed on %u of %u other core replicas (%s): the rest "
                         "catch up from the PG log",
                         pk->name, pk->shard, acked, pk->targets, msg);
-            reply_shard_info(pk->c, &pk->h, pk->name, pk->shard);
+            ops_reply_shard_info(pk->c, &pk->h, pk->name, pk->shard);
         } else {
             tsd_reply_error(pk->c, &pk->h, TS_EUNAVAIL,
                             "shard-seal %s/%u: sealed here but only %u of %u other core replicas "
@@ -84,7 +68,7 @@ static void confirm_sealed(struct tsd_conn *c, const struct ts_frame_hdr *h, con
     struct parked *pk;
 
     if (!act_epoch || !to->n || ts_store_pg_applied(s->store, pg, &head, NULL) != 0 || !head) {
-        reply_shard_info(c, h, name, shard);
+        ops_reply_shard_info(c, h, name, shard);
         return;
     }
     pk = ops_park(c, h, need, to->n);
@@ -111,7 +95,7 @@ static void seal_answer(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
         return;
     }
     if (!j->cluster) {
-        reply_shard_info(c, h, name, shard);
+        ops_reply_shard_info(c, h, name, shard);
         return;
     }
     /* Wait for the other core replicas to apply the seal (fringe ones get it later). */
