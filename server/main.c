@@ -1,6 +1,7 @@
 /* tesserad: the tessera storage daemon. */
 #include "server_internal.h"
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -39,6 +40,22 @@ static void fit_descriptors(struct tsd_config *cfg)
     }
 }
 
+/*
+ * Keep freed frame buffers in the heap. A TLS connection gathers each frame (up to
+ * max_chunk_mb, 64 MiB, plus its header) from 16 KiB records and evbuffer_pullup copies it into
+ * one buffer, so every chunk allocates and frees about twice its size. By default glibc maps
+ * such buffers on their own or trims them off the arena's top once freed, and the next chunk
+ * faults and zeroes fresh pages (11-23 % of a node's CPU in a replicated put). 32 MiB is the
+ * largest mmap threshold glibc accepts (larger chunks still get their own mapping); a 64 MiB
+ * trim threshold covers both copies of a 32 MiB frame and bounds what each arena keeps free at
+ * its top (8 MiB lost the gain at 16 MiB chunks, 256 MiB gained nothing; docs/benchmarks.md).
+ */
+static void keep_frame_buffers(void)
+{
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, 64 << 20))
+        TS_WARN(FAC, 0, "mallopt refused: freed frame buffers go back to the kernel");
+}
+
 int main(int argc, char **argv)
 {
     struct tsd_config cfg;
@@ -56,6 +73,7 @@ int main(int argc, char **argv)
         return 2;
     }
     ts_log_set(ts_log_stderr, NULL, ts_log_level_parse(cfg.log_level));
+    keep_frame_buffers();
     fit_descriptors(&cfg);
     TS_INFO(FAC, "tesserad %s starting (node %s)", TESSERA_VERSION, cfg.node_id);
     tsd_config_dump(&cfg, log_line, NULL);
