@@ -333,7 +333,7 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
             } else {
                 /* A partial piece gets a CRC computed here: first prove its bytes are the ones
                  * verified (a cached copy whose memory went bad is evicted and read again). */
-                if (ts_chunk_ref_check(ref, ps - cstart, pe - ps) != 0) {
+                if (ts_chunk_ref_check_crc(ref, ps - cstart, pe - ps, &crc) != 0) {
                     TS_ERROR(FAC, TS_ECORRUPT,
                              "cached copy of chunk %u of %s/%u failed its check: evicted, read "
                              "again from the store",
@@ -343,7 +343,7 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                     ts_read_ctx_evict(rs->ctx, idx);
                     rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
                     if (!rc)
-                        rc = ts_chunk_ref_check(ref, ps - cstart, pe - ps);
+                        rc = ts_chunk_ref_check_crc(ref, ps - cstart, pe - ps, &crc);
                     if (rc) {
                         ts_wr_fini(&w);
                         tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,
@@ -351,7 +351,6 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                         goto out_free;
                     }
                 }
-                crc = ts_crc32c(0, ref->data + (ps - cstart), (size_t)(pe - ps));
             }
         } else {
             ts_read_ctx_chunk_crc(rs->ctx, idx, &crc, &clen);

@@ -36,7 +36,7 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
 {
     struct tsd_server *s = v->c->w->srv;
     struct rv_piece *pc;
-    int rc;
+    int rc, whole;
 
     if (v->np == v->capp) {
         size_t cap = v->capp ? 2 * v->capp : 16;
@@ -50,7 +50,10 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
     if (v->verify)
         ts_read_ctx_evict(v->ctx, idx);
     rc = ts_read_ctx_chunk(v->ctx, idx, &pc->ref);
-    if (!rc && !(in == 0 && n == pc->ref.len) && ts_chunk_ref_check(&pc->ref, in, n) != 0) {
+    whole = in == 0 && n == pc->ref.len;
+    if (!rc && whole)
+        *crc = pc->ref.crc;
+    if (!rc && !whole && ts_chunk_ref_check_crc(&pc->ref, in, n, crc) != 0) {
         /* A cached copy whose memory went bad: evicted and read again from the store. */
         TS_ERROR(FAC, TS_ECORRUPT,
                  "cached copy of chunk %u of %s/%u failed its check: evicted, read again from "
@@ -60,7 +63,7 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
         ts_chunk_ref_release(&pc->ref);
         ts_read_ctx_evict(v->ctx, idx);
         rc = ts_read_ctx_chunk(v->ctx, idx, &pc->ref);
-        if (!rc && ts_chunk_ref_check(&pc->ref, in, n) != 0) {
+        if (!rc && ts_chunk_ref_check_crc(&pc->ref, in, n, crc) != 0) {
             /* Bad memory again, not a bad stored chunk: counted once, nothing to repair. */
             ts_chunk_ref_release(&pc->ref);
             return TS_ECORRUPT;
@@ -72,7 +75,7 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
         tsd_repair_chunk(s, v->name, shard, idx, rc);
         return rc;
     }
-    *crc = in == 0 && n == pc->ref.len ? pc->ref.crc : ts_crc32c(0, pc->ref.data + in, n);
+
     pc->in = in;
     pc->n = n;
     v->np++;

@@ -256,6 +256,22 @@ int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)
     return 0;
 }
 
+int ts_chunk_ref_check_crc(const struct ts_chunk_ref *ref, size_t off, size_t len, uint32_t *crc)
+{
+    uint32_t want = 0;
+    size_t end = off + len;
+
+    *crc = ts_crc32c(0, ref->data + off, len);
+    if (!ref->sub || !len)
+        return 0;
+    if (off % TS_SUB_BLOCK || (end % TS_SUB_BLOCK && end != ref->len))
+        return ts_chunk_ref_check(ref, off, len); /* partial sub-blocks: each one whole */
+    for (size_t b = off / TS_SUB_BLOCK; b * TS_SUB_BLOCK < end; b++)
+        want = ts_crc32c_combine(want, ref->sub[b],
+                                 TS_MIN((size_t)TS_SUB_BLOCK, ref->len - b * TS_SUB_BLOCK));
+    return want == *crc ? 0 : TS_ECORRUPT;
+}
+
 void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx)
 {
     ts_cache_remove(r->s->ccache, r->dsid, r->info.shard, idx);

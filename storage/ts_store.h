@@ -71,6 +71,10 @@ struct ts_chunk_ref {
 /* Checks the bytes [off, off+len) of a chunk reference against what was verified (a cached copy:
  * the touched sub-blocks' CRCs); 0 or TS_ECORRUPT (the memory went bad: evict and read again). */
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);
+/* The same check, and *crc the CRC32C of exactly those bytes (a partial read's reply), from one
+ * pass over them where the range is sub-block aligned: the sub-blocks' CRCs, combined, must
+ * equal the CRC of the range (checksums computed once). */
+int ts_chunk_ref_check_crc(const struct ts_chunk_ref *ref, size_t off, size_t len, uint32_t *crc);
 
 void ts_store_opts_init(struct ts_store_opts *o);
 /* "always", "none" or "seal"; ts_store_sync_parse: the policy, or -1 for another name. */

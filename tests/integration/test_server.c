@@ -714,6 +714,8 @@ static int corrupt_arena(pid_t pid, off_t at)
     return hits;
 }
 
+static int corrupt_arena_copy(pid_t pid, const uint8_t *needle, size_t n);
+
 /* A cached chunk whose memory went bad: a partial read over the bad byte never returns it with
  * success (the sub-block check catches it; the chunk is read again from the store), and whole
  * pieces carry the stored CRC, which the client checks. */
@@ -740,6 +742,19 @@ static void test_cache_memory_corruption(void **state)
         assert_int_equal(rc, 0);
         assert_int_equal(n, 16384);
         assert_memory_equal(got, want, 16384);
+        /* A 4 KiB-aligned piece over a byte flipped again: checked by combining the cached
+         * sub-blocks' CRCs against the one pass that makes the reply's CRC (read.c,
+         * ts_chunk_ref_check_crc): right bytes again, never the flipped ones. */
+        uint8_t needle[64];
+        ts_test_fill(needle, sizeof(needle), 99, 300000);
+        if (corrupt_arena_copy(D.pid, needle, sizeof(needle)) > 0) {
+            rc = tessera_read(c, "cachebad", 0, 72 * 4096, 16384, got, &n);
+            ts_test_fill(want, 16384, 99, 72 * 4096);
+            fprintf(stderr, "  aligned partial read over it: %s\n", rc ? ts_errname(rc) : "ok");
+            assert_int_equal(rc, 0);
+            assert_int_equal(n, 16384);
+            assert_memory_equal(got, want, 16384);
+        }
         /* And the whole chunk, again from a good copy. */
         check_shard(c, "cachebad", 0, 1u << 20, 99);
     }
