@@ -213,22 +213,27 @@ static int seal_call(tessera_client *c, const char *name, uint32_t shard, uint32
     return rc ? rc : seal_wait(c, r, info, c->err, sizeof(c->err));
 }
 
-/* Seals right behind the chunks, before their acknowledgements (one round trip for a small
- * put: the server takes a connection's frames in order, and a seal succeeds only when every
- * chunk before it was stored and the shard's CRC32C matches); then collects the chunks' answers
- * and the seal's. A chunk's refusal is the put's failure (the seal's refusal, which follows
- * from it, is not reported over it). Frees the window. */
+/* Seals, and collects the chunks' answers and the seal's; frees the window. On a single node
+ * the seal goes right behind the chunks, before their acknowledgements (one round trip for a
+ * small put: the node takes a connection's frames in order, and a seal succeeds only when
+ * every chunk before it was stored and the shard's CRC32C matches). A node of a cluster (its
+ * replies carry a map epoch) acknowledges a chunk once the other core replicas hold it too,
+ * and its seal must not overtake those copies: there the seal waits for every chunk's answer.
+ * A chunk's refusal is the put's failure (a seal refused because of it is not reported over
+ * it). */
 static int put_end(tessera_client *c, struct put *p, const uint64_t *records, uint32_t nrecords)
 {
     struct ts_shard_info info;
     struct ts_req *seal = NULL;
     char scratch[sizeof(c->err)];
-    int rc = 0;
+    int rc = 0, early = c->seen_epoch == 0 && !c->epoch_ref;
 
-    if (!p->rc)
+    if (early && !p->rc)
         rc = seal_send(c, p->name, p->shard, p->crc, records, nrecords, &seal);
     while (p->count)
         put_collect(c, p);
+    if (!early && !p->rc)
+        rc = seal_send(c, p->name, p->shard, p->crc, records, nrecords, &seal);
     free(p->win);
     p->win = NULL;
     if (seal)
