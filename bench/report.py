@@ -312,8 +312,10 @@ def main():
     w("")
     w("## Small writes: 16 KiB, 16 connections, one in flight each")
     w("")
-    w("tessera: each write a sealed shard of 16 KiB (`tessera_put`: dataset stat, SHARD_WRITE, "
-      "SHARD_SEAL); Redis `SET` and memcached `set` of 16 KiB values (tsload write).")
+    w("tessera (default settings: a chunk file per shard): each write a sealed shard of 16 KiB "
+      "(`tessera_put`: SHARD_WRITE and SHARD_SEAL in one round trip); Redis `SET` and memcached "
+      "`set` of 16 KiB values (tsload write). Inline shards and `sync = seal`: bench/small/run, "
+      "in the issue 31 table below.")
     w("")
     w("| system | ops/s | p50 µs | p99 µs | server CPU | client CPU | tessera ÷ this | runs |")
     w("|---|---|---|---|---|---|---|---|")
