@@ -4,7 +4,8 @@
  * cluster in a network namespace of its own (nodes on 127.0.1.1-5, iptables cutting the
  * primary of the PG the load writes next off from its peers while its clients still reach
  * it): writers count every acknowledged put, the node is failed over, the cut healed, the node
- * marked up. After every run:
+ * marked up. The nodes run sync = seal (the default; seals through the group commit). After
+ * every run:
  *  - every acknowledged shard reads back byte for byte (the cluster's choice of replica), and
  *    from each of its core replicas alone (core_replica_shards_missing);
  *  - no node rolled back a log entry of an acknowledged shard (acknowledged_entries_rolled_back,
@@ -121,7 +122,10 @@ static void test_partition_heals_without_rollback(void **state)
 static int setup(void **state)
 {
     static const char *const domains[] = {"a", "a", "b", "b", "c"};
-    return tsd_cluster_start(&CL, 5, domains, 32, NULL);
+    /* The default durable policy (the harness starts nodes with sync none): seals go through
+     * the group commit, their replies parked until the WAL sync, as in production. */
+    static const char *const extra[] = {"--sync", "seal", NULL};
+    return tsd_cluster_start(&CL, 5, domains, 32, extra);
 }
 
 /* Drills restart the nodes they kill: stop every tesserad of the cluster. */
