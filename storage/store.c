@@ -70,6 +70,18 @@ void ts_dataset_policy_init(struct ts_dataset_policy *p)
     p->chunk_size = TS_DEFAULT_CHUNK_SIZE;
 }
 
+/* Closes the engine and frees the read and write options made once it opened. */
+static void engine_close(ts_store *s)
+{
+    for (int i = 0; i < CF_COUNT; i++)
+        rocksdb_column_family_handle_destroy(s->cf[i]);
+    rocksdb_close(s->db);
+    rocksdb_writeoptions_destroy(s->wo);
+    rocksdb_writeoptions_destroy(s->wo_chunk);
+    rocksdb_readoptions_destroy(s->ro_meta);
+    rocksdb_readoptions_destroy(s->ro_chunk);
+}
+
 int ts_store_open(ts_store **out, const struct ts_store_opts *o)
 {
     ts_store *s;
@@ -166,13 +178,7 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     chunkfile_sweep(s); /* files of uploads and deletes a crash cut short */
     if (sync_seals(s) && (rc = commit_start(s)) != 0) {
         TS_ERROR(FAC, rc, "cannot start the group commit thread");
-        rocksdb_writeoptions_destroy(s->wo);
-        rocksdb_writeoptions_destroy(s->wo_chunk);
-        rocksdb_readoptions_destroy(s->ro_chunk);
-        rocksdb_readoptions_destroy(s->ro_meta);
-        for (int i = 0; i < CF_COUNT; i++)
-            rocksdb_column_family_handle_destroy(s->cf[i]);
-        rocksdb_close(s->db);
+        engine_close(s);
         goto out_destroy_opts;
     }
     TS_INFO(FAC,
@@ -243,13 +249,7 @@ static void store_close(ts_store *s, int flush)
     pthread_mutex_destroy(&s->dslock);
     pthread_mutex_destroy(&s->loglock);
     pthread_mutex_destroy(&s->space_lock);
-    for (int i = 0; i < CF_COUNT; i++)
-        rocksdb_column_family_handle_destroy(s->cf[i]);
-    rocksdb_close(s->db);
-    rocksdb_writeoptions_destroy(s->wo);
-    rocksdb_writeoptions_destroy(s->wo_chunk);
-    rocksdb_readoptions_destroy(s->ro_meta);
-    rocksdb_readoptions_destroy(s->ro_chunk);
+    engine_close(s);
     for (int i = 0; i < CF_COUNT; i++)
         rocksdb_options_destroy(s->cf_opts[i]);
     rocksdb_options_destroy(s->opts);
