@@ -56,11 +56,45 @@ static void in_limit_changed(struct tsd_conn *c)
         bufferevent_setwatermark(c->bev, EV_READ, 0, in_limit(c));
 }
 
+/*
+ * Fairness between connections (plain TCP, issue 31). One callback of the event loop serves a
+ * connection for at most TURN_REQS requests or TURN_BYTES written; with work left it yields:
+ * its EV_WRITE stays added, so it comes back once the loop has polled and served every other
+ * ready connection. A connection with thousands of requests pipelined (or one long stream)
+ * no longer holds its worker while the others wait. TLS connections (bufferevents) are not
+ * bounded: their read callback only comes back with new input.
+ */
+#define TURN_REQS 16
+#define TURN_BYTES (1u << 20)
+
+static void turn_begin(struct tsd_conn *c)
+{
+    c->turn_reqs = 0;
+    c->turn_out = 0;
+    c->yielded = 0;
+}
+
+static int turn_spent(const struct tsd_conn *c)
+{
+    return !c->bev && (c->turn_reqs >= TURN_REQS || c->turn_out >= TURN_BYTES);
+}
+
+/* Work is left for the next turn: EV_WRITE (level-triggered, the socket writable or soon to
+ * be) brings the connection back to raw_writecb once the loop has polled again. */
+static void turn_yield(struct tsd_conn *c)
+{
+    c->yielded = 1;
+    if (!event_pending(c->wev, EV_WRITE, NULL))
+        event_add(c->wev, NULL);
+}
+
 static void budget_retry_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct tsd_conn *c = arg;
 
     c->budget_wait = 0;
+    if (!c->bev)
+        turn_begin(c);
     tsd_conn_resume(c);
 }
 
@@ -284,7 +318,8 @@ static int conn_close_after_flush(struct tsd_conn *c)
 
 void tsd_conn_maybe_finish(struct tsd_conn *c)
 {
-    if (!c->dead && c->eof && !c->closing && !c->rs && !c->parked)
+    /* A connection that yielded its turn still has requests to answer: a later turn closes. */
+    if (!c->dead && c->eof && !c->closing && !c->rs && !c->parked && !c->yielded)
         conn_close_after_flush(c);
 }
 
@@ -358,6 +393,10 @@ static int conn_process(struct tsd_conn *c)
 
         if (avail == 0)
             break;
+        if (turn_spent(c)) {
+            turn_yield(c);
+            break;
+        }
         if (c->discard) {
             /* The rest of a refused frame: dropped as it arrives, never buffered whole. */
             size_t k = TS_MIN(avail, (size_t)c->discard);
@@ -462,6 +501,7 @@ static int conn_process(struct tsd_conn *c)
         }
         evbuffer_drain(in, h.length);
         in_release(c);
+        c->turn_reqs++;
     }
     if (c->closing && evbuffer_get_length(out) == 0 && !c->rs && !c->parked) {
         tsd_conn_free(c);
@@ -556,8 +596,10 @@ static int raw_write(struct tsd_conn *c)
 {
     while (evbuffer_get_length(c->out) > 0) {
         int n = evbuffer_write_atmost(c->out, c->fd, -1);
-        if (n > 0)
+        if (n > 0) {
+            c->turn_out += (size_t)n;
             continue;
+        }
         /* 0: libevent's sendfile path reports EAGAIN/EINTR as 0 bytes written. */
         if (n == 0 || EVUTIL_SOCKET_ERROR() == EAGAIN || EVUTIL_SOCKET_ERROR() == EINTR)
             break;
@@ -566,7 +608,7 @@ static int raw_write(struct tsd_conn *c)
     if (evbuffer_get_length(c->out) > 0) {
         if (!event_pending(c->wev, EV_WRITE, NULL))
             event_add(c->wev, NULL);
-    } else if (event_pending(c->wev, EV_WRITE, NULL)) {
+    } else if (!c->yielded && event_pending(c->wev, EV_WRITE, NULL)) {
         event_del(c->wev);
     }
     return 0;
@@ -588,6 +630,10 @@ static int raw_progress(struct tsd_conn *c)
         }
         if (evbuffer_get_length(c->out) > low)
             return 1; /* the socket is full: EV_WRITE brings us back */
+        if (turn_spent(c) && (c->rs || evbuffer_get_length(c->in) > 0)) {
+            turn_yield(c); /* the rest in a later turn, after the other connections */
+            return 1;
+        }
         before = evbuffer_get_length(c->out);
         if (!c->rs && !c->closing && c->reading && evbuffer_get_length(c->in) == 0)
             return 1; /* nothing waits on the output draining */
@@ -623,6 +669,7 @@ static void raw_writecb(evutil_socket_t fd, short what, void *arg)
         tsd_conn_free(c);
         return;
     }
+    turn_begin(c);
     raw_progress(c);
 }
 
@@ -638,6 +685,7 @@ static void raw_readcb(evutil_socket_t fd, short what, void *arg)
     struct tsd_conn *c = arg;
     int broken = 0;
 
+    turn_begin(c);
     for (;;) {
         struct evbuffer_iovec v[2];
         size_t have = evbuffer_get_length(c->in), want, limit = in_limit(c);
@@ -693,7 +741,7 @@ static void raw_readcb(evutil_socket_t fd, short what, void *arg)
     if (!conn_process(c))
         return;
     c->in_readcb = 0;
-    if (c->eof && !c->rs && !c->parked && !c->closing)
+    if (c->eof && !c->rs && !c->parked && !c->closing && !c->yielded)
         c->closing = 1; /* everything received is answered: close once it is sent */
     if (!raw_progress(c))
         return;

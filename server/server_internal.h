@@ -112,6 +112,12 @@ struct tsd_conn {
     int reading;   /* rev is added */
     int in_readcb; /* replies are flushed at the end of the read callback */
     int io_error;  /* a write failed: freed from the write callback */
+    /* This loop turn's share (plain TCP): requests handled and bytes written since its callback
+     * began; past TSD_TURN_REQS or TSD_TURN_BYTES it yields (EV_WRITE brings it back after the
+     * loop has polled every other connection). */
+    unsigned turn_reqs;
+    size_t turn_out;
+    int yielded; /* wev is kept added: work is left for the next turn */
     struct tsd_conn *prev, *next;
     int tls;
     int ready;            /* plain: at once; TLS: after the handshake */
