@@ -66,3 +66,24 @@ uint32_t ts_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
 {
     return len_b ? mulmod(x8n(len_b), crc_a) ^ crc_b : crc_a;
 }
+
+/* crc(A || B) for |B| = 4 KiB by table: x^(8*4096) * crc_a is linear in crc_a, so it is the XOR
+ * of four byte-indexed tables (a per-block combine is then a few loads, not a multiplication). */
+static uint32_t shift4k[4][256];
+static pthread_once_t shift4k_once = PTHREAD_ONCE_INIT;
+
+static void shift4k_init(void)
+{
+    uint32_t p = x8n(4096);
+
+    for (int j = 0; j < 4; j++)
+        for (uint32_t v = 0; v < 256; v++)
+            shift4k[j][v] = mulmod(p, v << (8 * j));
+}
+
+uint32_t ts_crc32c_combine_4k(uint32_t crc_a, uint32_t crc_b)
+{
+    pthread_once(&shift4k_once, shift4k_init);
+    return shift4k[0][crc_a & 255] ^ shift4k[1][(crc_a >> 8) & 255] ^
+           shift4k[2][(crc_a >> 16) & 255] ^ shift4k[3][crc_a >> 24] ^ crc_b;
+}

@@ -47,6 +47,8 @@ uint32_t ts_crc32c(uint32_t crc, const void *buf, size_t len);
 /* The CRC32C of A followed by B from crc(A), crc(B) and B's length, without a pass over the
  * bytes (common/crc_combine.c): a chunk's CRC, computed once, extends a running shard CRC. */
 uint32_t ts_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+/* The same for len_b = 4096 (TS_SUB_BLOCK), by table: for folding many sub-block CRCs. */
+uint32_t ts_crc32c_combine_4k(uint32_t crc_a, uint32_t crc_b);
 
 /* ---- explicit byte order for wire and on-disk records ---------------------------------- */
 

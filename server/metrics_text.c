@@ -529,6 +529,7 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
 {
     struct ts_store_space sp;
     struct ts_store_cache_stats cs;
+    struct ts_store_read_stats rd;
 
     ts_store_space(s->store, &sp);
     one(o, "tessera_disk_total_bytes", "gauge", "Size of the data directory's filesystem.",
@@ -544,6 +545,16 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
     one(o, "tessera_rocksdb_memtable_bytes", "gauge", "Bytes in RocksDB's memtables.",
         (double)sp.memtables);
     tsd_metrics_render_engine(s, o);
+    ts_store_read_stats(s->store, &rd);
+    one(o, "tessera_store_chunk_reads_total", "counter",
+        "Whole chunks read from the store (not the cache) and verified.", (double)rd.chunks);
+    one(o, "tessera_store_chunk_read_bytes_total", "counter", "Their bytes.",
+        (double)rd.chunk_bytes);
+    one(o, "tessera_store_piece_reads_total", "counter",
+        "Small reads served by sub-blocks of a chunk file instead of the whole chunk.",
+        (double)rd.pieces);
+    one(o, "tessera_store_piece_read_bytes_total", "counter", "Their bytes read from disk.",
+        (double)rd.piece_bytes);
     ts_store_cache_stats(s->store, &cs);
     one(o, "tessera_cache_hits_total", "counter", "Chunk cache hits.", (double)cs.hits);
     one(o, "tessera_cache_misses_total", "counter", "Chunk cache misses.", (double)cs.misses);

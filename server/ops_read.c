@@ -59,9 +59,9 @@ static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_
 {
     /* Small pieces batch better into one writev; large ones go by sendfile. */
     if (!c->tls && !c->rdma && ref->fd >= 0 && n >= SENDFILE_MIN) {
-        struct evbuffer_file_segment *seg =
-            evbuffer_file_segment_new(ref->fd, (ev_off_t)(ref->file_off + in), (ev_off_t)n,
-                                      EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
+        struct evbuffer_file_segment *seg = evbuffer_file_segment_new(
+            ref->fd, (ev_off_t)(ref->file_off + in - ref->base), (ev_off_t)n,
+            EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
         if (seg) {
             evbuffer_file_segment_add_cleanup_cb(seg, seg_cleanup, ref->pin);
             ref->pin = NULL; /* now released by the segment's cleanup */
@@ -72,7 +72,7 @@ static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_
             return;
         }
     }
-    if (evbuffer_add_reference(out, ref->data + in, n, pin_cleanup, ref->pin) != 0)
+    if (evbuffer_add_reference(out, ts_chunk_ref_at(ref, in), n, pin_cleanup, ref->pin) != 0)
         ts_chunk_pin_release(ref->pin);
     ref->pin = NULL;
     ref->data = NULL;
@@ -166,7 +166,7 @@ static int stream_place(struct tsd_conn *c, struct tsd_read_stream *rs)
         if (rc) /* zeros in its place (src NULL) */
             stream_chunk_failed(c, rs, idx, rc);
         else
-            src = ref.data + in;
+            src = ts_chunk_ref_at(&ref, in);
         k = tsd_rdma_place(c->rdma, src, n, rs->raddr + (rs->pos - rs->start), rs->rkey);
         if (!rc)
             ts_chunk_ref_release(&ref);
@@ -318,7 +318,7 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
         else if (i == npieces - 1)
             ref = &rs->last;
         if (ref) {
-            rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
+            rc = ts_read_ctx_piece(rs->ctx, idx, ps - cstart, pe - ps, ref);
             if (rc) {
                 ts_wr_fini(&w);
                 if (rc == TS_ECORRUPT)
@@ -328,22 +328,30 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                                 ts_strerror(rc));
                 goto out_free;
             }
-            if (ps == cstart && pe - ps == ref->len) {
+            if (ts_chunk_ref_whole(ref, ps - cstart, pe - ps)) {
                 crc = ref->crc; /* the stored CRC: the client checks the bytes against it */
             } else {
-                /* A partial piece gets a CRC computed here: first prove its bytes are the ones
-                 * verified (a cached copy whose memory went bad is evicted and read again). */
+                /* A partial piece gets a CRC computed here, as its bytes are checked against
+                 * their sub-blocks' CRCs: a cached copy whose memory went bad, or sub-blocks
+                 * read from a damaged file, and the whole chunk is read again and verified. */
                 if (ts_chunk_ref_check_crc(ref, ps - cstart, pe - ps, &crc) != 0) {
+                    int piece = ref->piece; /* if so, the whole chunk's read counts it */
+
                     TS_ERROR(FAC, TS_ECORRUPT,
-                             "cached copy of chunk %u of %s/%u failed its check: evicted, read "
-                             "again from the store",
-                             idx, name, shard);
-                    STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                             "%s of chunk %u of %s/%u failed its check: read again whole",
+                             piece ? "sub-blocks read from disk" : "cached copy", idx, name, shard);
+                    if (!piece)
+                        STAT_ADD(&c->w->stats, corrupt_chunks, 1);
                     ts_chunk_ref_release(ref);
                     ts_read_ctx_evict(rs->ctx, idx);
                     rc = ts_read_ctx_chunk(rs->ctx, idx, ref);
-                    if (!rc)
+                    if (rc) {
+                        if (rc == TS_ECORRUPT)
+                            STAT_ADD(&c->w->stats, corrupt_chunks, 1);
+                        tsd_repair_chunk(s, name, shard, idx, rc);
+                    } else {
                         rc = ts_chunk_ref_check_crc(ref, ps - cstart, pe - ps, &crc);
+                    }
                     if (rc) {
                         ts_wr_fini(&w);
                         tsd_reply_error(c, h, rc, "read %s/%u: chunk %u: %s", name, shard, idx,

@@ -49,17 +49,19 @@ static int rv_chunk(struct rv *v, uint32_t shard, uint32_t idx, size_t in, size_
     pc = &v->p[v->np];
     if (v->verify)
         ts_read_ctx_evict(v->ctx, idx);
-    rc = ts_read_ctx_chunk(v->ctx, idx, &pc->ref);
-    whole = in == 0 && n == pc->ref.len;
-    if (!rc && whole)
+    rc = ts_read_ctx_piece(v->ctx, idx, in, n, &pc->ref);
+    whole = !rc && ts_chunk_ref_whole(&pc->ref, in, n);
+    if (whole)
         *crc = pc->ref.crc;
     if (!rc && !whole && ts_chunk_ref_check_crc(&pc->ref, in, n, crc) != 0) {
-        /* A cached copy whose memory went bad: evicted and read again from the store. */
-        TS_ERROR(FAC, TS_ECORRUPT,
-                 "cached copy of chunk %u of %s/%u failed its check: evicted, read again from "
-                 "the store",
-                 idx, v->name, shard);
-        STAT_ADD(&v->c->w->stats, corrupt_chunks, 1);
+        /* A cached copy whose memory went bad, or sub-blocks read from a damaged file: the
+         * whole chunk is read again from the store and verified. */
+        int piece = pc->ref.piece; /* if so, the whole chunk's read counts it */
+
+        TS_ERROR(FAC, TS_ECORRUPT, "%s of chunk %u of %s/%u failed its check: read again whole",
+                 piece ? "sub-blocks read from disk" : "cached copy", idx, v->name, shard);
+        if (!piece)
+            STAT_ADD(&v->c->w->stats, corrupt_chunks, 1);
         ts_chunk_ref_release(&pc->ref);
         ts_read_ctx_evict(v->ctx, idx);
         rc = ts_read_ctx_chunk(v->ctx, idx, &pc->ref);
@@ -221,8 +223,8 @@ void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct
     /* The pieces by reference: each chunk stays pinned until its bytes are handed on. */
     for (size_t i = 0; i < v.np; i++) {
         struct rv_piece *pc = &v.p[i];
-        if (evbuffer_add_reference(out, pc->ref.data + pc->in, pc->n, pin_cleanup, pc->ref.pin) !=
-            0) {
+        if (evbuffer_add_reference(out, ts_chunk_ref_at(&pc->ref, pc->in), pc->n, pin_cleanup,
+                                   pc->ref.pin) != 0) {
             ts_chunk_pin_release(pc->ref.pin);
             c->closing = 1; /* a frame promised and not completed: the connection ends */
         }

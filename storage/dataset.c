@@ -269,6 +269,7 @@ int ts_store_dataset_delete_upto(ts_store *s, const char *name, uint64_t upto, i
     delete_id_range(b, s->cf[CF_META], 'S', d.id);
     delete_id_range(b, s->cf[CF_META], 'C', d.id);
     delete_id_range(b, s->cf[CF_META], 'R', d.id);
+    delete_id_range(b, s->cf[CF_META], 'B', d.id);
     ts_put_be64(lo, d.id);
     ts_put_be64(hi, d.id + 1);
     rocksdb_writebatch_delete_range_cf(b, s->cf[CF_CHUNKS], (const char *)lo, 8, (const char *)hi,

@@ -21,6 +21,8 @@
  *                               36..39: the chunk file's id (0: none)
  *   'C' id shard idx(be32)   -> chunk record (crc, len) while the shard is being written
  *   'R' id shard             -> record index (le64 offsets, then the u32 CRC32C of them)
+ *   'B' id shard idx(be32)   -> a chunk file's chunk: le32 CRC32C of each 4 KiB sub-block
+ *                               (subcrc.c; they fold to the chunk's CRC)
  * chunks keys: id shard(be32) idx(be32) -> chunk bytes
  */
 #include "store_internal.h"
@@ -57,6 +59,13 @@ size_t key_shard(uint8_t *k, char tag, uint64_t id, uint32_t shard)
 size_t key_chunkrec(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx)
 {
     key_shard(k, 'C', id, shard);
+    ts_put_be32(k + 13, idx);
+    return 17;
+}
+
+size_t key_subcrc(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx)
+{
+    key_shard(k, 'B', id, shard);
     ts_put_be32(k + 13, idx);
     return 17;
 }

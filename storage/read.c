@@ -216,6 +216,10 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
         ts_cache_remove(s->ccache, r->dsid, r->info.shard, TS_CACHE_SHARD);
         rc = chunk_missing(s, r->dsid, r->info.shard, idx);
     }
+    if (rc == 0) {
+        atomic_fetch_add_explicit(&s->rd_chunks, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->rd_chunk_bytes, len, memory_order_relaxed);
+    }
     if (rc == 0 && ts_crc32c(0, buf, len) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
                  r->info.shard, (unsigned long long)r->dsid);
@@ -246,35 +250,80 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
 
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)
 {
-    if (!ref->sub || !len)
-        return 0; /* read from the engine and verified whole just now */
-    for (size_t b = off / TS_SUB_BLOCK; b <= (off + len - 1) / TS_SUB_BLOCK; b++) {
-        size_t bo = b * TS_SUB_BLOCK, bl = TS_MIN((size_t)TS_SUB_BLOCK, ref->len - bo);
-        if (ts_crc32c(0, ref->data + bo, bl) != ref->sub[b])
-            return TS_ECORRUPT;
-    }
-    return 0;
+    uint32_t crc;
+
+    return ts_chunk_ref_check_crc(ref, off, len, &crc);
+}
+
+/* The CRC of [s, e) of sub-block b (at bo, bl bytes long) and a check of the whole block from the
+ * CRCs of its parts: one pass over the block's bytes. */
+static int block_check(const struct ts_chunk_ref *ref, size_t b, size_t bo, size_t bl, size_t s,
+                       size_t e, uint32_t *mid)
+{
+    const uint8_t *d = ref->data;
+    uint32_t whole;
+
+    *mid = ts_crc32c(0, d + s, e - s);
+    whole = *mid;
+    if (s > bo)
+        whole = ts_crc32c_combine(ts_crc32c(0, d + bo, s - bo), whole, e - s);
+    if (e < bo + bl)
+        whole = ts_crc32c_combine(whole, ts_crc32c(0, d + e, bo + bl - e), bo + bl - e);
+    return whole == ref->sub[b] ? 0 : TS_ECORRUPT;
 }
 
 int ts_chunk_ref_check_crc(const struct ts_chunk_ref *ref, size_t off, size_t len, uint32_t *crc)
 {
-    uint32_t want = 0;
-    size_t end = off + len;
+    size_t end;
+    uint32_t acc = 0;
 
-    *crc = ts_crc32c(0, ref->data + off, len);
-    if (!ref->sub || !len)
-        return 0;
-    if (off % TS_SUB_BLOCK || (end % TS_SUB_BLOCK && end != ref->len))
-        return ts_chunk_ref_check(ref, off, len); /* partial sub-blocks: each one whole */
-    for (size_t b = off / TS_SUB_BLOCK; b * TS_SUB_BLOCK < end; b++)
-        want = ts_crc32c_combine(want, ref->sub[b],
-                                 TS_MIN((size_t)TS_SUB_BLOCK, ref->len - b * TS_SUB_BLOCK));
-    return want == *crc ? 0 : TS_ECORRUPT;
+    off -= ref->base; /* offsets into ref->data from here on */
+    if (!ref->sub || !len) {
+        *crc = ts_crc32c(0, ref->data + off, len);
+        return 0; /* read from the engine and verified whole just now */
+    }
+    end = off + len;
+    for (size_t b = off / TS_SUB_BLOCK; b * TS_SUB_BLOCK < end; b++) {
+        size_t bo = b * TS_SUB_BLOCK, bl = TS_MIN((size_t)TS_SUB_BLOCK, ref->len - bo);
+        size_t s = TS_MAX(off, bo), e = TS_MIN(end, bo + bl);
+        uint32_t mid;
+
+        if (block_check(ref, b, bo, bl, s, e, &mid) != 0)
+            return TS_ECORRUPT;
+        if (s == off)
+            acc = mid;
+        else
+            acc = e - s == TS_SUB_BLOCK ? ts_crc32c_combine_4k(acc, mid)
+                                        : ts_crc32c_combine(acc, mid, e - s);
+    }
+    *crc = acc;
+    return 0;
 }
 
 void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx)
 {
     ts_cache_remove(r->s->ccache, r->dsid, r->info.shard, idx);
+}
+
+int read_cached_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
+{
+    struct ts_cache_entry *hit;
+
+    if (!r->crcs || r->nocache)
+        return TS_ENOENT;
+    hit = ts_cache_get(r->s->ccache, r->dsid, r->info.shard, idx);
+    if (!hit)
+        return TS_ENOENT;
+    memset(out, 0, sizeof(*out));
+    chunk_ref_fill(r->s, (struct chunk_entry *)hit, out);
+    return 0;
+}
+
+uint32_t read_chunk_len(const ts_read_ctx *r, uint32_t idx)
+{
+    return idx + 1 < r->info.nchunks
+               ? r->info.chunk_size
+               : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
 }
 
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
@@ -293,18 +342,11 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     out->fd = -1;
     if (idx >= r->info.nchunks)
         return TS_ERANGE;
-    if (r->crcs && !r->nocache) {
-        hit = ts_cache_get(s->ccache, r->dsid, r->info.shard, idx);
-        if (hit) {
-            chunk_ref_fill(s, (struct chunk_entry *)hit, out);
-            return 0;
-        }
-    }
+    if (read_cached_chunk(r, idx, out) == 0)
+        return 0;
     if (r->crcs) {
         want = r->crcs[idx];
-        expect_len = idx + 1 < r->info.nchunks
-                         ? r->info.chunk_size
-                         : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
+        expect_len = read_chunk_len(r, idx);
     } else {
         char *cv;
         size_t cvlen;
@@ -328,6 +370,8 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     if (!pin) /* gone because the dataset was deleted meanwhile, or lost: corruption */
         return chunk_missing(s, r->dsid, r->info.shard, idx);
     v = rocksdb_pinnableslice_value(pin, &vlen);
+    atomic_fetch_add_explicit(&s->rd_chunks, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->rd_chunk_bytes, vlen, memory_order_relaxed);
     if (vlen != expect_len || ts_crc32c(0, v, vlen) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
                  r->info.shard, (unsigned long long)r->dsid);
@@ -371,9 +415,7 @@ int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uin
     if (idx >= r->info.nchunks)
         return TS_ERANGE;
     *crc = r->crcs[idx];
-    *len = idx + 1 < r->info.nchunks
-               ? r->info.chunk_size
-               : (uint32_t)(r->info.size - (uint64_t)idx * r->info.chunk_size);
+    *len = read_chunk_len(r, idx);
     return 0;
 }
 
@@ -410,6 +452,14 @@ void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
     out->bytes = cs.bytes;
     out->entries = cs.entries;
     out->budget = cs.budget;
+}
+
+void ts_store_read_stats(ts_store *s, struct ts_store_read_stats *out)
+{
+    out->chunks = atomic_load_explicit(&s->rd_chunks, memory_order_relaxed);
+    out->chunk_bytes = atomic_load_explicit(&s->rd_chunk_bytes, memory_order_relaxed);
+    out->pieces = atomic_load_explicit(&s->rd_pieces, memory_order_relaxed);
+    out->piece_bytes = atomic_load_explicit(&s->rd_piece_bytes, memory_order_relaxed);
 }
 
 int ts_store_read(ts_store *s, const char *dataset, uint32_t shard, uint64_t off, size_t len,

@@ -162,10 +162,16 @@ void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uin
 {
     uint8_t lo[17], hi[17], clo[16], chi[16];
 
-    /* Chunk records and chunks of this shard: [shard, shard+1) (shard+1 may wrap to the next
-     * dataset id's prefix only when shard == UINT32_MAX, which the ranges below handle). */
+    /* Chunk records, sub-block CRCs and chunks of this shard: [shard, shard+1) (shard+1 may wrap to
+     * the next dataset id's prefix only when shard == UINT32_MAX, which the ranges below handle).
+     */
     key_chunkrec(lo, dsid, shard, 0);
     key_chunkrec(hi, dsid, shard, UINT32_MAX);
+    rocksdb_writebatch_delete_range_cf(b, s->cf[CF_META], (const char *)lo, 17, (const char *)hi,
+                                       17);
+    rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)hi, 17);
+    key_subcrc(lo, dsid, shard, 0);
+    key_subcrc(hi, dsid, shard, UINT32_MAX);
     rocksdb_writebatch_delete_range_cf(b, s->cf[CF_META], (const char *)lo, 17, (const char *)hi,
                                        17);
     rocksdb_writebatch_delete_cf(b, s->cf[CF_META], (const char *)hi, 17);

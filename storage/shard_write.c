@@ -194,7 +194,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     struct ts_shard_info si;
     uint8_t kc[16], kr[17], ks[13], crec[CHUNK_REC_LEN], srec[SHARD_REC_LEN];
     rocksdb_writebatch_t *b;
-    uint32_t got;
+    uint32_t got, *subs = NULL;
     int rc;
 
     if (!w || (!data && len))
@@ -212,17 +212,28 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_ETOOBIG;
     if (ts_space_admit(s, len, NULL, 0) != 0)
         return TS_ENOSPC; /* nothing written: the filesystem keeps its reserve */
-    got = ts_crc32c(0, data, len);
+    if (w->fd >= 0 && w->chunk_size > TS_SUB_BLOCK) {
+        /* A chunk file's chunk: its sub-block CRCs too, in the same pass (small reads). */
+        subs = malloc(4 * subcrc_count(len));
+        if (!subs)
+            return TS_ENOMEM;
+        got = subcrc_compute(data, len, subs);
+    } else {
+        got = ts_crc32c(0, data, len);
+    }
     if (got != crc) {
         TS_WARN(FAC, TS_ECORRUPT, "chunk %u of shard %u arrived corrupt (crc %08x, sent %08x)", idx,
                 w->shard, got, crc);
+        free(subs);
         return TS_ECORRUPT;
     }
     if (w->next == w->cap) {
         uint32_t cap = w->cap ? 2 * w->cap : 64;
         uint32_t *nc = realloc(w->crcs, 4 * (size_t)cap);
-        if (!nc)
-            return TS_ENOMEM;
+        if (!nc) {
+            rc = TS_ENOMEM;
+            goto out;
+        }
         w->crcs = nc;
         w->cap = cap;
     }
@@ -247,7 +258,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
             chunkfile_start_writeback(w->fd, (uint64_t)idx * w->chunk_size, len);
         if (rc) {
             TS_WARN(FAC, rc, "chunk %u of shard %u: the chunk file write failed", idx, w->shard);
-            return rc;
+            goto out;
         }
     }
     if (w->deferred && idx == 0 && len == w->expect_size &&
@@ -256,7 +267,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         w->held = malloc(len);
         if (!w->held) {
             atomic_fetch_sub(&s->inline_held, len);
-            return TS_ENOMEM;
+            rc = TS_ENOMEM;
+            goto out;
         }
         memcpy(w->held, data, len);
         goto done;
@@ -266,7 +278,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     pthread_mutex_lock(&w->lock);
     if (atomic_load(&w->superseded)) { /* taken over while the bytes were written */
         pthread_mutex_unlock(&w->lock);
-        return TS_ESTALE;
+        rc = TS_ESTALE;
+        goto out;
     }
     b = rocksdb_writebatch_create();
     if (w->deferred)
@@ -274,6 +287,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     if (w->fd < 0)
         rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
                                   key_chunk(kc, w->dsid, w->shard, idx), data, len);
+    if (subs)
+        subcrc_put(s, b, w->dsid, w->shard, idx, subs, len);
     rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)kr,
                               key_chunkrec(kr, w->dsid, w->shard, idx), (const char *)crec,
                               sizeof(crec));
@@ -284,7 +299,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     pthread_mutex_unlock(&w->lock);
     rocksdb_writebatch_destroy(b);
     if (rc)
-        return rc;
+        goto out;
     w->deferred = 0;
 done:
     w->crcs[idx] = crc;
@@ -293,7 +308,10 @@ done:
     w->crc = si.crc;
     if (len < w->chunk_size)
         w->short_seen = 1;
-    return 0;
+    rc = 0;
+out:
+    free(subs);
+    return rc;
 }
 
 uint64_t ts_shard_writer_bytes(const ts_shard_writer *w)

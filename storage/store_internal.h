@@ -28,6 +28,7 @@ size_t key_id(uint8_t *k, char tag, uint64_t id);
 size_t key_shard(uint8_t *k, char tag, uint64_t id, uint32_t shard);
 size_t key_chunkrec(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
 size_t key_chunk(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
+size_t key_subcrc(uint8_t *k, uint64_t id, uint32_t shard, uint32_t idx);
 void ds_encode(uint8_t *b, const struct ts_dataset_info *d);
 int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_info *d);
 /* A shard record; file: its chunk file's id (0: its chunks are in CF_CHUNKS). */
@@ -99,6 +100,9 @@ struct ts_store {
     uint64_t nrb_all;             /* every entry rolled back since open */
     struct ts_commit *commit;     /* the group commit thread (commit.c; NULL under sync = none) */
     _Atomic uint64_t inline_held; /* bytes of single-chunk inline shards held until their seal */
+    /* Reads from the store, not the cache (ts_store_read_stats): whole chunks, and pieces of
+     * chunk files read by sub-blocks (piece.c). */
+    _Atomic uint64_t rd_chunks, rd_chunk_bytes, rd_pieces, rd_piece_bytes;
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */
@@ -182,6 +186,16 @@ void chunkfile_unlink(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t file)
 void chunkfile_drop_dataset(ts_store *s, uint64_t dsid);
 void chunkfile_sweep(ts_store *s);
 
+/* subcrc.c: per-sub-block CRCs of chunk-file chunks (see there). subcrc_compute fills
+ * subs[subcrc_count(len)] and returns the chunk's CRC folded from them (one pass); subcrc_load
+ * gives them back only if they fold to chunk_crc (else TS_ECORRUPT; TS_ENOENT: none kept). */
+size_t subcrc_count(size_t len);
+uint32_t subcrc_compute(const uint8_t *data, size_t len, uint32_t *subs);
+void subcrc_put(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uint32_t shard, uint32_t idx,
+                const uint32_t *subs, size_t len);
+int subcrc_load(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx, uint32_t chunk_crc,
+                size_t len, uint32_t **out);
+
 /* Adds to b the deletion of a shard's chunk records and chunks. */
 void shard_range_delete(ts_store *s, rocksdb_writebatch_t *b, uint64_t dsid, uint32_t shard);
 
@@ -219,6 +233,10 @@ size_t writers_supersede(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
 /* read.c: a read context by dataset id; nocache (scrub) reads and verifies what is on disk. */
 int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplete, int nocache,
                  ts_read_ctx **out);
+/* The cached copy of chunk idx (0), or TS_ENOENT when it is not cached. */
+int read_cached_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
+/* Length of chunk idx of a complete shard. */
+uint32_t read_chunk_len(const ts_read_ctx *r, uint32_t idx);
 
 /* space.c: sizes the memtables and the WAL for the filesystem and sets the reserve (before
  * the database is opened). */

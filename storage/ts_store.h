@@ -55,25 +55,45 @@ struct ts_store_opts {
                                     of the filesystem); tests make it small to force flushes */
 };
 
-/* A verified chunk, pinned in engine memory (no copy) until ts_chunk_ref_release(). */
+/*
+ * A chunk, pinned in engine memory, a cache entry or a buffer (no copy) until
+ * ts_chunk_ref_release(). Either the whole chunk, verified (a cached copy is checked again by
+ * sub-block where partly sent), or a piece of it read by sub-blocks from its chunk file
+ * (ts_read_ctx_piece): bytes [base, base+len) of the chunk with their sub-blocks' stored CRCs,
+ * verified by ts_chunk_ref_check_crc as they are sent.
+ */
 struct ts_chunk_ref {
     const uint8_t *data;
     size_t len;
-    uint32_t crc;
-    void *pin; /* reference on the bytes; opaque */
-    int fd;    /* >= 0: the same bytes are file_off..+len of fd (for sendfile) */
+    uint32_t crc; /* the whole chunk's (not for a piece) */
+    void *pin;    /* reference on the bytes; opaque */
+    int fd;       /* >= 0: the same bytes are file_off..+len of fd (for sendfile) */
     uint64_t file_off;
-    const uint32_t *sub; /* cached copy: CRC32C per TS_SUB_BLOCK (NULL: verified whole now) */
+    const uint32_t *sub; /* CRC32C per TS_SUB_BLOCK from base (NULL: verified whole now) */
+    size_t base;         /* a piece: the chunk offset of data[0], a multiple of TS_SUB_BLOCK */
+    int piece;           /* only [base, base+len) of the chunk, checked only as sent */
 };
 
 /* 4 KiB: a 4 KiB-aligned partial read of a cached chunk checks no byte it does not send. */
 #define TS_SUB_BLOCK (4u << 10)
-/* Checks the bytes [off, off+len) of a chunk reference against what was verified (a cached copy:
- * the touched sub-blocks' CRCs); 0 or TS_ECORRUPT (the memory went bad: evict and read again). */
+/* The bytes at chunk offset off of a reference. */
+static inline const uint8_t *ts_chunk_ref_at(const struct ts_chunk_ref *ref, size_t off)
+{
+    return ref->data + (off - ref->base);
+}
+/* Whether [off, off+len) is the whole chunk with its stored CRC in ref->crc (else a partial
+ * range, which ts_chunk_ref_check_crc must check before it is sent). */
+static inline int ts_chunk_ref_whole(const struct ts_chunk_ref *ref, size_t off, size_t len)
+{
+    return !ref->piece && off == 0 && len == ref->len;
+}
+/* Checks the bytes [off, off+len) (chunk offsets) of a reference against their sub-blocks'
+ * CRCs; 0 or TS_ECORRUPT (a cached copy whose memory went bad, or a piece whose bytes on disk
+ * did: evict and read the whole chunk again). */
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len);
-/* The same check, and *crc the CRC32C of exactly those bytes (a partial read's reply), from one
- * pass over them where the range is sub-block aligned: the sub-blocks' CRCs, combined, must
- * equal the CRC of the range (checksums computed once). */
+/* The same check, and *crc the CRC32C of exactly those bytes (a partial read's reply), in one
+ * pass over the touched sub-blocks: each is verified from the CRCs of its parts inside and
+ * outside the range, and the inside parts' CRCs combine into *crc (checksums computed once). */
 int ts_chunk_ref_check_crc(const struct ts_chunk_ref *ref, size_t off, size_t len, uint32_t *crc);
 
 void ts_store_opts_init(struct ts_store_opts *o);
@@ -174,6 +194,18 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
                        ts_read_ctx **out);
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r);
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
+/*
+ * What a read of [in, in+n) of chunk idx needs: the cached chunk if it is cached; else, for a
+ * small range of a chunk-file chunk with sub-block CRCs kept (storage/subcrc.c), a piece with
+ * only the touched sub-blocks read from disk (its bytes checked by ts_chunk_ref_check_crc as
+ * they are sent); else the whole chunk as ts_read_ctx_chunk gives it.
+ */
+int ts_read_ctx_piece(ts_read_ctx *r, uint32_t idx, size_t in, size_t n, struct ts_chunk_ref *out);
+/* Reads from the store rather than the cache: whole chunks and pieces, and their bytes. */
+struct ts_store_read_stats {
+    uint64_t chunks, chunk_bytes, pieces, piece_bytes;
+};
+void ts_store_read_stats(ts_store *s, struct ts_store_read_stats *out);
 /* Drops the cached copy of chunk idx (it failed a check). */
 void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx);
 /* Stored CRC32C and length of chunk idx, without reading it (complete shards only). */

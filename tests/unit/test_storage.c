@@ -2,6 +2,7 @@
  * Unit tests for storage/: a real RocksDB in a temp directory. Round trips, range reads,
  * seal rules, names, corruption found by reads and scrub, and kill -9 durability.
  */
+#include "store_util.h"
 #include "ts_test.h"
 
 #include "ts_store.h"
@@ -109,24 +110,6 @@ static void mk_dataset(ts_store *s, const char *name, uint32_t chunk)
 }
 
 /* Writes a shard of len bytes from the deterministic generator and seals it. */
-static void put_shard(ts_store *s, const char *ds, uint32_t shard, size_t len, uint32_t chunk,
-                      uint64_t seed)
-{
-    ts_shard_writer *w;
-    uint8_t *buf = malloc(chunk);
-    uint32_t idx = 0, crc = 0;
-
-    assert_int_equal(ts_store_shard_begin(s, ds, shard, len, &w), 0);
-    for (size_t off = 0; off < len; off += chunk, idx++) {
-        size_t n = TS_MIN((size_t)chunk, len - off);
-        ts_test_fill(buf, n, seed, off);
-        crc = ts_crc32c(crc, buf, n);
-        assert_int_equal(ts_shard_writer_put(w, idx, buf, n, ts_crc32c(0, buf, n)), 0);
-    }
-    assert_int_equal(ts_shard_writer_seal(w, 1, crc, NULL, 0), 0);
-    free(buf);
-}
-
 static void check_range(ts_store *s, const char *ds, uint32_t shard, uint64_t seed, uint64_t off,
                         size_t len, size_t expect_len)
 {
@@ -149,7 +132,7 @@ static void test_roundtrip_sizes(void **state)
 
     mk_dataset(f->s, "sizes", CHUNK);
     for (uint32_t i = 0; i < TS_ARRAY_SIZE(sizes); i++) {
-        put_shard(f->s, "sizes", i, sizes[i], CHUNK, 100 + i);
+        ts_test_put_shard(f->s, "sizes", i, sizes[i], CHUNK, 100 + i);
         check_range(f->s, "sizes", i, 100 + i, 0, sizes[i], sizes[i]);
         assert_int_equal(ts_store_shard_stat(f->s, "sizes", i, &si), 0);
         assert_int_equal(si.state, TS_SHARD_COMPLETE);
@@ -167,7 +150,7 @@ static void test_roundtrip_64mib(void **state)
     size_t n;
 
     mk_dataset(f->s, "big", 1u << 20);
-    put_shard(f->s, "big", 0, len, 1u << 20, 42);
+    ts_test_put_shard(f->s, "big", 0, len, 1u << 20, 42);
     assert_int_equal(ts_store_read(f->s, "big", 0, 0, len, buf, &n), 0);
     assert_int_equal(n, len);
     ts_test_fill(want, len, 42, 0);
@@ -187,7 +170,7 @@ static void test_range_reads(void **state)
     size_t n;
 
     mk_dataset(f->s, "ranges", CHUNK);
-    put_shard(f->s, "ranges", 0, len, CHUNK, 9);
+    ts_test_put_shard(f->s, "ranges", 0, len, CHUNK, 9);
     /* Across one boundary, across several, exactly one chunk, the tail, a single byte. */
     check_range(f->s, "ranges", 0, 9, CHUNK - 10, 20, 20);
     check_range(f->s, "ranges", 0, 9, CHUNK / 2, 3 * CHUNK, 3 * CHUNK);
@@ -285,7 +268,7 @@ static void test_seal_rules(void **state)
     assert_int_equal(ts_store_shard_begin(f->s, "seal", 0, 1, &w), TS_EEXIST);
 
     /* Dataset seal refuses a gap (shard 2 without shard 1) and an abandoned upload. */
-    put_shard(f->s, "seal", 2, 10, CHUNK, 3);
+    ts_test_put_shard(f->s, "seal", 2, 10, CHUNK, 3);
     assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_EINCOMPLETE);
     assert_int_equal(ts_store_shard_begin(f->s, "seal", 1, 100, &w), 0);
     assert_int_equal(ts_shard_writer_put(w, 0, buf, 50, ts_crc32c(0, buf, 50)), 0);
@@ -295,7 +278,7 @@ static void test_seal_rules(void **state)
     assert_int_equal(d.shards_writing, 1);
     assert_int_equal(ts_store_dataset_seal(f->s, "seal"), TS_EINCOMPLETE);
     /* Restarting the abandoned shard discards the partial upload. */
-    put_shard(f->s, "seal", 1, 100, CHUNK, 4);
+    ts_test_put_shard(f->s, "seal", 1, 100, CHUNK, 4);
     check_range(f->s, "seal", 1, 4, 0, 100, 100);
     assert_int_equal(ts_store_dataset_seal(f->s, "seal"), 0);
     assert_int_equal(ts_store_dataset_stat(f->s, "seal", &d), 0);
@@ -360,8 +343,8 @@ static void test_delete_and_list(void **state)
 
     mk_dataset(f->s, "a", CHUNK);
     mk_dataset(f->s, "b", CHUNK);
-    put_shard(f->s, "a", 0, 3 * CHUNK, CHUNK, 5);
-    put_shard(f->s, "b", 0, 10, CHUNK, 6);
+    ts_test_put_shard(f->s, "a", 0, 3 * CHUNK, CHUNK, 5);
+    ts_test_put_shard(f->s, "b", 0, 10, CHUNK, 6);
     assert_int_equal(ts_store_dataset_list(f->s, count_ds, &n), 0);
     assert_int_equal(n, 2);
     assert_int_equal(ts_store_shard_begin(f->s, "a", 1, 10, &w), 0);
@@ -376,39 +359,6 @@ static void test_delete_and_list(void **state)
     n = 0;
     assert_int_equal(ts_store_dataset_list(f->s, count_ds, &n), 0);
     assert_int_equal(n, 2);
-}
-
-/* Flips byte `at` of the value of key k in column family cfi (1 meta, 2 chunks) of the
- * (closed) store at path, behind the store's back. */
-static void flip_byte(const char *path, int cfi, const uint8_t *k, size_t klen, size_t at)
-{
-    const char *names[] = {"default", "meta", "chunks", "oplog"};
-    rocksdb_options_t *o = rocksdb_options_create();
-    const rocksdb_options_t *opts[4] = {o, o, o, o};
-    rocksdb_column_family_handle_t *cf[4];
-    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
-    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
-    char *err = NULL, *v;
-    size_t vlen;
-    rocksdb_t *db;
-
-    rocksdb_options_set_enable_blob_files(o, 1);
-    db = rocksdb_open_column_families(o, path, 4, names, opts, cf, &err);
-    assert_null(err);
-    v = rocksdb_get_cf(db, ro, cf[cfi], (const char *)k, klen, &vlen, &err);
-    assert_null(err);
-    assert_non_null(v);
-    assert_true(at < vlen);
-    v[at] ^= 0x40;
-    rocksdb_put_cf(db, wo, cf[cfi], (const char *)k, klen, v, vlen, &err);
-    assert_null(err);
-    rocksdb_free(v);
-    for (int i = 0; i < 4; i++)
-        rocksdb_column_family_handle_destroy(cf[i]);
-    rocksdb_close(db);
-    rocksdb_readoptions_destroy(ro);
-    rocksdb_writeoptions_destroy(wo);
-    rocksdb_options_destroy(o);
 }
 
 static void test_records_and_reopen(void **state)
@@ -444,7 +394,7 @@ static void test_records_and_reopen(void **state)
         ts_put_be32(k + 9, 0);
         ts_store_close(f->s);
         f->s = NULL;
-        flip_byte(f->dir, 1, k, sizeof(k), 9);
+        ts_test_flip_value(f->dir, 1, k, sizeof(k), 9);
         assert_int_equal(fx_open(f), 0);
         got = NULL;
         assert_int_equal(ts_store_shard_records(f->s, "rec", 0, &got, &n), TS_ECORRUPT);
@@ -627,7 +577,7 @@ static void test_incarnations_and_tombstones(void **state)
     ts_dataset_policy_init(&p);
     p.chunk_size = CHUNK;
     assert_int_equal(ts_store_dataset_create_inc(f->s, "inc", &p, 100), 0);
-    put_shard(f->s, "inc", 0, 10, CHUNK, 1);
+    ts_test_put_shard(f->s, "inc", 0, 10, CHUNK, 1);
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 100), 0); /* the same one */
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 50), TS_ESTALE);
     assert_int_equal(ts_store_dataset_ensure(f->s, "inc", &p, 200), 0); /* re-created */
@@ -646,7 +596,7 @@ static void test_incarnations_and_tombstones(void **state)
     /* A delete judged on incarnation 200 (a backfill's prune, a DELETE entry) that runs after
      * 300 took the name (another PG's replication, on another thread) deletes nothing: before,
      * it deleted by name, and the new incarnation's acknowledged shards went with it. */
-    put_shard(f->s, "inc", 0, 10, CHUNK, 1);
+    ts_test_put_shard(f->s, "inc", 0, 10, CHUNK, 1);
     assert_int_equal(ts_store_dataset_delete_upto(f->s, "inc", 200, 1), TS_ESTALE);
     assert_int_equal(ts_store_dataset_get(f->s, "inc", &d), 0);
     assert_int_equal(d.created_ns, 300);
@@ -673,7 +623,7 @@ static void test_pg_iter(void **state)
 
     mk_dataset(f->s, "pg", CHUNK);
     for (uint32_t i = 0; i < 40; i++)
-        put_shard(f->s, "pg", i, 10, CHUNK, i);
+        ts_test_put_shard(f->s, "pg", i, 10, CHUNK, i);
     for (uint32_t pg = 0; pg < pgs; pg++) {
         int n = 0, expect = 0;
         assert_int_equal(ts_store_pg_iter(f->s, pg, pgs, pg_collect, &n), 0);
@@ -689,28 +639,6 @@ static void test_pg_iter(void **state)
 }
 
 /* ---- corruption: flip one byte behind the store's back ------------------------------ */
-
-/* The path of dataset dsid's shard's chunk file in the store at dir into out: 0, or -1 when
- * the shard has none (its chunks are in RocksDB). */
-static int chunk_file_of(const char *dir, uint64_t dsid, uint32_t shard, char *out, size_t cap)
-{
-    char d[1100], prefix[16];
-    struct dirent *e;
-    DIR *dp;
-    int rc = -1;
-
-    snprintf(d, sizeof(d), "%s/chunks/%016llx", dir, (unsigned long long)dsid);
-    snprintf(prefix, sizeof(prefix), "%08x.", shard);
-    dp = opendir(d);
-    while (dp && (e = readdir(dp)) != NULL)
-        if (!strncmp(e->d_name, prefix, 9)) {
-            snprintf(out, cap, "%s/%s", d, e->d_name);
-            rc = 0;
-        }
-    if (dp)
-        closedir(dp);
-    return rc;
-}
 
 /* Files in the store's chunks/DSID folder (-1: no folder). */
 static int chunk_files_in(const char *dir, uint64_t dsid)
@@ -736,7 +664,7 @@ static void flip_chunk_byte(const char *path, uint64_t dsid, uint32_t shard, uin
     uint8_t k[16];
     char file[1400];
 
-    if (chunk_file_of(path, dsid, shard, file, sizeof(file)) == 0) {
+    if (ts_test_chunk_file(path, dsid, shard, file, sizeof(file)) == 0) {
         int fd = open(file, O_RDWR);
         uint8_t b;
         assert_true(fd >= 0);
@@ -749,7 +677,7 @@ static void flip_chunk_byte(const char *path, uint64_t dsid, uint32_t shard, uin
     ts_put_be64(k, dsid);
     ts_put_be32(k + 8, shard);
     ts_put_be32(k + 12, idx);
-    flip_byte(path, 2, k, sizeof(k), at);
+    ts_test_flip_value(path, 2, k, sizeof(k), at);
 }
 
 struct bad_chunk {
@@ -779,10 +707,10 @@ static void test_corruption(void **state)
     size_t n;
 
     mk_dataset(f->s, "other", CHUNK);
-    put_shard(f->s, "other", 0, 2 * CHUNK, CHUNK, 77);
+    ts_test_put_shard(f->s, "other", 0, 2 * CHUNK, CHUNK, 77);
     mk_dataset(f->s, "victim", CHUNK);
-    put_shard(f->s, "victim", 0, 4 * CHUNK, CHUNK, 1);
-    put_shard(f->s, "victim", 1, 4 * CHUNK, CHUNK, 2);
+    ts_test_put_shard(f->s, "victim", 0, 4 * CHUNK, CHUNK, 1);
+    ts_test_put_shard(f->s, "victim", 1, 4 * CHUNK, CHUNK, 2);
     assert_int_equal(ts_store_dataset_stat(f->s, "victim", &d), 0);
     ts_store_close(f->s);
     f->s = NULL;
@@ -831,9 +759,9 @@ static void test_inline_shards(void **state)
 
     mk_dataset(f->s, "inl", CHUNK);
     assert_int_equal(ts_store_dataset_stat(f->s, "inl", &d), 0);
-    put_shard(f->s, "inl", 0, 2 * CHUNK, CHUNK, 11);     /* inline: two chunks */
-    put_shard(f->s, "inl", 1, 100, CHUNK, 12);           /* inline: one short chunk */
-    put_shard(f->s, "inl", 2, 2 * CHUNK + 1, CHUNK, 13); /* a file */
+    ts_test_put_shard(f->s, "inl", 0, 2 * CHUNK, CHUNK, 11);     /* inline: two chunks */
+    ts_test_put_shard(f->s, "inl", 1, 100, CHUNK, 12);           /* inline: one short chunk */
+    ts_test_put_shard(f->s, "inl", 2, 2 * CHUNK + 1, CHUNK, 13); /* a file */
     assert_int_equal(chunk_files_in(f->dir, d.id), 1);
     check_range(f->s, "inl", 0, 11, 0, 2 * CHUNK, 2 * CHUNK);
     check_range(f->s, "inl", 1, 12, 0, 100, 100);
@@ -914,10 +842,10 @@ static void test_chunk_files(void **state)
 
     mk_dataset(f->s, "cf", CHUNK);
     assert_int_equal(ts_store_dataset_stat(f->s, "cf", &d), 0);
-    put_shard(f->s, "cf", 0, 3 * CHUNK, CHUNK, 5);
-    put_shard(f->s, "cf", 1, 2 * CHUNK + 7, CHUNK, 6);
+    ts_test_put_shard(f->s, "cf", 0, 3 * CHUNK, CHUNK, 5);
+    ts_test_put_shard(f->s, "cf", 1, 2 * CHUNK + 7, CHUNK, 6);
     assert_int_equal(chunk_files_in(f->dir, d.id), 2);
-    assert_int_equal(chunk_file_of(f->dir, d.id, 1, path, sizeof(path)), 0);
+    assert_int_equal(ts_test_chunk_file(f->dir, d.id, 1, path, sizeof(path)), 0);
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal(st.st_size, 2 * CHUNK + 7); /* the shard's bytes, nothing else */
     /* An upload abandoned half way, then the shard written again: one file, the new one. */
@@ -926,7 +854,7 @@ static void test_chunk_files(void **state)
     assert_int_equal(ts_shard_writer_put(w, 0, buf, CHUNK, ts_crc32c(0, buf, CHUNK)), 0);
     ts_shard_writer_abort(w);
     assert_int_equal(chunk_files_in(f->dir, d.id), 3);
-    put_shard(f->s, "cf", 2, CHUNK, CHUNK, 7);
+    ts_test_put_shard(f->s, "cf", 2, CHUNK, CHUNK, 7);
     assert_int_equal(chunk_files_in(f->dir, d.id), 3);
     check_range(f->s, "cf", 2, 7, 0, CHUNK, CHUNK);
     /* A shard delete removes its file. */
@@ -963,7 +891,7 @@ static void test_chunk_files(void **state)
     assert_int_equal(ts_store_scrub(f->s, "cf", NULL, NULL, &rep), 0);
     assert_int_equal(rep.corrupt, 0);
     /* A file gone from under its record: TS_ECORRUPT (a replica repairs), never other bytes. */
-    assert_int_equal(chunk_file_of(f->dir, d.id, 2, path, sizeof(path)), 0);
+    assert_int_equal(ts_test_chunk_file(f->dir, d.id, 2, path, sizeof(path)), 0);
     ts_store_close(f->s);
     f->s = NULL;
     assert_int_equal(unlink(path), 0);
@@ -1005,7 +933,8 @@ static void test_blob_file_damage_keeps_writes(void **state)
     assert_int_equal(fx_open(f), 0);
     mk_dataset(f->s, "old", CHUNK);
     for (uint32_t i = 0; i < 48; i += 2) /* even shards now, odd ones later: their keys */
-        put_shard(f->s, "old", i, shard, CHUNK, 100 + i); /* interleave, compactions merge */
+        ts_test_put_shard(f->s, "old", i, shard, CHUNK,
+                          100 + i); /* interleave, compactions merge */
     ts_store_close(f->s);
     f->s = NULL;
     /* 16 bytes spread over the middle of every blob file. */
@@ -1036,11 +965,11 @@ static void test_blob_file_damage_keeps_writes(void **state)
     assert_int_equal(fx_open(f), 0);
     /* Enough writes for many flushes and compactions of the files that reference them. */
     for (uint32_t i = 1; i < 48; i += 2)
-        put_shard(f->s, "old", i, shard, CHUNK, 100 + i);
+        ts_test_put_shard(f->s, "old", i, shard, CHUNK, 100 + i);
     /* Compactions run in the background: keep writing for a while as they do. */
     mk_dataset(f->s, "after", CHUNK);
     for (uint32_t i = 0; i < 30; i++) {
-        put_shard(f->s, "after", i, shard, CHUNK, 900 + i);
+        ts_test_put_shard(f->s, "after", i, shard, CHUNK, 900 + i);
         usleep(100000);
     }
     check_range(f->s, "after", 29, 929, 0, shard, shard);
@@ -1162,7 +1091,7 @@ static void test_cache(void **state)
     uint8_t *buf = malloc(CHUNK);
 
     mk_dataset(f->s, "cache", CHUNK);
-    put_shard(f->s, "cache", 0, 3 * CHUNK, CHUNK, 21);
+    ts_test_put_shard(f->s, "cache", 0, 3 * CHUNK, CHUNK, 21);
     ts_store_cache_stats(f->s, &cs0);
     check_range(f->s, "cache", 0, 21, 0, 3 * CHUNK, 3 * CHUNK);  /* fills the cache */
     check_range(f->s, "cache", 0, 21, 10, 2 * CHUNK, 2 * CHUNK); /* served from it */
@@ -1209,8 +1138,8 @@ static void test_cache_eviction(void **state)
     struct ts_store_cache_stats cs;
 
     mk_dataset(f->s, "ev", CHUNK);
-    put_shard(f->s, "ev", 0, 20 * CHUNK, CHUNK, 31);
-    put_shard(f->s, "ev", 1, 20 * CHUNK, CHUNK, 32);
+    ts_test_put_shard(f->s, "ev", 0, 20 * CHUNK, CHUNK, 31);
+    ts_test_put_shard(f->s, "ev", 1, 20 * CHUNK, CHUNK, 32);
     for (int round = 0; round < 3; round++) {
         check_range(f->s, "ev", 0, 31, 0, 20 * CHUNK, 20 * CHUNK);
         check_range(f->s, "ev", 1, 32, CHUNK / 3, 15 * CHUNK, 15 * CHUNK);
@@ -1228,7 +1157,7 @@ static void test_sst_mode(void **state)
 {
     struct fx *f = *state;
     mk_dataset(f->s, "sst", CHUNK);
-    put_shard(f->s, "sst", 0, 3 * CHUNK + 5, CHUNK, 8);
+    ts_test_put_shard(f->s, "sst", 0, 3 * CHUNK + 5, CHUNK, 8);
     check_range(f->s, "sst", 0, 8, CHUNK - 3, CHUNK + 6, CHUNK + 6);
 }
 
@@ -1278,7 +1207,7 @@ static void test_damaged_wal_reported(void **state)
     /* With chunk files the WAL holds records only: shards of 32 chunks make it span several
      * of its 32 KiB blocks (damage in the last one reads as a torn tail, dropped quietly). */
     for (uint32_t i = 0; i < 40; i++)
-        put_shard(f->s, "wal", i, nchunks * CHUNK, CHUNK, 900 + i);
+        ts_test_put_shard(f->s, "wal", i, nchunks * CHUNK, CHUNK, 900 + i);
     ts_store_close_unflushed(f->s); /* as a crash leaves it: these shards in the WAL only */
     f->s = NULL;
 
