@@ -157,21 +157,6 @@ static int chunk_missing(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t id
     return TS_ECORRUPT;
 }
 
-/* Per-sub-block CRCs of a verified chunk about to be cached: a partial read of the cached copy
- * checks what it touches (cheaply) before it is sent. */
-static int chunk_entry_subs(struct chunk_entry *ce)
-{
-    size_t nsub = (ce->len + TS_SUB_BLOCK - 1) / TS_SUB_BLOCK;
-
-    ce->sub = malloc((nsub ? nsub : 1) * sizeof(*ce->sub));
-    if (!ce->sub)
-        return TS_ENOMEM;
-    for (size_t b = 0; b < nsub; b++)
-        ce->sub[b] = ts_crc32c(0, ce->data + b * TS_SUB_BLOCK,
-                               TS_MIN((size_t)TS_SUB_BLOCK, ce->len - b * TS_SUB_BLOCK));
-    return 0;
-}
-
 static struct chunk_entry *chunk_entry_new(ts_read_ctx *r, uint32_t idx, const uint8_t *data,
                                            size_t len, uint32_t crc)
 {
@@ -205,6 +190,7 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
     uint8_t *buf = off >= 0 ? s->arena.base + off : malloc(len ? len : 1);
     struct ts_cache_entry *hit;
     struct chunk_entry *ce;
+    uint32_t *subs = NULL;
 
     if (!buf)
         return TS_ENOMEM;
@@ -220,7 +206,10 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
         atomic_fetch_add_explicit(&s->rd_chunks, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->rd_chunk_bytes, len, memory_order_relaxed);
     }
-    if (rc == 0 && ts_crc32c(0, buf, len) != want) {
+    if (rc == 0 && cache && !(subs = malloc(4 * subcrc_count(len))))
+        rc = TS_ENOMEM;
+    /* To be cached: the sub-block CRCs from the same pass that verifies the chunk. */
+    if (rc == 0 && (subs ? subcrc_compute(buf, len, subs) : ts_crc32c(0, buf, len)) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
                  r->info.shard, (unsigned long long)r->dsid);
         rc = TS_ECORRUPT;
@@ -231,11 +220,10 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
     if (ce) {
         ce->arena_off = off;
         ce->heap = off >= 0 ? NULL : buf;
-        if (cache && (rc = chunk_entry_subs(ce)) != 0) {
-            chunk_entry_destroy(&ce->base);
-            return rc;
-        }
+        ce->sub = subs;
+        subs = NULL;
     }
+    free(subs);
     if (rc) {
         if (off >= 0)
             arena_release(&s->arena, off, len);
@@ -333,6 +321,7 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     uint32_t want, expect_len;
     rocksdb_pinnableslice_t *pin;
     struct chunk_entry *ce;
+    uint32_t *subs = NULL;
     struct ts_cache_entry *hit;
     char *err = NULL;
     const char *v;
@@ -372,26 +361,30 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
     v = rocksdb_pinnableslice_value(pin, &vlen);
     atomic_fetch_add_explicit(&s->rd_chunks, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->rd_chunk_bytes, vlen, memory_order_relaxed);
-    if (vlen != expect_len || ts_crc32c(0, v, vlen) != want) {
+    /* Only verified chunks of complete (immutable) shards are shared; those get their sub-block
+     * CRCs from the pass that verifies them. */
+    if (r->crcs && !r->nocache && !(subs = malloc(4 * subcrc_count(vlen)))) {
+        rocksdb_pinnableslice_destroy(pin);
+        return TS_ENOMEM;
+    }
+    if (vlen != expect_len ||
+        (subs ? subcrc_compute((const uint8_t *)v, vlen, subs) : ts_crc32c(0, v, vlen)) != want) {
         TS_ERROR(FAC, TS_ECORRUPT, "chunk %u of shard %u (dataset id %llu) fails its CRC32C", idx,
                  r->info.shard, (unsigned long long)r->dsid);
         rocksdb_pinnableslice_destroy(pin);
+        free(subs);
         return TS_ECORRUPT;
     }
     ce = chunk_entry_new(r, idx, (const uint8_t *)v, vlen, want);
     if (!ce) {
         rocksdb_pinnableslice_destroy(pin);
+        free(subs);
         return TS_ENOMEM;
     }
     ce->pin = pin;
-    /* Only verified chunks of complete (immutable) shards are shared. */
-    if (r->crcs && !r->nocache) {
-        int64_t off;
-        if (chunk_entry_subs(ce) != 0) {
-            chunk_entry_destroy(&ce->base);
-            return TS_ENOMEM;
-        }
-        off = arena_alloc(&s->arena, vlen);
+    ce->sub = subs;
+    if (subs) {
+        int64_t off = arena_alloc(&s->arena, vlen);
         if (off >= 0) {
             /* One copy on a miss; hits are then served from the arena (sendfile). */
             memcpy(s->arena.base + off, v, vlen);
