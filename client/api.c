@@ -407,6 +407,23 @@ int ts_client_readv_submit(tessera_client *c, const char *name, struct ts_readv 
     return ts_cl_readv_submit(c, c->cl, name, v, n, op);
 }
 
+int ts_client_hint(tessera_client *c, const char *name, const struct ts_readv *v, size_t n,
+                   struct ts_hint_result *res)
+{
+    int rc;
+
+    if (!routed(c))
+        return ts_conn_hint(c, name, v, n, res);
+    rc = ts_enter_name(c, name);
+    return rc ? rc : ts_cl_hint(c->cl, name, v, n, res);
+}
+
+void ts_client_route_salt(tessera_client *c, uint64_t salt)
+{
+    if (routed(c))
+        ts_cl_set_salt(c->cl, salt);
+}
+
 size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, uint64_t off)
 {
     return routed(c) ? ts_cl_read_lane(c->cl, name, shard, off) : 0;

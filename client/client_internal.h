@@ -221,6 +221,17 @@ int ts_client_readv_submit(tessera_client *c, const char *name, struct ts_readv 
  * single node; SIZE_MAX when none is usable or that node is reached by RDMA (READs there are
  * placed straight into the caller's memory: no READV). */
 size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, uint64_t off);
+/* HINT (hint.c): n (1..TS_HINT_MAX) ranges of v (dst unused) that will be read next, to the
+ * node(s) that will serve them; what they did is added to *res. Advisory. */
+struct ts_hint_result {
+    uint64_t queued, dropped, skipped; /* chunks */
+};
+int ts_client_hint(tessera_client *c, const char *name, const struct ts_readv *v, size_t n,
+                   struct ts_hint_result *res);
+/* A handle's replica choices: the same salt makes handles pick the same replica for a region
+ * (a plan reader's connections, and every reader: one node's cache serves a region). No-op on
+ * a single node. */
+void ts_client_route_salt(tessera_client *c, uint64_t salt);
 /* Whether reads of the handle are better sent as READVs when small: not where the transport
  * places reads straight into the caller's memory (RDMA; on a cluster ts_client_read_lane
  * decides per node). */
@@ -324,6 +335,9 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
 int ts_conn_can_place(const tessera_client *c);
 int ts_conn_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
                          uint64_t *op);
+/* HINT on this connection (hint.c): a round trip; the node's counts added to *res. */
+int ts_conn_hint(tessera_client *c, const char *name, const struct ts_readv *v, size_t n,
+                 struct ts_hint_result *res);
 int ts_conn_wait(tessera_client *c, uint64_t op, size_t *out_len);
 int ts_conn_wait_any(tessera_client *c, uint64_t *op, size_t *out_len);
 int ts_conn_scrub(tessera_client *c, const char *name, struct ts_scrub_report *rep,
@@ -398,6 +412,11 @@ int ts_cl_wait(tessera_client *c, struct ts_cluster *cl, uint64_t op, size_t *ou
 int ts_cl_readv_submit(tessera_client *c, struct ts_cluster *cl, const char *name,
                        struct ts_readv *v, size_t n, uint64_t *op);
 size_t ts_cl_read_lane(struct ts_cluster *cl, const char *name, uint32_t shard, uint64_t off);
+/* The salt of the router's replica rotation (cluster.c). */
+void ts_cl_set_salt(struct ts_cluster *cl, uint64_t salt);
+/* HINT through the router (hint.c): one per lane; a node that fails one is left out. */
+int ts_cl_hint(struct ts_cluster *cl, const char *name, const struct ts_readv *v, size_t n,
+               struct ts_hint_result *res);
 int ts_cl_wait_any(tessera_client *c, struct ts_cluster *cl, uint64_t *op, size_t *out_len);
 int ts_cl_scrub(tessera_client *c, struct ts_cluster *cl, const char *name,
                 struct ts_scrub_report *rep,

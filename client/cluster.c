@@ -514,3 +514,8 @@ void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k)
     if (k->rv)
         k->retry = 0; /* a READV's ranges are read again one by one, by its caller */
 }
+
+void ts_cl_set_salt(struct ts_cluster *cl, uint64_t salt)
+{
+    cl->salt = salt;
+}

@@ -20,6 +20,7 @@
 #define DEF_RETRIES 3
 #define DEF_INDEX_SHARDS 64
 #define MAX_CONNECTIONS 64
+#define DEF_HINT_BYTES (256ull << 20)
 
 void tessera_reader_opts_init(struct tessera_reader_opts *o)
 {
@@ -33,6 +34,7 @@ void tessera_reader_opts_init(struct tessera_reader_opts *o)
     o->index_shards = DEF_INDEX_SHARDS;
     o->split_block = 1;
     o->split_n = 1;
+    o->hint_bytes = DEF_HINT_BYTES;
 }
 
 static void say(char *err, size_t errlen, const char *fmt, ...)
@@ -168,6 +170,7 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
     pthread_mutex_init(&r->m, NULL);
     pthread_cond_init(&r->ready, NULL);
     pthread_cond_init(&r->space, NULL);
+    pthread_cond_init(&r->hint_cv, NULL);
     r->slots = calloc(o->window_units, sizeof(*r->slots));
     r->index = calloc(o->index_shards, sizeof(*r->index));
     r->pool_max = TS_MAX(TS_READER_POOL_MIN, TS_MIN(o->window_units, TS_READER_POOL_MAX));
@@ -191,6 +194,8 @@ int tessera_reader_open(tessera_reader **out, const struct tessera_opts *copts,
         rc = ts_reader_workers_start(r, c, err, errlen);
         c = NULL;
     }
+    if (!rc)
+        rc = ts_reader_hints_start(r, err, errlen);
     if (rc) {
         tessera_client_close(c);
         tessera_reader_close(r);
@@ -314,6 +319,8 @@ static void take(struct tessera_reader *r, struct slot *s)
     s->buf = NULL;
     s->state = SLOT_FREE;
     r->consumed++;
+    if (r->hint_waits && r->consumed >= r->hint_wake_at)
+        pthread_cond_signal(&r->hint_cv);
 }
 
 int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
@@ -482,7 +489,9 @@ void tessera_reader_close(tessera_reader *r)
     pthread_mutex_lock(&r->m);
     r->stop = 1;
     pthread_cond_broadcast(&r->space);
+    pthread_cond_signal(&r->hint_cv);
     pthread_mutex_unlock(&r->m);
+    ts_reader_hints_stop(r);
     ts_reader_workers_stop(r);
     release_held(r);
     for (uint32_t i = 0; r->slots && i < r->o.window_units; i++) {
@@ -504,6 +513,7 @@ void tessera_reader_close(tessera_reader *r)
     free(r->copt_strings);
     pthread_cond_destroy(&r->ready);
     pthread_cond_destroy(&r->space);
+    pthread_cond_destroy(&r->hint_cv);
     pthread_mutex_destroy(&r->m);
     free(r);
 }

@@ -97,6 +97,35 @@ int ts_reader_record_range(struct tessera_reader *r, tessera_client *c, uint32_t
     return rc;
 }
 
+int ts_reader_locate(struct tessera_reader *r, tessera_client *c, uint64_t k,
+                     struct ts_unit_loc *out, char *msg, size_t cap)
+{
+    const struct tessera_dataset_records *d = r->recs;
+    uint64_t u;
+    size_t lo;
+    int rc = tessera_plan_unit(r->plan, ts_reader_plan_pos(r, k), &u);
+
+    if (rc) {
+        snprintf(msg, cap, "the plan has no position %llu", (unsigned long long)k);
+        return rc;
+    }
+    out->unit = u;
+    if (r->o.unit == TESSERA_UNIT_SHARD) {
+        out->shard = d->shard[u];
+        out->record = 0;
+        out->offset = 0;
+        out->len = (size_t)d->bytes[u];
+        return 0;
+    }
+    lo = ts_dataset_records_pos(d, u);
+    if (lo == d->nshards)
+        return TS_ERANGE;
+    out->shard = d->shard[lo];
+    out->record = u - d->first[lo];
+    return ts_reader_record_range(r, c, (uint32_t)lo, out->record, &out->offset, &out->len, msg,
+                                  cap);
+}
+
 void ts_reader_index_free(struct tessera_reader *r)
 {
     if (!r->index)

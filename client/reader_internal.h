@@ -96,6 +96,17 @@ struct tessera_reader {
     uint64_t pool_bytes;
     char held_node[64];
     struct tessera_reader_stats st;
+    /* Hints (reader_hint.c): the thread and its connection, the next position to hint, and a
+     * ring of the lengths hinted past the caller (hint_cap of them). */
+    pthread_t hint_th;
+    int hint_started;
+    tessera_client *hint_c;
+    uint64_t next_hint, hint_tail, hint_ahead;
+    uint64_t *hint_len;
+    uint32_t hint_cap;
+    pthread_cond_t hint_cv; /* the caller took position hint_wake_at, or the reader stops */
+    int hint_waits;
+    uint64_t hint_wake_at;
 };
 
 /* The plan position of this reader's j-th unit (its split: blocks split_i, split_i + split_n,
@@ -141,6 +152,27 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
 void ts_reader_workers_stop(struct tessera_reader *r);
 /* Adds one served unit to the per-node stats (lock held). */
 void ts_reader_count_node(struct tessera_reader *r, const char *node, size_t len);
+
+/* Where the reader's unit k lies (reader_index.c): its dataset unit, shard, record (record
+ * units), byte offset and length; a record's through its shard's index, fetched over c on a
+ * miss. 0 or TS_E* with a message in msg[cap]. Takes r->m itself (call it unlocked). */
+struct ts_unit_loc {
+    uint64_t unit;
+    uint32_t shard;
+    uint64_t record, offset;
+    size_t len;
+};
+int ts_reader_locate(struct tessera_reader *r, tessera_client *c, uint64_t k,
+                     struct ts_unit_loc *out, char *msg, size_t cap);
+/* Every connection of every plan reader routes with this salt: all pick the same replica for a
+ * region of a shard, so the node that is hinted is the node that is read, and readers of one
+ * dataset (ranks, jobs) share that node's cache. */
+#define TS_READER_SALT 0x5eed0fcac4e5ull
+/* Hints (reader_hint.c): the thread that tells the nodes what comes next, on a connection of
+ * its own (routed like the readers'); started if hint_bytes asks for it, stopped with the
+ * workers (r->stop set and broadcast first). */
+int ts_reader_hints_start(struct tessera_reader *r, char *err, size_t errlen);
+void ts_reader_hints_stop(struct tessera_reader *r);
 
 /* Record indexes (reader_index.c). The byte range [*off, *off + *len) of record `index` of the
  * dataset's shard at position i, fetching the shard's index over c on a miss. 0 or TS_E* with

@@ -174,31 +174,17 @@ static void note_resubmits(struct ts_worker *w)
 /* Where this reader's unit s->k lies (unlocked: the slot is this thread's while CLAIMED). */
 static int place(struct ts_worker *w, struct slot *s)
 {
-    struct tessera_reader *r = w->r;
-    const struct tessera_dataset_records *d = r->recs;
-    uint64_t u;
-    int rc;
+    struct ts_unit_loc l;
+    int rc = ts_reader_locate(w->r, w->c, s->k, &l, s->msg, sizeof(s->msg));
 
-    rc = tessera_plan_unit(r->plan, ts_reader_plan_pos(r, s->k), &u);
-    if (rc) {
-        snprintf(s->msg, sizeof(s->msg), "the plan has no position %llu", (unsigned long long)s->k);
+    if (rc)
         return rc;
-    }
-    s->unit = u;
-    if (r->o.unit == TESSERA_UNIT_SHARD) {
-        s->shard = d->shard[u];
-        s->record = 0;
-        s->offset = 0;
-        s->len = (size_t)d->bytes[u];
-        return 0;
-    }
-    size_t lo = ts_dataset_records_pos(d, u);
-    if (lo == d->nshards)
-        return TS_ERANGE;
-    s->shard = d->shard[lo];
-    s->record = u - d->first[lo];
-    return ts_reader_record_range(r, w->c, (uint32_t)lo, s->record, &s->offset, &s->len, s->msg,
-                                  sizeof(s->msg));
+    s->unit = l.unit;
+    s->shard = l.shard;
+    s->record = l.record;
+    s->offset = l.offset;
+    s->len = l.len;
+    return 0;
 }
 
 /* ---- reading ------------------------------------------------------------------------------- */
@@ -665,6 +651,8 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
         else if (!rc)
             rc = ts_client_open_ex(&w->c, &r->copts, err, errlen);
     }
+    for (uint32_t i = 0; i < r->nworkers && !rc; i++)
+        ts_client_route_salt(r->workers[i].c, TS_READER_SALT);
     for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
         const char *e = getenv("TESSERA_READER_READV"); /* "0": one READ per unit (A/B runs) */
         r->workers[i].readv = ts_client_readv_useful(r->workers[i].c) && !(e && !strcmp(e, "0"));

@@ -88,6 +88,8 @@ int ts_role_may(int role, int need);
 #define TS_READV_BYTES (4u << 20) /* bytes asked for by one READV, all ranges together */
 #define TS_READV_ENTRY 16         /* request bytes per range: u32 shard, u64 offset, u32 length */
 #define TS_READV_RESULT 12        /* reply bytes per range: i32 status, u32 length, u32 CRC32C */
+/* HINT: ranges a reader will read next (as READV's entries), for the node to read ahead. */
+#define TS_HINT_MAX 256 /* ranges per HINT */
 
 /* X(name, value, wire name, minimum role, largest request payload) */
 #define TS_OPCODE_TABLE(X)                                                                         \
@@ -116,7 +118,8 @@ int ts_role_may(int role, int need);
     X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)                        \
     X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
     X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                     \
-    X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)
+    X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                       \
+    X(HINT, 27, "hint", TS_ROLE_READER, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
 #define TS_OPCODE_ENUM(name, value, wire, role, max) TS_OP_##name = value,

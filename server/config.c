@@ -93,6 +93,11 @@ static const struct setting settings[] = {
     INT("storage.cache_mb", cache_mb, 0, 1 << 20, "1024",
         "cache of verified chunks and shard records, MiB (0: off): hot reads skip RocksDB and the "
         "CRC pass"),
+    INT("storage.prefetch_mb", prefetch_mb, 0, 1 << 20, "256",
+        "chunks hinted by readers (HINT) queued to be read ahead into the cache, MiB per node "
+        "(0: hints are dropped; at most a quarter of the cache)"),
+    INT("storage.prefetch_conn_mb", prefetch_conn_mb, 0, 1 << 20, "64",
+        "the same per connection: one reader's hints past it are dropped"),
     BOOL("storage.cache_arena", cache_arena, "true",
          "keep cached chunks in a memfd and send them with sendfile() (plain TCP): no copy in the "
          "daemon"),

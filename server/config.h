@@ -31,6 +31,7 @@ struct tsd_config {
     int verify_engine_checksums;
     int block_cache_mb;
     int cache_mb;
+    int prefetch_mb, prefetch_conn_mb;
     int reserve_mb;
     int cache_arena;
     int max_connections;

@@ -263,7 +263,7 @@ void tsd_conn_free(struct tsd_conn *c)
         c->w->srv->ops->stream_free(c->rs);
         c->rs = NULL;
     }
-    c->w->srv->ops->uploads_abort(c);
+    c->w->srv->ops->conn_closing(c);
     in_release(c);
     tsd_m_conn_close(c);
     if (c->budget_ev) {

@@ -5,6 +5,7 @@
  * "Monitoring" lists every series.
  */
 #include "metrics_internal.h"
+#include "prefetch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -530,6 +531,7 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
     struct ts_store_space sp;
     struct ts_store_cache_stats cs;
     struct ts_store_read_stats rd;
+    struct tsd_prefetch_stats pf;
 
     ts_store_space(s->store, &sp);
     one(o, "tessera_disk_total_bytes", "gauge", "Size of the data directory's filesystem.",
@@ -555,6 +557,23 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
         (double)rd.pieces);
     one(o, "tessera_store_piece_read_bytes_total", "counter", "Their bytes read from disk.",
         (double)rd.piece_bytes);
+    tsd_prefetch_stats(s->prefetch, &pf);
+    one(o, "tessera_prefetch_hinted_total", "counter", "Chunks named by readers' hints (HINT).",
+        (double)pf.hinted);
+    one(o, "tessera_prefetch_queued_total", "counter", "Hinted chunks queued to be read ahead.",
+        (double)pf.queued);
+    one(o, "tessera_prefetch_dropped_total", "counter",
+        "Hinted chunks dropped: over the connection's or the node's bound.", (double)pf.dropped);
+    one(o, "tessera_prefetch_read_total", "counter", "Hinted chunks read ahead into the cache.",
+        (double)pf.read);
+    one(o, "tessera_prefetch_read_bytes_total", "counter", "Their bytes.", (double)pf.read_bytes);
+    one(o, "tessera_prefetch_skipped_total", "counter",
+        "Hinted chunks not read: cached already, gone, or their connection closed.",
+        (double)pf.skipped);
+    one(o, "tessera_prefetch_failed_total", "counter",
+        "Hinted chunks that failed their read (damaged: not cached).", (double)pf.failed);
+    one(o, "tessera_prefetch_queued_bytes", "gauge", "Bytes of hinted chunks in the queue.",
+        (double)pf.queued_bytes);
     ts_store_cache_stats(s->store, &cs);
     one(o, "tessera_cache_hits_total", "counter", "Chunk cache hits.", (double)cs.hits);
     one(o, "tessera_cache_misses_total", "counter", "Chunk cache misses.", (double)cs.misses);

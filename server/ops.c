@@ -1,5 +1,6 @@
 /* tesserad request handlers: one per opcode, each sending exactly one reply. */
 #include "ops_internal.h"
+#include "prefetch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,6 +258,14 @@ void tsd_uploads_abort(struct tsd_conn *c)
                 u->name, u->shard);
         upload_end(c, u, "connection closed");
     }
+}
+
+/* A connection closes: its uploads end, its hints still queued are forgotten. */
+static void conn_closing(struct tsd_conn *c)
+{
+    tsd_uploads_abort(c);
+    tsd_prefetch_account_close(c->pf);
+    c->pf = NULL;
 }
 
 void tsd_uploads_expire(struct tsd_conn *c, uint64_t before)
@@ -839,6 +848,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_RDMA_TOKEN] = op_rdma_token,
     [TS_OP_PG_DROP] = tsd_op_pg_drop,
     [TS_OP_READV] = tsd_op_readv,
+    [TS_OP_HINT] = tsd_op_hint,
 };
 
 static tsd_handler handler_for(unsigned opcode)
@@ -848,7 +858,7 @@ static tsd_handler handler_for(unsigned opcode)
 
 const struct tsd_ops *tsd_ops_table(void)
 {
-    static const struct tsd_ops ops = {handler_for,     tsd_uploads_abort,  tsd_stream_continue,
+    static const struct tsd_ops ops = {handler_for,     conn_closing,       tsd_stream_continue,
                                        tsd_stream_free, tsd_uploads_expire, tsd_seals_durable,
                                        tsd_seals_forget};
     return &ops;

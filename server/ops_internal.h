@@ -78,6 +78,7 @@ void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, ui
 
 /* ops_readv.c */
 void tsd_op_readv(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
+void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 
 /* ops_status.c */
 void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);

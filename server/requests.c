@@ -395,6 +395,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
     case TS_OP_READV:
         rc = dec_readv(&d, &q->u.readv);
         break;
+    case TS_OP_HINT:
+        rc = dec_readv(&d, &q->u.hint);
+        break;
     case TS_OP_SHARD_STAT:
         rc = dec_shard_stat(&d, &q->u.shard_stat);
         break;

@@ -222,6 +222,7 @@ struct tsd_req {
         struct tsd_req_shard_seal shard_seal;
         struct tsd_req_read read;
         struct tsd_req_readv readv;
+        struct tsd_req_readv hint; /* the same fields */
         struct tsd_req_shard_stat shard_stat;
         struct tsd_req_shard_stat shard_records; /* the same fields */
         struct tsd_req_dataset shard_list;

@@ -6,6 +6,7 @@
  *   -> closing (output flushed, then freed).
  */
 #include "metrics_internal.h"
+#include "prefetch.h"
 #include "server_internal.h"
 
 #include <arpa/inet.h>
@@ -351,6 +352,12 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     rc = ts_store_open(&s->store, &so);
     if (rc)
         return rc;
+    /* Read-ahead of hinted chunks: at most a quarter of the cache queued. */
+    rc = tsd_prefetch_start(&s->prefetch, s->store,
+                            TS_MIN((uint64_t)cfg->prefetch_mb, (uint64_t)cfg->cache_mb / 4) << 20,
+                            (uint64_t)cfg->prefetch_conn_mb << 20);
+    if (rc)
+        goto out_close_store;
     rc = tsd_cluster_init(s);
     if (rc)
         goto out_close_store;
@@ -442,6 +449,8 @@ out_tls:
 out_cluster:
     tsd_cluster_fini(s);
 out_close_store:
+    tsd_prefetch_stop(s->prefetch);
+    s->prefetch = NULL;
     ts_store_close(s->store);
     s->store = NULL;
     return rc;
@@ -552,5 +561,7 @@ void tsd_server_fini(struct tsd_server *s)
         event_base_free(s->base);
     tsd_tls_fini(s);
     tsd_cluster_fini(s); /* replication uses the store: stop it first */
+    tsd_prefetch_stop(s->prefetch);
+    s->prefetch = NULL;
     ts_store_close(s->store);
 }

@@ -134,13 +134,14 @@ struct tsd_conn {
     struct tsd_upload *uploads;
     size_t nuploads, capuploads;
     struct tsd_read_stream *rs;
-    int eof;              /* the peer half-closed: answer what was sent, then close */
-    uint32_t discard;     /* payload bytes of a refused frame still to drop */
-    int refs;             /* replies parked on replication hold a reference */
-    int dead;             /* closed; freed when refs drops to 0 */
-    int parked;           /* replies still to come from replication */
-    uint32_t in_reserved; /* bytes of the input budget held for the frame being read */
-    int budget_wait;      /* paused until budget_ev: the input budget is spent */
+    struct tsd_pf_account *pf; /* its hints in the prefetch queue (made at its first HINT) */
+    int eof;                   /* the peer half-closed: answer what was sent, then close */
+    uint32_t discard;          /* payload bytes of a refused frame still to drop */
+    int refs;                  /* replies parked on replication hold a reference */
+    int dead;                  /* closed; freed when refs drops to 0 */
+    int parked;                /* replies still to come from replication */
+    uint32_t in_reserved;      /* bytes of the input budget held for the frame being read */
+    int budget_wait;           /* paused until budget_ev: the input budget is spent */
     struct event *budget_ev;
     struct tsd_rdma_sess *rdma;  /* an RDMA session's connection (frames through a pair) */
     uint64_t t0_ns;              /* when the request being answered arrived (metrics: latency) */
@@ -153,8 +154,8 @@ typedef void (*tsd_handler)(struct tsd_conn *c, const struct ts_frame_hdr *h,
                             const struct tsd_req *q);
 struct tsd_ops {
     tsd_handler (*handler_for)(unsigned opcode); /* known opcodes only */
-    void (*uploads_abort)(struct tsd_conn *c);
-    int (*stream_continue)(struct tsd_conn *c); /* a streaming READ: 1 when finished */
+    void (*conn_closing)(struct tsd_conn *c);    /* uploads abandoned, queued hints forgotten */
+    int (*stream_continue)(struct tsd_conn *c);  /* a streaming READ: 1 when finished */
     void (*stream_free)(struct tsd_read_stream *rs);
     /* Ends the uploads of c idle since before `before` (monotonic ns). */
     void (*uploads_expire)(struct tsd_conn *c, uint64_t before);
@@ -207,11 +208,12 @@ struct tsd_server {
     struct ts_map *map; /* NULL: single node */
     int self;           /* this node's index in map */
     ts_repl *repl;
-    SSL_CTX *peer_ssl;            /* client context towards peers' TLS listeners */
-    char peer_why[300];           /* peer_ssl is NULL: why */
-    _Atomic uint8_t *pg_clean;    /* per PG: its primary said this node holds its log */
-    _Atomic uint64_t *pg_asked;   /* per PG: when we last asked the primary to check us */
-    _Atomic uint8_t *pg_backfill; /* per PG: joined its replicas, waits for a backfill */
+    struct tsd_prefetch *prefetch; /* prefetch.c: chunks hinted by readers, read ahead */
+    SSL_CTX *peer_ssl;             /* client context towards peers' TLS listeners */
+    char peer_why[300];            /* peer_ssl is NULL: why */
+    _Atomic uint8_t *pg_clean;     /* per PG: its primary said this node holds its log */
+    _Atomic uint64_t *pg_asked;    /* per PG: when we last asked the primary to check us */
+    _Atomic uint8_t *pg_backfill;  /* per PG: joined its replicas, waits for a backfill */
     uint32_t npg;
     struct tsd_rdma *rdma; /* the RDMA listener and its sessions (rdma.c); NULL: none */
     struct tsd_rdma_tokens rdma_tokens;

@@ -179,6 +179,12 @@ static struct chunk_entry *chunk_entry_new(ts_read_ctx *r, uint32_t idx, const u
     return ce;
 }
 
+/* A verified chunk into the cache; the entry to use, referenced. */
+static struct ts_cache_entry *cache_insert(ts_read_ctx *r, struct ts_cache_entry *e)
+{
+    return ts_cache_insert(r->s->ccache, e);
+}
+
 /* Chunk idx of a shard with a chunk file: read straight into the arena when it will be cached
  * (one copy), verified against its CRC32C. */
 static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t len,
@@ -231,7 +237,7 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
             free(buf);
         return rc;
     }
-    hit = cache ? ts_cache_insert(s->ccache, &ce->base) : &ce->base;
+    hit = cache ? cache_insert(r, &ce->base) : &ce->base;
     chunk_ref_fill(s, (struct chunk_entry *)hit, out);
     return 0;
 }
@@ -393,7 +399,7 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out)
             ce->data = s->arena.base + off;
             ce->arena_off = off;
         }
-        hit = ts_cache_insert(s->ccache, &ce->base);
+        hit = cache_insert(r, &ce->base);
     } else {
         hit = &ce->base;
     }
@@ -445,6 +451,26 @@ void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
     out->bytes = cs.bytes;
     out->entries = cs.entries;
     out->budget = cs.budget;
+}
+
+int ts_store_prefetch(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx)
+{
+    struct ts_chunk_ref ref;
+    ts_read_ctx *r;
+    int rc = read_open_id(s, dsid, shard, 0, 0, &r);
+
+    if (rc)
+        return rc;
+    r->wanted = 1;
+    rc = idx < r->info.nchunks ? 0 : TS_ERANGE;
+    if (rc == 0 && read_cached_chunk(r, idx, &ref) == 0)
+        rc = TS_EEXIST;
+    else if (rc == 0)
+        rc = ts_read_ctx_chunk(r, idx, &ref);
+    if (rc == 0 || rc == TS_EEXIST)
+        ts_chunk_ref_release(&ref);
+    ts_read_ctx_close(r);
+    return rc;
 }
 
 void ts_store_read_stats(ts_store *s, struct ts_store_read_stats *out)

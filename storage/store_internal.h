@@ -115,6 +115,7 @@ struct ts_read_ctx {
     const uint32_t *crcs;   /* NULL while the shard is incomplete: per-chunk records are used */
     struct shard_entry *se; /* holds crcs */
     int nocache;            /* scrub: always read and verify what is on disk */
+    int wanted;             /* prefetch: chunks read are cached as wanted soon */
 };
 
 /* engine_open.c: opens s->db (see there for what a damaged WAL does); s->ro_meta must exist. */

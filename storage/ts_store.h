@@ -201,6 +201,9 @@ int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
  * they are sent); else the whole chunk as ts_read_ctx_chunk gives it.
  */
 int ts_read_ctx_piece(ts_read_ctx *r, uint32_t idx, size_t in, size_t n, struct ts_chunk_ref *out);
+/* Reads chunk idx of a complete shard into the cache, verified, as wanted soon (plan-driven
+ * prefetch): 0, TS_EEXIST when it is cached already, or the read's error (nothing cached). */
+int ts_store_prefetch(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx);
 /* Reads from the store rather than the cache: whole chunks and pieces, and their bytes. */
 struct ts_store_read_stats {
     uint64_t chunks, chunk_bytes, pieces, piece_bytes;

@@ -77,7 +77,15 @@ struct tessera_reader_opts {
      * the default) its payload when the dataset says its record format, FRAMED its stored
      * bytes, PAYLOAD its payload. Shard units are always whole. */
     int record;
+    /*
+     * Hints (HINT, docs/client.md "Hints"): a thread with a connection of its own tells the
+     * nodes the ranges of the next hint_bytes of the plan past what the caller took, so they
+     * read those chunks from disk into their caches ahead of the reads. Default 256 MiB;
+     * TESSERA_READER_NO_HINTS: none.
+     */
+    uint64_t hint_bytes;
 };
+#define TESSERA_READER_NO_HINTS UINT64_MAX
 
 /* One unit as returned. */
 struct tessera_unit {
@@ -111,6 +119,9 @@ struct tessera_reader_stats {
     uint64_t ahead_bytes;     /* bytes held ahead now: read or being read, not yet returned */
     size_t nnodes;            /* which node served what (the first TESSERA_READER_MAX_NODES) */
     struct tessera_reader_node nodes[TESSERA_READER_MAX_NODES];
+    uint64_t hinted_units; /* units whose ranges were hinted to the nodes */
+    uint64_t hint_queued;  /* chunks the nodes queued to read ahead */
+    uint64_t hint_dropped; /* chunks the nodes dropped (over their bounds) */
 };
 
 typedef struct tessera_reader tessera_reader;

@@ -122,6 +122,7 @@ class ReaderOpts(ctypes.Structure):
         ("free_fn", c_void_p),
         ("alloc_arg", c_void_p),
         ("record", c_int),
+        ("hint_bytes", c_u64),
     ]
 
 
@@ -159,6 +160,9 @@ class ReaderStats(ctypes.Structure):
         ("ahead_bytes", c_u64),
         ("nnodes", c_size),
         ("nodes", ReaderNode * READER_MAX_NODES),
+        ("hinted_units", c_u64),
+        ("hint_queued", c_u64),
+        ("hint_dropped", c_u64),
     ]
 
 

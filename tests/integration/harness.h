@@ -82,6 +82,12 @@ int raw_map_push(const char *tls_addr, const struct ts_map *m);
 /* 1 when the peer has closed the connection within timeout_ms (reads and drops bytes). */
 int raw_wait_closed(int fd, int timeout_ms);
 
+/* GET path from the HTTP server at addr ("HOST:PORT"): the status code (-1: no answer), the body
+ * (NUL-terminated, at most cap - 1 bytes) in body. */
+int tsd_http_get(const char *addr, const char *path, char *body, size_t cap);
+/* The value of metric `name` (its first sample) on node p's /metrics (p started with
+ * --metrics-listen 127.0.0.1:0); -1 when there is none. */
+double tsd_metric(const struct tsd_proc *p, const char *name);
 /* A free TCP port on 127.0.0.1 (bound and released: a tiny race, fine for tests). */
 int tsd_free_port(void);
 /* n distinct free loopback ports at once (0, or -1). */

@@ -372,3 +372,71 @@ int raw_status_has(const char *addr, const char *needle)
     close(fd);
     return found;
 }
+
+int tsd_http_get(const char *addr, const char *path, char *body, size_t cap)
+{
+    char host[64], req[4096];
+    const char *colon = strrchr(addr, ':');
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    size_t got = 0;
+    int fd, code = -1;
+    ssize_t k;
+
+    snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+    sa.sin_port = htons((uint16_t)atoi(colon + 1));
+    inet_pton(AF_INET, host, &sa.sin_addr);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return -1;
+    }
+    snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr);
+    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
+        close(fd);
+        return -1;
+    }
+    while (got + 1 < cap && (k = read(fd, body + got, cap - 1 - got)) > 0)
+        got += (size_t)k;
+    close(fd);
+    body[got] = 0;
+    if (sscanf(body, "HTTP/1.%*d %d", &code) != 1)
+        return -1;
+    {
+        char *p = strstr(body, "\r\n\r\n");
+        if (p)
+            memmove(body, p + 4, strlen(p + 4) + 1);
+    }
+    return code;
+}
+
+double tsd_metric(const struct tsd_proc *p, const char *name)
+{
+    FILE *f = fopen(p->log, "r");
+    char line[1024], addr[64] = "", *body = malloc(1 << 20), *at;
+    size_t nl = strlen(name);
+    double v = -1;
+
+    while (f && fgets(line, sizeof(line), f)) {
+        char *m = strstr(line, "tesserad ready");
+        if (m && (m = strstr(m, " metrics=")))
+            sscanf(m + 9, "%63s", addr);
+    }
+    if (f)
+        fclose(f);
+    if (!body || !addr[0] || !strcmp(addr, "-") ||
+        tsd_http_get(addr, "/metrics", body, 1 << 20) != 200) {
+        free(body);
+        return -1;
+    }
+    for (at = body; (at = strstr(at, name)) != NULL; at += nl)
+        if ((at == body || at[-1] == '\n') && (at[nl] == ' ' || at[nl] == '{')) {
+            char *sp = strchr(at, ' ');
+            if (sp)
+                v = strtod(sp + 1, NULL);
+            break;
+        }
+    free(body);
+    return v;
+}

@@ -49,44 +49,6 @@ static int job_port;
 
 /* ---- a plain HTTP/1.0 GET (the test's own client: Prometheus and the nodes both speak it) */
 
-static int http_get(const char *addr, const char *path, char *body, size_t cap)
-{
-    char host[64], req[4096];
-    const char *colon = strrchr(addr, ':');
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    size_t got = 0;
-    int fd, code = -1;
-    ssize_t k;
-
-    snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
-    sa.sin_port = htons((uint16_t)atoi(colon + 1));
-    inet_pton(AF_INET, host, &sa.sin_addr);
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        close(fd);
-        return -1;
-    }
-    snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr);
-    if (write(fd, req, strlen(req)) != (ssize_t)strlen(req)) {
-        close(fd);
-        return -1;
-    }
-    while (got + 1 < cap && (k = read(fd, body + got, cap - 1 - got)) > 0)
-        got += (size_t)k;
-    close(fd);
-    body[got] = 0;
-    if (sscanf(body, "HTTP/1.%*d %d", &code) != 1)
-        return -1;
-    {
-        char *p = strstr(body, "\r\n\r\n");
-        if (p)
-            memmove(body, p + 4, strlen(p + 4) + 1);
-    }
-    return code;
-}
-
 static void urlenc(const char *in, char *out, size_t cap)
 {
     size_t o = 0;
@@ -112,7 +74,7 @@ static int prom_query(const char *expr, double *v, const char *label, char *lv, 
 
     urlenc(expr, enc, sizeof(enc));
     snprintf(path, sizeof(path), "/api/v1/query?query=%s", enc);
-    if (http_get(prom_addr, path, body, sizeof(body)) != 200)
+    if (tsd_http_get(prom_addr, path, body, sizeof(body)) != 200)
         return -1;
     root = json_tokener_parse(body);
     if (!root)
@@ -216,7 +178,7 @@ static int start_prometheus(void)
         _exit(127);
     }
     for (int t = 0; t < 300; t++) {
-        if (http_get(prom_addr, "/-/ready", body, sizeof(body)) == 200)
+        if (tsd_http_get(prom_addr, "/-/ready", body, sizeof(body)) == 200)
             return 0;
         usleep(100000);
     }
@@ -356,7 +318,7 @@ static void test_every_node_serves_valid_metrics(void **state)
     for (int i = 0; i < N; i++) {
         char path[1200];
         FILE *p;
-        assert_int_equal(http_get(maddr[i], "/metrics", body, sizeof(body)), 200);
+        assert_int_equal(tsd_http_get(maddr[i], "/metrics", body, sizeof(body)), 200);
         assert_non_null(strstr(body, "# TYPE tessera_requests_total counter"));
         assert_non_null(strstr(body, "tessera_map_epoch 1"));
         snprintf(path, sizeof(path), "%s check metrics >/dev/null 2>&1", PROMTOOL);
@@ -364,9 +326,9 @@ static void test_every_node_serves_valid_metrics(void **state)
         assert_non_null(p);
         fputs(body, p);
         assert_int_equal(pclose(p), 0); /* promtool's verdict on this node's exposition */
-        assert_int_equal(http_get(maddr[i], "/healthz", body, sizeof(body)), 200);
-        assert_int_equal(http_get(maddr[i], "/readyz", body, sizeof(body)), 200);
-        assert_int_equal(http_get(maddr[i], "/nothing", body, sizeof(body)), 404);
+        assert_int_equal(tsd_http_get(maddr[i], "/healthz", body, sizeof(body)), 200);
+        assert_int_equal(tsd_http_get(maddr[i], "/readyz", body, sizeof(body)), 200);
+        assert_int_equal(tsd_http_get(maddr[i], "/nothing", body, sizeof(body)), 404);
     }
 }
 
