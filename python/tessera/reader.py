@@ -28,6 +28,7 @@ BATCH_BYTES = 256 << 10  # one batch of small units (Reader.stream)
 BATCH_MAX = 256
 BATCH_UNIT = 16 << 10  # units up to this size (on average) are batched
 BATCH_SPARE = 4  # batch buffers a stream keeps to fill again (warm, and no allocation)
+NO_HINTS = (1 << 64) - 1  # TESSERA_READER_NO_HINTS
 
 
 class _Kept:
@@ -78,6 +79,8 @@ class Reader(Handle):
     ... of split_block positions). copy: True gives bytes; False memoryviews without a copy.
     record: what a record unit is (tessera.records): "auto" (its payload when the dataset says
     its record format, e.g. the data of a TFRecord; else its bytes), "framed" or "payload".
+    hint_bytes: how much of the plan past the caller the reader tells the nodes about (HINT),
+    so they read it ahead into their caches (None: the library's 256 MiB; 0: no hints).
     """
 
     _free = "tessera_reader_close"
@@ -88,7 +91,7 @@ class Reader(Handle):
                  shuffle="none", window=16, assign="contiguous", remainder="uneven", order=None,
                  resume=None, window_units=None, window_bytes=None, connections=None,
                  depth=None, retries=None, split_block=1, split_n=1, split_i=0, copy=True,
-                 record="auto"):
+                 record="auto", hint_bytes=None):
         if isinstance(connect, Client):
             connect = connect.options
         elif not isinstance(connect, ConnectOptions):
@@ -118,6 +121,8 @@ class Reader(Handle):
             setattr(o, k, defaults[k] if v is None else v)
         o.split_block, o.split_n, o.split_i = split_block, split_n, split_i
         o.record = record_form(record)
+        if hint_bytes is not None:  # 0: no hints
+            o.hint_bytes = hint_bytes if hint_bytes > 0 else NO_HINTS
         co = connect.struct()
         err = ctypes.create_string_buffer(512)
         h = c_void_p()
@@ -263,6 +268,8 @@ def stats_dict(s):
         "units": s.units, "bytes": s.bytes, "stall_s": s.stall_ns / 1e9, "stalls": s.stalls,
         "retries": s.retries, "reconnects": s.reconnects, "index_loads": s.index_loads,
         "ahead_bytes": s.ahead_bytes, "ahead_bytes_max": s.ahead_bytes_max,
+        "hinted_units": s.hinted_units, "hint_queued": s.hint_queued,
+        "hint_dropped": s.hint_dropped,
         "served": {s.nodes[i].node.decode(): {"units": s.nodes[i].units,
                                               "bytes": s.nodes[i].bytes}
                    for i in range(min(s.nnodes, READER_MAX_NODES))},

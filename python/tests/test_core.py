@@ -51,6 +51,21 @@ def test_reader_items_and_stats(c):
     r.close()
 
 
+def test_reader_hints(c):
+    """The reader tells the node what it will read next (HINT): hints are sent and taken by
+    default, none with hint_bytes=0, and the units are the same either way."""
+    want = list(Reader(c, "core", shuffle="global", seed=3, hint_bytes=0))
+    r = Reader(c, "core", shuffle="global", seed=3)
+    assert list(r) == want
+    s = r.stats()
+    assert s["hinted_units"] > 0 and s["hint_queued"] > 0 and s["hint_dropped"] == 0
+    r.close()
+    r = Reader(c, "core", shuffle="global", seed=3, hint_bytes=0)
+    assert list(r) == want
+    assert r.stats()["hinted_units"] == 0
+    r.close()
+
+
 def test_shard_units(c):
     got = {i.shard: i.data for i in Reader(c, "core", unit="shard", shuffle="global").items()}
     assert sorted(got) == [0, 1, 2, 3]
