@@ -65,8 +65,10 @@ static void *hint_main(void *arg)
             if (l.len)
                 v[n++] = (struct ts_readv){l.shard, l.offset, l.len, NULL, 0, 0};
         }
-        if (n)
-            ts_client_hint(r->hint_c, r->dataset, v, n, &res);
+        if (n && ts_client_hint(r->hint_c, r->dataset, v, n, &res) == TS_ENOTSUP) {
+            pthread_mutex_lock(&r->m);
+            break; /* a node without HINT: the reads go on without hints */
+        }
         pthread_mutex_lock(&r->m);
         for (uint64_t i = 0; i < TS_HINT_MAX && k0 + i < r->len && r->next_hint == k0 + i; i++) {
             r->hint_len[(k0 + i) % r->hint_cap] = len[i];
