@@ -335,6 +335,8 @@ int ts_conn_read_submit_to(tessera_client *c, const char *name, uint32_t shard, 
 int ts_conn_can_place(const tessera_client *c);
 int ts_conn_readv_submit(tessera_client *c, const char *name, struct ts_readv *v, size_t n,
                          uint64_t *op);
+/* READV's and HINT's request ranges (readv.c): u32 n, then each (u32 shard, u64 off, u32 len). */
+void ts_wr_ranges(struct ts_wr *w, const struct ts_readv *v, size_t n);
 /* HINT on this connection (hint.c): a round trip; the node's counts added to *res. */
 int ts_conn_hint(tessera_client *c, const char *name, const struct ts_readv *v, size_t n,
                  struct ts_hint_result *res);

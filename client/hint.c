@@ -23,12 +23,7 @@ int ts_conn_hint(tessera_client *c, const char *name, const struct ts_readv *v, 
     r = ts_req_name(c, TS_OP_HINT, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_u32(&r->w, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) {
-        ts_wr_u32(&r->w, v[i].shard);
-        ts_wr_u64(&r->w, v[i].off);
-        ts_wr_u32(&r->w, (uint32_t)TS_MIN(v[i].len, (size_t)UINT32_MAX));
-    }
+    ts_wr_ranges(&r->w, v, n);
     rc = ts_call(c, r, &body);
     if (rc)
         return rc;

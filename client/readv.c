@@ -44,12 +44,7 @@ int ts_conn_readv_submit(tessera_client *c, const char *name, struct ts_readv *v
     r = ts_req_name(c, TS_OP_READV, name);
     if (!r)
         return TS_ENOMEM;
-    ts_wr_u32(&r->w, (uint32_t)n);
-    for (size_t i = 0; i < n; i++) {
-        ts_wr_u32(&r->w, v[i].shard);
-        ts_wr_u64(&r->w, v[i].off);
-        ts_wr_u32(&r->w, (uint32_t)v[i].len);
-    }
+    ts_wr_ranges(&r->w, v, n);
     r->user = 1;
     r->rv = v;
     r->nrv = n;
@@ -60,6 +55,16 @@ int ts_conn_readv_submit(tessera_client *c, const char *name, struct ts_readv *v
     }
     ts_req_submitted(c, r, op);
     return 0;
+}
+
+void ts_wr_ranges(struct ts_wr *w, const struct ts_readv *v, size_t n)
+{
+    ts_wr_u32(w, (uint32_t)n);
+    for (size_t i = 0; i < n; i++) {
+        ts_wr_u32(w, v[i].shard);
+        ts_wr_u64(w, v[i].off);
+        ts_wr_u32(w, (uint32_t)TS_MIN(v[i].len, (size_t)UINT32_MAX));
+    }
 }
 
 /* ---- receiving a READV reply (recv.c's state machine calls these) -------------------------- */

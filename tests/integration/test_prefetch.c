@@ -215,16 +215,9 @@ static void chunk_file(uint32_t shard, char *out, size_t cap)
 static void flip(uint32_t shard, uint64_t at)
 {
     char path[1400];
-    uint8_t b;
-    int fd;
 
     chunk_file(shard, path, sizeof(path));
-    fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
-    b ^= 0x20;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
-    close(fd);
+    ts_test_flip_file_byte(path, at);
 }
 
 /* A chunk damaged on disk before its prefetch: the prefetch fails its CRC and caches nothing;

@@ -152,16 +152,9 @@ static void test_small_read_touches_its_sub_blocks(void **state)
 static void flip_file_byte(struct fx *f, uint64_t at)
 {
     char path[1400];
-    uint8_t b;
-    int fd;
 
     assert_int_equal(ts_test_chunk_file(f->dir, f->dsid, 0, path, sizeof(path)), 0);
-    fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
-    b ^= 0x10;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
-    close(fd);
+    ts_test_flip_file_byte(path, at);
 }
 
 /* Whether chunk idx, read whole from disk, fails its CRC: proof that a flip happened. */

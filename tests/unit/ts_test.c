@@ -2,6 +2,7 @@
 
 #include "ts_common.h"
 
+#include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,4 +53,16 @@ void ts_test_log_init(void)
     const char *lvl = getenv("TS_TEST_LOG");
     int level = lvl ? ts_log_level_parse(lvl) : TS_LOG_ERROR;
     ts_log_set(ts_log_stderr, NULL, level < 0 ? TS_LOG_ERROR : level);
+}
+
+void ts_test_flip_file_byte(const char *path, uint64_t at)
+{
+    int fd = open(path, O_RDWR);
+    uint8_t b;
+
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &b, 1, (off_t)at), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)at), 1);
+    close(fd);
 }
