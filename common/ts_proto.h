@@ -118,7 +118,7 @@ int ts_role_may(int role, int need);
     X(SHARD_RECORDS, 23, "shard-records", TS_ROLE_READER, TS_SMALL_PAYLOAD)                        \
     X(RDMA_TOKEN, 24, "rdma-token", TS_ROLE_READER, TS_SMALL_PAYLOAD)                              \
     X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                     \
-    X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                       \
+    X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                        \
     X(HINT, 27, "hint", TS_ROLE_READER, TS_SMALL_PAYLOAD)
 
 enum ts_opcode {
