@@ -225,6 +225,8 @@ size_t ts_client_read_lane(tessera_client *c, const char *name, uint32_t shard, 
  * node(s) that will serve them; what they did is added to *res. Advisory. */
 struct ts_hint_result {
     uint64_t queued, dropped, skipped; /* chunks */
+    size_t first_dropped; /* the first range of v with a chunk dropped (n: none); set by the
+                             call, which the caller starts at n */
 };
 int ts_client_hint(tessera_client *c, const char *name, const struct ts_readv *v, size_t n,
                    struct ts_hint_result *res);

@@ -14,6 +14,7 @@ int ts_conn_hint(tessera_client *c, const char *name, const struct ts_readv *v, 
 {
     struct ts_req *r;
     struct ts_rd body;
+    uint32_t fd;
     int rc = ts_enter_name(c, name);
 
     if (rc)
@@ -30,6 +31,9 @@ int ts_conn_hint(tessera_client *c, const char *name, const struct ts_readv *v, 
     res->queued += ts_rd_u32(&body);
     res->dropped += ts_rd_u32(&body);
     res->skipped += ts_rd_u32(&body);
+    fd = ts_rd_u32(&body);
+    if (fd < n)
+        res->first_dropped = TS_MIN(res->first_dropped, (size_t)fd);
     if (body.err)
         rc = ts_proto_err(c, "HINT");
     ts_req_free(c, r);
@@ -40,29 +44,38 @@ int ts_cl_hint(struct ts_cluster *cl, const char *name, const struct ts_readv *v
                struct ts_hint_result *res)
 {
     struct ts_readv *by = malloc(n * sizeof(*by));
-    size_t *lane = malloc(n * sizeof(*lane));
-    int rc = by && lane ? 0 : TS_ENOMEM;
+    size_t *lane = malloc(n * sizeof(*lane)), *orig = malloc(n * sizeof(*orig));
+    int rc = by && lane && orig ? 0 : TS_ENOMEM;
 
     for (size_t i = 0; !rc && i < n; i++)
         lane[i] = ts_cl_read_lane(cl, name, v[i].shard, v[i].off);
     /* One HINT per lane, its ranges in the order given. */
     for (size_t i = 0; !rc && i < n; i++) {
         size_t p = lane[i], k = 0;
+        struct ts_hint_result one = *res;
         tessera_client *sub;
 
         if (p == SIZE_MAX)
             continue; /* no usable node, or one read by RDMA placement */
         for (size_t j = i; j < n; j++)
             if (lane[j] == p) {
+                orig[k] = j;
                 by[k++] = v[j];
                 lane[j] = SIZE_MAX;
             }
+        one.first_dropped = k;
         if (ts_cl_peer_conn(cl, p, 0, &sub) == 0)
-            rc = ts_conn_hint(sub, name, by, k, res);
+            rc = ts_conn_hint(sub, name, by, k, &one);
+        if (one.first_dropped < k) /* back to the caller's numbering */
+            one.first_dropped = TS_MIN(res->first_dropped, orig[one.first_dropped]);
+        else
+            one.first_dropped = res->first_dropped;
+        *res = one;
         if (rc && rc != TS_ENOMEM)
             rc = 0; /* advisory: that node just reads without them */
     }
     free(by);
     free(lane);
+    free(orig);
     return rc;
 }

@@ -20,7 +20,7 @@
 #define DEF_RETRIES 3
 #define DEF_INDEX_SHARDS 64
 #define MAX_CONNECTIONS 64
-#define DEF_HINT_BYTES (256ull << 20)
+#define DEF_HINT_BYTES (64ull << 20) /* what a node queues per connection by default */
 
 void tessera_reader_opts_init(struct tessera_reader_opts *o)
 {
@@ -319,8 +319,6 @@ static void take(struct tessera_reader *r, struct slot *s)
     s->buf = NULL;
     s->state = SLOT_FREE;
     r->consumed++;
-    if (r->hint_waits && r->consumed >= r->hint_wake_at)
-        pthread_cond_signal(&r->hint_cv);
 }
 
 int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)

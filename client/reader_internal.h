@@ -104,8 +104,9 @@ struct tessera_reader {
     uint64_t next_hint, hint_tail, hint_ahead;
     uint64_t *hint_len;
     uint32_t hint_cap;
-    pthread_cond_t hint_cv; /* the caller took position hint_wake_at, or the reader stops */
+    pthread_cond_t hint_cv; /* position hint_wake_at was claimed, or the reader stops */
     int hint_waits;
+    int hint_full; /* a node dropped hints: wait for the caller to take more first */
     uint64_t hint_wake_at;
 };
 

@@ -576,6 +576,8 @@ static void *worker_main(void *arg)
             unit_start(w, s->k);
         } else if (may_claim(r, w)) {
             uint64_t k = r->next_claim++;
+            if (r->hint_waits && r->next_claim >= r->hint_wake_at)
+                pthread_cond_signal(&r->hint_cv); /* the hint thread: hint further */
             w->filling = 1;
             s = ts_reader_slot(r, k);
             slot_reset(s, k);

@@ -1,7 +1,8 @@
 /* HINT: the ranges a reader will ask for next (docs/protocol.md "Hints"), queued to be read
  * ahead into the chunk cache (prefetch.c). Advisory: a range this node does not serve, of an
  * unknown dataset or past the bounds is counted and left; the reply says how many chunks were
- * queued, dropped over the bounds, and skipped. */
+ * queued, dropped over the bounds, and skipped, and the first range with a chunk dropped (the
+ * client hints from there again later). */
 #include "ops_internal.h"
 
 #include "prefetch.h"
@@ -12,7 +13,7 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     const struct tsd_req_readv *rq = &q->u.hint;
     struct tsd_server *s = c->w->srv;
     struct ts_dataset_info d;
-    uint32_t queued = 0, dropped = 0, skipped = 0, chunk;
+    uint32_t queued = 0, dropped = 0, skipped = 0, chunk, first_dropped = rq->n;
     uint64_t last = UINT64_MAX; /* the last chunk queued (shard << 32 | idx) */
     struct ts_wr w;
     int rc;
@@ -52,6 +53,7 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                 last = key;
             } else {
                 dropped++;
+                first_dropped = TS_MIN(first_dropped, i);
             }
         }
     }
@@ -59,5 +61,6 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     ts_wr_u32(&w, queued);
     ts_wr_u32(&w, dropped);
     ts_wr_u32(&w, skipped);
+    ts_wr_u32(&w, first_dropped);
     tsd_reply_send(c, h, &w);
 }

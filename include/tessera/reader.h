@@ -79,8 +79,9 @@ struct tessera_reader_opts {
     int record;
     /*
      * Hints (HINT, docs/client.md "Hints"): a thread with a connection of its own tells the
-     * nodes the ranges of the next hint_bytes of the plan past what the caller took, so they
-     * read those chunks from disk into their caches ahead of the reads. Default 256 MiB;
+     * nodes the ranges of the next hint_bytes of the plan past what the reader's connections
+     * took (are reading), so they read those chunks from disk into their caches ahead of the
+     * reads. Default 64 MiB (a node queues 64 MiB per connection by default);
      * TESSERA_READER_NO_HINTS: none.
      */
     uint64_t hint_bytes;

@@ -80,7 +80,7 @@ class Reader(Handle):
     record: what a record unit is (tessera.records): "auto" (its payload when the dataset says
     its record format, e.g. the data of a TFRecord; else its bytes), "framed" or "payload".
     hint_bytes: how much of the plan past the caller the reader tells the nodes about (HINT),
-    so they read it ahead into their caches (None: the library's 256 MiB; 0: no hints).
+    so they read it ahead into their caches (None: the library's 64 MiB; 0: no hints).
     """
 
     _free = "tessera_reader_close"

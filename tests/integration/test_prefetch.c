@@ -87,7 +87,7 @@ static void wait_queue_empty(void)
 
 static struct ts_hint_result hint(tessera_client *c, const struct ts_readv *v, size_t n, int want)
 {
-    struct ts_hint_result res = {0, 0, 0};
+    struct ts_hint_result res = {0, 0, 0, n};
     assert_int_equal(ts_client_hint(c, "pf", v, n, &res), want);
     return res;
 }
@@ -153,6 +153,7 @@ static void test_flood_bounded(void **state)
     /* At most its share, and one more for a chunk read while the HINT was taken. */
     assert_true(res.queued >= CONN_MB && res.queued <= CONN_MB + 1);
     assert_int_equal(res.queued + res.dropped, NSHARDS * 4);
+    assert_int_equal(res.first_dropped, res.queued); /* one chunk a range: where it filled */
     assert_true(metric("tessera_prefetch_dropped_total") >= dropped0 + res.dropped);
     res = hint(b, &v[NSHARDS * 4 - 1], 1, 0);
     assert_int_equal(res.queued, 1);
@@ -168,7 +169,7 @@ static void test_hints_of_nothing(void **state)
 {
     tessera_client *c = tsd_connect(&D);
     struct ts_readv v[2] = {{99, 0, 100, NULL, 0, 0}, {1, 40 * CHUNK, 100, NULL, 0, 0}};
-    struct ts_hint_result res = {0, 0, 0};
+    struct ts_hint_result res = {0, 0, 0, 1};
     double skipped0 = metric("tessera_prefetch_skipped_total");
     double failed0 = metric("tessera_prefetch_failed_total");
     double rd0 = metric("tessera_prefetch_read_total");
