@@ -579,6 +579,10 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
     one(o, "tessera_cache_misses_total", "counter", "Chunk cache misses.", (double)cs.misses);
     one(o, "tessera_cache_evictions_total", "counter", "Chunks evicted from the cache.",
         (double)cs.evictions);
+    one(o, "tessera_cache_ghost_hits_total", "counter",
+        "Chunks cached again soon after their eviction from the cache's small queue, so "
+        "admitted straight to its main queue (S3-FIFO's ghost).",
+        (double)cs.ghost_hits);
     one(o, "tessera_cache_bytes", "gauge", "Bytes held by the chunk cache.", (double)cs.bytes);
     one(o, "tessera_cache_budget_bytes", "gauge", "The chunk cache's budget (storage.cache_mb).",
         (double)cs.budget);

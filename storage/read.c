@@ -451,6 +451,9 @@ void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
     out->bytes = cs.bytes;
     out->entries = cs.entries;
     out->budget = cs.budget;
+    out->small_bytes = cs.small_bytes;
+    out->main_bytes = cs.main_bytes;
+    out->ghost_hits = cs.ghost_hits;
 }
 
 int ts_store_prefetch(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx)

@@ -426,6 +426,8 @@ int ts_store_pg_iter(ts_store *s, uint32_t pg, uint32_t pg_count,
 
 struct ts_store_cache_stats {
     uint64_t hits, misses, evictions, bytes, entries, budget;
+    uint64_t small_bytes, main_bytes; /* the S3-FIFO's two queues: bytes = small + main */
+    uint64_t ghost_hits; /* inserts readmitted to main because their key was evicted recently */
 };
 void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out);
 
