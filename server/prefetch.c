@@ -65,6 +65,7 @@ static void *prefetch_main(void *arg)
             /* Cached already, or a hint of nothing (no such chunk, shard or dataset now). */
             skip = rc == TS_EEXIST || rc == TS_ERANGE || rc == TS_ENOENT || rc == TS_EINCOMPLETE;
         }
+        ts_store_want(p->store, it->dsid, it->shard, it->idx, 0);
         pthread_mutex_lock(&p->m);
         p->queued -= it->bytes;
         atomic_fetch_sub(&it->a->queued, it->bytes);
@@ -118,6 +119,7 @@ void tsd_prefetch_stop(struct tsd_prefetch *p)
     while (p->head) {
         struct item *it = p->head;
         p->head = it->next;
+        ts_store_want(p->store, it->dsid, it->shard, it->idx, 0);
         account_unref(it->a);
         free(it);
     }
@@ -161,6 +163,7 @@ int tsd_prefetch_add(struct tsd_prefetch *p, struct tsd_pf_account *a, uint64_t 
         return 0;
     }
     *it = (struct item){NULL, a, dsid, shard, idx, bytes};
+    ts_store_want(p->store, dsid, shard, idx, 1); /* a miss on it meanwhile caches it whole */
     atomic_fetch_add(&a->refs, 1);
     atomic_fetch_add(&a->queued, bytes);
     p->queued += bytes;

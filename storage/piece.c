@@ -49,6 +49,14 @@ int ts_read_ctx_piece(ts_read_ctx *r, uint32_t idx, size_t in, size_t n, struct 
         return ts_read_ctx_chunk(r, idx, out);
     if (read_cached_chunk(r, idx, out) == 0)
         return 0;
+    if (want_check(s, r->dsid, r->info.shard, idx)) {
+        /* Hinted: read whole into the cache, where the next reads of it (and the prefetch)
+         * find it. */
+        r->wanted = 1;
+        rc = ts_read_ctx_chunk(r, idx, out);
+        r->wanted = 0;
+        return rc;
+    }
     if (subcrc_load(s, r->dsid, r->info.shard, idx, r->crcs[idx], clen, &subs) != 0)
         return ts_read_ctx_chunk(r, idx, out); /* none kept (older shard), or not usable */
     p = calloc(1, sizeof(*p));

@@ -182,12 +182,14 @@ static struct chunk_entry *chunk_entry_new(ts_read_ctx *r, uint32_t idx, const u
 /* A verified chunk into the cache; the entry to use, referenced. */
 static struct ts_cache_entry *cache_insert(ts_read_ctx *r, struct ts_cache_entry *e)
 {
+    if (r->wanted || want_check(r->s, r->dsid, e->shard, e->idx))
+        return ts_cache_insert_wanted(r->s->ccache, e);
     return ts_cache_insert(r->s->ccache, e);
 }
 
 /* Chunk idx of a shard with a chunk file: read straight into the arena when it will be cached
  * (one copy), verified against its CRC32C. */
-static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t len,
+static int chunk_read_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t len,
                            struct ts_chunk_ref *out)
 {
     ts_store *s = r->s;
@@ -240,6 +242,24 @@ static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
     hit = cache ? cache_insert(r, &ce->base) : &ce->base;
     chunk_ref_fill(s, (struct chunk_entry *)hit, out);
     return 0;
+}
+
+/* The same, one fill of a chunk at a time: a reader that waited for another's fill of it takes
+ * the cached copy (fill.c). */
+static int chunk_from_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t len,
+                           struct ts_chunk_ref *out)
+{
+    int mine, rc;
+
+    if (!r->crcs || r->nocache)
+        return chunk_read_file(r, idx, want, len, out);
+    mine = fill_begin(r->s, r->dsid, r->info.shard, idx);
+    if (!mine && read_cached_chunk(r, idx, out) == 0)
+        return 0;
+    rc = chunk_read_file(r, idx, want, len, out);
+    if (mine)
+        fill_end(r->s, r->dsid, r->info.shard, idx);
+    return rc;
 }
 
 int ts_chunk_ref_check(const struct ts_chunk_ref *ref, size_t off, size_t len)

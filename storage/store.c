@@ -110,6 +110,8 @@ int ts_store_open(ts_store **out, const struct ts_store_opts *o)
     pthread_mutex_init(&s->dslock, NULL);
     pthread_mutex_init(&s->loglock, NULL);
     pthread_mutex_init(&s->space_lock, NULL);
+    pthread_mutex_init(&s->fill_lock, NULL);
+    pthread_cond_init(&s->fill_cv, NULL);
     s->dstab = calloc(DS_BUCKETS, sizeof(*s->dstab));
     s->arena.fd = -1;
     if (!s->dstab || ts_cache_create(&s->ccache, o->cache_bytes) != 0) {
@@ -202,6 +204,8 @@ out_free:
     pthread_mutex_destroy(&s->dslock);
     pthread_mutex_destroy(&s->loglock);
     pthread_mutex_destroy(&s->space_lock);
+    pthread_mutex_destroy(&s->fill_lock);
+    pthread_cond_destroy(&s->fill_cv);
     pthread_mutex_destroy(&s->lock);
     free(s->path);
     free(s);
@@ -249,6 +253,8 @@ static void store_close(ts_store *s, int flush)
     pthread_mutex_destroy(&s->dslock);
     pthread_mutex_destroy(&s->loglock);
     pthread_mutex_destroy(&s->space_lock);
+    pthread_mutex_destroy(&s->fill_lock);
+    pthread_cond_destroy(&s->fill_cv);
     engine_close(s);
     for (int i = 0; i < CF_COUNT; i++)
         rocksdb_options_destroy(s->cf_opts[i]);

@@ -36,6 +36,14 @@ void shard_encode(uint8_t *b, const struct ts_shard_info *si, uint32_t file);
 int shard_decode(const char *v, size_t len, uint32_t shard, struct ts_shard_info *si,
                  uint32_t *file);
 
+#define WANT_SLOTS 65536 /* want.c's counting filter */
+#define FILL_SLOTS 64    /* fill.c: chunk fills in progress, at most */
+
+struct fill_slot {
+    int busy;
+    uint64_t dsid;
+    uint32_t shard, idx;
+};
 #define DS_BUCKETS 1024 /* buckets of the dataset-record cache (s->dstab) */
 
 struct writer_slot {
@@ -103,6 +111,10 @@ struct ts_store {
     /* Reads from the store, not the cache (ts_store_read_stats): whole chunks, and pieces of
      * chunk files read by sub-blocks (piece.c). */
     _Atomic uint64_t rd_chunks, rd_chunk_bytes, rd_pieces, rd_piece_bytes;
+    _Atomic uint32_t want[WANT_SLOTS]; /* want.c: chunks hinted, not read ahead yet */
+    pthread_mutex_t fill_lock;         /* fill.c: the fills in progress */
+    pthread_cond_t fill_cv;
+    struct fill_slot fills[FILL_SLOTS];
 };
 
 /* A read context (read.c): a shard's record, and its CRC list once the shard is complete. */
@@ -234,6 +246,13 @@ size_t writers_supersede(ts_store *s, uint64_t dsid, int any_shard, uint32_t sha
 /* read.c: a read context by dataset id; nocache (scrub) reads and verifies what is on disk. */
 int read_open_id(ts_store *s, uint64_t dsid, uint32_t shard, int allow_incomplete, int nocache,
                  ts_read_ctx **out);
+/* fill.c: a chunk about to be read from its file into the cache: 1 when the caller reads it
+ * and then calls fill_end(); 0 when another reader's fill of it was waited for (look in the
+ * cache again) or too many fills are in progress (read, without fill_end). */
+int fill_begin(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx);
+void fill_end(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx);
+/* want.c: whether chunk idx of a shard is wanted soon (hinted; maybe a false positive). */
+int want_check(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx);
 /* The cached copy of chunk idx (0), or TS_ENOENT when it is not cached. */
 int read_cached_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
 /* Length of chunk idx of a complete shard. */

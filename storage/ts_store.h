@@ -204,6 +204,9 @@ int ts_read_ctx_piece(ts_read_ctx *r, uint32_t idx, size_t in, size_t n, struct 
 /* Reads chunk idx of a complete shard into the cache, verified, as wanted soon (plan-driven
  * prefetch): 0, TS_EEXIST when it is cached already, or the read's error (nothing cached). */
 int ts_store_prefetch(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx);
+/* Marks a chunk wanted soon (queued for prefetch; wanted 1) or no longer (0: its prefetch came):
+ * until then a miss on it reads it whole into the cache, even for a small range (want.c). */
+void ts_store_want(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx, int wanted);
 /* Reads from the store rather than the cache: whole chunks and pieces, and their bytes. */
 struct ts_store_read_stats {
     uint64_t chunks, chunk_bytes, pieces, piece_bytes;

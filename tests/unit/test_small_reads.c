@@ -11,6 +11,7 @@
 #include "ts_store.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -251,6 +252,84 @@ static void test_rewritten_shard(void **state)
     free(buf);
 }
 
+/* A chunk hinted (wanted soon, not read ahead yet): a small read of it takes the whole chunk into
+ * the cache, so the next reads of it hit; once its prefetch came, small reads are pieces again. */
+static void test_wanted_chunk_read_whole(void **state)
+{
+    struct fx *f = *state;
+    struct ts_store_read_stats a, b;
+    uint8_t *buf = malloc(CHUNK);
+    int piece;
+
+    ts_store_want(f->s, f->dsid, 0, 1, 1);
+    reads(f->s, &a);
+    assert_int_equal(read_piece(f->s, CHUNK + 50001, 10000, buf, &piece), 0);
+    assert_false(piece);
+    expect_bytes(buf, CHUNK + 50001, 10000);
+    assert_int_equal(read_piece(f->s, CHUNK + 70001, 10000, buf, &piece), 0);
+    expect_bytes(buf, CHUNK + 70001, 10000);
+    reads(f->s, &b);
+    assert_int_equal(b.chunks - a.chunks, 1); /* the second read hit the cache */
+    assert_int_equal(b.pieces, a.pieces);
+    ts_store_want(f->s, f->dsid, 0, 1, 0);
+    assert_int_equal(read_piece(f->s, 50001, 10000, buf, &piece), 0);
+    assert_true(piece); /* chunk 0 was never wanted */
+    free(buf);
+}
+
+struct racer {
+    ts_store *s;
+    pthread_barrier_t *go;
+    int rc;
+};
+
+static void *race_read(void *arg)
+{
+    struct racer *x = arg;
+    ts_read_ctx *r;
+    struct ts_chunk_ref ref;
+
+    x->rc = ts_store_read_open(x->s, "ds", 0, 0, &r);
+    pthread_barrier_wait(x->go);
+    if (x->rc == 0)
+        x->rc = ts_read_ctx_chunk(r, 2, &ref);
+    if (x->rc == 0)
+        ts_chunk_ref_release(&ref);
+    ts_read_ctx_close(r);
+    return NULL;
+}
+
+/* Eight readers miss the same chunk at once: it is read from disk once, the others wait for
+ * that fill and take the cached copy (storage/fill.c). */
+static void test_one_fill_per_chunk(void **state)
+{
+    struct fx *f = *state;
+    struct ts_store_read_stats a, b;
+    struct racer x[8];
+    pthread_t th[8];
+    pthread_barrier_t go;
+
+    for (int round = 0; round < 5; round++) {
+        ts_read_ctx *r;
+        assert_int_equal(ts_store_read_open(f->s, "ds", 0, 0, &r), 0);
+        ts_read_ctx_evict(r, 2);
+        ts_read_ctx_close(r);
+        pthread_barrier_init(&go, NULL, 8);
+        reads(f->s, &a);
+        for (int i = 0; i < 8; i++) {
+            x[i] = (struct racer){f->s, &go, -1};
+            assert_int_equal(pthread_create(&th[i], NULL, race_read, &x[i]), 0);
+        }
+        for (int i = 0; i < 8; i++) {
+            pthread_join(th[i], NULL);
+            assert_int_equal(x[i].rc, 0);
+        }
+        reads(f->s, &b);
+        assert_int_equal(b.chunks - a.chunks, 1);
+        pthread_barrier_destroy(&go);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +337,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flipped_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_sub_crcs_not_used, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rewritten_shard, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_wanted_chunk_read_whole, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_one_fill_per_chunk, setup, teardown),
     };
     ts_test_log_init();
     return cmocka_run_group_tests(tests, NULL, NULL);
