@@ -17,9 +17,10 @@
  *   - Writes (tessera_put*) go to the primary. An unreachable primary: the map is refreshed
  *     from the other nodes and the upload is retried once with the primary it names then.
  *   - Reads go to one of the core + fringe replicas, spread by (PG, shard, offset region) and
- *     a per-handle salt; on TS_ECORRUPT, TS_ENOENT, TS_EINCOMPLETE, a timeout, a lost or
- *     refused connection (and the like: retryable()) the next replica is read, until every
- *     replica was tried. Every failed replica is logged, a corrupt one at error level.
+ *     a per-handle salt, those in the handle's domain (tessera_opts.domain) first; on
+ *     TS_ECORRUPT, TS_ENOENT, TS_EINCOMPLETE, a timeout, a lost or refused connection (and the
+ *     like: retryable()) the next replica is read, until every replica was tried. Every failed
+ *     replica is logged, a corrupt one at error level.
  *   - Dataset calls fan out to every node (create, delete, seal) or aggregate over the nodes
  *     that are up (stat, list, shard list, scrub).
  * Epochs: every request carries the router's map epoch. A TS_ESTALE refusal carries the

@@ -2,7 +2,8 @@
  * libtessera in cluster mode: placement and replica selection. The dataset's replica counts
  * (DATASET_STAT, cached per dataset), the replicas of a shard under the current map, and the
  * order in which a read tries them (a rotation spread by PG, shard and offset region and a
- * per-handle salt; replicas that failed a moment ago last).
+ * per-handle salt; with the handle's domain set, the replicas in that domain first; replicas
+ * that failed a moment ago last).
  */
 #include "cluster_internal.h"
 
@@ -197,6 +198,41 @@ void ts_cl_sel_init(struct ts_cluster *cl, struct sel *s, const char *name, uint
     s->start = (uint32_t)ts_cl_mix64(cl->salt ^ ts_cl_mix64(h << 32 ^ shard) ^ (off >> 26));
 }
 
+/* Node i of the map is in the handle's domain (tessera_opts.domain). */
+static int node_local(const struct ts_cluster *cl, int i)
+{
+    return !strcmp(ts_map_node_domain(&cl->map->nodes[i]), cl->o->domain);
+}
+
+/*
+ * The order in which a read tries replicas order[0..n): try[k] is the position in order[] of
+ * the k-th. Spread: the rotation from s->start; else the primary first, in placement order.
+ * With the handle's domain set, a spread read's replicas in that domain come first (rotated
+ * among themselves from s->start: the handles and regions of a domain still spread over its
+ * replicas), then the others in the rotation's order.
+ */
+static void sel_order(const struct ts_cluster *cl, const struct sel *s, const int *order, size_t n,
+                      size_t *try)
+{
+    size_t loc[MAX_REPLICAS], nlocal = 0, m = 0;
+    uint32_t local = 0; /* bit i: order[i] is local */
+
+    _Static_assert(MAX_REPLICAS <= 32, "a replica's bit in local");
+    if (s->spread && cl->o->domain && cl->o->domain[0])
+        for (size_t i = 0; i < n; i++)
+            if (node_local(cl, order[i])) {
+                local |= 1u << i;
+                loc[nlocal++] = i;
+            }
+    for (size_t k = 0; k < nlocal; k++)
+        try[m++] = loc[(s->start + k) % nlocal];
+    for (size_t k = 0; k < n; k++) {
+        size_t i = s->spread ? (s->start + k) % n : k;
+        if (!(local >> i & 1u))
+            try[m++] = i;
+    }
+}
+
 static int sel_tried(const struct sel *s, size_t p)
 {
     for (size_t i = 0; i < s->ntried; i++)
@@ -215,7 +251,7 @@ int ts_cl_sel_next(struct ts_cluster *cl, struct sel *s, const char *name, uint3
                    uint64_t off, size_t *out, tessera_client **sub)
 {
     int order[MAX_REPLICAS];
-    size_t n, p;
+    size_t n, p, try[MAX_REPLICAS];
     unsigned adopted;
     uint32_t pg;
     int rc;
@@ -225,10 +261,10 @@ again:
     rc = replicas(cl, name, shard, order, &n, &pg);
     if (rc)
         return rc;
+    sel_order(cl, s, order, n, try);
     for (int pass = 0; pass < 2; pass++) {
         for (size_t k = 0; k < n; k++) {
-            size_t i = s->spread ? (s->start + k) % n : k;
-            rc = ts_cl_node_peer(cl, cl->map, (size_t)order[i], &p);
+            rc = ts_cl_node_peer(cl, cl->map, (size_t)order[try[k]], &p);
             if (rc)
                 return rc;
             if (sel_tried(s, p) || ts_cl_recently_failed(&cl->peers[p]) != pass)

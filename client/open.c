@@ -65,10 +65,11 @@ static int hello(struct tessera_client *c, const char *client_name)
 /* Keeps a copy of the options (and their strings) in a top-level handle. */
 static int opts_keep(struct tessera_client *c, const struct tessera_opts *o)
 {
-    const char *src[] = {o->address, o->tls_ca,          o->tls_cert,
-                         o->tls_key, o->tls_server_name, o->client_name};
+    const char *src[] = {o->address,         o->tls_ca,      o->tls_cert, o->tls_key,
+                         o->tls_server_name, o->client_name, o->domain};
     const char **dst[] = {&c->opts.address, &c->opts.tls_ca,          &c->opts.tls_cert,
-                          &c->opts.tls_key, &c->opts.tls_server_name, &c->opts.client_name};
+                          &c->opts.tls_key, &c->opts.tls_server_name, &c->opts.client_name,
+                          &c->opts.domain};
     size_t len = 0, off = 0;
 
     c->opts = *o;
@@ -264,6 +265,12 @@ static int open_addr(tessera_client **out, struct ts_map **map, const struct tes
         if (err && errlen)
             snprintf(err, errlen, "bad address '%s': %s", o->address, why);
         TS_WARN(FAC, TS_EINVAL, "bad address '%s': %s", o->address, why);
+        return TS_EINVAL;
+    }
+    if (o->domain && o->domain[0] && !ts_map_domain_valid(o->domain)) {
+        if (err && errlen)
+            snprintf(err, errlen, "bad domain '%.80s': 1 to 63 of [A-Za-z0-9._:/-]", o->domain);
+        TS_WARN(FAC, TS_EINVAL, "bad domain '%.80s': 1 to 63 of [A-Za-z0-9._:/-]", o->domain);
         return TS_EINVAL;
     }
     /* TLS is chosen by tls_ca alone: a certificate without it must not mean plain TCP. */

@@ -53,10 +53,11 @@ static void say(char *err, size_t errlen, const char *fmt, ...)
 /* The connection options, with their strings copied (the reader reconnects later). */
 static int copy_opts(struct tessera_reader *r, const struct tessera_opts *o)
 {
-    const char *const src[] = {o->address, o->tls_ca,          o->tls_cert,
-                               o->tls_key, o->tls_server_name, o->client_name};
+    const char *const src[] = {o->address,         o->tls_ca,      o->tls_cert, o->tls_key,
+                               o->tls_server_name, o->client_name, o->domain};
     const char **dst[] = {&r->copts.address, &r->copts.tls_ca,          &r->copts.tls_cert,
-                          &r->copts.tls_key, &r->copts.tls_server_name, &r->copts.client_name};
+                          &r->copts.tls_key, &r->copts.tls_server_name, &r->copts.client_name,
+                          &r->copts.domain};
     size_t len = 0, off = 0;
 
     r->copts = *o;

@@ -110,6 +110,11 @@ static int domain_valid(const char *s)
     return 1;
 }
 
+int ts_map_domain_valid(const char *s)
+{
+    return s && s[0] && strlen(s) < sizeof(((struct ts_map_node *)0)->domain) && domain_valid(s);
+}
+
 /* "host:port" or "[v6]:port"; host of [A-Za-z0-9.-], port 1..65535. */
 static int addr_valid(const char *s)
 {
@@ -803,7 +808,7 @@ static int rank_cmp(const void *a, const void *b)
     return strcmp(x->id, y->id); /* ids are unique: a total order */
 }
 
-static const char *dom_name(const struct ts_map_node *nd)
+const char *ts_map_node_domain(const struct ts_map_node *nd)
 {
     return nd->domain[0] ? nd->domain : nd->id;
 }
@@ -858,7 +863,7 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
         /* u = (k + 1/2) / 2^52 for the top 52 bits k: exact, and strictly inside (0,1). */
         u = ((double)(h >> 12) + 0.5) * (1.0 / 4503599627370496.0);
         r[nr].score = (double)nd->weight / -det_ln(u);
-        r[nr].dom = str_key(dom_name(nd));
+        r[nr].dom = str_key(ts_map_node_domain(nd));
         r[nr].id = nd->id;
         r[nr].idx = (int)i;
         r[nr].taken = 0;
@@ -871,8 +876,8 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
         int used = 0;
         for (size_t j = 0; j < cnt && !used; j++) {
             const struct rank *t = &r[out[j] /* rank position, see below */];
-            used = t->dom == r[i].dom &&
-                   !strcmp(dom_name(&m->nodes[t->idx]), dom_name(&m->nodes[r[i].idx]));
+            used = t->dom == r[i].dom && !strcmp(ts_map_node_domain(&m->nodes[t->idx]),
+                                                 ts_map_node_domain(&m->nodes[r[i].idx]));
         }
         if (used)
             continue;

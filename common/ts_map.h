@@ -138,6 +138,11 @@ void ts_map_free(struct ts_map *m); /* NULL ok */
 
 /* Index of the node with this id, or -1. */
 int ts_map_find(const struct ts_map *m, const char *id);
+/* Node nd's failure domain: its domain, else its own id (a domain of its own). */
+const char *ts_map_node_domain(const struct ts_map_node *nd);
+/* 1 when s names a failure domain a map can hold: 1 to 63 of [A-Za-z0-9._:/-] (node ids are
+ * of these too). */
+int ts_map_domain_valid(const char *s);
 
 /* The PG of a shard: CRC32C(dataset || be32 shard) % pg_count. The one definition of the
  * mapping (storage, servers and clients all use it); it must never change. 0 when pg_count

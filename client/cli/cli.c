@@ -2,7 +2,7 @@
  * tessera: the admin CLI of tessera.
  *
  *   tessera [-s HOST:PORT] [--tls-ca F --tls-cert F --tls-key F] [--tls-server-name N]
- *           [--json] [--timeout MS] [-v] COMMAND ...
+ *           [--json] [--timeout MS] [--client-domain D] [-v] COMMAND ...
  *
  * Global options may come anywhere on the line; command options after the command. Output is
  * human-readable (aligned tables, sizes in KiB/MiB/GiB) or, with --json, one JSON document.
@@ -16,6 +16,7 @@
 #include "cli.h"
 
 #include "tessera/records.h"
+#include "ts_map.h"
 
 #define EXIT_FAIL 1
 #define EXIT_USAGE 2
@@ -30,6 +31,7 @@ enum opt_id {
     O_JSON,
     O_TIMEOUT,
     O_VERBOSE,
+    O_CLIENT_DOMAIN,
     O_CORE,
     O_FRINGE,
     O_MIN_CORE,
@@ -88,6 +90,7 @@ static const struct cli_opt global_opts[] = {
     {"json", 0, 0, O_JSON},
     {"timeout", 0, 1, O_TIMEOUT},
     {"verbose", 'v', 0, O_VERBOSE},
+    {"client-domain", 0, 1, O_CLIENT_DOMAIN},
     {"etcd", 0, 1, O_ETCD},
     {"etcd-prefix", 0, 1, O_ETCD_PREFIX},
     {NULL, 0, 0, 0},
@@ -460,6 +463,8 @@ static void usage(FILE *f)
           "HOST)\n"
           "      --json               machine-readable output (JSON)\n"
           "      --timeout MS         per-request timeout in milliseconds (default 30000)\n"
+          "      --client-domain D    this host's failure domain in the cluster map (default\n"
+          "                           $TESSERA_DOMAIN): reads go to replicas there first\n"
           "      --etcd ENDPOINTS     the cluster map in etcd (default $TESSERA_ETCD): map show\n"
           "                           and map push read and change it there\n"
           "      --etcd-prefix P      the cluster's key prefix (default /tessera/default)\n"
@@ -630,6 +635,9 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
             break;
         case O_VERBOSE:
             *verbose = 1;
+            break;
+        case O_CLIENT_DOMAIN:
+            opts->domain = val;
             break;
         case O_TIMEOUT:
             if (cli_parse_uint(val, INT32_MAX, &v) != 0 || v == 0)
@@ -903,6 +911,13 @@ static int parse_args(int argc, char **argv, struct ctx *x, struct tessera_opts 
     /* TLS is chosen by --tls-ca: a certificate without it would silently go over plain TCP. */
     if ((opts->tls_cert || opts->tls_key) && !opts->tls_ca)
         return usage_error(TS_CERT_NEEDS_CA, NULL);
+    if (opts->domain && opts->domain[0] && !ts_map_domain_valid(opts->domain)) {
+        snprintf(msg, sizeof(msg),
+                 "bad domain '%.80s' (--client-domain or $TESSERA_DOMAIN): 1 to 63 of "
+                 "[A-Za-z0-9._:/-]",
+                 opts->domain);
+        return usage_error(msg, NULL);
+    }
     *kout = k;
     return CLI_RUN;
 }
@@ -928,6 +943,8 @@ int main(int argc, char **argv)
     env = getenv("TESSERA_SERVER");
     x.server = env && env[0] ? env : TS_DEFAULT_ADDRESS;
     x.server_set = env && env[0];
+    env = getenv("TESSERA_DOMAIN");
+    opts.domain = env && env[0] ? env : NULL;
     x.argv = calloc((size_t)argc + 1, sizeof(*x.argv));
     if (!x.argv)
         return EXIT_FAIL;

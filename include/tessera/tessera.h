@@ -52,6 +52,11 @@ struct tessera_opts {
     const char *client_name;     /* sent in HELLO, shows up in server logs */
     int timeout_ms;              /* per request, from send to complete reply; default 30000 */
     unsigned max_inflight;       /* requests in flight per handle; default 64 */
+    /* The client's failure domain in the cluster map: a node whose domain is this (a node
+     * without a domain: whose id is this) is local. Set: reads go to the replicas here first,
+     * spread among them, and fall back to the others in their usual order (docs/client.md,
+     * "Locality"). NULL or "": no preference. At most 63 of [A-Za-z0-9._:/-] (TS_EINVAL). */
+    const char *domain;
 };
 
 void tessera_opts_init(struct tessera_opts *o);

@@ -47,6 +47,7 @@ class Opts(ctypes.Structure):
         ("client_name", c_char_p),
         ("timeout_ms", c_int),
         ("max_inflight", c_uint),
+        ("domain", c_char_p),
     ]
 
 

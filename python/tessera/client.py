@@ -3,6 +3,7 @@ datasets, shards, uploads and plain reads. One thread at a time per Client."""
 
 import ctypes
 import json
+import os
 
 from ._lib import (DatasetInfo, DatasetRecords, Handle, Opts, P, Policy, ShardInfo, c_size,
                    c_u32, c_u64, c_void_p, check, enc, lib)
@@ -11,10 +12,13 @@ from .records import FORMATS, format_code
 
 class ConnectOptions:
     """Where and how to connect: an address ("host:port", any node of a cluster) and, for TLS,
-    a CA (and a client certificate and key for a role other than reader)."""
+    a CA (and a client certificate and key for a role other than reader). domain: this host's
+    failure domain in the cluster map (a node without a domain: its id); reads go to the
+    replicas there first (docs/client.md "Locality"). Default: $TESSERA_DOMAIN, else none."""
 
     def __init__(self, address="127.0.0.1:7070", *, tls_ca=None, tls_cert=None, tls_key=None,
-                 tls_server_name=None, timeout_ms=None, client_name="tessera-python"):
+                 tls_server_name=None, timeout_ms=None, client_name="tessera-python",
+                 domain=None):
         self.address = address
         self.tls_ca = tls_ca
         self.tls_cert = tls_cert
@@ -22,14 +26,16 @@ class ConnectOptions:
         self.tls_server_name = tls_server_name
         self.timeout_ms = timeout_ms
         self.client_name = client_name
+        self.domain = domain if domain is not None else os.environ.get("TESSERA_DOMAIN") or None
 
     def struct(self):
         """The C options; the strings live as long as the returned struct's _keep."""
         o = Opts()
         lib().tessera_opts_init(ctypes.byref(o))
         keep = [enc(v) for v in (self.address, self.tls_ca, self.tls_cert, self.tls_key,
-                                 self.tls_server_name, self.client_name)]
-        (o.address, o.tls_ca, o.tls_cert, o.tls_key, o.tls_server_name, o.client_name) = keep
+                                 self.tls_server_name, self.client_name, self.domain)]
+        (o.address, o.tls_ca, o.tls_cert, o.tls_key, o.tls_server_name, o.client_name,
+         o.domain) = keep
         if self.timeout_ms is not None:
             o.timeout_ms = int(self.timeout_ms)
         o._keep = keep

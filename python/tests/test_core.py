@@ -4,7 +4,7 @@ resume through states), errors as exceptions with their codes."""
 import pytest
 
 from conftest import load, record, record_id
-from tessera import Client, Plan, Reader, TesseraError
+from tessera import Client, ConnectOptions, Plan, Reader, TesseraError
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,29 @@ def test_reader_hints(c):
     assert list(r) == want
     assert r.stats()["hinted_units"] == 0
     r.close()
+
+
+def test_domain_reads_local_first(cluster, monkeypatch):
+    """ConnectOptions(domain=...): the cluster's map puts n1..n3 in domains d1..d3, and a
+    reader in d2 (opened on n1) reads every unit from n2, one in d3 from n3. A malformed domain
+    is refused; $TESSERA_DOMAIN is the default."""
+    nodes, writer = cluster
+    with Client(writer) as w:
+        load(w, "local", 300, 6, core=3, min_core=2)
+    for domain, node in (("d2", "n2"), ("d3", "n3")):
+        r = Reader(ConnectOptions(nodes[0].addr, domain=domain), "local", shuffle="global",
+                   seed=2)
+        items = list(r.items())
+        assert sorted(i.unit for i in items) == list(range(300))
+        assert all(i.data == record(i.unit) and i.node == node for i in items)
+        assert set(r.stats()["served"]) == {node}, r.stats()["served"]
+        r.close()
+    with pytest.raises(TesseraError) as e:
+        Client(nodes[0].addr, domain="not a domain")
+    assert e.value.name == "TS_EINVAL"
+    monkeypatch.setenv("TESSERA_DOMAIN", "d1")
+    assert ConnectOptions(nodes[0].addr).domain == "d1"
+    assert ConnectOptions(nodes[0].addr, domain="d3").domain == "d3"
 
 
 def test_shard_units(c):

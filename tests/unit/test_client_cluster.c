@@ -439,6 +439,17 @@ static struct ts_map *make_map(struct fnode *v, int n, uint64_t epoch, const cha
     return make_map_pgs(v, n, epoch, states, 16);
 }
 
+/* A map of 16 PGs over nodes v[0..n), all up, node i in failure domain domains[i] ("": none). */
+static struct ts_map *make_map_domains(struct fnode *v, int n, uint64_t epoch,
+                                       const char *const *domains)
+{
+    struct ts_map *m = make_map(v, n, epoch, NULL);
+
+    for (int i = 0; i < n; i++)
+        snprintf(m->nodes[i].domain, sizeof(m->nodes[i].domain), "%s", domains[i]);
+    return m;
+}
+
 /* Gives every live node of v[0..n) map m (a copy each) and its epoch. */
 static void give_map(struct fnode *v, int n, const struct ts_map *m)
 {
@@ -451,7 +462,8 @@ static void give_map(struct fnode *v, int n, const struct ts_map *m)
     }
 }
 
-static tessera_client *open_on(struct fnode *n)
+/* A handle on node n whose client is in failure domain domain (NULL: none). */
+static tessera_client *open_in(struct fnode *n, const char *domain)
 {
     struct tessera_opts o;
     tessera_client *c = NULL;
@@ -461,8 +473,14 @@ static tessera_client *open_on(struct fnode *n)
     o.address = n->addr;
     o.timeout_ms = 5000;
     o.max_inflight = 8;
+    o.domain = domain;
     assert_int_equal(ts_client_open_ex(&c, &o, err, sizeof(err)), 0);
     return c;
+}
+
+static tessera_client *open_on(struct fnode *n)
+{
+    return open_in(n, NULL);
 }
 
 /* Starts nodes v[0..n) and gives each a map of them all, up, at epoch: the map. */
@@ -972,6 +990,118 @@ static void test_primary_unreachable(void **state)
     ts_map_free(m6);
 }
 
+/* Reads of 16 shards (3 regions each) through c, half of them submitted; every byte checked.
+ * The reads each node of v[0..n) served to got[]. */
+static void read_all(tessera_client *c, struct fnode *v, int n, int *got)
+{
+    static uint8_t buf[16][3][64], want[64];
+    uint64_t ops[16][3];
+    size_t len;
+
+    for (int i = 0; i < n; i++)
+        got[i] = -count(&v[i], &v[i].n_read);
+    for (uint32_t s = 0; s < 16; s++)
+        for (int r = 0; r < 3; r++) {
+            uint64_t off = (uint64_t)r * 4000; /* the fake shard is 10000 bytes */
+            if (s % 2) {
+                assert_int_equal(tessera_read_submit(c, "ds", s, off, 64, buf[s][r], &ops[s][r]),
+                                 0);
+                continue;
+            }
+            assert_int_equal(tessera_read(c, "ds", s, off, 64, buf[s][r], &len), 0);
+            assert_int_equal(len, 64);
+        }
+    for (uint32_t s = 1; s < 16; s += 2)
+        for (int r = 0; r < 3; r++) {
+            assert_int_equal(tessera_wait(c, ops[s][r], &len), 0);
+            assert_int_equal(len, 64);
+        }
+    for (uint32_t s = 0; s < 16; s++)
+        for (int r = 0; r < 3; r++) {
+            shard_bytes(s, (uint64_t)r * 4000, want, sizeof(want));
+            assert_memory_equal(buf[s][r], want, sizeof(want));
+        }
+    for (int i = 0; i < n; i++)
+        got[i] += count(&v[i], &v[i].n_read);
+}
+
+/*
+ * tessera_opts.domain: a client in dc-b reads from the replicas in dc-b (n2, n3), spread over
+ * both, opened on a node elsewhere or not; a domain that names a node without a domain (n4)
+ * reads from it; without a domain reads spread over every replica; with both of dc-b's
+ * replicas failing, reads fall back to the others. A malformed domain is refused at open.
+ */
+static void test_reads_local_first(void **state)
+{
+    static const char *const domains[] = {"dc-a", "dc-b", "dc-b", ""};
+    struct tessera_opts o;
+    struct fnode v[4];
+    struct ts_map *m;
+    tessera_client *c = NULL;
+    char err[256], longer[80];
+    int got[4];
+
+    for (int i = 0; i < 4; i++)
+        node_start(&v[i], i, 0);
+    m = make_map_domains(v, 4, 5, domains);
+    give_map(v, 4, m);
+    for (int i = 0; i < 4; i++)
+        v[i].pol.core = 4; /* every node is a replica of every PG */
+    /* dc-b: n2 and n3 serve every read, both some of them (16 shards x 3 regions). */
+    for (int seed = 0; seed < 2; seed++) {
+        c = open_in(&v[seed], "dc-b");
+        read_all(c, v, 4, got);
+        fprintf(stderr, "dc-b, opened on %s: n1..n4 served %d %d %d %d reads\n", v[seed].id, got[0],
+                got[1], got[2], got[3]);
+        assert_int_equal(got[0] + got[3], 0);
+        assert_int_equal(got[1] + got[2], 48);
+        assert_true(got[1] > 0 && got[2] > 0);
+        tessera_client_close(c);
+    }
+    /* n4 has no domain: its id is its domain. */
+    c = open_in(&v[0], "n4");
+    read_all(c, v, 4, got);
+    assert_int_equal(got[3], 48);
+    tessera_client_close(c);
+    /* A domain no node is in, and none: the usual spread over all four. */
+    for (int k = 0; k < 2; k++) {
+        c = open_in(&v[1], k ? NULL : "dc-z");
+        read_all(c, v, 4, got);
+        fprintf(stderr, "%s: n1..n4 served %d %d %d %d reads\n", k ? "no domain" : "dc-z", got[0],
+                got[1], got[2], got[3]);
+        assert_int_equal(got[0] + got[1] + got[2] + got[3], 48);
+        assert_true(got[0] > 0 && got[3] > 0);
+        tessera_client_close(c);
+    }
+    /* dc-b's replicas fail (one closes the connection, one says its chunk is corrupt): every
+     * read falls back to n1 or n4 and returns the right bytes. */
+    v[1].rd = RD_CLOSE;
+    v[2].rd = RD_CORRUPT_STATUS;
+    c = open_in(&v[0], "dc-b");
+    read_all(c, v, 4, got);
+    fprintf(stderr, "dc-b failing: n1..n4 served %d %d %d %d reads\n", got[0], got[1], got[2],
+            got[3]);
+    assert_true(got[1] + got[2] > 0); /* they were tried */
+    assert_true(got[0] + got[3] >= 48);
+    tessera_client_close(c);
+    /* Malformed domains: refused before connecting. */
+    memset(longer, 'x', 64);
+    longer[64] = '\0';
+    tessera_opts_init(&o);
+    o.address = v[0].addr;
+    for (int k = 0; k < 2; k++) {
+        o.domain = k ? longer : "dc b";
+        c = NULL;
+        err[0] = '\0';
+        assert_int_equal(ts_client_open_ex(&c, &o, err, sizeof(err)), TS_EINVAL);
+        assert_null(c);
+        assert_non_null(strstr(err, "domain"));
+    }
+    for (int i = 0; i < 4; i++)
+        node_stop(&v[i]);
+    ts_map_free(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -988,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_failover),
         cmocka_unit_test(test_placement_follows_map),
         cmocka_unit_test(test_primary_unreachable),
+        cmocka_unit_test(test_reads_local_first),
     };
 
     signal(SIGPIPE, SIG_IGN);
