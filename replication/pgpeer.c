@@ -759,6 +759,11 @@ void repl_pgpeer_tick(ts_repl *r)
     }
 }
 
+int repl_pgpeer_owns_ctx(pend_cb cb)
+{
+    return cb == query_reply || cb == pull_reply || cb == commit_reply || cb == activate_reply;
+}
+
 void repl_pgpeer_free_all(ts_repl *r)
 {
     while (r->pgs) {

@@ -1090,6 +1090,9 @@ void ts_repl_stop(ts_repl *r)
         while (p->pend) {
             struct pend *pe = p->pend;
             p->pend = pe->next;
+            /* A peering request still unanswered (stopped mid-peering): its context. */
+            if (repl_pgpeer_owns_ctx(pe->cb))
+                free(pe->ctx);
             free(pe);
         }
         free(p);

@@ -210,6 +210,9 @@ void repl_pgpeer_map_changed(ts_repl *r);
 /* Timer work: retries, pull progress. */
 void repl_pgpeer_tick(ts_repl *r);
 void repl_pgpeer_free_all(ts_repl *r);
+/* Whether a request's reply context is a peering context of pgpeer.c (heap memory the reply
+ * callback frees): ts_repl_stop frees those of requests that never got a reply. */
+int repl_pgpeer_owns_ctx(pend_cb cb);
 /* Writes may go on in pg: active in this epoch. */
 int repl_pg_active(ts_repl *r, uint32_t pg);
 /* Its pushers may run: active, or activating (its log is the authoritative one already). */
