@@ -2,8 +2,10 @@
 
     epoch.py --system SYSTEM --data DIR [--addr HOST:PORT] [--name DATASET] [--url URL]
              [--step-ms MS] [--step-kind sleep|busy] [--workers 2] [--batch 64] [--seed S]
+             [--hint-bytes B]
 
-SYSTEM: tessera (TesseraIterable over a tesserad or a cluster, shuffle="window"),
+SYSTEM: tessera (TesseraIterable over a tesserad or a cluster, shuffle="window"; --hint-bytes:
+the readers' HINT distance, tessera.Reader's hint_bytes: 0 = no hints, default the library's),
 wds-http (WebDataset over http:// URLs, shardshuffle + a 1000-sample buffer), streaming
 (MosaicML StreamingDataset, remote = DIR/mds, local = a fresh cache folder, shuffle=True),
 local-wds (WebDataset over the tar files on local disk), local-raw (a minimal tar reader over
@@ -58,8 +60,9 @@ def tessera_loader(a):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     import tessera.torch as tt
 
+    reader = {} if a.hint_bytes is None else {"hint_bytes": a.hint_bytes}
     ds = tt.TesseraIterable(a.addr, a.name, batch_size=a.batch, shuffle="window", seed=a.seed,
-                            copy=False, transform=tar_payload)
+                            copy=False, transform=tar_payload, reader=reader)
     return tt.DataLoader(ds, num_workers=a.workers, collate_fn=collate)
 
 
@@ -207,6 +210,8 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--hint-bytes", type=int, default=None,
+                    help="tessera: the readers' hint_bytes (0: no hints; default: the library's)")
     ap.add_argument("--scratch", default=None, help="folder for Streaming's cache")
     ap.add_argument("--extra", default="{}", help="JSON merged into the output line")
     a = ap.parse_args()
