@@ -199,6 +199,7 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         }
         break;
     case TS_OP_READV:
+    case TS_OP_HINT: /* the same fields */
         wr_name(w, q->u.readv.name);
         ts_wr_u32(w, q->u.readv.n);
         ts_wr_bytes(w, q->u.readv.p, (size_t)q->u.readv.n * TS_READV_ENTRY);

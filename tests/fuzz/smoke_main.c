@@ -279,6 +279,12 @@ static void build_seeds(void)
     }
     add_seed(&w, TS_OP_READV, 0, "readv");
     ts_wr_str(&w, ds.name);
+    ts_wr_u32(&w, 1);
+    ts_wr_u32(&w, 5);
+    ts_wr_u64(&w, 0);
+    ts_wr_u32(&w, 1 << 20);
+    add_seed(&w, TS_OP_HINT, 0, "hint");
+    ts_wr_str(&w, ds.name);
     ts_wr_u32(&w, 5);
     add_seed(&w, TS_OP_SHARD_STAT, 0, "shard-stat");
     ts_wr_str(&w, ds.name);
