@@ -349,27 +349,33 @@ int raw_pg_info(const char *addr, uint32_t pg, struct raw_pginfo *pi)
     return rc;
 }
 
-int raw_status_has(const char *addr, const char *needle)
+char *raw_status_json(const char *addr)
 {
-    int fd = raw_connect(addr), found = 0;
+    int fd = raw_connect(addr);
     uint8_t *p = NULL;
     size_t plen = 0;
+    char *txt = NULL;
 
     if (fd < 0)
-        return 0;
+        return NULL;
     if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0) {
-        char *txt = malloc(plen);
+        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0 && plen > 4 &&
+        (txt = malloc(plen)) != NULL) {
         struct ts_rd r;
         ts_rd_init(&r, p + 4, plen - 4);
-        if (txt) {
-            ts_rd_str(&r, txt, plen);
-            found = strstr(txt, needle) != NULL;
-        }
-        free(txt);
+        ts_rd_str(&r, txt, plen);
     }
     free(p);
     close(fd);
+    return txt;
+}
+
+int raw_status_has(const char *addr, const char *needle)
+{
+    char *txt = raw_status_json(addr);
+    int found = txt && strstr(txt, needle) != NULL;
+
+    free(txt);
     return found;
 }
 

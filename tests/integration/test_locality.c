@@ -79,29 +79,15 @@ static void log_hook(void *arg, int level, const char *facility, int rc, const c
  * -1 when it does not answer. */
 static int64_t read_bytes(int i)
 {
-    int fd = raw_connect(CL.node[i].addr);
-    uint8_t *p = NULL;
-    size_t plen = 0;
+    char *txt = raw_status_json(CL.node[i].addr);
+    json_object *j = txt ? json_tokener_parse(txt) : NULL, *st, *x;
     int64_t v = -1;
 
-    if (fd < 0)
-        return -1;
-    if (raw_send_frame(fd, TS_OP_STATUS, 0, 1, NULL, 0) == 0 &&
-        raw_recv_reply(fd, 5000, NULL, NULL, 0, &p, &plen) == 0 && plen > 4) {
-        char *txt = malloc(plen);
-        struct ts_rd r;
-        json_object *j, *st, *x;
-        ts_rd_init(&r, p + 4, plen - 4);
-        ts_rd_str(&r, txt, plen);
-        j = json_tokener_parse(txt);
-        if (j && json_object_object_get_ex(j, "stats", &st) &&
-            json_object_object_get_ex(st, "read_bytes", &x))
-            v = json_object_get_int64(x);
-        json_object_put(j);
-        free(txt);
-    }
-    free(p);
-    raw_close(fd);
+    if (j && json_object_object_get_ex(j, "stats", &st) &&
+        json_object_object_get_ex(st, "read_bytes", &x))
+        v = json_object_get_int64(x);
+    json_object_put(j);
+    free(txt);
     return v;
 }
 
