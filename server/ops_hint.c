@@ -14,7 +14,7 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
     struct tsd_server *s = c->w->srv;
     struct ts_dataset_info d;
     uint32_t queued = 0, dropped = 0, skipped = 0, chunk, first_dropped = rq->n;
-    uint64_t last = UINT64_MAX; /* the last chunk queued (shard << 32 | idx) */
+    uint64_t last = UINT64_MAX; /* the last chunk queued or dropped (shard << 32 | idx) */
     struct ts_wr w;
     int rc;
 
@@ -44,13 +44,13 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
         lastidx = (uint32_t)((off + len - 1) / chunk);
         for (uint32_t idx = first; idx <= lastidx; idx++) {
             uint64_t key = (uint64_t)shard << 32 | idx;
-            if (key == last) { /* ranges in the chunk just queued: one read serves them */
+            if (key == last) { /* ranges in the chunk just queued or dropped: counted once */
                 skipped++;
                 continue;
             }
+            last = key;
             if (tsd_prefetch_add(s->prefetch, c->pf, d.id, shard, idx, chunk)) {
                 queued++;
-                last = key;
             } else {
                 dropped++;
                 first_dropped = TS_MIN(first_dropped, i);
