@@ -76,6 +76,9 @@ struct raw_pginfo {
 int raw_pg_info(const char *addr, uint32_t pg, struct raw_pginfo *pi);
 /* The node at addr's STATUS (compact JSON, malloc'ed), or NULL when it does not answer. */
 char *raw_status_json(const char *addr);
+/* The node at addr's STATUS stats.read_bytes (data bytes its READs and READVs served since it
+ * started); -1 when it does not answer. */
+int64_t raw_status_read_bytes(const char *addr);
 /* Whether the node at addr's STATUS (compact JSON) contains needle. */
 int raw_status_has(const char *addr, const char *needle);
 /* MAP_PUSH of m to the node at its TLS address as admin (header epoch 0, on a connection of its

@@ -370,6 +370,16 @@ char *raw_status_json(const char *addr)
     return txt;
 }
 
+int64_t raw_status_read_bytes(const char *addr)
+{
+    char *txt = raw_status_json(addr), *st = txt ? strstr(txt, "\"stats\":{") : NULL;
+    char *rb = st ? strstr(st, "\"read_bytes\":") : NULL;
+    int64_t v = rb ? strtoll(rb + strlen("\"read_bytes\":"), NULL, 10) : -1;
+
+    free(txt);
+    return v;
+}
+
 int raw_status_has(const char *addr, const char *needle)
 {
     char *txt = raw_status_json(addr);

@@ -12,7 +12,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,16 +190,7 @@ static void test_add_then_rm(void **state)
 
 static int64_t read_bytes(int i)
 {
-    char *txt = raw_status_json(CL.node[i].addr);
-    json_object *j = txt ? json_tokener_parse(txt) : NULL, *st, *x;
-    int64_t v = -1;
-
-    if (j && json_object_object_get_ex(j, "stats", &st) &&
-        json_object_object_get_ex(st, "read_bytes", &x))
-        v = json_object_get_int64(x);
-    json_object_put(j);
-    free(txt);
-    return v;
+    return raw_status_read_bytes(CL.node[i].addr);
 }
 
 /* Reads of the shard by `handles` fresh clients (each starts at a replica of its own). */

@@ -30,7 +30,6 @@
 #include <cmocka.h>
 
 #include <arpa/inet.h>
-#include <json-c/json.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <stdio.h>
@@ -79,16 +78,7 @@ static void log_hook(void *arg, int level, const char *facility, int rc, const c
  * -1 when it does not answer. */
 static int64_t read_bytes(int i)
 {
-    char *txt = raw_status_json(CL.node[i].addr);
-    json_object *j = txt ? json_tokener_parse(txt) : NULL, *st, *x;
-    int64_t v = -1;
-
-    if (j && json_object_object_get_ex(j, "stats", &st) &&
-        json_object_object_get_ex(st, "read_bytes", &x))
-        v = json_object_get_int64(x);
-    json_object_put(j);
-    free(txt);
-    return v;
+    return raw_status_read_bytes(CL.node[i].addr);
 }
 
 /* The shortest of 5 TCP connects to addr ("IP:PORT"), ms: one round trip. */
