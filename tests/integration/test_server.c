@@ -544,7 +544,10 @@ static void test_slow_reader_bounded_memory(void **state)
 #define FLOOD_READS 16384u     /* 16 KiB reads pipelined on one connection: 256 MiB asked for */
 #define FLOOD_SHARD (4u << 20) /* the reads cycle over one cached 4 MiB shard */
 #define PROBES 60
-#define PROBE_MEDIAN_MAX_US 2000
+/* PROBE_MEDIAN_MAX_US comes from the build (tests/integration/CMakeLists.txt): 2,000 us, which
+ * proves fairness in the plain build (without it: medians of 3-9 ms); 15,000 in a sanitized
+ * build, where the daemon is several times slower at everything and the flood runs for its
+ * memory checks (CI's ASan pass saw 6.5 ms with the fairness in place). */
 
 struct flood {
     int fd;
