@@ -582,29 +582,28 @@ int test_tls_open(struct tessera_client **c, const char *addr, const char *role,
     return tessera_client_open(c, &o);
 }
 
-int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
-            const char *fmt, ...)
+static int vcli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap, int echo,
+                const char *fmt, va_list ap)
 {
     char args[768], cmd[2048], line[1024];
     size_t n = 0;
-    va_list ap;
     FILE *p;
     int st;
 
-    va_start(ap, fmt);
     vsnprintf(args, sizeof(args), fmt, ap);
-    va_end(ap);
     snprintf(cmd, sizeof(cmd), "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s %s 2>&1", cli_path,
              cl->tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
              test_cert("admin", "key"), args);
-    fprintf(stderr, "$ tessera %s\n", args);
+    if (echo)
+        fprintf(stderr, "$ tessera %s\n", args);
     p = popen(cmd, "r");
     if (!p)
         return -1;
     out[0] = '\0';
     while (fgets(line, sizeof(line), p)) { /* shown as it comes; kept up to cap */
         size_t k = strlen(line);
-        fputs(line, stderr);
+        if (echo)
+            fputs(line, stderr);
         if (n + k < cap) {
             memcpy(out + n, line, k + 1);
             n += k;
@@ -612,4 +611,28 @@ int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_
     }
     st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
+            const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = vcli(cl, cli_path, out, cap, 1, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int tsd_cli_quiet(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
+                  const char *fmt, ...)
+{
+    va_list ap;
+    int rc;
+
+    va_start(ap, fmt);
+    rc = vcli(cl, cli_path, out, cap, 0, fmt, ap);
+    va_end(ap);
+    return rc;
 }

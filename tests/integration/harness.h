@@ -137,6 +137,9 @@ void tsd_cluster_dump_logs(const struct tsd_cluster *cl);
  * shown on stderr as it comes and kept in out[cap]); its exit status, or -1. */
 int tsd_cli(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The same without showing the command or its output (for polls: the caller says what matters). */
+int tsd_cli_quiet(const struct tsd_cluster *cl, const char *cli_path, char *out, size_t cap,
+                  const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /* Path of certificate file NAME.EXT in test_certs() (a small ring of static buffers). */
 const char *test_cert(const char *name, const char *ext);
