@@ -169,6 +169,11 @@ int map_check(const struct ts_map *m, long *bad, char *err, size_t errlen)
         map_errf(err, errlen, "pg_count must be 1..%d, not %u", TS_MAP_MAX_PGS, m->pg_count);
         return -1;
     }
+    if (m->placement_pgs && m->pg_count % m->placement_pgs) {
+        map_errf(err, errlen, "placement_pgs %u must divide pg_count %u", m->placement_pgs,
+                 m->pg_count);
+        return -1;
+    }
     if (m->epoch > TS_MAP_MAX_EPOCH) {
         map_errf(err, errlen, "epoch %llu is past the largest allowed (%lld)",
                  (unsigned long long)m->epoch, (long long)TS_MAP_MAX_EPOCH);
@@ -287,6 +292,7 @@ struct ts_map *ts_map_dup(const struct ts_map *m)
         return NULL;
     d->epoch = m->epoch;
     d->pg_count = m->pg_count;
+    d->placement_pgs = m->placement_pgs;
     if (m->n)
         memcpy(d->nodes, m->nodes, m->n * sizeof(*m->nodes));
     if (m->move && ts_map_move_set(d, m->move->from, m->move->nfrom, m->move->pg, m->move->paused,
@@ -297,6 +303,7 @@ struct ts_map *ts_map_dup(const struct ts_map *m)
     if (m->move) {
         d->move->driver = m->move->driver;
         d->move->concurrent = m->move->concurrent;
+        ts_map_move_set_from_placement(d, m->move->from_placement);
     }
     if (map_hot_copy(d, m) != 0) {
         ts_map_free(d);
@@ -317,7 +324,8 @@ int ts_map_find(const struct ts_map *m, const char *id)
 
 /* ---- libconfig file ---------------------------------------------------------------------- */
 
-static const char *const top_keys[] = {"epoch", "pg_count", "nodes", "rebalance", "hot"};
+static const char *const top_keys[] = {"epoch", "pg_count",  "placement_pgs",
+                                       "nodes", "rebalance", "hot"};
 static const char *const node_keys[] = {"id", "addr", "tls_addr", "weight", "domain", "state"};
 
 int map_key_known(const char *name, const char *const *keys, size_t n)
@@ -435,7 +443,7 @@ int map_cfg_node(config_setting_t *g, struct ts_map_node *nd, const char *where,
 static int parse_cfg(config_t *cf, const char *where, struct ts_map **out, char *err, size_t errlen)
 {
     config_setting_t *root = config_root_setting(cf), *list;
-    unsigned long long epoch = 0, pg_count = 0;
+    unsigned long long epoch = 0, pg_count = 0, placement = 0;
     struct ts_map *m;
     long bad;
     char msg[384];
@@ -448,8 +456,15 @@ static int parse_cfg(config_t *cf, const char *where, struct ts_map **out, char 
                                 "unknown setting '%s'", config_setting_name(e));
     }
     if ((rc = map_cfg_int(root, "epoch", 1, 0, INT64_MAX, &epoch, where, err, errlen)) < 0 ||
-        (rc = map_cfg_int(root, "pg_count", 1, 1, UINT32_MAX, &pg_count, where, err, errlen)) < 0)
+        (rc = map_cfg_int(root, "pg_count", 1, 1, UINT32_MAX, &pg_count, where, err, errlen)) < 0 ||
+        (rc = map_cfg_int(root, "placement_pgs", 0, 1, UINT32_MAX, &placement, where, err,
+                          errlen)) < 0)
         return rc;
+    if (placement && pg_count % placement)
+        return map_cfg_fail(
+            err, errlen, where,
+            config_setting_source_line(config_setting_get_member(root, "placement_pgs")),
+            "placement_pgs %llu must divide pg_count %llu", placement, pg_count);
     list = config_setting_get_member(root, "nodes");
     if (!list)
         return map_cfg_fail(err, errlen, where, 0, "missing setting 'nodes'");
@@ -466,6 +481,7 @@ static int parse_cfg(config_t *cf, const char *where, struct ts_map **out, char 
         return map_cfg_fail(err, errlen, where, 0, "out of memory");
     m->epoch = epoch;
     m->pg_count = (uint32_t)pg_count;
+    m->placement_pgs = placement == pg_count ? 0 : (uint32_t)placement;
     for (int i = 0; i < n; i++) {
         rc = map_cfg_node(config_setting_get_elem(list, (unsigned)i), &m->nodes[i], where, err,
                           errlen);
@@ -553,6 +569,11 @@ static int emit(FILE *f, const struct ts_map *m)
     fprintf(f, "epoch = %llu%s;\n", (unsigned long long)m->epoch, m->epoch > INT32_MAX ? "L" : "");
     fprintf(f, "pg_count = %lu%s;\n", (unsigned long)m->pg_count,
             m->pg_count > INT32_MAX ? "L" : "");
+    if (m->placement_pgs && m->placement_pgs != m->pg_count)
+        fprintf(f,
+                "# Split: PG pg is placed as PG pg %% placement_pgs (each child with its parent).\n"
+                "placement_pgs = %lu%s;\n",
+                (unsigned long)m->placement_pgs, m->placement_pgs > INT32_MAX ? "L" : "");
     fprintf(f, "nodes = (\n");
     for (size_t i = 0; i < m->n; i++)
         map_emit_node(f, &m->nodes[i], i + 1 == m->n);
@@ -646,6 +667,7 @@ void ts_map_encode(struct ts_wr *w, const struct ts_map *m)
         map_node_encode(w, &m->nodes[i]);
     map_move_encode(w, m);
     map_hot_encode(w, m);
+    ts_wr_u32(w, m->placement_pgs == m->pg_count ? 0 : m->placement_pgs);
 }
 
 void map_node_encode(struct ts_wr *w, const struct ts_map_node *nd)
@@ -671,7 +693,7 @@ void map_node_decode(struct ts_rd *r, struct ts_map_node *nd)
 int ts_map_decode(struct ts_rd *r, struct ts_map **out)
 {
     uint64_t epoch;
-    uint32_t pg_count, n;
+    uint32_t pg_count, placement, n;
     struct ts_map *m;
     long bad;
 
@@ -695,6 +717,11 @@ int ts_map_decode(struct ts_rd *r, struct ts_map **out)
     if (!r->err && map_move_decode(r, m) != 0)
         r->err = TS_EPROTO;
     if (!r->err && map_hot_decode(r, m) != 0)
+        r->err = TS_EPROTO;
+    placement = ts_rd_u32(r); /* last: it came with splits, after the rest */
+    m->placement_pgs = placement == pg_count ? 0 : placement;
+    if (!r->err && m->move &&
+        ts_map_move_set_from_placement(m, m->move->from_placement) != 0) /* re-derived */
         r->err = TS_EPROTO;
     if (r->err || map_check(m, &bad, NULL, 0)) {
         r->err = TS_EPROTO;
@@ -730,6 +757,21 @@ uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count)
 uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard)
 {
     return m ? ts_pg_of(dataset, shard, m->pg_count) : 0;
+}
+
+uint32_t ts_map_placement_pgs(const struct ts_map *m)
+{
+    if (!m)
+        return 0;
+    return m->placement_pgs && m->placement_pgs < m->pg_count ? m->placement_pgs : m->pg_count;
+}
+
+int ts_map_pg_count_splits(uint32_t old_count, uint32_t new_count)
+{
+    if (!old_count || new_count <= old_count || new_count > TS_MAP_MAX_PGS || new_count % old_count)
+        return 0;
+    new_count /= old_count;
+    return (new_count & (new_count - 1)) == 0;
 }
 
 /* The SplitMix64 finalizer: a bijection with full avalanche. Note mix64(0) == 0. */
@@ -844,6 +886,7 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
 {
     struct rank local[64], *r = local;
     size_t nr = 0, cnt = 0;
+    uint32_t place = ts_map_placement_pgs(m); /* a child PG is placed as its parent */
 
     if (!m || !out || !max || !m->n)
         return 0;
@@ -859,7 +902,7 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
 
         if (nd->state != TS_NODE_UP || nd->weight == 0)
             continue;
-        h = pg_node_hash(pg, str_key(nd->id));
+        h = pg_node_hash(place ? pg % place : pg, str_key(nd->id));
         /* u = (k + 1/2) / 2^52 for the top 52 bits k: exact, and strictly inside (0,1). */
         u = ((double)(h >> 12) + 0.5) * (1.0 / 4503599627370496.0);
         r[nr].score = (double)nd->weight / -det_ln(u);

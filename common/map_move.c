@@ -17,7 +17,7 @@
 #include <string.h>
 
 static const char *const move_keys[] = {"paused", "rate",    "driver", "concurrent",
-                                        "from",   "pending", "moving"};
+                                        "from",   "pending", "moving", "from_placement_pgs"};
 
 void map_move_free(struct ts_map_move *mv)
 {
@@ -39,6 +39,7 @@ static int derive(struct ts_map *m, struct ts_map_move *mv)
         return TS_ENOMEM;
     mv->old->epoch = m->epoch;
     mv->old->pg_count = m->pg_count;
+    mv->old->placement_pgs = mv->from_placement ? mv->from_placement : m->placement_pgs;
     for (size_t i = 0; i < mv->nfrom; i++) {
         int j = ts_map_find(m, mv->from[i].id);
         if (j < 0)
@@ -91,6 +92,16 @@ out_free:
     return rc;
 }
 
+int ts_map_move_set_from_placement(struct ts_map *m, uint32_t placement_pgs)
+{
+    if (!m || !m->move || (placement_pgs && m->pg_count % placement_pgs))
+        return TS_EINVAL;
+    m->move->from_placement = placement_pgs; /* explicit, also when it is pg_count */
+    m->move->old->placement_pgs =
+        m->move->from_placement ? m->move->from_placement : m->placement_pgs;
+    return 0;
+}
+
 void ts_map_move_clear(struct ts_map *m)
 {
     if (!m)
@@ -138,6 +149,7 @@ size_t map_move_old_order(const struct ts_map *m, uint32_t pg, int *out, size_t 
             return 0;
         fresh->epoch = old->epoch;
         fresh->pg_count = old->pg_count;
+        fresh->placement_pgs = old->placement_pgs;
         for (size_t j = 0; j < mv->nfrom; j++) {
             fresh->nodes[j] = old->nodes[j];
             fresh->nodes[j].state = old_state(m, j);
@@ -157,7 +169,8 @@ size_t map_move_old_order(const struct ts_map *m, uint32_t pg, int *out, size_t 
 int map_move_check(const struct ts_map *m, char *err, size_t errlen)
 {
     const struct ts_map_move *mv = m->move;
-    struct ts_map from = {m->epoch, m->pg_count, mv->nfrom, mv->from, NULL, NULL, 0};
+    struct ts_map from = {
+        .epoch = m->epoch, .pg_count = m->pg_count, .n = mv->nfrom, .nodes = mv->from};
     char msg[384];
     long bad;
 
@@ -167,6 +180,11 @@ int map_move_check(const struct ts_map *m, char *err, size_t errlen)
     }
     if (map_check(&from, &bad, msg, sizeof(msg))) {
         map_errf(err, errlen, "rebalance.from: %s", msg);
+        return -1;
+    }
+    if (mv->from_placement && m->pg_count % mv->from_placement) {
+        map_errf(err, errlen, "rebalance.from_placement_pgs %u must divide pg_count %u",
+                 mv->from_placement, m->pg_count);
         return -1;
     }
     for (size_t i = 0; i < mv->nfrom; i++) {
@@ -220,7 +238,7 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
                    size_t errlen)
 {
     config_setting_t *list;
-    unsigned long long rate = 0, driver = 0, concurrent = 0;
+    unsigned long long rate = 0, driver = 0, concurrent = 0, from_placement = 0;
     struct ts_map_node *from = NULL;
     uint8_t *pgs = NULL;
     int paused = 0, n, rc;
@@ -248,8 +266,15 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
         rc = map_cfg_int(g, "driver", 0, 0, INT64_MAX, &driver, where, err, errlen);
     if (rc >= 0)
         rc = map_cfg_int(g, "concurrent", 0, 0, TS_MAP_MAX_PGS, &concurrent, where, err, errlen);
+    if (rc >= 0)
+        rc = map_cfg_int(g, "from_placement_pgs", 0, 1, TS_MAP_MAX_PGS, &from_placement, where, err,
+                         errlen);
     if (rc < 0)
         return rc;
+    if (from_placement && m->pg_count % from_placement)
+        return map_cfg_fail(err, errlen, where, config_setting_source_line(g),
+                            "rebalance.from_placement_pgs %llu must divide pg_count %u",
+                            from_placement, m->pg_count);
     list = config_setting_get_member(g, "from");
     if (!list || !config_setting_is_list(list))
         return map_cfg_fail(err, errlen, where, config_setting_source_line(g),
@@ -278,6 +303,7 @@ int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, cha
     if (!rc) {
         m->move->driver = driver;
         m->move->concurrent = (uint32_t)concurrent;
+        ts_map_move_set_from_placement(m, (uint32_t)from_placement);
     }
     if (rc)
         rc = map_cfg_fail(err, errlen, where, config_setting_source_line(list),
@@ -309,11 +335,14 @@ void map_move_emit(FILE *f, const struct ts_map *m)
 
     fprintf(f, "# A rebalance in progress (tessera rebalance status): PGs pending or moving keep\n"
                "# the placement of the node table `from`.\n");
-    fprintf(f,
-            "rebalance = {\n  paused = %s;\n  rate = %lluL;\n  driver = %lluL;\n"
-            "  concurrent = %u;\n  from = (\n",
-            mv->paused ? "true" : "false", (unsigned long long)mv->rate,
-            (unsigned long long)mv->driver, mv->concurrent);
+    fprintf(
+        f,
+        "rebalance = {\n  paused = %s;\n  rate = %lluL;\n  driver = %lluL;\n  concurrent = %u;\n",
+        mv->paused ? "true" : "false", (unsigned long long)mv->rate, (unsigned long long)mv->driver,
+        mv->concurrent);
+    if (mv->from_placement)
+        fprintf(f, "  from_placement_pgs = %u;\n", mv->from_placement);
+    fprintf(f, "  from = (\n");
     for (size_t i = 0; i < mv->nfrom; i++)
         map_emit_node(f, &mv->from[i], i + 1 == mv->nfrom);
     fprintf(f, "  );\n");
@@ -335,6 +364,7 @@ void map_move_encode(struct ts_wr *w, const struct ts_map *m)
     ts_wr_u64(w, mv->rate);
     ts_wr_u64(w, mv->driver);
     ts_wr_u32(w, mv->concurrent);
+    ts_wr_u32(w, mv->from_placement);
     ts_wr_u32(w, (uint32_t)mv->nfrom);
     for (size_t i = 0; i < mv->nfrom; i++)
         map_node_encode(w, &mv->from[i]);
@@ -346,7 +376,7 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     struct ts_map_node *from;
     uint32_t nfrom;
     uint64_t rate, driver;
-    uint32_t concurrent;
+    uint32_t concurrent, from_placement;
     const uint8_t *pgs;
     int paused, rc;
 
@@ -356,6 +386,7 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     rate = ts_rd_u64(r);
     driver = ts_rd_u64(r);
     concurrent = ts_rd_u32(r);
+    from_placement = ts_rd_u32(r);
     nfrom = ts_rd_u32(r);
     if (r->err || nfrom == 0 || nfrom > TS_MAP_MAX_NODES || nfrom > r->len - r->off)
         return TS_EPROTO;
@@ -371,6 +402,7 @@ int map_move_decode(struct ts_rd *r, struct ts_map *m)
     if (!rc) {
         m->move->driver = driver;
         m->move->concurrent = concurrent > TS_MAP_MAX_PGS ? 0 : concurrent;
+        rc = ts_map_move_set_from_placement(m, from_placement);
     }
     free(from);
     return rc ? TS_EPROTO : 0;

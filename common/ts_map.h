@@ -49,12 +49,14 @@ enum ts_pg_move { TS_PG_SETTLED = 0, TS_PG_PENDING = 1, TS_PG_MOVING = 2 };
 struct ts_map_move {
     struct ts_map_node *from; /* the node table before the rebalance */
     size_t nfrom;
-    uint8_t *pg;         /* pg_count entries: enum ts_pg_move */
-    int paused;          /* no new PG starts moving; backfills of moving PGs wait */
-    uint64_t rate;       /* bytes/s of each moving PG's backfill, 0: unlimited */
-    uint64_t driver;     /* the CLI process that drives it (a random token): one at a time;
-                          * TS_MOVE_DRIVER_MONITOR: the elected `tessera monitor` (on etcd) */
-    uint32_t concurrent; /* PGs moving at once (--max-concurrent; 0: the driver's default) */
+    uint8_t *pg;             /* pg_count entries: enum ts_pg_move */
+    int paused;              /* no new PG starts moving; backfills of moving PGs wait */
+    uint64_t rate;           /* bytes/s of each moving PG's backfill, 0: unlimited */
+    uint64_t driver;         /* the CLI process that drives it (a random token): one at a time;
+                              * TS_MOVE_DRIVER_MONITOR: the elected `tessera monitor` (on etcd) */
+    uint32_t concurrent;     /* PGs moving at once (--max-concurrent; 0: the driver's default) */
+    uint32_t from_placement; /* the map's placement_pgs before it (0: the map's own): a split's
+                              * spreading moves children from their parent's placement */
     /* Derived: `from` with the states of now (a node down now is down there). */
     struct ts_map *old;
     int *old_idx; /* old->nodes[i] is nodes[old_idx[i]] */
@@ -72,7 +74,11 @@ struct ts_map_hot {
 
 struct ts_map {
     uint64_t epoch;    /* grows with every change */
-    uint32_t pg_count; /* > 0, fixed for the life of a cluster */
+    uint32_t pg_count; /* > 0; it only grows, by a split (doubling: docs/operations.md) */
+    /* PG pg is placed as PG pg % placement_pgs (0: pg_count, every PG on its own). Less than
+     * pg_count only after a split: every child PG stays with its parent until the split's
+     * rebalance spreads them. Divides pg_count. */
+    uint32_t placement_pgs;
     size_t n;
     struct ts_map_node *nodes;
     struct ts_map_move *move; /* NULL: no rebalance in progress */
@@ -93,10 +99,12 @@ const char *ts_node_state_name(int state);
  *       state = "up"; },
  *     { id = "n2"; addr = "127.0.0.1:7102"; weight = 100; domain = "rack-b"; }
  *   );
+ *   placement_pgs = 32;      # only after a split (tessera pg split): children with parents
  *   hot = ( { dataset = "imagenet"; fringe = 2; },   # extra fringe replicas (tessera hot)
  *           { dataset = "coco"; pg = 5; fringe = 1; } ); # in one PG only
  *   rebalance = {            # only while one is in progress (written by `tessera rebalance`)
  *     paused = false; rate = 0; driver = 0; concurrent = 4;
+ *     from_placement_pgs = 32;  # a split's spreading: placement_pgs before it
  *     from = ( { id = "n1"; ... } );   # the node table before, as `nodes`
  *     pending = [ 3, 7 ]; moving = [ 5 ];   # PGs that keep the placement `from` gives them
  *   };
@@ -104,7 +112,8 @@ const char *ts_node_state_name(int state);
  * epoch, pg_count, nodes and each node's id, addr and weight are required; tls_addr and domain
  * default to "", state to "up". Validated (the same checks for the wire form): 1..TS_MAP_MAX_NODES
  * nodes, unique ids, every listener address (plain and TLS) used once, weight > 0, pg_count
- * 1..TS_MAP_MAX_PGS, epoch <= TS_MAP_MAX_EPOCH, at least one node up, state up|down|out, no
+ * 1..TS_MAP_MAX_PGS, placement_pgs (and the rebalance's from_placement_pgs) dividing pg_count,
+ * epoch <= TS_MAP_MAX_EPOCH, at least one node up, state up|down|out, no
  * unknown settings. Integers above 2147483647 need libconfig's L suffix (libconfig 1.5 silently
  * wraps them otherwise; ts_map_write_file() adds it). On error returns TS_ECONFIG and writes a
  * message naming the line into err (when err != NULL); a file that cannot be read is TS_ECONFIG
@@ -121,13 +130,14 @@ int ts_map_parse_string(const char *text, struct ts_map **out, char *err, size_t
 int ts_map_write_file(const struct ts_map *m, const char *path);
 
 /*
- * Wire form: u64 epoch, u32 pg_count, u32 n, then n x (str id, str addr, str tls_addr,
- * u32 weight, str domain, u8 state), then u8 1 and the rebalance (u8 paused, u64 rate, u64 driver,
- * u32 concurrent, u32 nfrom, nfrom nodes as above, pg_count x u8 state) or u8 0, then u32 nhot and
- * nhot x (str dataset, u64 pg (two's complement: -1 every PG), u8 fringe), with the ts_wr_*
- * encodings. Decoding is bounds-checked and validates like the parser (n <= TS_MAP_MAX_NODES);
- * anything malformed is TS_EPROTO (also left in r->err). Decoding does not require the map to end
- * the payload: call ts_rd_done().
+ * Wire form: u64 epoch, u32 pg_count, u32 n, then n x (str id, str addr, str tls_addr, u32
+ * weight, str domain, u8 state), then u8 1 and the rebalance (u8 paused, u64 rate, u64 driver,
+ * u32 concurrent, u32 from_placement (0: the map's), u32 nfrom, nfrom nodes as above, pg_count x
+ * u8 state) or u8 0, then u32 nhot and
+ * nhot x (str dataset, u64 pg (two's complement: -1 every PG), u8 fringe), then u32 placement_pgs
+ * (0: pg_count), with the ts_wr_* encodings. Decoding is bounds-checked and validates like the
+ * parser (n <= TS_MAP_MAX_NODES); anything malformed is TS_EPROTO (also left in r->err). Decoding
+ * does not require the map to end the payload: call ts_rd_done().
  */
 void ts_map_encode(struct ts_wr *w, const struct ts_map *m);
 int ts_map_decode(struct ts_rd *r, struct ts_map **out);
@@ -152,6 +162,12 @@ uint32_t ts_pg_of(const char *dataset, uint32_t shard, uint32_t pg_count);
 uint32_t ts_pg_of_hashed(uint32_t dataset_crc, uint32_t shard, uint32_t pg_count);
 /* ts_pg_of() with the map's PG count (0 for a NULL map). */
 uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shard);
+/* How many PGs m places on their own (its placement_pgs, else pg_count): PG pg is placed as PG
+ * pg % ts_map_placement_pgs(m). */
+uint32_t ts_map_placement_pgs(const struct ts_map *m);
+/* 1 when a map of new_count PGs splits one of old_count: new_count is old_count times a power
+ * of two (up to TS_MAP_MAX_PGS), so every PG of it has one parent, pg % old_count. */
+int ts_map_pg_count_splits(uint32_t old_count, uint32_t new_count);
 
 /*
  * The ordered replica set of a PG over nodes in state UP: by weighted rendezvous hashing
@@ -164,7 +180,8 @@ uint32_t ts_map_pg_of(const struct ts_map *m, const char *dataset, uint32_t shar
  * states of the UP nodes, not on their order in the map or on the platform's libm.
  * Returns 0 when no node is UP, and (for maps over 64 nodes) when out of memory.
  * During a rebalance (m->move), a PENDING or MOVING PG gets the order of the table before it,
- * followed by the target's other nodes.
+ * followed by the target's other nodes. Either order is PG pg % placement_pgs's (the map's, or
+ * the rebalance's from_placement for the order before it).
  */
 size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
 /* ts_map_pg_order under the node table alone: where a rebalance takes the PG. Without a
@@ -178,6 +195,9 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
  */
 int ts_map_move_set(struct ts_map *m, const struct ts_map_node *from, size_t nfrom,
                     const uint8_t *pgstate, int paused, uint64_t rate);
+/* Sets m's rebalance's placement_pgs before it (0: the map's own); TS_EINVAL without a
+ * rebalance or when it does not divide pg_count. */
+int ts_map_move_set_from_placement(struct ts_map *m, uint32_t placement_pgs);
 /* Ends m's rebalance (every PG takes the target placement). */
 void ts_map_move_clear(struct ts_map *m);
 /* Sets PG pg's state and re-derives nothing else; TS_EINVAL without a rebalance. */

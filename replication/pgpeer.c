@@ -645,10 +645,13 @@ void repl_pgpeer_map_changed(ts_repl *r)
     if (!r->map || r->self < 0)
         return;
     pthread_mutex_lock(&r->lock);
-    if (r->npub != r->map->pg_count) {
+    if (r->npub != r->map->pg_count) { /* the first map, or a split: the PGs led stay */
+        struct repl_pg_pub *pub = calloc(r->map->pg_count, sizeof(*pub));
+        if (pub && r->pub)
+            memcpy(pub, r->pub, TS_MIN(r->npub, r->map->pg_count) * sizeof(*pub));
         free(r->pub);
-        r->pub = calloc(r->map->pg_count, sizeof(*r->pub));
-        r->npub = r->pub ? r->map->pg_count : 0;
+        r->pub = pub;
+        r->npub = pub ? r->map->pg_count : 0;
     }
     pthread_mutex_unlock(&r->lock);
     ts_store_dataset_list(r->o.store, widths_cb, &wd);

@@ -89,6 +89,24 @@ static void backfill_mark(struct tsd_server *s, const struct ts_map *m)
         backfill_save(s);
 }
 
+/* A split (map_lock held for writing): each child PG starts as its parent is here, clean or
+ * waiting for a backfill (the child's shards are a part of the parent's). The old map places
+ * every child as its parent (PG pg % its pg_count), so backfill_mark then compares like for
+ * like. */
+static void split_pgs(struct tsd_server *s, uint32_t count)
+{
+    uint32_t before = s->npg;
+
+    for (uint32_t pg = before; pg < count; pg++) {
+        atomic_store(&s->pg_clean[pg], atomic_load(&s->pg_clean[pg % before]));
+        atomic_store(&s->pg_asked[pg], 0);
+        atomic_store(&s->pg_backfill[pg], atomic_load(&s->pg_backfill[pg % before]));
+    }
+    s->npg = count;
+    backfill_save(s);
+    TS_INFO(FAC, "split: %u PGs become %u (PG p's children are p + k * %u)", before, count, before);
+}
+
 int tsd_pg_needs_backfill(struct tsd_server *s, uint32_t pg)
 {
     return s->pg_backfill && pg < s->npg && atomic_load(&s->pg_backfill[pg]);
@@ -185,12 +203,19 @@ int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why,
                      (unsigned long long)copy->epoch);
         goto out_unlock;
     }
-    if (s->map && copy->pg_count != s->map->pg_count) {
-        snprintf(why, cap, "pg_count %u differs from the cluster's %u (fixed for its life)",
+    if (s->map && copy->pg_count != s->map->pg_count &&
+        !ts_map_pg_count_splits(s->map->pg_count, copy->pg_count)) {
+        snprintf(why, cap,
+                 "pg_count %u is not a split of the cluster's %u (PGs only split: the count "
+                 "doubles, and never shrinks)",
                  copy->pg_count, s->map->pg_count);
         rc = TS_EINVAL;
         goto out_unlock;
     }
+    /* A split's children are marked (and saved) before the map that makes them is persisted:
+     * a restart in between finds the old map and ignores them. */
+    if (s->npg && copy->pg_count > s->npg)
+        split_pgs(s, copy->pg_count);
     /* Installed only once persisted: a node never runs on a map it would not restart with. */
     persisted_path(s, path, sizeof(path));
     rc = ts_map_write_file(copy, path);
@@ -199,11 +224,12 @@ int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why,
         goto out_unlock;
     }
     if (!s->pg_clean) {
-        /* The PG count is fixed for a cluster's life. Nothing is served from a PG until its
-         * primary says this node holds its log (or this node leads it). */
-        s->pg_clean = calloc(copy->pg_count, sizeof(*s->pg_clean));
-        s->pg_asked = calloc(copy->pg_count, sizeof(*s->pg_asked));
-        s->pg_backfill = calloc(copy->pg_count, sizeof(*s->pg_backfill));
+        /* Nothing is served from a PG until its primary says this node holds its log (or this
+         * node leads it). Room for the most PGs a split can make: workers read these without
+         * the map lock, so they are never moved. */
+        s->pg_clean = calloc(TS_MAP_MAX_PGS, sizeof(*s->pg_clean));
+        s->pg_asked = calloc(TS_MAP_MAX_PGS, sizeof(*s->pg_asked));
+        s->pg_backfill = calloc(TS_MAP_MAX_PGS, sizeof(*s->pg_backfill));
         s->npg = s->pg_clean && s->pg_asked && s->pg_backfill ? copy->pg_count : 0;
         if (s->npg)
             backfill_load(s);

@@ -383,6 +383,13 @@ static const struct cmd cmds[] = {
      "'resume' and 'rollback' with --etcd hand theirs over); when it dies the next takes over.\n"
      "Runs until SIGTERM (admin role: -s NODE with an admin certificate).",
      1, NULL},
+    {"rebalance", "split", 0, 0, 1, rebalance_apply_opts, cmd_rebalance_split,
+     "[--max-bytes-per-sec R] [--max-concurrent N] [--detach] [--dry-run]",
+     "Doubles the cluster's PG count online: every PG p splits into p and p + pg_count (half\n"
+     "its shards each), the children first on their parents' replicas, then moved where they\n"
+     "belong as a rebalance (status, pause, resume, rollback as for 'apply'; a rollback puts\n"
+     "the children back on their parents' nodes). Needs every node up and every PG clean.",
+     1, NULL},
     {"rebalance", "status", 0, 0, 1, node_opts, cmd_rebalance_status, "[--json]",
      "Shows the rebalance in progress: PGs done / total, moving, pending, bytes, paused.", 1, NULL},
     {"rebalance", "pause", 0, 0, 1, node_opts, cmd_rebalance_pause, "",

@@ -113,6 +113,17 @@ int cmd_rebalance_status(struct ctx *x);
 int cmd_rebalance_pause(struct ctx *x);
 int cmd_rebalance_resume(struct ctx *x);
 int cmd_rebalance_rollback(struct ctx *x);
+/* What `rebalance split` (cli_split.c) shares of the rebalance. */
+int cli_rebalance_newest(struct ctx *x, struct ts_map **out);
+int cli_rebalance_widest(struct ctx *x, unsigned *w);
+int cli_rebalance_pg_changes(const struct ts_map *m, uint32_t pg, unsigned w);
+uint64_t cli_rebalance_driver_token(const struct ctx *x);
+int cli_rebalance_drive_started(struct ctx *x);
+/* 1 when every PG of m is clean as its primary reports (it runs m's epoch, is not peering it,
+ * lists no replica of it as behind or recovering); else 0 and why. */
+int cli_rebalance_clean(struct ctx *x, const struct ts_map *m, unsigned w, char *why, size_t cap);
+/* cli_split.c */
+int cmd_rebalance_split(struct ctx *x);
 int cmd_node_up(struct ctx *x);
 int cmd_node_down(struct ctx *x);
 int cmd_node_out(struct ctx *x);

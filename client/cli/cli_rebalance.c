@@ -699,7 +699,8 @@ int cmd_rebalance_apply(struct ctx *x)
     if (f->pg_count != cur->pg_count || f->move) {
         snprintf(x->local, sizeof(x->local), "%s: %s", x->argv[0],
                  f->move ? "a map file with a rebalance section is not a target"
-                         : "pg_count differs from the cluster's (fixed for its life)");
+                         : "pg_count differs from the cluster's ('tessera rebalance split' "
+                           "doubles it)");
         rc = TS_EINVAL;
         goto out;
     }
@@ -839,6 +840,10 @@ int cmd_rebalance_status(struct ctx *x)
         progress_of(&b, m, &p);
         if (!m->move && !x->json)
             printf("no rebalance in progress (map epoch %llu)\n", (unsigned long long)m->epoch);
+        if (m->move && m->move->from_placement != ts_map_placement_pgs(m) &&
+            m->move->from_placement && !x->json)
+            printf("a split's: PGs placed %u apart move to %u placements\n",
+                   m->move->from_placement, ts_map_placement_pgs(m));
         else
             progress_print(&b, m, &p, 0, 0);
         if (m->move && !x->json)
@@ -849,6 +854,14 @@ int cmd_rebalance_status(struct ctx *x)
     ts_map_free(m);
     rb_fini(&b);
     return rc;
+}
+
+/* back's rebalance starts from m's target placement count (where it differs from back's). */
+static int placement_from(struct ts_map *back, const struct ts_map *m)
+{
+    uint32_t now = ts_map_placement_pgs(m);
+
+    return now == ts_map_placement_pgs(back) ? 0 : ts_map_move_set_from_placement(back, now);
 }
 
 static int rollback_once(struct ctx *x)
@@ -906,8 +919,14 @@ static int rollback_once(struct ctx *x)
             back->n = n;
             nodes = NULL;
             ts_map_move_clear(back);
+            /* A split's: the target places every child with its parent again (the PG count
+             * stays: the children keep their logs), from the placement of now. */
+            if (m->move->from_placement)
+                back->placement_pgs = m->move->from_placement;
             /* from = the table now; the PGs already settled under it differ from the target */
             rc = ts_map_move_set(back, m->nodes, m->n, NULL, 0, m->move->rate);
+            if (!rc)
+                rc = placement_from(back, m);
         }
         for (uint32_t pg = 0; ok && !rc && pg < m->pg_count; pg++) {
             int a[MAX_RANK], t[MAX_RANK];
@@ -933,6 +952,8 @@ static int rollback_once(struct ctx *x)
     }
     if (!rc)
         rc = ts_map_move_set(back, m->nodes, m->n, st, 0, m->move->rate);
+    if (!rc)
+        rc = placement_from(back, m);
     if (rc)
         goto out;
     back->move->driver = driver_token(x);
@@ -966,4 +987,61 @@ int cmd_rebalance_rollback(struct ctx *x)
         rc = rollback_once(x);
     }
     return rc;
+}
+
+/* ---- for `rebalance split` (cli_split.c) ------------------------------------------------------
+ */
+
+int cli_rebalance_newest(struct ctx *x, struct ts_map **out)
+{
+    return newest(x, out);
+}
+
+int cli_rebalance_widest(struct ctx *x, unsigned *w)
+{
+    return widest(x, w);
+}
+
+int cli_rebalance_pg_changes(const struct ts_map *m, uint32_t pg, unsigned w)
+{
+    return pg_changes(m, pg, w);
+}
+
+uint64_t cli_rebalance_driver_token(const struct ctx *x)
+{
+    return driver_token(x);
+}
+
+int cli_rebalance_drive_started(struct ctx *x)
+{
+    return drive_maybe_detached(x);
+}
+
+int cli_rebalance_clean(struct ctx *x, const struct ts_map *m, unsigned w, char *why, size_t cap)
+{
+    struct node_view *views = calloc(m->n, sizeof(*views));
+    int clean = views != NULL;
+
+    for (size_t i = 0; clean && i < m->n; i++)
+        view_read(x, i, &views[i]);
+    for (uint32_t pg = 0; clean && pg < m->pg_count; pg++) {
+        int order[MAX_RANK];
+        size_t n = ts_map_pg_order(m, pg, order, w);
+        const struct node_view *pv = n ? &views[order[0]] : NULL;
+        if (!pv || !pv->ok || pv->epoch != m->epoch)
+            snprintf(why, cap, "PG %u: its primary %s %s", pg, n ? m->nodes[order[0]].id : "-",
+                     !pv || !pv->ok ? "does not answer" : "runs another map epoch");
+        else if (view_peering(pv, pg))
+            snprintf(why, cap, "PG %u: its primary %s is peering it", pg, m->nodes[order[0]].id);
+        else if (view_lists(pv, pg, NULL))
+            snprintf(why, cap, "PG %u: its primary %s lists a replica as behind or recovering", pg,
+                     m->nodes[order[0]].id);
+        else
+            continue;
+        clean = 0;
+    }
+    for (size_t i = 0; views && i < m->n; i++)
+        json_object_put(views[i].doc);
+    free(views);
+    return clean;
 }

@@ -906,7 +906,7 @@ static void test_abandoned_uploads_end_on_replicas(void **state)
 }
 
 /* Maps a node must refuse, changing nothing (in memory or in data_dir/cluster.map): one that
- * does not list it, one with another pg_count, one where no node is up. */
+ * does not list it, one with a pg_count that is no split of its own, one where no node is up. */
 static void test_bad_maps_refused(void **state)
 {
     int n2 = tsd_cluster_find(&CL, "n2");
@@ -920,9 +920,11 @@ static void test_bad_maps_refused(void **state)
     bad->n--;
     assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EINVAL);
     ts_map_free(bad);
-    bad = ts_map_dup(now); /* another pg_count */
+    bad = ts_map_dup(now); /* another pg_count, no split: 3x, and half */
     bad->epoch = before + 10;
-    bad->pg_count *= 2;
+    bad->pg_count *= 3;
+    assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EINVAL);
+    bad->pg_count = now->pg_count / 2;
     assert_int_equal(raw_map_push(CL.node[n2].tls_addr, bad), TS_EINVAL);
     ts_map_free(bad);
     bad = ts_map_dup(now); /* nobody up: malformed on the wire */

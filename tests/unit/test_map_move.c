@@ -250,6 +250,11 @@ static void test_refused(void **state)
         {"rebalance = { from = ( { id = \"a\"; addr = \"127.0.0.1:1\"; weight = 1; } ); "
          "paused = 1; };",
          "true or false"},
+        {"rebalance = { from = ( { id = \"a\"; addr = \"127.0.0.1:1\"; weight = 1; } ); "
+         "from_placement_pgs = 3; };",
+         "from_placement_pgs 3 must divide pg_count 8"},
+        {"placement_pgs = 3;", "placement_pgs 3 must divide pg_count 8"},
+        {"placement_pgs = 16;", "placement_pgs 16 must divide pg_count 8"},
     };
     char text[1024], err[512];
 
@@ -277,12 +282,121 @@ static void test_refused(void **state)
     }
 }
 
+/* A split: pg_count doubles with placement_pgs the count before, so every child PG (pg + NPG)
+ * is placed as its parent and nothing moves; the split's rebalance then spreads the children
+ * (placement_pgs back to pg_count, from_placement the count before): pending children keep
+ * their parent's nodes, settled ones take their own. File, wire and copy carry both counts. */
+static void test_split(void **state)
+{
+    struct ts_map *m = make_map(5), *s, *t, *back = NULL, *dup;
+    uint8_t st[2 * NPG] = {0};
+    char x[128], y[128], path[] = "/tmp/test_map_split.XXXXXX", err[512];
+    unsigned moved = 0;
+    struct ts_wr w;
+    struct ts_rd r;
+    int fd;
+
+    (void)state;
+    assert_true(ts_map_pg_count_splits(NPG, 2 * NPG));
+    assert_true(ts_map_pg_count_splits(NPG, 8 * NPG));
+    assert_false(ts_map_pg_count_splits(NPG, 3 * NPG));
+    assert_false(ts_map_pg_count_splits(NPG, NPG));
+    assert_false(ts_map_pg_count_splits(NPG, NPG / 2));
+    assert_false(ts_map_pg_count_splits(NPG, 2 * TS_MAP_MAX_PGS));
+
+    s = ts_map_dup(m);
+    assert_non_null(s);
+    s->pg_count = 2 * NPG;
+    s->placement_pgs = NPG;
+    assert_int_equal(ts_map_placement_pgs(s), NPG);
+    for (uint32_t pg = 0; pg < 2 * NPG; pg++) {
+        ids(m, pg % NPG, 5, 0, x, sizeof(x));
+        ids(s, pg, 5, 0, y, sizeof(y));
+        assert_string_equal(x, y); /* the child with its parent */
+    }
+    /* A shard of a parent's goes to it or to its child (pg + NPG). */
+    for (uint32_t shard = 0; shard < 1000; shard++) {
+        uint32_t a = ts_pg_of("d", shard, NPG), b = ts_pg_of("d", shard, 2 * NPG);
+        assert_true(b == a || b == a + NPG);
+    }
+
+    /* The spreading: children whose own placement differs pending. */
+    t = ts_map_dup(s);
+    assert_non_null(t);
+    t->placement_pgs = 0;
+    for (uint32_t pg = NPG; pg < 2 * NPG; pg++) {
+        ids(s, pg, 3, 0, x, sizeof(x));
+        ids(t, pg, 3, 1, y, sizeof(y));
+        st[pg] = strcmp(x, y) ? TS_PG_PENDING : TS_PG_SETTLED;
+        moved += st[pg] == TS_PG_PENDING;
+    }
+    assert_true(moved > NPG / 2);
+    assert_int_equal(ts_map_move_set(t, s->nodes, s->n, st, 0, 0), 0);
+    assert_int_equal(ts_map_move_set_from_placement(t, NPG), 0);
+    for (uint32_t pg = 0; pg < 2 * NPG; pg++) {
+        ids(st[pg] ? s : t, pg, 3, st[pg] ? 0 : 1, x, sizeof(x));
+        ids(t, pg, 3, 0, y, sizeof(y));
+        assert_string_equal(x, y);
+    }
+    ts_map_move_pg(t, NPG + 1, TS_PG_SETTLED);
+    ids(t, NPG + 1, 3, 1, x, sizeof(x));
+    ids(t, NPG + 1, 3, 0, y, sizeof(y));
+    assert_string_equal(x, y);
+
+    /* The file, the wire and a copy keep both counts. */
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    for (int k = 0; k < 2; k++) {
+        const struct ts_map *a = k ? t : s;
+        assert_int_equal(ts_map_write_file(a, path), 0);
+        if (ts_map_parse_file(path, &back, err, sizeof(err)) != 0)
+            fail_msg("%s", err);
+        assert_int_equal(back->placement_pgs, a->placement_pgs);
+        assert_int_equal(back->move ? back->move->from_placement : 0,
+                         a->move ? a->move->from_placement : 0);
+        for (uint32_t pg = 0; pg < 2 * NPG; pg++) {
+            ids(a, pg, 5, 0, x, sizeof(x));
+            ids(back, pg, 5, 0, y, sizeof(y));
+            assert_string_equal(x, y);
+        }
+        ts_map_free(back);
+        back = NULL;
+        ts_wr_init(&w);
+        ts_map_encode(&w, a);
+        ts_rd_init(&r, w.buf, w.len);
+        assert_int_equal(ts_map_decode(&r, &back), 0);
+        assert_int_equal(ts_rd_done(&r), 0);
+        dup = ts_map_dup(back);
+        assert_non_null(dup);
+        for (uint32_t pg = 0; pg < 2 * NPG; pg++) {
+            ids(a, pg, 5, 0, x, sizeof(x));
+            ids(dup, pg, 5, 0, y, sizeof(y));
+            assert_string_equal(x, y);
+        }
+        ts_map_free(dup);
+        ts_map_free(back);
+        back = NULL;
+        /* A placement count that does not divide pg_count is refused on the wire. */
+        w.buf[w.len - 1] = 3;
+        ts_rd_init(&r, w.buf, w.len);
+        assert_int_equal(ts_map_decode(&r, &back), TS_EPROTO);
+        assert_null(back);
+        ts_wr_fini(&w);
+    }
+    unlink(path);
+    assert_int_equal(ts_map_move_set_from_placement(t, 3), TS_EINVAL);
+    ts_map_free(m);
+    ts_map_free(s);
+    ts_map_free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement),  cmocka_unit_test(test_ranks),
         cmocka_unit_test(test_states_now), cmocka_unit_test(test_file_and_wire),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused),    cmocka_unit_test(test_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
