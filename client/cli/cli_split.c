@@ -71,7 +71,7 @@ int cmd_rebalance_split(struct ctx *x)
     if (rc)
         goto out;
     if (!cli_rebalance_clean(x, cur, width, why, sizeof(why))) {
-        char msg[400];
+        char msg[sizeof(why) + 160];
         snprintf(msg, sizeof(msg),
                  "not every PG is clean: %s. A split needs every write on all of its PG's "
                  "replicas; try again once they caught up ('tessera status')",
