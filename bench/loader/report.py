@@ -148,7 +148,8 @@ def issue32(sets, by, runs, phases, meta):
         extra = ""
         if mode == "scan":
             extra = (f"; scan passes {statistics.median(r['scan_passes'] for r in rs):g} at "
-                     f"{med(rs, 'scan_mb_per_s'):.0f} MB/s")
+                     f"{med(rs, 'scan_mb_per_s'):.0f} MB/s; its disk bytes count the scan's "
+                     f"own reads of the other data set")
         out.append(f"| scan phase, {mode} (stall {100 * med(rs, 'stall'):.1f} %{extra}) | "
                    f"{med(rs, 'samples_per_s'):.0f}{spread} | "
                    f"{per(rs, 'disk_read_bytes', rs[0]['dataset'])} | "
