@@ -615,16 +615,72 @@ static int cmp_i64(const void *a, const void *b)
  * flood's buffered input (issue 31: pipe16k-c16-d16's p99). Measured on a 2-vCPU VM shared
  * with other builds: median 3.0-8.6 ms before the per-turn bound, 0.7-1.0 ms after.
  */
-static void test_pipelined_flood_does_not_starve(void **state)
+/* One flood of f's requests and probes beside it on the same worker; the probes' median (ns). */
+static int64_t flood_probe_median(struct flood *f)
 {
-    tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
-    struct flood f;
     int64_t lat[PROBES];
     int n = 0, fd, spacer;
     uint8_t got[100];
     struct ts_wr w;
 
+    atomic_store(&f->replies, 0);
+    /* Connections go to the 2 workers in turn: the spacer puts the probe on the flood's. */
+    f->fd = raw_connect(D.addr);
+    spacer = raw_connect(D.addr);
+    fd = raw_connect(D.addr);
+    assert_true(f->fd >= 0 && spacer >= 0 && fd >= 0);
+    assert_int_equal(pthread_create(&f->rx, NULL, flood_rx, f), 0);
+    assert_int_equal(pthread_create(&f->tx, NULL, flood_tx, f), 0);
+    /* The probe starts once the flood flows, and counts only while it still does. */
+    for (int i = 0; i < 5000 && atomic_load(&f->replies) < 256; i++)
+        usleep(1000);
+    while (n < PROBES && atomic_load(&f->replies) < FLOOD_READS - 512) {
+        uint64_t id;
+        uint8_t *payload = NULL;
+        size_t plen;
+        int64_t t0 = (int64_t)ts_now_mono_ns();
+
+        assert_int_equal(read_payload(&w, "fair", 0, sizeof(got), 0), 0);
+        assert_int_equal(raw_send_frame(fd, TS_OP_READ, 0, (uint64_t)n + 1, w.buf, w.len), 0);
+        ts_wr_fini(&w);
+        assert_int_equal(raw_recv_reply(fd, 10000, &id, NULL, 0, &payload, &plen), 0);
+        lat[n++] = (int64_t)ts_now_mono_ns() - t0;
+        free(payload);
+        assert_int_equal(id, (uint64_t)n);
+        usleep(1000);
+    }
+    shutdown(f->fd, SHUT_RDWR); /* ends the flood early: the server sees a reset peer */
+    pthread_join(f->tx, NULL);
+    pthread_join(f->rx, NULL);
+    raw_close(f->fd);
+    raw_close(spacer);
+    raw_close(fd);
+    assert_true(n >= 10); /* the flood lasted long enough to measure */
+    qsort(lat, (size_t)n, sizeof(lat[0]), cmp_i64);
+    fprintf(stderr, "  small read beside a flood: %d probes, median %.0f us, p90 %.0f us\n", n,
+            (double)lat[n / 2] / 1e3, (double)lat[n * 9 / 10] / 1e3);
+    return lat[n / 2];
+}
+
+/*
+ * One connection with thousands of reads pipelined (a peer reading its replies as fast as they
+ * come) must not hold its worker while another connection waits: a small read on a second
+ * connection of the same worker is answered within a loop turn or two, not after all of the
+ * flood's buffered input (issue 31: pipe16k-c16-d16's p99). Measured on a 2-vCPU VM shared
+ * with other builds: median 3.0-8.6 ms before the per-turn bound, 0.7-1.0 ms after. Up to
+ * three floods: a starving server misses the bound every time; CI's other tests on the same two
+ * cores once pushed a fair one to 2.03 ms in one.
+ */
+static void test_pipelined_flood_does_not_starve(void **state)
+{
+    tessera_client *c = connect_c();
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
+    struct flood f;
+    int64_t median = INT64_MAX;
+    uint8_t got[100];
+    struct ts_wr w;
+
+    (void)state;
     assert_int_equal(tessera_dataset_create(c, "fair", &p), 0);
     put_shard(c, "fair", 0, FLOOD_SHARD, 41);
     /* Warm the chunk cache: the flood is served from memory. */
@@ -649,43 +705,10 @@ static void test_pipelined_flood_does_not_starve(void **state)
         f.reqs_len += TS_HDR_LEN + w.len;
         ts_wr_fini(&w);
     }
-    /* Connections go to the 2 workers in turn: the spacer puts the probe on the flood's. */
-    f.fd = raw_connect(D.addr);
-    spacer = raw_connect(D.addr);
-    fd = raw_connect(D.addr);
-    assert_true(f.fd >= 0 && spacer >= 0 && fd >= 0);
-    assert_int_equal(pthread_create(&f.rx, NULL, flood_rx, &f), 0);
-    assert_int_equal(pthread_create(&f.tx, NULL, flood_tx, &f), 0);
-    /* The probe starts once the flood flows, and counts only while it still does. */
-    for (int i = 0; i < 5000 && atomic_load(&f.replies) < 256; i++)
-        usleep(1000);
-    while (n < PROBES && atomic_load(&f.replies) < FLOOD_READS - 512) {
-        uint64_t id;
-        uint8_t *payload = NULL;
-        size_t plen;
-        int64_t t0 = (int64_t)ts_now_mono_ns();
-
-        assert_int_equal(read_payload(&w, "fair", 0, sizeof(got), 0), 0);
-        assert_int_equal(raw_send_frame(fd, TS_OP_READ, 0, (uint64_t)n + 1, w.buf, w.len), 0);
-        ts_wr_fini(&w);
-        assert_int_equal(raw_recv_reply(fd, 10000, &id, NULL, 0, &payload, &plen), 0);
-        lat[n++] = (int64_t)ts_now_mono_ns() - t0;
-        free(payload);
-        assert_int_equal(id, (uint64_t)n);
-        usleep(1000);
-    }
-    shutdown(f.fd, SHUT_RDWR); /* ends the flood early: the server sees a reset peer */
-    pthread_join(f.tx, NULL);
-    pthread_join(f.rx, NULL);
-    raw_close(f.fd);
-    raw_close(spacer);
-    raw_close(fd);
+    for (int t = 0; t < 3 && median >= (int64_t)PROBE_MEDIAN_MAX_US * 1000; t++)
+        median = flood_probe_median(&f);
     free(f.reqs);
-    assert_true(n >= 10); /* the flood lasted long enough to measure */
-    qsort(lat, (size_t)n, sizeof(lat[0]), cmp_i64);
-    fprintf(stderr, "  small read beside a flood: %d probes, median %.0f us, p90 %.0f us\n", n,
-            (double)lat[n / 2] / 1e3, (double)lat[n * 9 / 10] / 1e3);
-    assert_true(lat[n / 2] < (int64_t)PROBE_MEDIAN_MAX_US * 1000);
+    assert_true(median < (int64_t)PROBE_MEDIAN_MAX_US * 1000);
     assert_intact();
 }
 
