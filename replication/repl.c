@@ -912,7 +912,11 @@ static void lag_snapshot(ts_repl *r)
         memset(l, 0, sizeof(*l));
         l->pg = ps->pg;
         snprintf(l->node, sizeof(l->node), "%s", ps->node);
-        l->applied = ps->known ? ps->applied : 0;
+        /* Where the replica last said its log ends, even when that is no longer known for
+         * sure (a timed-out or restarted peer is asked again): counting from 0 then would make
+         * every entry of the PG lag, and the role would come from writes it applied long ago
+         * (a fringe replica stopped would show as a core one). */
+        l->applied = ps->applied;
         l->primary_applied = my_applied;
         l->recovering = !ps->pull && (!ps->known || !ps->told_clean);
         if (ps->backfill) {

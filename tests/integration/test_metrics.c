@@ -411,16 +411,17 @@ static void test_scrub_shows(void **state)
 /* A fringe replica stopped: its lag rises on the primary; running again: back to 0. */
 static void test_fringe_lag_rises_and_returns(void **state)
 {
-    struct ts_dataset_policy p = {2, 1, 2, 65536, 0};
+    struct ts_dataset_policy p = {2, 1, 2, 65536, 0}, three = {3, 0, 2, 65536, 0};
     struct ts_map *m = raw_map_get(CL.node[0].addr);
     tessera_client *c = writer();
-    int order[8], f = -1, stop_i;
-    uint32_t pg = 0, shards[4], ns = 0;
-    char expr[256];
+    int order[8], f = -1, stop_i, prim_i;
+    uint32_t pg = 0, shards[4], ns = 0, s3 = 0;
+    char expr[256], rec[256];
     double v = -1;
 
     assert_non_null(m);
     assert_int_equal(tessera_dataset_create(c, "lagds", &p), 0);
+    assert_int_equal(tessera_dataset_create(c, "lag3ds", &three), 0);
     /* The fringe replica (rank 2) of shard 0's PG, and shards of that PG only (the stopped
      * node is core in other PGs, whose writes would wait for it). */
     ts_map_pg_order(m, ts_map_pg_of(m, "lagds", 0), order, 8);
@@ -429,9 +430,16 @@ static void test_fringe_lag_rises_and_returns(void **state)
     for (uint32_t s = 0; ns < 4 && s < 10000; s++)
         if (ts_map_pg_of(m, "lagds", s) == pg)
             shards[ns++] = s;
+    while (s3 < 10000 && ts_map_pg_of(m, "lag3ds", s3) != pg)
+        s3++;
     ts_map_free(m);
     assert_int_equal(ns, 4);
     stop_i = tsd_cluster_find(&CL, CL.id[f]);
+    prim_i = tsd_cluster_find(&CL, CL.id[order[0]]);
+    /* The same PG's log also holds a write of a dataset with 3 core replicas (rank 2 is core
+     * there): that older write is applied everywhere and must not make the stopped replica's
+     * outstanding fringe writes count as core. */
+    put_shard(c, "lag3ds", s3);
     put_shard(c, "lagds", shards[0]); /* the PG's replicas in touch */
     snprintf(expr, sizeof(expr),
              "sum(tessera_replica_lag_operations{replica=\"%s\",tier=\"fringe\"})", CL.id[stop_i]);
@@ -440,6 +448,15 @@ static void test_fringe_lag_rises_and_returns(void **state)
     assert_int_equal(kill(CL.node[stop_i].pid, SIGSTOP), 0);
     for (uint32_t k = 1; k < ns; k++)
         put_shard(c, "lagds", shards[k]); /* acknowledged by the core replicas alone */
+    /* The primary gives up on the stopped replica after peer_timeout_ms (1 s here): it counts
+     * it as recovering again, no longer knowing where its log ends. The lag must stay on the
+     * fringe row through that, as long as the replica stays stopped. */
+    snprintf(rec, sizeof(rec), "tessera_replicas_recovering{node=\"%s\"}", CL.id[prim_i]);
+    if (!prom_wait(rec, is_positive, &v, 20)) {
+        kill(CL.node[stop_i].pid, SIGCONT);
+        fail_msg("the primary %s never timed the stopped replica %s out", CL.id[prim_i],
+                 CL.id[stop_i]);
+    }
     if (!prom_wait(expr, is_positive, &v, 20)) {
         kill(CL.node[stop_i].pid, SIGCONT);
         fail_msg("the fringe replica %s was stopped and 3 writes went on, but its lag in "
