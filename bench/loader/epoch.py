@@ -2,10 +2,11 @@
 
     epoch.py --system SYSTEM --data DIR [--addr HOST:PORT] [--name DATASET] [--url URL]
              [--step-ms MS] [--step-kind sleep|busy] [--workers 2] [--batch 64] [--seed S]
-             [--hint-bytes B]
+             [--hint-bytes B] [--reader JSON]
 
 SYSTEM: tessera (TesseraIterable over a tesserad or a cluster, shuffle="window"; --hint-bytes:
-the readers' HINT distance, tessera.Reader's hint_bytes: 0 = no hints, default the library's),
+the readers' HINT distance, tessera.Reader's hint_bytes: 0 = no hints, default the library's;
+--reader: other tessera.Reader options, e.g. '{"window_bytes": 16777216}'),
 wds-http (WebDataset over http:// URLs, shardshuffle + a 1000-sample buffer), streaming
 (MosaicML StreamingDataset, remote = DIR/mds, local = a fresh cache folder, shuffle=True),
 local-wds (WebDataset over the tar files on local disk), local-raw (a minimal tar reader over
@@ -60,7 +61,9 @@ def tessera_loader(a):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
     import tessera.torch as tt
 
-    reader = {} if a.hint_bytes is None else {"hint_bytes": a.hint_bytes}
+    reader = json.loads(a.reader)
+    if a.hint_bytes is not None:
+        reader["hint_bytes"] = a.hint_bytes
     ds = tt.TesseraIterable(a.addr, a.name, batch_size=a.batch, shuffle="window", seed=a.seed,
                             copy=False, transform=tar_payload, reader=reader)
     return tt.DataLoader(ds, num_workers=a.workers, collate_fn=collate)
@@ -212,6 +215,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hint-bytes", type=int, default=None,
                     help="tessera: the readers' hint_bytes (0: no hints; default: the library's)")
+    ap.add_argument("--reader", default="{}",
+                    help="tessera: JSON of tessera.Reader options (window_units, window_bytes, "
+                    "depth, ...) over the adapter's defaults")
     ap.add_argument("--scratch", default=None, help="folder for Streaming's cache")
     ap.add_argument("--extra", default="{}", help="JSON merged into the output line")
     a = ap.parse_args()

@@ -544,10 +544,12 @@ static void test_slow_reader_bounded_memory(void **state)
 #define FLOOD_READS 16384u     /* 16 KiB reads pipelined on one connection: 256 MiB asked for */
 #define FLOOD_SHARD (4u << 20) /* the reads cycle over one cached 4 MiB shard */
 #define PROBES 60
-/* PROBE_MEDIAN_MAX_US comes from the build (tests/integration/CMakeLists.txt): 2,000 us, which
- * proves fairness in the plain build (without it: medians of 3-9 ms); 15,000 in a sanitized
- * build, where the daemon is several times slower at everything and the flood runs for its
- * memory checks (CI's ASan pass saw 6.5 ms with the fairness in place). */
+/* A small read's wait beside the flood, counted in the flood's replies that arrived meanwhile
+ * (a measure of the server's work, not of time, so other load on the machine does not move
+ * it): a fair server answers the probe within a loop turn or a few (16 requests each), a
+ * starving one after much of its buffered input. Measured here on 2 cores with CI's other
+ * tests running: medians of 32-64 fair; 192-894 with the per-turn bound lifted. */
+#define PROBE_BESIDE_MAX 128
 
 struct flood {
     int fd;
@@ -608,17 +610,11 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/*
- * One connection with thousands of reads pipelined (a peer reading its replies as fast as they
- * come) must not hold its worker while another connection waits: a small read on a second
- * connection of the same worker is answered within a loop turn or two, not after all of the
- * flood's buffered input (issue 31: pipe16k-c16-d16's p99). Measured on a 2-vCPU VM shared
- * with other builds: median 3.0-8.6 ms before the per-turn bound, 0.7-1.0 ms after.
- */
-/* One flood of f's requests and probes beside it on the same worker; the probes' median (ns). */
-static int64_t flood_probe_median(struct flood *f)
+/* One flood of f's requests and probes beside it on the same worker; the median of the flood
+ * replies that arrived while a probe waited. */
+static int64_t flood_probe_beside(struct flood *f)
 {
-    int64_t lat[PROBES];
+    int64_t lat[PROBES], beside[PROBES];
     int n = 0, fd, spacer;
     uint8_t got[100];
     struct ts_wr w;
@@ -639,12 +635,14 @@ static int64_t flood_probe_median(struct flood *f)
         uint8_t *payload = NULL;
         size_t plen;
         int64_t t0 = (int64_t)ts_now_mono_ns();
+        unsigned r0 = atomic_load(&f->replies);
 
         assert_int_equal(read_payload(&w, "fair", 0, sizeof(got), 0), 0);
         assert_int_equal(raw_send_frame(fd, TS_OP_READ, 0, (uint64_t)n + 1, w.buf, w.len), 0);
         ts_wr_fini(&w);
         assert_int_equal(raw_recv_reply(fd, 10000, &id, NULL, 0, &payload, &plen), 0);
-        lat[n++] = (int64_t)ts_now_mono_ns() - t0;
+        lat[n] = (int64_t)ts_now_mono_ns() - t0;
+        beside[n++] = (int64_t)atomic_load(&f->replies) - r0;
         free(payload);
         assert_int_equal(id, (uint64_t)n);
         usleep(1000);
@@ -657,26 +655,30 @@ static int64_t flood_probe_median(struct flood *f)
     raw_close(fd);
     assert_true(n >= 10); /* the flood lasted long enough to measure */
     qsort(lat, (size_t)n, sizeof(lat[0]), cmp_i64);
-    fprintf(stderr, "  small read beside a flood: %d probes, median %.0f us, p90 %.0f us\n", n,
-            (double)lat[n / 2] / 1e3, (double)lat[n * 9 / 10] / 1e3);
-    return lat[n / 2];
+    qsort(beside, (size_t)n, sizeof(beside[0]), cmp_i64);
+    fprintf(stderr,
+            "  small read beside a flood: %d probes, median %.0f us, p90 %.0f us; flood replies "
+            "while one waited: median %lld, p90 %lld\n",
+            n, (double)lat[n / 2] / 1e3, (double)lat[n * 9 / 10] / 1e3, (long long)beside[n / 2],
+            (long long)beside[n * 9 / 10]);
+    return beside[n / 2];
 }
 
 /*
  * One connection with thousands of reads pipelined (a peer reading its replies as fast as they
  * come) must not hold its worker while another connection waits: a small read on a second
  * connection of the same worker is answered within a loop turn or two, not after all of the
- * flood's buffered input (issue 31: pipe16k-c16-d16's p99). Measured on a 2-vCPU VM shared
- * with other builds: median 3.0-8.6 ms before the per-turn bound, 0.7-1.0 ms after. Up to
- * three floods: a starving server misses the bound every time; CI's other tests on the same two
- * cores once pushed a fair one to 2.03 ms in one.
+ * flood's buffered input (issue 31: pipe16k-c16-d16's p99). In time, on a 2-vCPU VM shared
+ * with other builds: median 3.0-8.6 ms before the per-turn bound, 0.7-1.0 ms after, but 2-3.6 ms
+ * with CI's other tests on the same cores; so the wait is counted in flood replies
+ * (PROBE_BESIDE_MAX). Up to three floods: a starving server misses the bound every time.
  */
 static void test_pipelined_flood_does_not_starve(void **state)
 {
     tessera_client *c = connect_c();
     struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0};
     struct flood f;
-    int64_t median = INT64_MAX;
+    int64_t beside = INT64_MAX;
     uint8_t got[100];
     struct ts_wr w;
 
@@ -705,10 +707,10 @@ static void test_pipelined_flood_does_not_starve(void **state)
         f.reqs_len += TS_HDR_LEN + w.len;
         ts_wr_fini(&w);
     }
-    for (int t = 0; t < 3 && median >= (int64_t)PROBE_MEDIAN_MAX_US * 1000; t++)
-        median = flood_probe_median(&f);
+    for (int t = 0; t < 3 && beside > PROBE_BESIDE_MAX; t++)
+        beside = flood_probe_beside(&f);
     free(f.reqs);
-    assert_true(median < (int64_t)PROBE_MEDIAN_MAX_US * 1000);
+    assert_true(beside <= PROBE_BESIDE_MAX);
     assert_intact();
 }
 
