@@ -583,6 +583,13 @@ static void render_node(struct tsd_server *s, struct evbuffer *o, const struct t
         "Chunks cached again soon after their eviction from the cache's small queue, so "
         "admitted straight to its main queue (S3-FIFO's ghost).",
         (double)cs.ghost_hits);
+    one(o, "tessera_cache_arena_reused_total", "counter",
+        "Chunks read into a cache arena slot that kept its pages (no page faults).",
+        (double)cs.arena_reused);
+    one(o, "tessera_cache_arena_punched_total", "counter",
+        "Cache arena slots whose pages were given back on release (sent by sendfile, or past "
+        "the 64 MiB of free slots kept with their pages).",
+        (double)cs.arena_punched);
     one(o, "tessera_cache_bytes", "gauge", "Bytes held by the chunk cache.", (double)cs.bytes);
     one(o, "tessera_cache_budget_bytes", "gauge", "The chunk cache's budget (storage.cache_mb).",
         (double)cs.budget);

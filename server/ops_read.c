@@ -63,6 +63,7 @@ static void add_piece(struct tsd_conn *c, struct evbuffer *out, struct ts_chunk_
             ref->fd, (ev_off_t)(ref->file_off + in - ref->base), (ev_off_t)n,
             EVBUF_FS_DISABLE_MMAP | EVBUF_FS_DISABLE_LOCKING);
         if (seg) {
+            ts_chunk_ref_lend(ref); /* its pages may outlive the call in the socket */
             evbuffer_file_segment_add_cleanup_cb(seg, seg_cleanup, ref->pin);
             ref->pin = NULL; /* now released by the segment's cleanup */
             if (evbuffer_add_file_segment(out, seg, 0, (ev_off_t)n) != 0)

@@ -24,6 +24,7 @@ static int arena_class(size_t len)
 
 int arena_init(struct arena *a)
 {
+    memset(a, 0, sizeof(*a));
     a->fd = memfd_create("tessera-cache", MFD_CLOEXEC);
     a->size = ARENA_CLASS_SPAN * ARENA_CLASSES;
     if (a->fd < 0 || ftruncate(a->fd, (off_t)a->size) != 0)
@@ -49,8 +50,10 @@ void arena_fini(struct arena *a)
         return;
     munmap(a->base, a->size);
     close(a->fd);
-    for (int i = 0; i < ARENA_CLASSES; i++)
-        free(a->free[i]);
+    for (int i = 0; i < ARENA_CLASSES; i++) {
+        free(a->punched[i].off);
+        free(a->kept[i].off);
+    }
     pthread_mutex_destroy(&a->lock);
     a->fd = -1;
 }
@@ -64,8 +67,12 @@ int64_t arena_alloc(struct arena *a, size_t len)
     if (a->fd < 0 || c < 0)
         return -1;
     pthread_mutex_lock(&a->lock);
-    if (a->nfree[c]) {
-        off = (int64_t)a->free[c][--a->nfree[c]];
+    if (a->kept[c].n) {
+        off = (int64_t)a->kept[c].off[--a->kept[c].n];
+        a->kept_bytes -= (uint64_t)1 << (c + ARENA_MIN_SHIFT);
+        a->reused_kept++;
+    } else if (a->punched[c].n) {
+        off = (int64_t)a->punched[c].off[--a->punched[c].n];
     } else if (a->bump[c] + ((uint64_t)1 << (c + ARENA_MIN_SHIFT)) <= ARENA_CLASS_SPAN) {
         off = (int64_t)((uint64_t)c * ARENA_CLASS_SPAN + a->bump[c]);
         a->bump[c] += (uint64_t)1 << (c + ARENA_MIN_SHIFT);
@@ -74,14 +81,36 @@ int64_t arena_alloc(struct arena *a, size_t len)
     return off;
 }
 
-void arena_release(struct arena *a, int64_t off, size_t len)
+/* Appends off to l (lock held): 0, or -1 out of memory. */
+static int list_push(struct arena_list *l, uint64_t off)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 64;
+        uint64_t *nl = realloc(l->off, cap * sizeof(*nl));
+        if (!nl)
+            return -1;
+        l->off = nl;
+        l->cap = cap;
+    }
+    l->off[l->n++] = off;
+    return 0;
+}
+
+void arena_release(struct arena *a, int64_t off, size_t len, int lent)
 {
     int c = arena_class(len);
-    size_t span = (len + 4095) & ~(size_t)4095;
+    uint64_t slot = (uint64_t)1 << (c + ARENA_MIN_SHIFT);
 
+    pthread_mutex_lock(&a->lock);
+    if (!lent && a->kept_bytes + slot <= ARENA_KEEP_BYTES && list_push(&a->kept[c], off) == 0) {
+        a->kept_bytes += slot; /* its pages stay: no one else holds them */
+        pthread_mutex_unlock(&a->lock);
+        return;
+    }
+    pthread_mutex_unlock(&a->lock);
     /* Give the pages back before the slot can be reused (see struct arena). If that fails,
      * the slot is never reused: a sendfile() still in flight may read its old pages. */
-    if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)span) != 0) {
+    if (fallocate(a->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)slot) != 0) {
         static _Atomic int warned;
         if (!atomic_exchange(&warned, 1))
             TS_WARN(FAC, ts_from_errno(errno),
@@ -90,16 +119,7 @@ void arena_release(struct arena *a, int64_t off, size_t len)
         return;
     }
     pthread_mutex_lock(&a->lock);
-    if (a->nfree[c] == a->capfree[c]) {
-        size_t cap = a->capfree[c] ? 2 * a->capfree[c] : 64;
-        uint64_t *nf = realloc(a->free[c], cap * sizeof(*nf));
-        if (!nf) {
-            pthread_mutex_unlock(&a->lock);
-            return; /* the slot is lost to reuse; its pages are already free */
-        }
-        a->free[c] = nf;
-        a->capfree[c] = cap;
-    }
-    a->free[c][a->nfree[c]++] = (uint64_t)off;
+    a->punches++;
+    list_push(&a->punched[c], (uint64_t)off); /* out of memory: lost to reuse, pages freed */
     pthread_mutex_unlock(&a->lock);
 }

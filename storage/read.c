@@ -24,6 +24,7 @@ struct chunk_entry {
     size_t len;
     uint32_t crc;
     int64_t arena_off; /* -1: not in the arena */
+    _Atomic int lent;  /* its arena bytes went out by sendfile() (ts_chunk_ref_lend) */
     uint32_t *sub;     /* CRC32C per TS_SUB_BLOCK of the verified bytes (cached entries) */
 };
 
@@ -123,7 +124,7 @@ static void chunk_entry_destroy(struct ts_cache_entry *e)
     if (ce->pin)
         rocksdb_pinnableslice_destroy(ce->pin);
     if (ce->arena_off >= 0)
-        arena_release(&ce->s->arena, ce->arena_off, ce->len);
+        arena_release(&ce->s->arena, ce->arena_off, ce->len, atomic_load(&ce->lent));
     free(ce->heap);
     free(ce->sub);
     free(ce);
@@ -234,7 +235,7 @@ static int chunk_read_file(ts_read_ctx *r, uint32_t idx, uint32_t want, uint32_t
     free(subs);
     if (rc) {
         if (off >= 0)
-            arena_release(&s->arena, off, len);
+            arena_release(&s->arena, off, len, 0);
         else
             free(buf);
         return rc;
@@ -438,6 +439,12 @@ int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uin
     return 0;
 }
 
+void ts_chunk_ref_lend(struct ts_chunk_ref *ref)
+{
+    if (ref->fd >= 0 && ref->pin) /* arena bytes: the pin is a chunk entry's */
+        atomic_store(&((struct chunk_entry *)ref->pin)->lent, 1);
+}
+
 void ts_chunk_pin_release(void *pin)
 {
     ts_cache_unref(pin);
@@ -474,6 +481,10 @@ void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out)
     out->small_bytes = cs.small_bytes;
     out->main_bytes = cs.main_bytes;
     out->ghost_hits = cs.ghost_hits;
+    pthread_mutex_lock(&s->arena.lock);
+    out->arena_reused = s->arena.reused_kept;
+    out->arena_punched = s->arena.punches;
+    pthread_mutex_unlock(&s->arena.lock);
 }
 
 int ts_store_prefetch(ts_store *s, uint64_t dsid, uint32_t shard, uint32_t idx)

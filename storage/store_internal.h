@@ -54,23 +54,33 @@ struct writer_slot {
 
 /*
  * The cache arena: one sparse memfd, mapped once. Slots come in power-of-two size classes
- * (4 KiB .. 64 MiB), each class with its own 1 TiB of offsets, a free list and a bump
- * pointer. A slot given back is hole-punched first, so its pages go back to the system and a
- * later writer gets fresh pages: bytes the kernel still holds for an earlier sendfile() are
- * never overwritten.
+ * (4 KiB .. 64 MiB), each class with its own 1 TiB of offsets, a bump pointer and two free
+ * lists. A slot whose bytes were lent to the kernel by reference (sendfile(): the socket's
+ * buffers may still hold its pages after the call) is hole-punched when given back, so a later
+ * writer gets fresh pages and bytes in flight are never overwritten. A slot that was never lent
+ * (its bytes only copied out: writev, TLS, RDMA) keeps its pages, up to ARENA_KEEP_BYTES of
+ * such slots at once: the next chunk read into it costs no page faults and no zeroing (in this
+ * VM, 1 MiB into fresh pages took 0.9 ms, into kept ones 0.09 ms).
  */
 #define ARENA_MIN_SHIFT 12
 #define ARENA_MAX_SHIFT 26
 #define ARENA_CLASS_SPAN (1ull << 40)
 #define ARENA_CLASSES (ARENA_MAX_SHIFT - ARENA_MIN_SHIFT + 1)
+#define ARENA_KEEP_BYTES (64ull << 20)
+struct arena_list {
+    uint64_t *off;
+    size_t n, cap;
+};
 struct arena {
     int fd;
     uint8_t *base;
     uint64_t size;
     pthread_mutex_t lock;
     uint64_t bump[ARENA_CLASSES];
-    uint64_t *free[ARENA_CLASSES];
-    size_t nfree[ARENA_CLASSES], capfree[ARENA_CLASSES];
+    struct arena_list punched[ARENA_CLASSES]; /* free slots without pages */
+    struct arena_list kept[ARENA_CLASSES];    /* free slots with their pages */
+    uint64_t kept_bytes;
+    uint64_t reused_kept, punches; /* slots taken with their pages; slots punched */
 };
 
 struct ts_store {
@@ -156,11 +166,13 @@ int meta_scan(ts_store *s, const uint8_t *prefix, size_t plen,
               void *arg);
 
 /* arena.c: the cache arena. arena_init() is optional (fd -1 without it); arena_alloc()
- * returns an offset for len bytes, or -1; arena_release() hole-punches the slot first. */
+ * returns an offset for len bytes, or -1 (a slot with its pages first); arena_release() gives
+ * it back, hole-punched first when lent (its bytes were sendfile()d) or when the kept slots
+ * are at ARENA_KEEP_BYTES. */
 int arena_init(struct arena *a);
 void arena_fini(struct arena *a);
 int64_t arena_alloc(struct arena *a, size_t len);
-void arena_release(struct arena *a, int64_t off, size_t len);
+void arena_release(struct arena *a, int64_t off, size_t len, int lent);
 
 /* dataset_cache.c: a dataset's record by name (through the cache), its name by id ('I'). */
 int dataset_get(ts_store *s, const char *name, struct ts_dataset_info *d);

@@ -217,6 +217,10 @@ void ts_read_ctx_evict(ts_read_ctx *r, uint32_t idx);
 /* Stored CRC32C and length of chunk idx, without reading it (complete shards only). */
 int ts_read_ctx_chunk_crc(const ts_read_ctx *r, uint32_t idx, uint32_t *crc, uint32_t *len);
 /* Releases a pin by its handle (for cleanup callbacks that only get the handle). */
+/* ref's bytes are about to go out by sendfile() from ref->fd: the kernel may hold its pages
+ * after the call returns, so the arena slot is hole-punched, not kept, once the chunk leaves
+ * the cache (store_internal.h, struct arena). Call it before the pin is handed on. */
+void ts_chunk_ref_lend(struct ts_chunk_ref *ref);
 void ts_chunk_pin_release(void *pin);
 void ts_read_ctx_close(ts_read_ctx *r);
 void ts_chunk_ref_release(struct ts_chunk_ref *ref);
@@ -431,6 +435,9 @@ struct ts_store_cache_stats {
     uint64_t hits, misses, evictions, bytes, entries, budget;
     uint64_t small_bytes, main_bytes; /* the S3-FIFO's two queues: bytes = small + main */
     uint64_t ghost_hits; /* inserts readmitted to main because their key was evicted recently */
+    /* The arena's slots taken with their pages kept, and slots hole-punched on release (after
+     * a sendfile(), or past the kept bound): store_internal.h, struct arena. */
+    uint64_t arena_reused, arena_punched;
 };
 void ts_store_cache_stats(ts_store *s, struct ts_store_cache_stats *out);
 
