@@ -2,7 +2,7 @@
  * ahead into the chunk cache (prefetch.c). Advisory: a range this node does not serve, of an
  * unknown dataset or past the bounds is counted and left; the reply says how many chunks were
  * queued, dropped over the bounds, and skipped, and the first range with a chunk dropped (the
- * client hints from there again later). */
+ * client hints from there again later; every chunk after it is dropped too). */
 #include "ops_internal.h"
 
 #include "prefetch.h"
@@ -49,7 +49,9 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                 continue;
             }
             last = key;
-            if (tsd_prefetch_add(s->prefetch, c->pf, d.id, shard, idx, chunk)) {
+            /* After the first drop, the rest are dropped too: the client hints them again from
+             * there, in order, and no later chunk is read ahead of an earlier one. */
+            if (!dropped && tsd_prefetch_add(s->prefetch, c->pf, d.id, shard, idx, chunk)) {
                 queued++;
             } else {
                 dropped++;
@@ -57,6 +59,8 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
             }
         }
     }
+    if (dropped > 1)
+        tsd_prefetch_drop(s->prefetch, dropped - 1); /* the first was counted when refused */
     tsd_reply_begin(&w);
     ts_wr_u32(&w, queued);
     ts_wr_u32(&w, dropped);

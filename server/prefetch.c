@@ -178,6 +178,14 @@ int tsd_prefetch_add(struct tsd_prefetch *p, struct tsd_pf_account *a, uint64_t 
     return 1;
 }
 
+void tsd_prefetch_drop(struct tsd_prefetch *p, uint32_t n)
+{
+    pthread_mutex_lock(&p->m);
+    p->st.hinted += n;
+    p->st.dropped += n;
+    pthread_mutex_unlock(&p->m);
+}
+
 void tsd_prefetch_stats(struct tsd_prefetch *p, struct tsd_prefetch_stats *out)
 {
     pthread_mutex_lock(&p->m);

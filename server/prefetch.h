@@ -38,6 +38,8 @@ void tsd_prefetch_account_close(struct tsd_pf_account *a);
 /* Queues chunk idx (bytes long) of a dataset's shard for account a: 1 queued, 0 dropped. */
 int tsd_prefetch_add(struct tsd_prefetch *p, struct tsd_pf_account *a, uint64_t dsid,
                      uint32_t shard, uint32_t idx, uint32_t bytes);
+/* Counts n chunks hinted and dropped without being offered (after a drop in the same HINT). */
+void tsd_prefetch_drop(struct tsd_prefetch *p, uint32_t n);
 void tsd_prefetch_stats(struct tsd_prefetch *p, struct tsd_prefetch_stats *out);
 
 #endif
