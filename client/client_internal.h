@@ -436,6 +436,20 @@ int ts_cl_node_status(tessera_client *c, struct ts_cluster *cl, size_t node, cha
 /* Adopts the newest map any node has. */
 void ts_cl_map_refresh(struct ts_cluster *cl);
 /* READ from node i of the map alone. */
+/* Erasure-coded shards (cluster_ec.c, issue 33): the shard's K+M fragments encoded from buf
+ * and each put, durably, to its position's node as NAME#f (an admin's handle); and a range of
+ * a shard of shard_len bytes read from its data fragments, rebuilt from any K where one cannot
+ * be read (TS_EUNAVAIL naming the fragments when fewer than K can). */
+struct ts_ec_read_stats {
+    uint64_t direct;  /* pieces read from their data fragment */
+    uint64_t rebuilt; /* pieces rebuilt from K others */
+    uint64_t bad;     /* bit f: fragment f could not be read */
+};
+int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                 const void *buf, size_t len, unsigned k, unsigned m);
+int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                  uint64_t shard_len, unsigned k, unsigned m, uint64_t off, size_t len, void *buf,
+                  struct ts_ec_read_stats *st);
 int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
                     uint32_t shard, uint64_t off, size_t len, void *buf, size_t *out_len);
 /* PG_DROP on node i of the map. */

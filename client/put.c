@@ -73,7 +73,9 @@ static int put_begin(tessera_client *c, struct put *p, const char *name, uint32_
     p->chunk = use_memo ? memo_get(c, name) : 0;
     p->memo = p->chunk != 0;
     if (!p->chunk) {
-        rc = ts_conn_dataset_policy(c, name, &d); /* the chunk size: O(1), no shard count */
+        char base[TS_NAME_MAX + 1];
+        /* the chunk size: O(1), no shard count; a fragment store NAME#f has NAME's */
+        rc = ts_conn_dataset_policy(c, ts_frag_split(name, base, NULL) ? base : name, &d);
         if (rc)
             return rc;
         p->chunk = d.policy.chunk_size ? d.policy.chunk_size : TS_DEFAULT_CHUNK_SIZE;

@@ -69,7 +69,7 @@ int ts_enter(tessera_client *c)
 
 int ts_name_check(tessera_client *c, const char *name)
 {
-    if (!ts_name_valid(name)) {
+    if (!ts_name_valid_store(name)) { /* a dataset, or a fragment store NAME#f: the node judges */
         ts_conn_set_error(c, "'%s' is not a valid dataset name", name ? name : "(null)");
         return TS_ENAME;
     }

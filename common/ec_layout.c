@@ -19,6 +19,14 @@ int ts_ec_layout_init(struct ts_ec_layout *l, unsigned k, unsigned m, uint64_t c
     return 0;
 }
 
+int ts_ec_layout_for(struct ts_ec_layout *l, unsigned k, unsigned m, uint64_t len)
+{
+    uint64_t cell = k ? (len + k - 1) / k : 0;
+
+    cell = (cell + TS_EC_CELL_MIN - 1) / TS_EC_CELL_MIN * TS_EC_CELL_MIN;
+    return ts_ec_layout_init(l, k, m, TS_MIN(TS_MAX(cell, TS_EC_CELL_MIN), TS_EC_CELL_MAX), len);
+}
+
 uint64_t ts_ec_cell_len(const struct ts_ec_layout *l, uint64_t s, unsigned i)
 {
     uint64_t start;

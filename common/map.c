@@ -882,7 +882,19 @@ size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max
     return n;
 }
 
+static size_t hrw_order(const struct ts_map *m, uint32_t pg, int *out, size_t max, int with_down);
+
 size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
+{
+    return hrw_order(m, pg, out, max, 0);
+}
+
+size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
+{
+    return hrw_order(m, pg, out, max, 1);
+}
+
+static size_t hrw_order(const struct ts_map *m, uint32_t pg, int *out, size_t max, int with_down)
 {
     struct rank local[64], *r = local;
     size_t nr = 0, cnt = 0;
@@ -900,7 +912,8 @@ size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, siz
         uint64_t h;
         double u;
 
-        if (nd->state != TS_NODE_UP || nd->weight == 0)
+        if (nd->weight == 0 ||
+            !(nd->state == TS_NODE_UP || (with_down && nd->state == TS_NODE_DOWN)))
             continue;
         h = pg_node_hash(place ? pg % place : pg, str_key(nd->id));
         /* u = (k + 1/2) / 2^52 for the top 52 bits k: exact, and strictly inside (0,1). */

@@ -146,7 +146,7 @@ void ts_rd_str(struct ts_rd *r, char *out, size_t cap)
     out[n] = '\0';
 }
 
-int ts_rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1])
+static int rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1], int (*valid)(const char *))
 {
     uint16_t n = ts_rd_u16(r);
     const uint8_t *p = rd_take(r, n);
@@ -158,7 +158,17 @@ int ts_rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1])
         return TS_ENAME;
     memcpy(out, p, n);
     out[n] = '\0';
-    return ts_name_valid(out) && strlen(out) == n ? 0 : TS_ENAME;
+    return valid(out) && strlen(out) == n ? 0 : TS_ENAME;
+}
+
+int ts_rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1])
+{
+    return rd_name(r, out, ts_name_valid);
+}
+
+int ts_rd_name_store(struct ts_rd *r, char out[TS_NAME_MAX + 1])
+{
+    return rd_name(r, out, ts_name_valid_store);
 }
 
 int ts_rd_done(const struct ts_rd *r)

@@ -102,6 +102,19 @@ static inline uint64_t ts_get_le64(const uint8_t *p)
 
 /* Dataset names: 1..TS_NAME_MAX bytes of [A-Za-z0-9._-], not starting with '.'. */
 int ts_name_valid(const char *name);
+/*
+ * Fragment names (issue 33): a node keeps fragment f of an erasure-coded dataset NAME as the
+ * store dataset "NAME#f" (f in decimal, no leading zero, below TS_FRAG_MAX). '#' is outside
+ * the names users give, so no user dataset can take one; the whole fits TS_NAME_MAX.
+ */
+#define TS_FRAG_MAX 40 /* TS_EC_MAX_K + TS_EC_MAX_M */
+/* NAME#f into out: 0, or TS_ENAME (an invalid NAME, f too large, or the whole too long). */
+int ts_frag_name(char out[TS_NAME_MAX + 1], const char *base, unsigned f);
+/* 1 when name is a fragment name (then its NAME into base and f into *f, each when not NULL),
+ * else 0. */
+int ts_frag_split(const char *name, char base[TS_NAME_MAX + 1], unsigned *f);
+/* A dataset name or a fragment name: what the store keeps. */
+int ts_name_valid_store(const char *name);
 /* A dataset's record format (enum tessera_record_format of tessera/records.h) by name:
  * "tfrecord", "tar", "jsonl", "len32", "len64" ("none" for 0, "?" past the last). */
 #define TS_RECORD_FORMAT_MAX 5

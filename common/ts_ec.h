@@ -53,6 +53,12 @@ struct ts_ec_layout {
 
 /* The layout of a shard of len bytes: TS_EINVAL for k, m out of limits or cell 0. */
 int ts_ec_layout_init(struct ts_ec_layout *l, unsigned k, unsigned m, uint64_t cell, uint64_t len);
+/* The layout a shard of len bytes is stored with: cells of ceil(len / k) rounded up to 4 KiB,
+ * at most 1 MiB (a small shard is one stripe, so its parity costs what its data does / k; a
+ * record of up to a cell lies in one or two cells, read from one or two nodes). */
+#define TS_EC_CELL_MIN (4u << 10)
+#define TS_EC_CELL_MAX (1u << 20)
+int ts_ec_layout_for(struct ts_ec_layout *l, unsigned k, unsigned m, uint64_t len);
 /* Fragment i's length (data: the shard bytes it holds; parity: the data fragment 0's). */
 uint64_t ts_ec_frag_len(const struct ts_ec_layout *l, unsigned i);
 /* The length of cell i of stripe s (0 past the shard's end; parity cells as cell 0's). */

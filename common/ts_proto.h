@@ -180,6 +180,8 @@ const uint8_t *ts_rd_bytes(struct ts_rd *r, size_t n);
 void ts_rd_str(struct ts_rd *r, char *out, size_t cap);
 /* u16 length + bytes as a dataset name: TS_ENAME (not TS_EPROTO) if not a valid name. */
 int ts_rd_name(struct ts_rd *r, char out[TS_NAME_MAX + 1]);
+/* The same, also taking a fragment name (NAME#f, ts_frag_split): the shard operations. */
+int ts_rd_name_store(struct ts_rd *r, char out[TS_NAME_MAX + 1]);
 /* 0 when everything parsed and nothing is left over, else TS_EPROTO. */
 int ts_rd_done(const struct ts_rd *r);
 

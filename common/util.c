@@ -3,6 +3,7 @@
 
 #include <isa-l/crc.h>
 #include <netdb.h>
+#include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -22,6 +23,53 @@ uint32_t ts_crc32c(uint32_t crc, const void *buf, size_t len)
         len -= (size_t)n;
     }
     return ~state;
+}
+
+int ts_frag_name(char out[TS_NAME_MAX + 1], const char *base, unsigned f)
+{
+    int n;
+
+    out[0] = '\0';
+    if (!ts_name_valid(base) || f >= TS_FRAG_MAX)
+        return TS_ENAME;
+    n = snprintf(out, TS_NAME_MAX + 1, "%s#%u", base, f);
+    if (n < 0 || n > TS_NAME_MAX) {
+        out[0] = '\0';
+        return TS_ENAME;
+    }
+    return 0;
+}
+
+int ts_frag_split(const char *name, char base[TS_NAME_MAX + 1], unsigned *f)
+{
+    const char *hash = name ? strchr(name, '#') : NULL;
+    char b[TS_NAME_MAX + 1];
+    unsigned v = 0;
+    size_t n;
+
+    if (!hash || hash == name || (size_t)(hash - name) > TS_NAME_MAX || !hash[1] ||
+        (hash[1] == '0' && hash[2]) || strlen(name) > TS_NAME_MAX)
+        return 0;
+    for (const char *p = hash + 1; *p; p++) {
+        if (*p < '0' || *p > '9' || p - hash > 2)
+            return 0;
+        v = v * 10 + (unsigned)(*p - '0');
+    }
+    n = (size_t)(hash - name);
+    memcpy(b, name, n);
+    b[n] = '\0';
+    if (v >= TS_FRAG_MAX || !ts_name_valid(b))
+        return 0;
+    if (base)
+        memcpy(base, b, n + 1);
+    if (f)
+        *f = v;
+    return 1;
+}
+
+int ts_name_valid_store(const char *name)
+{
+    return ts_name_valid(name) || ts_frag_split(name, NULL, NULL);
 }
 
 const char *ts_record_format_name(int fmt)

@@ -487,6 +487,8 @@ int tsd_pg_serves(struct tsd_server *s, const char *dataset, uint32_t shard)
     uint32_t pg = tsd_pg_of(s, dataset, shard);
     uint64_t now, last;
 
+    if (ts_frag_split(dataset, NULL, NULL))
+        return 1; /* a fragment (issue 33): served where it is, by no PG's peering */
     if (!s->pg_clean || pg >= s->npg || atomic_load(&s->pg_clean[pg]))
         return 1;
     if (ts_repl_pg_ready(s->repl, pg, NULL, NULL, NULL, 0) == 0)

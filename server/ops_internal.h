@@ -58,6 +58,10 @@ int ops_placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *
                   uint32_t shard, const struct ts_dataset_policy *p, uint32_t *pg,
                   struct ts_repl_targets *to, uint64_t *epoch, unsigned *need);
 /* Replies TS_EUNAVAIL (and returns 0) if fewer than min_core replicas could take a write. */
+/* Whether a write to a fragment store NAME#f may go on (an admin's, NAME sealed here; the
+ * store made on first use); 1 for any other name; 0 after replying the refusal. */
+int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                      uint32_t shard);
 int ops_enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
                         uint32_t shard, unsigned need, const struct ts_repl_targets *to);
 /* ops_seal.c: SHARD_SEAL (through the store's group commit where seals are synced), and the

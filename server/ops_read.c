@@ -12,7 +12,8 @@
 /* A local chunk failed verification: in a cluster, fetch a good copy from a replica. */
 void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc)
 {
-    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX)
+    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX ||
+        ts_frag_split(name, NULL, NULL)) /* a fragment has no replica: EC repair rebuilds it */
         return;
     ts_repl_repair(s->repl, name, shard, idx, tsd_pg_of(s, name, shard));
 }

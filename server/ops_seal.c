@@ -226,9 +226,12 @@ void tsd_op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const s
     struct tsd_seal_job *j;
     uint64_t *recs = NULL;
     uint32_t shard = a->shard;
-    int cluster = atomic_load(&s->epoch) != 0;
+    int frag = ts_frag_split(name, NULL, NULL);
+    int cluster = atomic_load(&s->epoch) != 0 && !frag; /* a fragment is this node's alone */
     int rc;
 
+    if (frag && !ops_frag_write_ok(c, h, name, shard))
+        return;
     j = calloc(1, sizeof(*j));
     if (!j) {
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");

@@ -48,6 +48,17 @@ static int name(struct dec *d, char out[TS_NAME_MAX + 1])
     return rc ? malformed(d) : 0;
 }
 
+/* The same, or a fragment name (NAME#f): the shard operations, which may address the fragments
+ * of an erasure-coded dataset (issue 33); the handlers say who may. */
+static int store_name(struct dec *d, char out[TS_NAME_MAX + 1])
+{
+    int rc = ts_rd_name_store(&d->r, out);
+
+    if (rc == TS_ENAME)
+        return fail(d, rc, "invalid dataset name (1-128 of [A-Za-z0-9._-], or NAME#fragment)");
+    return rc ? malformed(d) : 0;
+}
+
 /* A str into out[cap] (at most cap-1 bytes), with its length on the wire (it may hold NULs). */
 static void str(struct dec *d, char *out, size_t cap, uint16_t *len)
 {
@@ -142,7 +153,7 @@ static int dec_dataset_seal(struct dec *d, struct tsd_req_dataset_seal *q)
 
 static int dec_shard_write(struct dec *d, struct tsd_req_shard_write *q)
 {
-    int rc = name(d, q->name);
+    int rc = store_name(d, q->name);
 
     if (rc)
         return rc;
@@ -152,7 +163,7 @@ static int dec_shard_write(struct dec *d, struct tsd_req_shard_write *q)
 
 static int dec_shard_seal(struct dec *d, struct tsd_req_shard_seal *q)
 {
-    int rc = name(d, q->name);
+    int rc = store_name(d, q->name);
 
     if (rc)
         return rc;
@@ -164,7 +175,7 @@ static int dec_shard_seal(struct dec *d, struct tsd_req_shard_seal *q)
 
 static int dec_read(struct dec *d, struct tsd_req_read *q)
 {
-    int rc = name(d, q->name);
+    int rc = store_name(d, q->name);
 
     if (rc)
         return rc;
@@ -183,7 +194,7 @@ static int dec_read(struct dec *d, struct tsd_req_read *q)
 
 static int dec_readv(struct dec *d, struct tsd_req_readv *q)
 {
-    int rc = name(d, q->name);
+    int rc = store_name(d, q->name);
 
     if (rc)
         return rc;
@@ -196,7 +207,7 @@ static int dec_readv(struct dec *d, struct tsd_req_readv *q)
 
 static int dec_shard_stat(struct dec *d, struct tsd_req_shard_stat *q)
 {
-    int rc = name(d, q->name);
+    int rc = store_name(d, q->name);
 
     if (rc)
         return rc;

@@ -28,7 +28,7 @@ int ts_store_dataset_create_inc(ts_store *s, const char *name, const struct ts_d
     uint64_t next = 1;
     int rc;
 
-    if (!s || !ts_name_valid(name))
+    if (!s || !ts_name_valid_store(name))
         return s ? TS_ENAME : TS_EINVAL;
     if (!p) {
         ts_dataset_policy_init(&def);
@@ -118,6 +118,8 @@ static int ds_list_cb(void *arg, const uint8_t *k, size_t klen, const char *v, s
         return TS_ECORRUPT;
     memcpy(name, k + 1, klen - 1);
     name[klen - 1] = '\0';
+    if (ts_frag_split(name, NULL, NULL))
+        return 0; /* a fragment store of an erasure-coded dataset: not a dataset of its own */
     rc = ds_decode(v, vlen, name, &d);
     if (rc == 0 && a->count)
         rc = shard_scan(a->s, d.id, &d, NULL, NULL);
@@ -232,7 +234,28 @@ int ts_store_dataset_delete_ex(ts_store *s, const char *name, int force)
     return ts_store_dataset_delete_upto(s, name, UINT64_MAX, force);
 }
 
+static int dataset_delete_one(ts_store *s, const char *name, uint64_t upto, int force);
+
+/* A dataset's fragments (NAME#f, issue 33) go with it, on every path that deletes it. */
 int ts_store_dataset_delete_upto(ts_store *s, const char *name, uint64_t upto, int force)
+{
+    int rc = dataset_delete_one(s, name, upto, force);
+
+    if (rc == 0 && !ts_frag_split(name, NULL, NULL)) {
+        char frag[TS_NAME_MAX + 1];
+        for (unsigned f = 0; f < TS_FRAG_MAX; f++) {
+            int fr;
+            if (ts_frag_name(frag, name, f) != 0)
+                break;
+            fr = dataset_delete_one(s, frag, UINT64_MAX, 1);
+            if (fr && fr != TS_ENOENT)
+                TS_WARN(FAC, fr, "dataset %s deleted, its fragment store %s not", name, frag);
+        }
+    }
+    return rc;
+}
+
+static int dataset_delete_one(ts_store *s, const char *name, uint64_t upto, int force)
 {
     struct ts_dataset_info d;
     uint8_t k[1 + TS_NAME_MAX], kid[9], lo[8], hi[8];
@@ -304,7 +327,7 @@ int ts_store_tombstone(ts_store *s, const char *name, uint64_t *incarnation)
     int rc;
 
     *incarnation = 0;
-    if (!ts_name_valid(name))
+    if (!ts_name_valid_store(name))
         return TS_ENAME;
     klen = key_ds(k, name);
     k[0] = 'T';
@@ -331,6 +354,8 @@ static int tomb_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size
         return 0;
     memcpy(name, k + 1, klen - 1);
     name[klen - 1] = '\0';
+    if (ts_frag_split(name, NULL, NULL))
+        return 0;
     return a->cb(a->arg, name, ts_get_le64((const uint8_t *)v));
 }
 

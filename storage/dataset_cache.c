@@ -59,7 +59,7 @@ int dataset_get(ts_store *s, const char *name, struct ts_dataset_info *d)
     size_t vlen;
     int rc;
 
-    if (!ts_name_valid(name))
+    if (!ts_name_valid_store(name))
         return TS_ENAME;
     pthread_mutex_lock(&s->dslock);
     for (e = s->dstab[ds_bucket(name)]; e; e = e->next)

@@ -244,7 +244,8 @@ static int pg_iter_cb(void *arg, const uint8_t *k, size_t klen, const char *v, s
     rc = id_name(a->s, ts_get_be64(k + 1), name);
     if (rc)
         return rc;
-    if (ts_pg_of(name, si.shard, a->pg_count) != a->pg)
+    /* Fragments (NAME#f) are placed by their dataset's EC layout, not by PG replication. */
+    if (ts_frag_split(name, NULL, NULL) || ts_pg_of(name, si.shard, a->pg_count) != a->pg)
         return 0;
     return a->cb(a->arg, name, &si);
 }

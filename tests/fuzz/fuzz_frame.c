@@ -80,6 +80,13 @@ static void check_name(const char *name, int may_be_empty)
     CHECK(ts_name_valid(name) || (may_be_empty && name[0] == '\0'));
 }
 
+/* The shard operations' names: a dataset's, or one of its fragment stores (NAME#f). */
+static void check_store_name(const char *name)
+{
+    CHECK(strlen(name) <= TS_NAME_MAX);
+    CHECK(ts_name_valid_store(name));
+}
+
 static void wr_name(struct ts_wr *w, const char *name)
 {
     ts_wr_str(w, name); /* a valid name has no NUL: strlen is its length */
@@ -312,19 +319,19 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
         check_name(q->u.dataset_delete.name, 0);
         break;
     case TS_OP_SHARD_WRITE:
-        check_name(q->u.shard_write.name, 0);
+        check_store_name(q->u.shard_write.name);
         CHECK(inside(p, len, q->u.shard_write.chunk.data, q->u.shard_write.chunk.len));
         break;
     case TS_OP_SHARD_SEAL:
-        check_name(q->u.shard_seal.name, 0);
+        check_store_name(q->u.shard_seal.name);
         CHECK(inside(p, len, q->u.shard_seal.records.p, 8 * (size_t)q->u.shard_seal.records.n));
         break;
     case TS_OP_READ:
-        check_name(q->u.read.name, 0);
+        check_store_name(q->u.read.name);
         break;
     case TS_OP_SHARD_STAT:
     case TS_OP_SHARD_RECORDS:
-        check_name(q->u.shard_stat.name, 0);
+        check_store_name(q->u.shard_stat.name);
         break;
     case TS_OP_SHARD_LIST:
         check_name(q->u.shard_list.name, 0);

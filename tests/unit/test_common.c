@@ -137,6 +137,39 @@ static void test_names(void **state)
     assert_false(ts_name_valid(long_name));
 }
 
+/* Fragment names NAME#f (issue 33): made and split back; no user name is one. */
+static void test_frag_names(void **state)
+{
+    char n[TS_NAME_MAX + 1], base[TS_NAME_MAX + 1], longb[TS_NAME_MAX + 1];
+    unsigned f = 99;
+
+    assert_int_equal(ts_frag_name(n, "cold.v1", 0), 0);
+    assert_string_equal(n, "cold.v1#0");
+    assert_int_equal(ts_frag_name(n, "cold.v1", TS_FRAG_MAX - 1), 0);
+    assert_true(ts_frag_split(n, base, &f));
+    assert_string_equal(base, "cold.v1");
+    assert_int_equal(f, TS_FRAG_MAX - 1);
+    assert_false(ts_name_valid(n));
+    assert_true(ts_name_valid_store(n));
+    assert_true(ts_name_valid_store("cold.v1"));
+    assert_int_equal(ts_frag_name(n, "cold", TS_FRAG_MAX), TS_ENAME);
+    assert_int_equal(ts_frag_name(n, ".x", 1), TS_ENAME);
+    /* The whole must fit TS_NAME_MAX: a 126-byte name has fragments #0..#9 only. */
+    memset(longb, 'a', TS_NAME_MAX - 2);
+    longb[TS_NAME_MAX - 2] = '\0';
+    assert_int_equal(ts_frag_name(n, longb, 9), 0);
+    assert_int_equal(strlen(n), TS_NAME_MAX);
+    assert_int_equal(ts_frag_name(n, longb, 10), TS_ENAME);
+    assert_false(ts_frag_split("cold", NULL, NULL));
+    assert_false(ts_frag_split("cold#", NULL, NULL));
+    assert_false(ts_frag_split("cold#07", NULL, NULL));
+    assert_false(ts_frag_split("cold#40", NULL, NULL));
+    assert_false(ts_frag_split("#1", NULL, NULL));
+    assert_false(ts_frag_split("a#1#2", NULL, NULL));
+    assert_false(ts_frag_split(".a#1", NULL, NULL));
+    assert_false(ts_frag_split(NULL, NULL, NULL));
+}
+
 static void test_byte_order(void **state)
 {
     uint8_t b[8];
@@ -192,7 +225,8 @@ int main(void)
         cmocka_unit_test(test_errno_table),    cmocka_unit_test(test_errno_conversion),
         cmocka_unit_test(test_crc32c_vectors), cmocka_unit_test(test_crc32c_chaining),
         cmocka_unit_test(test_crc32c_combine), cmocka_unit_test(test_names),
-        cmocka_unit_test(test_byte_order),     cmocka_unit_test(test_logging),
+        cmocka_unit_test(test_frag_names),     cmocka_unit_test(test_byte_order),
+        cmocka_unit_test(test_logging),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -676,6 +676,42 @@ static void test_failure_domains(void **state)
     ts_map_free(one);
 }
 
+/* The EC order (issue 33): a node down keeps its position (no other fragment moves); marked
+ * out it leaves, and only the positions from its own on may change. */
+static void test_ec_order(void **state)
+{
+    struct ts_map *m = make_map(10, 128, NULL);
+    int all[6], down[6], out[6], moved_after = 0;
+
+    (void)state;
+    for (uint32_t pg = 0; pg < 128; pg++) {
+        size_t victim;
+        assert_int_equal(ts_map_ec_order(m, pg, all, 6), 6);
+        /* With every node up it is the replica order. */
+        {
+            int rep[6];
+            assert_int_equal(ts_map_pg_order(m, pg, rep, 6), 6);
+            assert_memory_equal(rep, all, sizeof(rep));
+        }
+        victim = (size_t)all[pg % 6];
+        m->nodes[victim].state = TS_NODE_DOWN;
+        assert_int_equal(ts_map_ec_order(m, pg, down, 6), 6);
+        assert_memory_equal(down, all, sizeof(all)); /* a hole, in place */
+        m->nodes[victim].state = TS_NODE_OUT;
+        assert_int_equal(ts_map_ec_order(m, pg, out, 6), 6);
+        for (unsigned f = 0; f < 6; f++) {
+            assert_int_not_equal(out[f], (int)victim);
+            if (f < pg % 6)
+                assert_int_equal(out[f], all[f]); /* before its position: nothing moves */
+            else if (out[f] != all[f])
+                moved_after++;
+        }
+        m->nodes[victim].state = TS_NODE_UP;
+    }
+    assert_true(moved_after >= 128); /* at least the victim's own position, each time */
+    ts_map_free(m);
+}
+
 static void test_states(void **state)
 {
     struct ts_map *m = make_map(8, 256, four_racks), *up;
@@ -869,6 +905,7 @@ int main(void)
         cmocka_unit_test(test_dup),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_failure_domains),
+        cmocka_unit_test(test_ec_order),
         cmocka_unit_test(test_states),
         cmocka_unit_test(test_movement),
         cmocka_unit_test(test_balance),

@@ -63,7 +63,30 @@ static void test_names(void **state)
     ts_wr_str(&w, ".hidden");
     ts_wr_u32(&w, 1);
     assert_int_equal(dec(TS_OP_SHARD_STAT, &w, &q), TS_ENAME);
+    assert_string_equal(msg, "invalid dataset name (1-128 of [A-Za-z0-9._-], or NAME#fragment)");
+
+    /* Fragment names (NAME#f): the shard operations take them, nothing else does. */
+    w.len = 0;
+    ts_wr_str(&w, NAME "#5");
+    ts_wr_u32(&w, 1);
+    assert_int_equal(dec(TS_OP_SHARD_STAT, &w, &q), 0);
+    assert_string_equal(q.u.shard_stat.name, NAME "#5");
+    w.len = 0;
+    ts_wr_str(&w, NAME "#5");
+    assert_int_equal(dec(TS_OP_DATASET_STAT, &w, &q), TS_ENAME);
     assert_string_equal(msg, "invalid dataset name (1-128 of [A-Za-z0-9._-])");
+    assert_int_equal(dec(TS_OP_DATASET_DELETE, &w, &q), TS_ENAME);
+    assert_int_equal(dec(TS_OP_SHARD_LIST, &w, &q), TS_ENAME);
+    {
+        static const char *const bad[] = {NAME "#", NAME "#40", NAME "#05", NAME "#1#2",
+                                          "#3",     ".x#1",     NAME "#x",  NAME "#123"};
+        for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+            w.len = 0;
+            ts_wr_str(&w, bad[i]);
+            ts_wr_u32(&w, 1);
+            assert_int_equal(dec(TS_OP_SHARD_STAT, &w, &q), TS_ENAME);
+        }
+    }
 
     w.len = 0; /* the name's bytes are missing: malformed */
     ts_wr_u16(&w, 10);

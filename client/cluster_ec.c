@@ -1,0 +1,258 @@
+/*
+ * Erasure-coded shards over the router (issue 33). A shard's K+M fragments (common/ec_layout.c)
+ * live on the K+M nodes of its PG's EC order (ts_map_ec_order), fragment f on position f, each
+ * kept by its node as shard SHARD of the store dataset NAME#f: chunked, a CRC32C per chunk and
+ * per 4 KiB sub-block, checked on every read like any shard's bytes.
+ *
+ * A read of a range reads the data fragments that hold it, as they are (no decoding). Where a
+ * fragment cannot be read (its node down or unreachable, the fragment missing, its bytes failing
+ * their CRC32C), the same cells are read from other fragments until K are in hand, and the
+ * wanted bytes are rebuilt from them: a function of verified bytes only. With fewer than K
+ * readable the read fails with TS_EUNAVAIL and names each fragment it could not read.
+ */
+#include "cluster_internal.h"
+#include "ts_ec.h"
+#include "ts_map.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The fragments of one shard: where each lives, and what went wrong with it. */
+struct ec_shard {
+    struct ts_ec_layout lay;
+    ts_ec *ec;
+    unsigned n;            /* k + m */
+    int node[TS_FRAG_MAX]; /* map node index of position f */
+    char name[TS_FRAG_MAX][TS_NAME_MAX + 1];
+    int bad[TS_FRAG_MAX]; /* 1: not readable in this call (why in why[]) */
+    char why[WHY_LEN];
+};
+
+static int ec_shard_init(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e,
+                         const char *name, uint32_t shard, uint64_t len, unsigned k, unsigned m)
+{
+    int ord[TS_FRAG_MAX];
+    size_t got;
+    int rc;
+
+    memset(e, 0, sizeof(*e));
+    if (!cl->map)
+        return TS_EINVAL;
+    rc = ts_ec_layout_for(&e->lay, k, m, len);
+    if (rc) {
+        ts_conn_set_error(c, "ec %u+%u: K must be 1 to %d and M 1 to %d", k, m, TS_EC_MAX_K,
+                          TS_EC_MAX_M);
+        return rc;
+    }
+    e->n = k + m;
+    got = ts_map_ec_order(cl->map, ts_map_pg_of(cl->map, name, shard), ord, e->n);
+    if (got < e->n) {
+        ts_conn_set_error(c,
+                          "%s/%u: ec %u+%u needs %u nodes that are not out, the map (epoch "
+                          "%llu) has %zu",
+                          name, shard, k, m, e->n, (unsigned long long)cl->map->epoch, got);
+        return TS_EUNAVAIL;
+    }
+    for (unsigned f = 0; f < e->n; f++) {
+        e->node[f] = ord[f];
+        rc = ts_frag_name(e->name[f], name, f);
+        if (rc) {
+            ts_conn_set_error(c, "%s: too long a name for its fragments (NAME#%u within %d bytes)",
+                              name, f, TS_NAME_MAX);
+            return rc;
+        }
+    }
+    rc = ts_ec_create(&e->ec, k, m);
+    return rc;
+}
+
+/* Fragment f could not be read or written: rc, and the node's message. */
+static void ec_fail(struct ts_cluster *cl, struct ec_shard *e, unsigned f, int rc, const char *msg)
+{
+    e->bad[f] = 1;
+    ts_cl_why_add(e->why, "fragment %u on %s: %s%s%s", f, cl->map->nodes[e->node[f]].id,
+                  ts_errname(rc), msg && msg[0] ? ": " : "", msg ? msg : "");
+}
+
+/* The connection to position f's node; a node the map says is down is not tried. */
+static int ec_sub(struct ts_cluster *cl, struct ec_shard *e, unsigned f, size_t *p,
+                  tessera_client **sub)
+{
+    const struct ts_map_node *nd = &cl->map->nodes[e->node[f]];
+    int rc;
+
+    if (nd->state != TS_NODE_UP) {
+        ec_fail(cl, e, f, TS_EUNAVAIL, "the map says it is down");
+        return TS_EUNAVAIL;
+    }
+    rc = ts_cl_node_peer(cl, cl->map, (size_t)e->node[f], p);
+    if (!rc)
+        rc = ts_cl_peer_conn(cl, *p, 0, sub);
+    if (rc)
+        ec_fail(cl, e, f, rc, "no connection");
+    return rc;
+}
+
+/* Reads [off, off+len) of fragment f into buf: 0, or marks it bad. */
+static int ec_read_frag(struct ts_cluster *cl, struct ec_shard *e, unsigned f, uint32_t shard,
+                        uint64_t off, size_t len, uint8_t *buf)
+{
+    char msg[256];
+    tessera_client *sub;
+    size_t p, got = 0;
+    int rc;
+
+    if (e->bad[f])
+        return TS_EUNAVAIL;
+    if (!len)
+        return 0;
+    rc = ec_sub(cl, e, f, &p, &sub);
+    if (rc)
+        return rc;
+    rc = ts_cl_peer_done(cl, p, sub, ts_conn_read(sub, e->name[f], shard, off, len, buf, &got), msg,
+                         sizeof(msg));
+    if (rc == 0 && got != len) {
+        rc = TS_ECORRUPT;
+        snprintf(msg, sizeof(msg), "%zu of %zu bytes at %llu", got, len, (unsigned long long)off);
+    }
+    if (rc)
+        ec_fail(cl, e, f, rc, msg);
+    return rc;
+}
+
+int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                 const void *buf, size_t len, unsigned k, unsigned m)
+{
+    struct ec_shard e;
+    const uint8_t *src = buf;
+    uint8_t *frag[TS_FRAG_MAX] = {0};
+    int rc = ec_shard_init(c, cl, &e, name, shard, len, k, m);
+
+    if (rc)
+        goto out;
+    /* Each fragment as stripes x cell bytes, zero past the shard's end (the short cells of the
+     * last stripe are encoded zero-padded); only ts_ec_frag_len bytes of it are stored. */
+    for (unsigned f = 0; f < e.n && !rc; f++)
+        if (!(frag[f] = calloc(e.lay.stripes ? e.lay.stripes : 1, e.lay.cell)))
+            rc = TS_ENOMEM;
+    for (uint64_t s = 0; s < e.lay.stripes && !rc; s++) {
+        uint8_t *d[TS_EC_MAX_K], *pa[TS_EC_MAX_M];
+        for (unsigned i = 0; i < k; i++) {
+            d[i] = frag[i] + s * e.lay.cell;
+            memcpy(d[i], src + s * k * e.lay.cell + i * e.lay.cell, ts_ec_cell_len(&e.lay, s, i));
+        }
+        for (unsigned j = 0; j < m; j++)
+            pa[j] = frag[k + j] + s * e.lay.cell;
+        ts_ec_encode(e.ec, ts_ec_cell_len(&e.lay, s, 0), d, pa);
+    }
+    /* Every fragment must be durable on its node (its put returns at its seal). */
+    for (unsigned f = 0; f < e.n && !rc; f++) {
+        char msg[256];
+        tessera_client *sub;
+        size_t p;
+        rc = ec_sub(cl, &e, f, &p, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(
+                cl, p, sub,
+                ts_conn_put(sub, e.name[f], shard, frag[f], ts_ec_frag_len(&e.lay, f), NULL, 0),
+                msg, sizeof(msg));
+        if (rc) {
+            if (!e.bad[f])
+                ec_fail(cl, &e, f, rc, msg);
+            ts_conn_set_error(c, "%s/%u: ec %u+%u: %s", name, shard, k, m, e.why);
+        }
+    }
+out:
+    for (unsigned f = 0; f < TS_FRAG_MAX; f++)
+        free(frag[f]);
+    ts_ec_destroy(e.ec);
+    return rc;
+}
+
+/* Piece p rebuilt into out from k other fragments' same cell bytes (scratch: n x len). */
+static int ec_rebuild(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e,
+                      const char *name, uint32_t shard, const struct ts_ec_piece *pc, uint8_t *out,
+                      uint8_t *scratch)
+{
+    unsigned k = e->lay.k, have_n = 0;
+    uint8_t *ptr[TS_FRAG_MAX];
+    uint64_t have = 0;
+    size_t len = (size_t)pc->len;
+    int rc;
+
+    for (unsigned g = 0; g < e->n && have_n < k; g++) {
+        uint64_t cell = ts_ec_cell_len(&e->lay, pc->stripe, g);
+        size_t stored;
+        if (g == pc->frag)
+            continue;
+        ptr[g] = scratch + (size_t)g * len;
+        /* A data cell of the short last stripe holds fewer bytes: the rest is zero. */
+        stored = cell > pc->cell_off ? (size_t)TS_MIN((uint64_t)len, cell - pc->cell_off) : 0;
+        memset(ptr[g] + stored, 0, len - stored);
+        if (ec_read_frag(cl, e, g, shard, pc->stripe * e->lay.cell + pc->cell_off, stored,
+                         ptr[g]) == 0) {
+            have |= 1ull << g;
+            have_n++;
+        }
+    }
+    ptr[pc->frag] = out;
+    rc = ts_ec_decode(e->ec, len, ptr, have, 1ull << pc->frag);
+    if (rc == TS_EUNAVAIL)
+        ts_conn_set_error(c,
+                          "%s/%u: bytes %llu..%llu: %u of %u fragments readable, %u needed "
+                          "(ec %u+%u): %s",
+                          name, shard, (unsigned long long)pc->shard_off,
+                          (unsigned long long)(pc->shard_off + pc->len), have_n, e->n, k, k,
+                          e->lay.m, e->why);
+    return rc;
+}
+
+int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                  uint64_t shard_len, unsigned k, unsigned m, uint64_t off, size_t len, void *buf,
+                  struct ts_ec_read_stats *st)
+{
+    struct ts_ec_piece pcs[64];
+    struct ec_shard e;
+    uint8_t *scratch = NULL;
+    uint64_t at = off, end;
+    int rc = ec_shard_init(c, cl, &e, name, shard, shard_len, k, m);
+
+    if (st)
+        memset(st, 0, sizeof(*st));
+    if (!rc && (off > shard_len || len > shard_len - off)) {
+        ts_conn_set_error(c, "%s/%u: range %llu+%zu past the shard's %llu bytes", name, shard,
+                          (unsigned long long)off, len, (unsigned long long)shard_len);
+        rc = TS_ERANGE;
+    }
+    end = off + len;
+    while (!rc && at < end) {
+        size_t np = ts_ec_map(&e.lay, at, end - at, pcs, TS_ARRAY_SIZE(pcs));
+        np = TS_MIN(np, TS_ARRAY_SIZE(pcs));
+        for (size_t i = 0; i < np && !rc; i++) {
+            const struct ts_ec_piece *pc = &pcs[i];
+            uint8_t *out = (uint8_t *)buf + (pc->shard_off - off);
+            if (ec_read_frag(cl, &e, pc->frag, shard, pc->frag_off, (size_t)pc->len, out) == 0) {
+                if (st)
+                    st->direct++;
+                continue;
+            }
+            if (!scratch && !(scratch = malloc((size_t)e.n * e.lay.cell))) {
+                rc = TS_ENOMEM;
+                break;
+            }
+            rc = ec_rebuild(c, cl, &e, name, shard, pc, out, scratch);
+            if (!rc && st)
+                st->rebuilt++;
+        }
+        if (np)
+            at = pcs[np - 1].shard_off + pcs[np - 1].len;
+    }
+    if (st)
+        for (unsigned f = 0; f < e.n; f++)
+            if (e.bad[f])
+                st->bad |= 1ull << f;
+    free(scratch);
+    ts_ec_destroy(e.ec);
+    return rc;
+}

@@ -1,0 +1,383 @@
+/*
+ * Erasure-coded shards on a real 6-node cluster (issue 33, client/cluster_ec.c and the nodes'
+ * fragment stores NAME#f): every shard of a sealed dataset put as 4+2 fragments, one per node of
+ * its PG's EC order, each durable on its node; read back byte for byte from the data fragments
+ * alone; a byte flipped in a fragment's chunk file on disk caught by its CRC32C and the range
+ * rebuilt from the others; two nodes killed (-9): every byte still read, rebuilt; a third:
+ * a clear error naming the fragments it could not read, never bytes; the nodes back: read
+ * straight again. And the nodes' rules: only an admin writes fragments, only of a sealed
+ * dataset; fragment stores are in no listing and go with their dataset.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "conn.h"
+#include "tessera/tessera.h"
+#include "ts_ec.h"
+#include "ts_map.h"
+
+static struct tsd_cluster CL;
+
+#define K 4
+#define M 2
+#define NSHARDS 4
+/* Shard lengths: one small stripe, one of a stripe's worth plus a little, one whose fragments
+ * the test damages, and three stripes of 1 MiB cells, the last one short. */
+static const size_t LENS[NSHARDS] = {10000, (1u << 20) + 123, (3u << 20) + 5, (9u << 20) + 77};
+#define DAMAGED 2
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 11);
+}
+
+static tessera_client *admin(void)
+{
+    tessera_client *c = NULL;
+
+    assert_int_equal(test_tls_open(&c, CL.tls_listen[0], "admin", NULL, NULL), 0);
+    return c;
+}
+
+/* Shard s read through the router's EC path at [off, off+len) must be the pattern's bytes. */
+static int ec_read(tessera_client *c, uint32_t s, uint64_t off, size_t len,
+                   struct ts_ec_read_stats *st)
+{
+    uint8_t *want = malloc(LENS[s]), *got = malloc(len ? len : 1);
+    int rc;
+
+    fill(want, LENS[s], s);
+    memset(got, 0xee, len ? len : 1);
+    rc = ts_cl_ec_read(c, c->cl, "cold", s, LENS[s], K, M, off, len, got, st);
+    if (rc == 0 && memcmp(got, want + off, len) != 0)
+        rc = TS_ECORRUPT; /* wrong bytes: the one thing never allowed */
+    if (rc)
+        fprintf(stderr, "  shard %u [%llu, +%zu): %s: %s\n", s, (unsigned long long)off, len,
+                ts_errname(rc), tessera_client_error(c));
+    free(want);
+    free(got);
+    return rc;
+}
+
+/* The map node index at each EC position of shard s. */
+static void ec_order(uint32_t s, int *ord)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+
+    assert_non_null(m);
+    assert_int_equal(ts_map_ec_order(m, ts_map_pg_of(m, "cold", s), ord, K + M), K + M);
+    ts_map_free(m);
+}
+
+static int node_index(const struct ts_map *m, int idx)
+{
+    return tsd_cluster_find(&CL, m->nodes[idx].id);
+}
+
+static int cluster_index_at(uint32_t s, unsigned f)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+    int ord[K + M], i;
+
+    assert_non_null(m);
+    assert_int_equal(ts_map_ec_order(m, ts_map_pg_of(m, "cold", s), ord, K + M), K + M);
+    i = node_index(m, ord[f]);
+    ts_map_free(m);
+    return i;
+}
+
+static void test_put_every_shard_as_fragments(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0};
+    tessera_client *c = admin();
+
+    (void)state;
+    assert_int_equal(tessera_dataset_create(c, "cold", &p), 0);
+    for (uint32_t s = 0; s < NSHARDS; s++) {
+        uint8_t *buf = malloc(LENS[s]);
+        fill(buf, LENS[s], s);
+        assert_int_equal(tessera_put(c, "cold", s, buf, LENS[s], NULL, 0), 0);
+        /* Not sealed yet: no fragment may be written. */
+        if (s == 0) {
+            assert_int_equal(ts_cl_ec_put(c, c->cl, "cold", s, buf, LENS[s], K, M), TS_EINVAL);
+            assert_non_null(strstr(tessera_client_error(c), "not sealed"));
+        }
+        free(buf);
+    }
+    assert_int_equal(tessera_dataset_seal(c, "cold"), 0);
+    for (uint32_t s = 0; s < NSHARDS; s++) {
+        uint8_t *buf = malloc(LENS[s]);
+        fill(buf, LENS[s], s);
+        assert_int_equal(ts_cl_ec_put(c, c->cl, "cold", s, buf, LENS[s], K, M), 0);
+        /* Again (a retried conversion): the same fragments are confirmed, nothing changes. */
+        if (s == 1)
+            assert_int_equal(ts_cl_ec_put(c, c->cl, "cold", s, buf, LENS[s], K, M), 0);
+        free(buf);
+    }
+    /* Each position's node holds that fragment, and only that one, as ts_ec_frag_len says. */
+    for (uint32_t s = 0; s < NSHARDS; s++) {
+        struct ts_ec_layout l;
+        assert_int_equal(ts_ec_layout_for(&l, K, M, LENS[s]), 0);
+        for (unsigned f = 0; f < K + M; f++) {
+            int i = cluster_index_at(s, f);
+            char name[TS_NAME_MAX + 1];
+            size_t flen = (size_t)ts_ec_frag_len(&l, f), got = 0;
+            uint8_t *b = malloc(flen + 1);
+            assert_true(i >= 0);
+            assert_int_equal(ts_frag_name(name, "cold", f), 0);
+            assert_int_equal(raw_read_shard(CL.node[i].addr, name, s, flen, b, &got), 0);
+            assert_int_equal(got, flen);
+            for (unsigned g = 0; g < K + M; g++) {
+                int j = cluster_index_at(s, g);
+                if (g == f || j == i)
+                    continue;
+                assert_int_equal(ts_frag_name(name, "cold", f), 0);
+                assert_int_not_equal(raw_read_shard(CL.node[j].addr, name, s, flen, b, &got), 0);
+            }
+            free(b);
+        }
+    }
+    tessera_client_close(c);
+}
+
+static void test_nodes_rules(void **state)
+{
+    tessera_client *c = NULL;
+    struct ts_dataset_info *v = NULL;
+    size_t n = 0;
+    uint8_t b[16] = {0};
+
+    (void)state;
+    /* A writer may write the dataset, not its fragments. */
+    assert_int_equal(test_tls_open(&c, CL.tls_listen[1], "writer", NULL, NULL), 0);
+    assert_int_equal(ts_cl_ec_put(c, c->cl, "cold", 0, b, sizeof(b), K, M), TS_EPERM);
+    assert_non_null(strstr(tessera_client_error(c), "only an admin"));
+    /* Fragment stores are no datasets of their own: not listed, not made by name. */
+    assert_int_equal(tessera_dataset_list(c, &v, &n), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_null(strchr(v[i].name, '#'));
+    tessera_buffer_free(v);
+    tessera_client_close(c);
+    c = admin();
+    assert_int_equal(tessera_dataset_create(c, "cold#1", NULL), TS_ENAME);
+    tessera_client_close(c);
+}
+
+static void test_healthy_reads_are_direct(void **state)
+{
+    tessera_client *c = admin();
+    struct ts_ec_read_stats st;
+
+    (void)state;
+    for (uint32_t s = 0; s < NSHARDS; s++) {
+        if (s == DAMAGED)
+            continue; /* its fragments are read first by the next test */
+        assert_int_equal(ec_read(c, s, 0, LENS[s], &st), 0);
+        assert_int_equal(st.rebuilt, 0);
+        assert_true(st.direct >= 1);
+        assert_int_equal(st.bad, 0);
+        /* Ranges across cells and stripes, and the last byte. */
+        assert_int_equal(ec_read(c, s, LENS[s] / 3, LENS[s] / 2, &st), 0);
+        assert_int_equal(ec_read(c, s, LENS[s] - 1, 1, &st), 0);
+        assert_int_equal(st.rebuilt, 0);
+    }
+    /* Scrub verifies the fragments' chunks too, and no PG inventory counts them: each node
+     * holds other fragments, so counted, every PG would differ and start a backfill. */
+    {
+        struct ts_scrub_report rep;
+        uint64_t chunks_before_frags = 0;
+        assert_int_equal(tessera_scrub(c, NULL, &rep, NULL, NULL), 0);
+        fprintf(stderr,
+                "  scrub: %llu shards, %llu chunks, %llu corrupt, %u PGs compared, %u "
+                "differing, %llu missing\n",
+                (unsigned long long)rep.shards, (unsigned long long)rep.chunks,
+                (unsigned long long)rep.corrupt, rep.pgs_compared, rep.pgs_differing,
+                (unsigned long long)rep.missing);
+        for (uint32_t s = 0; s < NSHARDS; s++) /* 3 core copies of each shard's chunks */
+            chunks_before_frags += 3 * ((LENS[s] + (1u << 20) - 1) >> 20);
+        assert_true(rep.chunks > chunks_before_frags); /* and the fragments' */
+        assert_int_equal(rep.corrupt, 0);
+        assert_true(rep.pgs_compared > 0);
+        assert_int_equal(rep.pgs_differing, 0);
+        assert_int_equal(rep.missing, 0);
+    }
+    tessera_client_close(c);
+}
+
+/* Files of exactly `size` bytes under DIR/chunks/ (the chunk files); the last into path. */
+static int files_of_size(const char *data, off_t size, char *path, size_t cap)
+{
+    char dir[1024];
+    DIR *top, *sub;
+    struct dirent *a, *b;
+    int n = 0;
+
+    snprintf(dir, sizeof(dir), "%s/chunks", data);
+    top = opendir(dir);
+    if (!top)
+        return 0;
+    while ((a = readdir(top))) {
+        char d2[1300];
+        if (a->d_name[0] == '.')
+            continue;
+        snprintf(d2, sizeof(d2), "%s/%s", dir, a->d_name);
+        if (!(sub = opendir(d2)))
+            continue;
+        while ((b = readdir(sub))) {
+            char f[1600];
+            struct stat st;
+            snprintf(f, sizeof(f), "%s/%s", d2, b->d_name);
+            if (b->d_name[0] != '.' && stat(f, &st) == 0 && S_ISREG(st.st_mode) &&
+                st.st_size == size) {
+                snprintf(path, cap, "%s", f);
+                n++;
+            }
+        }
+        closedir(sub);
+    }
+    closedir(top);
+    return n;
+}
+
+static void test_flipped_byte_is_caught_and_rebuilt(void **state)
+{
+    tessera_client *c = admin();
+    struct ts_ec_read_stats st;
+    struct ts_ec_layout l;
+    char path[1600];
+    int i = cluster_index_at(DAMAGED, 0), fd;
+    uint8_t x;
+
+    (void)state;
+    assert_int_equal(ts_ec_layout_for(&l, K, M, LENS[DAMAGED]), 0);
+    /* Data fragment 0 of the damaged shard: the only file of its length on its node. */
+    assert_int_equal(
+        files_of_size(CL.node[i].data, (off_t)ts_ec_frag_len(&l, 0), path, sizeof(path)), 1);
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &x, 1, 4097), 1);
+    x ^= 0x40;
+    assert_int_equal(pwrite(fd, &x, 1, 4097), 1);
+    close(fd);
+    fprintf(stderr, "  flipped byte 4097 of %s (fragment 0 of cold/%u on %s)\n", path, DAMAGED,
+            CL.id[i]);
+    /* The first test read every fragment, so the node has this chunk in its cache: restart it
+     * so that the next read comes from the file. */
+    assert_int_equal(tsd_stop(&CL.node[i]), 0);
+    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+    /* Bytes 4097.. of fragment 0 are shard bytes 4097.. (stripe 0, cell 0). */
+    assert_int_equal(ec_read(c, DAMAGED, 4000, 200, &st), 0);
+    assert_int_equal(st.rebuilt, 1);
+    assert_int_equal(st.bad, 1); /* fragment 0, and only it, failed */
+    assert_int_equal(ec_read(c, DAMAGED, 0, LENS[DAMAGED], &st), 0);
+    assert_true(st.rebuilt >= 1);
+    /* A range of fragment 0 outside the damaged sub-block still reads straight. */
+    assert_int_equal(ec_read(c, DAMAGED, 3 * 4096 + 10, 1000, &st), 0);
+    assert_int_equal(st.rebuilt, 0);
+    tessera_client_close(c);
+}
+
+static void test_m_nodes_down_then_m_plus_one(void **state)
+{
+    tessera_client *c = admin();
+    struct ts_ec_read_stats st;
+    int ord[K + M], killed[M + 1];
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+
+    (void)state;
+    assert_non_null(m);
+    ec_order(3, ord);
+    /* Shard 3's first two data fragments' nodes, then one more data fragment's: never node 0,
+     * through which the admin handle came (the map still says up: a kill -9, not a drain). */
+    for (int f = 0, n = 0; f < K + M && n < M + 1; f++) {
+        int i = node_index(m, ord[f]);
+        if (i > 0)
+            killed[n++] = i;
+    }
+    ts_map_free(m);
+    for (int j = 0; j < M; j++) {
+        fprintf(stderr, "  kill -9 %s\n", CL.id[killed[j]]);
+        tsd_kill9(&CL.node[killed[j]]);
+        assert_false(tsd_alive(&CL.node[killed[j]]));
+    }
+    for (uint32_t s = 0; s < NSHARDS; s++)
+        if (s != DAMAGED) /* its damaged fragment would be a third loss (repair: not yet) */
+            assert_int_equal(ec_read(c, s, 0, LENS[s], &st), 0);
+    assert_int_equal(ec_read(c, 3, 0, LENS[3], &st), 0);
+    assert_true(st.rebuilt >= 1); /* the fault happened: data fragments were missing */
+    assert_true(st.bad != 0);
+    fprintf(stderr, "  kill -9 %s\n", CL.id[killed[M]]);
+    tsd_kill9(&CL.node[killed[M]]);
+    assert_int_equal(ec_read(c, 3, 0, LENS[3], &st), TS_EUNAVAIL);
+    fprintf(stderr, "  M+1 down: %s\n", tessera_client_error(c));
+    assert_non_null(strstr(tessera_client_error(c), "fragments readable"));
+    for (int j = 0; j <= M; j++)
+        assert_non_null(strstr(tessera_client_error(c), CL.id[killed[j]]));
+    tessera_client_close(c);
+    /* Back: every fragment was durable on its node; reads go straight again. */
+    for (int j = 0; j <= M; j++)
+        assert_int_equal(tsd_start(&CL.node[killed[j]], NULL), 0);
+    c = admin();
+    for (uint32_t s = 0; s < NSHARDS; s++) {
+        if (s == DAMAGED)
+            continue; /* its damaged fragment is rebuilt by repair, not yet built */
+        assert_int_equal(ec_read(c, s, 0, LENS[s], &st), 0);
+        assert_int_equal(st.rebuilt, 0);
+    }
+    tessera_client_close(c);
+}
+
+static void test_fragments_go_with_their_dataset(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0};
+    tessera_client *c = admin();
+    int i = cluster_index_at(1, 0);
+    uint8_t b[64];
+    size_t got = 0;
+
+    (void)state;
+    assert_int_equal(raw_read_shard(CL.node[i].addr, "cold#0", 1, sizeof(b), b, &got), 0);
+    assert_int_equal(tessera_dataset_delete(c, "cold"), 0);
+    assert_int_equal(tessera_dataset_create(c, "cold", &p), 0);
+    assert_int_equal(raw_read_shard(CL.node[i].addr, "cold#0", 1, sizeof(b), b, &got), TS_ENOENT);
+    tessera_client_close(c);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return tsd_cluster_start(&CL, K + M, NULL, 8, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tsd_cluster_stop(&CL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_put_every_shard_as_fragments),
+        cmocka_unit_test(test_nodes_rules),
+        cmocka_unit_test(test_healthy_reads_are_direct),
+        cmocka_unit_test(test_flipped_byte_is_caught_and_rebuilt),
+        cmocka_unit_test(test_m_nodes_down_then_m_plus_one),
+        cmocka_unit_test(test_fragments_go_with_their_dataset),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
