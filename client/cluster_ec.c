@@ -87,6 +87,11 @@ static int ec_sub(struct ts_cluster *cl, struct ec_shard *e, unsigned f, size_t 
         return TS_EUNAVAIL;
     }
     rc = ts_cl_node_peer(cl, cl->map, (size_t)e->node[f], p);
+    if (!rc && !cl->peers[*p].conn && ts_cl_recently_failed(&cl->peers[*p])) {
+        /* Failed a moment ago: the other fragments serve; it is tried again after a while. */
+        ec_fail(cl, e, f, TS_EUNAVAIL, "its connection failed a moment ago");
+        return TS_EUNAVAIL;
+    }
     if (!rc)
         rc = ts_cl_peer_conn(cl, *p, 0, sub);
     if (rc)
@@ -170,42 +175,133 @@ out:
     return rc;
 }
 
-/* Piece p rebuilt into out from k other fragments' same cell bytes (scratch: n x len). */
-static int ec_rebuild(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e,
-                      const char *name, uint32_t shard, const struct ts_ec_piece *pc, uint8_t *out,
-                      uint8_t *scratch)
+/* The bytes [lo, hi) of fragment g's cell of stripe st that it stores (a data cell of the short
+ * last stripe holds fewer; the rest of the cell is zero). */
+static size_t ec_stored(const struct ec_shard *e, uint64_t st, unsigned g, uint64_t lo, uint64_t hi)
 {
-    unsigned k = e->lay.k, have_n = 0;
+    uint64_t cell = ts_ec_cell_len(&e->lay, st, g);
+
+    return cell > lo ? (size_t)(TS_MIN(hi, cell) - lo) : 0;
+}
+
+/* Reads [lo, hi) of the cells of stripe st of the fragments in `want` into ptr[g], all at once
+ * (one submitted read per node, then the waits); the bits of those read in full, verified. */
+static uint64_t ec_read_cells(struct ts_cluster *cl, struct ec_shard *e, uint32_t shard,
+                              uint64_t st, uint64_t lo, uint64_t hi, uint64_t want, uint8_t **ptr)
+{
+    tessera_client *sub[TS_FRAG_MAX];
+    uint64_t op[TS_FRAG_MAX], sent = 0, got_bits = 0;
+    size_t peer[TS_FRAG_MAX], len[TS_FRAG_MAX];
+
+    for (unsigned g = 0; g < e->n; g++) {
+        if (!(want >> g & 1) || e->bad[g])
+            continue;
+        len[g] = ec_stored(e, st, g, lo, hi);
+        memset(ptr[g] + len[g], 0, (size_t)(hi - lo) - len[g]);
+        if (!len[g]) {
+            got_bits |= 1ull << g;
+            continue;
+        }
+        if (ec_sub(cl, e, g, &peer[g], &sub[g]) != 0)
+            continue;
+        if (ts_conn_read_submit(sub[g], e->name[g], shard, st * e->lay.cell + lo, len[g], ptr[g],
+                                &op[g]) == 0)
+            sent |= 1ull << g;
+        else
+            ec_fail(cl, e, g, TS_EIO, ts_conn_error(sub[g]));
+    }
+    for (unsigned g = 0; g < e->n; g++) {
+        char msg[256];
+        size_t got = 0;
+        int rc;
+        if (!(sent >> g & 1))
+            continue;
+        rc = ts_cl_peer_done(cl, peer[g], sub[g], ts_conn_wait(sub[g], op[g], &got), msg,
+                             sizeof(msg));
+        if (rc == 0 && got != len[g])
+            rc = TS_ECORRUPT;
+        if (rc)
+            ec_fail(cl, e, g, rc, msg);
+        else
+            got_bits |= 1ull << g;
+    }
+    return got_bits;
+}
+
+/*
+ * Pieces pcs[0..np) of one stripe, read straight from their data fragments; those that fail
+ * are rebuilt together: over the cell bytes [lo, hi) they span, from K fragments, reusing the
+ * pieces already read where they cover [lo, hi) and reading the rest in parallel.
+ */
+static int ec_stripe(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e, const char *name,
+                     uint32_t shard, const struct ts_ec_piece *pcs, size_t np, uint8_t *buf,
+                     uint64_t off, uint8_t *scratch, struct ts_ec_read_stats *st)
+{
+    unsigned k = e->lay.k;
+    uint64_t lost = 0, have = 0, lo = UINT64_MAX, hi = 0, s = pcs[0].stripe;
     uint8_t *ptr[TS_FRAG_MAX];
-    uint64_t have = 0;
-    size_t len = (size_t)pc->len;
+    size_t len;
     int rc;
 
-    for (unsigned g = 0; g < e->n && have_n < k; g++) {
-        uint64_t cell = ts_ec_cell_len(&e->lay, pc->stripe, g);
-        size_t stored;
-        if (g == pc->frag)
+    for (size_t i = 0; i < np; i++) {
+        const struct ts_ec_piece *pc = &pcs[i];
+        if (ec_read_frag(cl, e, pc->frag, shard, pc->frag_off, (size_t)pc->len,
+                         buf + (pc->shard_off - off)) == 0) {
+            if (st)
+                st->direct++;
             continue;
-        ptr[g] = scratch + (size_t)g * len;
-        /* A data cell of the short last stripe holds fewer bytes: the rest is zero. */
-        stored = cell > pc->cell_off ? (size_t)TS_MIN((uint64_t)len, cell - pc->cell_off) : 0;
-        memset(ptr[g] + stored, 0, len - stored);
-        if (ec_read_frag(cl, e, g, shard, pc->stripe * e->lay.cell + pc->cell_off, stored,
-                         ptr[g]) == 0) {
-            have |= 1ull << g;
-            have_n++;
+        }
+        lost |= 1ull << pc->frag;
+        lo = TS_MIN(lo, pc->cell_off);
+        hi = TS_MAX(hi, pc->cell_off + pc->len);
+    }
+    if (!lost)
+        return 0;
+    len = (size_t)(hi - lo);
+    for (unsigned g = 0; g < e->n; g++)
+        ptr[g] = scratch + (size_t)g * e->lay.cell;
+    /* Data pieces read whole over [lo, hi) serve as they are. */
+    for (size_t i = 0; i < np; i++) {
+        const struct ts_ec_piece *pc = &pcs[i];
+        if (!(lost >> pc->frag & 1) && pc->cell_off <= lo && pc->cell_off + pc->len >= hi) {
+            ptr[pc->frag] = buf + (pc->shard_off - off) + (lo - pc->cell_off);
+            have |= 1ull << pc->frag;
         }
     }
-    ptr[pc->frag] = out;
-    rc = ts_ec_decode(e->ec, len, ptr, have, 1ull << pc->frag);
-    if (rc == TS_EUNAVAIL)
+    /* The rest from other fragments, K at a time, until K are in hand or none is left. */
+    for (;;) {
+        uint64_t want = 0;
+        unsigned n = (unsigned)__builtin_popcountll(have), left = 0;
+        for (unsigned g = 0; g < e->n && n + left < k; g++)
+            if (!(have >> g & 1) && !(lost >> g & 1) && !e->bad[g]) {
+                want |= 1ull << g;
+                left++;
+            }
+        if (n >= k || !want)
+            break;
+        have |= ec_read_cells(cl, e, shard, s, lo, hi, want, ptr);
+    }
+    rc = ts_ec_decode(e->ec, len, ptr, have, lost);
+    if (rc == TS_EUNAVAIL) {
         ts_conn_set_error(c,
-                          "%s/%u: bytes %llu..%llu: %u of %u fragments readable, %u needed "
-                          "(ec %u+%u): %s",
-                          name, shard, (unsigned long long)pc->shard_off,
-                          (unsigned long long)(pc->shard_off + pc->len), have_n, e->n, k, k,
-                          e->lay.m, e->why);
-    return rc;
+                          "%s/%u: stripe %llu: %d of %u fragments readable, %u needed (ec "
+                          "%u+%u): %s",
+                          name, shard, (unsigned long long)s, __builtin_popcountll(have), e->n, k,
+                          k, e->lay.m, e->why);
+        return rc;
+    }
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < np; i++) {
+        const struct ts_ec_piece *pc = &pcs[i];
+        if (lost >> pc->frag & 1) {
+            memcpy(buf + (pc->shard_off - off), ptr[pc->frag] + (pc->cell_off - lo),
+                   (size_t)pc->len);
+            if (st)
+                st->rebuilt++;
+        }
+    }
+    return 0;
 }
 
 int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
@@ -225,28 +321,19 @@ int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, ui
                           (unsigned long long)off, len, (unsigned long long)shard_len);
         rc = TS_ERANGE;
     }
+    if (!rc && len && !(scratch = malloc((size_t)e.n * e.lay.cell)))
+        rc = TS_ENOMEM;
     end = off + len;
     while (!rc && at < end) {
-        size_t np = ts_ec_map(&e.lay, at, end - at, pcs, TS_ARRAY_SIZE(pcs));
-        np = TS_MIN(np, TS_ARRAY_SIZE(pcs));
-        for (size_t i = 0; i < np && !rc; i++) {
-            const struct ts_ec_piece *pc = &pcs[i];
-            uint8_t *out = (uint8_t *)buf + (pc->shard_off - off);
-            if (ec_read_frag(cl, &e, pc->frag, shard, pc->frag_off, (size_t)pc->len, out) == 0) {
-                if (st)
-                    st->direct++;
-                continue;
-            }
-            if (!scratch && !(scratch = malloc((size_t)e.n * e.lay.cell))) {
-                rc = TS_ENOMEM;
-                break;
-            }
-            rc = ec_rebuild(c, cl, &e, name, shard, pc, out, scratch);
-            if (!rc && st)
-                st->rebuilt++;
-        }
-        if (np)
-            at = pcs[np - 1].shard_off + pcs[np - 1].len;
+        /* At most one stripe at a time (K pieces): each is read, or rebuilt, as one. */
+        size_t np =
+            ts_ec_map(&e.lay, at, end - at, pcs, TS_MIN((size_t)e.lay.k, TS_ARRAY_SIZE(pcs)));
+        size_t i = 1;
+        np = TS_MIN(np, (size_t)e.lay.k);
+        while (i < np && pcs[i].stripe == pcs[0].stripe)
+            i++;
+        rc = ec_stripe(c, cl, &e, name, shard, pcs, i, buf, off, scratch, st);
+        at = pcs[i - 1].shard_off + pcs[i - 1].len;
     }
     if (st)
         for (unsigned f = 0; f < e.n; f++)
