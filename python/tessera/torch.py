@@ -34,6 +34,12 @@ from .records import payload, record_form
 # half of small records leaves as one READV per node (bench/loader, 4 KiB records: 256 was as
 # fast as 512 on a cluster and faster on one node, where a larger window costs cache misses).
 READ_AHEAD = 256
+# Small records (a unit of at most SMALL_UNIT bytes on average, e.g. 4 KiB samples): 256 of
+# them are 1 MiB, and the loader waits on each half-window's round trip. A worker then reads
+# SMALL_READ_AHEAD units ahead within SMALL_WINDOW_BYTES (docs/benchmarks.md, "Target 1, s4k").
+SMALL_UNIT = 16 << 10
+SMALL_READ_AHEAD = 4096
+SMALL_WINDOW_BYTES = 32 << 20
 
 
 def _dist_rank_world(rank, world):
@@ -156,6 +162,7 @@ class TesseraIterable(IterableDataset):
         self._resume_world = None
         self._units = None
         self._counts = None       # records per shard (units() fetches them)
+        self._bytes = None        # the dataset's bytes (units() fetches them)
         self.yielded = 0          # records yielded when iterated in this process
         # Reader stats (reader_stats()): readers of this process (the open one, the sum of the
         # closed ones) and DataLoader workers' slots in shared memory (track_workers()).
@@ -179,6 +186,7 @@ class TesseraIterable(IterableDataset):
         if self._units is None:
             with Client(self.connect) as c:
                 self._counts = [n for _, n in c.record_counts(self.dataset)]
+                self._bytes = c.dataset(self.dataset)["bytes"]
             self._units = sum(self._counts)
         return self._units
 
@@ -252,6 +260,11 @@ class TesseraIterable(IterableDataset):
             # Each worker is a stream of its own already: one connection (thread) per worker
             # keeps the workers' threads from crowding the loader's cores.
             opts.setdefault("connections", 1)
+            self.units()
+            if self._units and self._bytes <= self._units * SMALL_UNIT:
+                opts.setdefault("window_units", SMALL_READ_AHEAD)
+                opts.setdefault("depth", SMALL_READ_AHEAD)
+                opts.setdefault("window_bytes", SMALL_WINDOW_BYTES)
             opts.setdefault("window_units", READ_AHEAD)
             opts.setdefault("depth", READ_AHEAD)
             opts.setdefault("window_bytes", 4 << 20)  # large records: fewer, still in cache
