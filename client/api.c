@@ -266,6 +266,26 @@ int tessera_dataset_seal(tessera_client *c, const char *name)
     return ts_cl_dataset_seal(c, c->cl, name);
 }
 
+int tessera_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m,
+                         tessera_tier_progress progress, void *arg)
+{
+    int rc;
+
+    if (!routed(c)) {
+        rc = ts_enter_name(c, name);
+        if (rc)
+            return rc;
+        ts_conn_set_error(c, "erasure coding needs a cluster (k + m nodes): this handle is on "
+                             "one node without a map");
+        return TS_ENOTSUP;
+    }
+    c->err[0] = '\0';
+    rc = ts_name_check(c, name);
+    if (rc)
+        return rc;
+    return ts_cl_dataset_tier(c, c->cl, name, k, m, progress, arg);
+}
+
 int tessera_dataset_delete(tessera_client *c, const char *name)
 {
     int rc;

@@ -317,6 +317,8 @@ int ts_conn_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_
 int ts_conn_dataset_policy(tessera_client *c, const char *name, struct ts_dataset_info *out);
 int ts_conn_dataset_seal(tessera_client *c, const char *name);
 int ts_conn_dataset_delete(tessera_client *c, const char *name);
+/* DATASET_TIER on this node: the dataset's erasure code (0, 0: replicated only). */
+int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m);
 int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
                           uint32_t *n);
 int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
@@ -450,6 +452,13 @@ int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uin
 int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                   uint64_t shard_len, unsigned k, unsigned m, uint64_t off, size_t len, void *buf,
                   struct ts_ec_read_stats *st);
+int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
+                       unsigned m, tessera_tier_progress progress, void *arg);
+/* A read of an erasure-coded dataset (cached policy) through its fragments: 1 when the policy
+ * says it is one and the read was served (*rc its result), 0 to read the replicas. */
+int ts_cl_ec_try_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
+                      uint64_t off, size_t len, void *buf, size_t *out_len, tessera_client *sub,
+                      size_t p, int *rc);
 int ts_cl_node_read(tessera_client *c, struct ts_cluster *cl, size_t node, const char *name,
                     uint32_t shard, uint64_t off, size_t len, void *buf, size_t *out_len);
 /* PG_DROP on node i of the map. */

@@ -30,6 +30,7 @@ struct peer {
 struct policy {
     char name[TS_NAME_MAX + 1];
     uint8_t core, fringe;
+    uint8_t ec_k, ec_m; /* erasure-coded: reads go through cluster_ec.c */
 };
 
 /* Which replicas a read tried, and why they failed. */
@@ -85,6 +86,8 @@ struct ts_cluster {
     int timeout_ms;
     size_t served;         /* the peer that served the submitted read last collected, or NO_PEER */
     uint64_t resubmits;    /* submitted reads sent to another replica after theirs failed */
+    uint64_t ec_reads;     /* reads served through an erasure-coded dataset's fragments */
+    uint64_t ec_fallbacks; /* ... that the fragments could not serve: read from the replicas */
     struct ts_batch batch; /* for the sub-connections (ts_cl_batch) */
     /* Each PG's replica order under map (ts_map_pg_order, which costs more than the read's
      * own work on a small read): computed at first use, dropped with the map. */

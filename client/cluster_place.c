@@ -47,6 +47,8 @@ int ts_cl_policy_keep(struct ts_cluster *cl, const char *name, const struct ts_d
     snprintf(cl->pols[cl->npols].name, sizeof(cl->pols[0].name), "%s", name);
     cl->pols[cl->npols].core = p->core;
     cl->pols[cl->npols].fringe = p->fringe;
+    cl->pols[cl->npols].ec_k = p->ec_k;
+    cl->pols[cl->npols].ec_m = p->ec_m;
     cl->npols++;
     return 0;
 }

@@ -27,6 +27,8 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
         rc = ts_cl_sel_next(cl, &s, name, shard, off, &p, &sub);
         if (rc)
             return rc;
+        if (ts_cl_ec_try_read(c, cl, name, shard, off, len, buf, out_len, sub, p, &rc))
+            return rc;
         rc = ts_conn_read(sub, name, shard, off, len, buf, out_len);
         if (!rc) {
             ts_cl_check(cl, p);

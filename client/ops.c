@@ -105,7 +105,7 @@ int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_
 
 /* ---- datasets ------------------------------------------------------------------------------- */
 
-const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0, 0};
+const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0, 0, 0, 0};
 
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
 {
@@ -322,6 +322,24 @@ int ts_conn_dataset_seal_flags(tessera_client *c, const char *name, uint8_t flag
     if (!r)
         return TS_ENOMEM;
     ts_wr_u8(&r->w, flags);
+    return ts_call_status(c, r);
+}
+
+int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m)
+{
+    struct ts_req *r;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (!c->t || k > 255 || m > 255)
+        return TS_EINVAL;
+    r = ts_req_name(c, TS_OP_DATASET_TIER, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u8(&r->w, (uint8_t)k);
+    ts_wr_u8(&r->w, (uint8_t)m);
     return ts_call_status(c, r);
 }
 

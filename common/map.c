@@ -719,7 +719,9 @@ int ts_map_decode(struct ts_rd *r, struct ts_map **out)
     if (!r->err && map_hot_decode(r, m) != 0)
         r->err = TS_EPROTO;
     placement = ts_rd_u32(r); /* last: it came with splits, after the rest */
-    m->placement_pgs = placement == pg_count ? 0 : placement;
+    if (placement == pg_count)
+        r->err = TS_EPROTO; /* every PG on its own is 0 on the wire: one encoding per map */
+    m->placement_pgs = placement;
     if (!r->err && m->move &&
         ts_map_move_set_from_placement(m, m->move->from_placement) != 0) /* re-derived */
         r->err = TS_EPROTO;

@@ -296,6 +296,8 @@ void ts_wr_dataset_info(struct ts_wr *w, const struct ts_dataset_info *d)
     ts_wr_u32(w, d->shards_writing);
     ts_wr_u64(w, d->bytes);
     ts_wr_u8(w, d->policy.record_format);
+    ts_wr_u8(w, d->policy.ec_k);
+    ts_wr_u8(w, d->policy.ec_m);
 }
 
 int ts_rd_dataset_info(struct ts_rd *r, struct ts_dataset_info *d)
@@ -313,6 +315,8 @@ int ts_rd_dataset_info(struct ts_rd *r, struct ts_dataset_info *d)
     d->shards_writing = ts_rd_u32(r);
     d->bytes = ts_rd_u64(r);
     d->policy.record_format = ts_rd_u8(r);
+    d->policy.ec_k = ts_rd_u8(r);
+    d->policy.ec_m = ts_rd_u8(r);
     return r->err;
 }
 

@@ -513,49 +513,6 @@ int ops_enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const 
     return 0;
 }
 
-/*
- * A write to a fragment store NAME#f (issue 33): only an admin writes fragments (the tiering
- * CLI); NAME must be a sealed dataset here, and its fragment store is made on first use with
- * NAME's policy and incarnation. Fragments are not PG-replicated: the write is this node's
- * alone. 1 to go on, 0 after replying an error.
- */
-int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
-                      uint32_t shard)
-{
-    struct tsd_server *s = c->w->srv;
-    char base[TS_NAME_MAX + 1];
-    struct ts_dataset_info d, fd;
-    unsigned f;
-    int rc;
-
-    if (!ts_frag_split(name, base, &f))
-        return 1;
-    if (tsd_conn_role(s, c) != TS_ROLE_ADMIN) {
-        tsd_reply_error(c, h, TS_EPERM,
-                        "%s %s/%u: only an admin writes the fragments of an erasure-coded "
-                        "dataset (role '%s')",
-                        ts_op_desc(h->opcode)->name, name, shard,
-                        ts_role_name(tsd_conn_role(s, c)));
-        return 0;
-    }
-    rc = ts_store_dataset_get(s->store, base, &d);
-    if (rc == 0 && d.state != TS_DS_SEALED)
-        rc = TS_EINVAL;
-    if (rc == 0 && h->opcode == TS_OP_SHARD_WRITE &&
-        ts_store_dataset_get(s->store, name, &fd) == TS_ENOENT) {
-        rc = ts_store_dataset_create_inc(s->store, name, &d.policy, d.created_ns);
-        rc = rc == TS_EEXIST ? 0 : rc;
-    }
-    if (rc == TS_EINVAL)
-        tsd_reply_error(c, h, rc,
-                        "%s %s/%u: dataset '%s' is not sealed (only sealed datasets "
-                        "are erasure-coded)",
-                        ts_op_desc(h->opcode)->name, name, shard, base);
-    else if (rc)
-        ops_reply_store_error(c, h, rc, base, -1);
-    return rc == 0;
-}
-
 static void op_shard_write(struct tsd_conn *c, const struct ts_frame_hdr *h,
                            const struct tsd_req *q)
 {
@@ -895,6 +852,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_PG_DROP] = tsd_op_pg_drop,
     [TS_OP_READV] = tsd_op_readv,
     [TS_OP_HINT] = tsd_op_hint,
+    [TS_OP_DATASET_TIER] = tsd_op_dataset_tier,
 };
 
 static tsd_handler handler_for(unsigned opcode)

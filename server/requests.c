@@ -151,6 +151,17 @@ static int dec_dataset_seal(struct dec *d, struct tsd_req_dataset_seal *q)
     return done(d);
 }
 
+static int dec_dataset_tier(struct dec *d, struct tsd_req_dataset_tier *q)
+{
+    int rc = name(d, q->name);
+
+    if (rc)
+        return rc;
+    q->k = ts_rd_u8(&d->r);
+    q->m = ts_rd_u8(&d->r);
+    return done(d);
+}
+
 static int dec_shard_write(struct dec *d, struct tsd_req_shard_write *q)
 {
     int rc = store_name(d, q->name);
@@ -393,6 +404,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
         break;
     case TS_OP_DATASET_DELETE:
         rc = dec_dataset(&d, &q->u.dataset_delete);
+        break;
+    case TS_OP_DATASET_TIER:
+        rc = dec_dataset_tier(&d, &q->u.dataset_tier);
         break;
     case TS_OP_SHARD_WRITE:
         rc = dec_shard_write(&d, &q->u.shard_write);

@@ -66,6 +66,12 @@ struct tsd_req_dataset {
     char name[TS_NAME_MAX + 1];
 };
 
+/* DATASET_TIER (issue 33): the dataset's erasure code; k = m = 0: replicated only. */
+struct tsd_req_dataset_tier {
+    char name[TS_NAME_MAX + 1];
+    uint8_t k, m;
+};
+
 struct tsd_req_dataset_seal {
     char name[TS_NAME_MAX + 1];
     uint8_t has_flags; /* the optional trailing flags byte was sent */
@@ -217,6 +223,7 @@ struct tsd_req {
         struct tsd_req_dataset_create dataset_create;
         struct tsd_req_dataset dataset_stat;
         struct tsd_req_dataset_seal dataset_seal;
+        struct tsd_req_dataset_tier dataset_tier;
         struct tsd_req_dataset dataset_delete;
         struct tsd_req_shard_write shard_write;
         struct tsd_req_shard_seal shard_seal;

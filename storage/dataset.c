@@ -224,6 +224,36 @@ static void delete_id_range(rocksdb_writebatch_t *b, rocksdb_column_family_handl
     rocksdb_writebatch_delete_range_cf(b, cf, (const char *)lo, 9, (const char *)hi, 9);
 }
 
+int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned m)
+{
+    struct ts_dataset_info d;
+    uint8_t key[1 + TS_NAME_MAX], rec[DS_REC_LEN];
+    rocksdb_writebatch_t *b;
+    int rc;
+
+    if (!s || k > 255 || m > 255 || (!k != !m))
+        return TS_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    rc = dataset_get(s, name, &d);
+    if (rc == 0 && d.state != TS_DS_SEALED)
+        rc = TS_EINVAL;
+    if (rc == 0 && (d.policy.ec_k != k || d.policy.ec_m != m)) {
+        d.policy.ec_k = (uint8_t)k;
+        d.policy.ec_m = (uint8_t)m;
+        ds_encode(rec, &d);
+        b = rocksdb_writebatch_create();
+        rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)key, key_ds(key, name),
+                                  (const char *)rec, sizeof(rec));
+        rc = batch_write(s, b, "dataset tier");
+        rocksdb_writebatch_destroy(b);
+        ds_invalidate(s, name);
+        if (rc == 0)
+            TS_INFO(FAC, "dataset %s: %s", name, k ? "erasure-coded" : "replicated only");
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
 int ts_store_dataset_delete(ts_store *s, const char *name)
 {
     return ts_store_dataset_delete_ex(s, name, 0);

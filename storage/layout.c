@@ -87,6 +87,8 @@ void ds_encode(uint8_t *b, const struct ts_dataset_info *d)
     b[3] = d->policy.fringe;
     b[4] = d->policy.min_core;
     b[5] = d->policy.record_format; /* 0 in records written before it existed */
+    b[6] = d->policy.ec_k;          /* 0, 0 (replicated) in records written before them */
+    b[7] = d->policy.ec_m;
     ts_put_le32(b + 8, d->policy.chunk_size);
     ts_put_le64(b + 16, d->id);
     ts_put_le64(b + 24, d->created_ns);
@@ -105,6 +107,8 @@ int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_inf
     d->policy.fringe = b[3];
     d->policy.min_core = b[4];
     d->policy.record_format = b[5];
+    d->policy.ec_k = b[6];
+    d->policy.ec_m = b[7];
     d->policy.chunk_size = ts_get_le32(b + 8);
     d->id = ts_get_le64(b + 16);
     d->created_ns = ts_get_le64(b + 24);

@@ -128,6 +128,9 @@ int ts_store_dataset_list_records(ts_store *s,
                                   void *arg);
 /* Seals an open dataset: every shard 0..N-1 must be complete (TS_EINCOMPLETE otherwise). */
 int ts_store_dataset_seal(ts_store *s, const char *name);
+/* Sets a sealed dataset's erasure code (k = m = 0: replicated only; issue 33): TS_EINVAL for an
+ * open dataset or one of k, m 0 without the other. Durable per the sync policy. */
+int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned m);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
 int ts_store_dataset_delete(ts_store *s, const char *name);
 /* With force, uploads still open on the dataset do not block the delete: they end (their next

@@ -245,6 +245,12 @@ static const struct cmd cmds[] = {
     {"dataset", "stat", 1, 1, 1, no_opts, cmd_dataset_stat, "NAME", "Shows one dataset.", 0, NULL},
     {"dataset", "seal", 1, 1, 1, no_opts, cmd_dataset_seal, "NAME",
      "Seals a dataset: no more shards can be added. Fails while an upload is incomplete.", 0, NULL},
+    {"dataset", "tier", 2, 2, 2, no_opts, cmd_dataset_tier, "NAME ec:K+M|replicated",
+     "Tiers a sealed dataset (admin role, a cluster of K+M nodes): ec:K+M puts every shard as K\n"
+     "data and M parity fragments on K+M nodes, each durable, read back and checked against\n"
+     "the shard's CRC32C, then reads go through them; replicated removes the fragments. Shows\n"
+     "progress and the time left; run again after a failure, it goes on.",
+     0, NULL},
     {"dataset", "rm", 1, 1, 1, no_opts, cmd_dataset_rm, "NAME",
      "Deletes a dataset and all its shards (admin role).", 0, NULL},
     {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset.", 0,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "ts_ec.h"
 #include "ts_map.h"
 
 #define GET_WINDOW 4
@@ -112,6 +113,59 @@ int cmd_dataset_seal(struct ctx *x)
         printf("sealed dataset %s: %u shards, %s\n", d.name, d.shards,
                cli_human_size(d.bytes, size, sizeof(size)));
     }
+    return 0;
+}
+
+/* Progress of a tiering: shards and bytes done, rate and time left, on one line (stderr). */
+struct tier_progress {
+    uint64_t t0;
+    int tty;
+};
+
+static void tier_progress_cb(void *arg, uint32_t done, uint32_t n, uint64_t bytes, uint64_t total)
+{
+    struct tier_progress *p = arg;
+    double s = (double)(ts_now_mono_ns() - p->t0) / 1e9, rate = s > 0 ? (double)bytes / s : 0;
+    /* The share done: by bytes, or by shards while the bytes are too few to say. */
+    double frac =
+        total && bytes * 100 >= total ? (double)bytes / (double)total : (n ? (double)done / n : 1);
+    char a[32], b[32];
+
+    fprintf(stderr, "%s  %u/%u shards, %s of %s, %.1f MB/s, ETA %.0f s%s", p->tty ? "\r" : "", done,
+            n, cli_human_size(bytes, a, sizeof(a)), cli_human_size(total, b, sizeof(b)), rate / 1e6,
+            frac > 0 ? s * (1 - frac) / frac : 0.0, p->tty ? "" : "\n");
+    fflush(stderr);
+}
+
+int cmd_dataset_tier(struct ctx *x)
+{
+    struct tier_progress p = {ts_now_mono_ns(), isatty(2)};
+    struct ts_dataset_info d;
+    unsigned k = 0, m = 0;
+    char err[128];
+    int rc;
+
+    if (strcmp(x->argv[1], "replicated") != 0 &&
+        ts_ec_parse(x->argv[1], &k, &m, err, sizeof(err))) {
+        snprintf(x->local, sizeof(x->local), "%s (ec:K+M or replicated)", err);
+        return TS_EINVAL;
+    }
+    rc = tessera_dataset_tier(x->c, x->argv[0], k, m, x->json ? NULL : tier_progress_cb, &p);
+    if (p.tty && !x->json)
+        fputc('\n', stderr);
+    if (rc)
+        return rc;
+    rc = tessera_dataset_stat(x->c, x->argv[0], &d);
+    if (rc)
+        return rc;
+    if (x->json)
+        json_print(dataset_json(&d));
+    else if (k)
+        printf("dataset %s is erasure-coded, ec:%u+%u: every shard's fragments durable and read "
+               "back (%.1f s)\n",
+               d.name, k, m, (double)(ts_now_mono_ns() - p.t0) / 1e9);
+    else
+        printf("dataset %s is replicated only; its fragments were removed\n", d.name);
     return 0;
 }
 

@@ -51,6 +51,13 @@ struct json_object *dataset_json(const struct ts_dataset_info *d)
     json_object_object_add(o, "shards", json_u64(d->shards));
     json_object_object_add(o, "shards_writing", json_u64(d->shards_writing));
     json_object_object_add(o, "bytes", json_u64(d->bytes));
+    if (d->policy.ec_k) {
+        char ec[16];
+        snprintf(ec, sizeof(ec), "%u+%u", d->policy.ec_k, d->policy.ec_m);
+        json_object_object_add(o, "ec", json_object_new_string(ec));
+    } else {
+        json_object_object_add(o, "ec", NULL);
+    }
     return o;
 }
 
@@ -86,7 +93,7 @@ void kv_print(const char *const *kv, size_t n)
 
 void dataset_print(const struct ts_dataset_info *d)
 {
-    char size[32], chunk[32], when[40], shards[64], repl[64], id[24], bytes[64];
+    char size[32], chunk[32], when[40], shards[64], repl[64], id[24], bytes[64], tier[48];
     const char *kv[] = {
         "name",     d->name,
         "id",       id,
@@ -96,6 +103,7 @@ void dataset_print(const struct ts_dataset_info *d)
         "chunk",    cli_human_size(d->policy.chunk_size, chunk, sizeof(chunk)),
         "records",  ts_record_format_name(d->policy.record_format),
         "replicas", repl,
+        "tier",     tier,
         "created",  cli_time(d->created_ns, when, sizeof(when)),
     };
 
@@ -105,5 +113,9 @@ void dataset_print(const struct ts_dataset_info *d)
              (unsigned long long)d->bytes);
     snprintf(repl, sizeof(repl), "core %u, fringe %u, min_core %u", d->policy.core,
              d->policy.fringe, d->policy.min_core);
+    if (d->policy.ec_k)
+        snprintf(tier, sizeof(tier), "erasure-coded, ec:%u+%u", d->policy.ec_k, d->policy.ec_m);
+    else
+        snprintf(tier, sizeof(tier), "replicated");
     kv_print(kv, TS_ARRAY_SIZE(kv));
 }

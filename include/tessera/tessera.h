@@ -81,6 +81,21 @@ int tessera_dataset_create(tessera_client *c, const char *name, const struct ts_
 int tessera_dataset_list(tessera_client *c, struct ts_dataset_info **out, size_t *n);
 int tessera_dataset_stat(tessera_client *c, const char *name, struct ts_dataset_info *out);
 int tessera_dataset_seal(tessera_client *c, const char *name);
+/*
+ * Tiers a sealed dataset (issue 33; docs/operations.md "Tiering"): k data and m parity
+ * fragments of every shard, each on its own node (k + m nodes that are not out; 1 <= k <= 32,
+ * 1 <= m <= 8), or back to replicated only (k = m = 0). Each shard is read (verified), encoded,
+ * its fragments put durably, then read back through them and checked against the shard's
+ * CRC32C; only then is the dataset marked erasure-coded on every node, and reads of it go
+ * through its fragments (a read the fragments cannot serve falls back to the replicas, which
+ * this version keeps). Run again after a failure, it finds the fragments already put and goes
+ * on. progress (may be NULL) is called after each shard. A cluster handle with admin rights;
+ * TS_ENOTSUP on a single node.
+ */
+typedef void (*tessera_tier_progress)(void *arg, uint32_t shards_done, uint32_t shards,
+                                      uint64_t bytes_done, uint64_t bytes);
+int tessera_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m,
+                         tessera_tier_progress progress, void *arg);
 int tessera_dataset_delete(tessera_client *c, const char *name);
 
 /* ---- shards ------------------------------------------------------------------------------- */

@@ -27,6 +27,8 @@ struct ts_dataset_policy {
     uint32_t chunk_size;   /* bytes per chunk; 0 means TS_DEFAULT_CHUNK_SIZE */
     uint8_t record_format; /* what its records are (enum tessera_record_format of
                               tessera/records.h); 0: not said, raw bytes */
+    uint8_t ec_k, ec_m;    /* erasure-coded (issue 33): each shard also as ec_k data and ec_m
+                              parity fragments on ec_k + ec_m nodes; 0, 0: replicated only */
 };
 
 struct ts_dataset_info {

@@ -48,6 +48,7 @@ def _info(d):
         "shards": d.shards, "shards_writing": d.shards_writing, "bytes": d.bytes,
         "core": d.policy.core, "fringe": d.policy.fringe, "min_core": d.policy.min_core,
         "chunk_size": d.policy.chunk_size, "created_ns": d.created_ns,
+        "ec": "%d+%d" % (d.policy.ec_k, d.policy.ec_m) if d.policy.ec_k else None,
         "record_format": FORMATS[d.policy.record_format]
         if d.policy.record_format < len(FORMATS) else str(d.policy.record_format),
     }

@@ -289,6 +289,11 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         ts_wr_u32(w, q->u.pg_inventory.pg);
         ts_wr_u8(w, q->u.pg_inventory.rank);
         break;
+    case TS_OP_DATASET_TIER:
+        wr_name(w, q->u.dataset_tier.name);
+        ts_wr_u8(w, q->u.dataset_tier.k);
+        ts_wr_u8(w, q->u.dataset_tier.m);
+        break;
     default:
         CHECK(!"a request opcode the encoder does not know");
     }
@@ -317,6 +322,9 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
         break;
     case TS_OP_DATASET_DELETE:
         check_name(q->u.dataset_delete.name, 0);
+        break;
+    case TS_OP_DATASET_TIER:
+        check_name(q->u.dataset_tier.name, 0);
         break;
     case TS_OP_SHARD_WRITE:
         check_store_name(q->u.shard_write.name);
@@ -480,7 +488,7 @@ static int check_dataset_info(struct ts_rd *r)
 
     CHECK(r->off <= r->len);
     CHECK(rc == 0 || rc == TS_EPROTO);
-    CHECK(rc || r->off == before + 2 + name_len + 41);
+    CHECK(rc || r->off == before + 2 + name_len + 43);
     CHECK(rc || name_len <= TS_NAME_MAX);
     CHECK(strlen(d.name) <= name_len);
     return rc;

@@ -24,12 +24,16 @@
 #include <unistd.h>
 
 #include "client_internal.h"
+#include "cluster_internal.h"
 #include "conn.h"
 #include "tessera/tessera.h"
 #include "ts_ec.h"
 #include "ts_map.h"
 
 static struct tsd_cluster CL;
+static char out[1 << 15];
+
+#define cli(...) tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), __VA_ARGS__)
 
 #define K 4
 #define M 2
@@ -102,7 +106,7 @@ static int cluster_index_at(uint32_t s, unsigned f)
 
 static void test_put_every_shard_as_fragments(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0};
     tessera_client *c = admin();
 
     (void)state;
@@ -341,9 +345,96 @@ static void test_m_nodes_down_then_m_plus_one(void **state)
     tessera_client_close(c);
 }
 
+/* `tessera dataset tier`: refused changes change nothing; ec:4+2 puts every shard's fragments,
+ * after which reads go through them; again, it goes on; replicated takes the fragments away. */
+static void test_tier_cli(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0};
+    static const size_t lens[] = {1, 5000, 300000, (2u << 20) + 3, 777777, 0};
+    const size_t ns = sizeof(lens) / sizeof(lens[0]);
+    tessera_client *c = admin();
+    struct ts_dataset_info d;
+    uint64_t before;
+    uint8_t b[64];
+    size_t got = 0;
+    int i0;
+
+    (void)state;
+    assert_int_equal(tessera_dataset_create(c, "warm", &p), 0);
+    for (uint32_t s = 0; s < ns; s++) {
+        uint8_t *buf = malloc(lens[s] + 1);
+        fill(buf, lens[s], 100 + s);
+        assert_int_equal(tessera_put(c, "warm", s, buf, lens[s], NULL, 0), 0);
+        free(buf);
+    }
+    assert_int_not_equal(cli("dataset tier warm ec:4+2"), 0); /* open */
+    assert_non_null(strstr(out, "sealed"));
+    assert_int_equal(tessera_dataset_seal(c, "warm"), 0);
+    assert_int_not_equal(cli("dataset tier warm ec:0+2"), 0);
+    assert_int_not_equal(cli("dataset tier warm ec:4"), 0);
+    assert_int_not_equal(cli("dataset tier nosuch ec:4+2"), 0);
+    assert_int_not_equal(cli("dataset tier warm ec:5+2"), 0); /* 7 nodes needed, 6 there */
+    assert_non_null(strstr(out, "needs 7 nodes"));
+    assert_int_equal(tessera_dataset_stat(c, "warm", &d), 0);
+    assert_int_equal(d.policy.ec_k, 0); /* refused: nothing changed */
+    assert_int_equal(cli("dataset tier warm ec:4+2"), 0);
+    assert_non_null(strstr(out, "ETA"));
+    assert_non_null(strstr(out, "6/6 shards"));
+    assert_non_null(strstr(out, "erasure-coded"));
+    assert_int_equal(cli("dataset stat warm"), 0);
+    assert_non_null(strstr(out, "ec:4+2"));
+    tessera_client_close(c);
+    /* Reads of it now go through the fragments, byte for byte. */
+    c = admin();
+    before = c->cl->ec_reads;
+    for (uint32_t s = 0; s < ns; s++) {
+        uint8_t *want = malloc(lens[s] + 1), *buf = malloc(lens[s] + 1);
+        size_t n = 0;
+        fill(want, lens[s], 100 + s);
+        assert_int_equal(tessera_read(c, "warm", s, 0, lens[s], buf, &n), 0);
+        assert_int_equal(n, lens[s]);
+        assert_memory_equal(buf, want, lens[s]);
+        free(want);
+        free(buf);
+    }
+    assert_int_equal(c->cl->ec_reads - before, ns);
+    assert_int_equal(c->cl->ec_fallbacks, 0);
+    {
+        char name[TS_NAME_MAX + 1];
+        assert_int_equal(ts_frag_name(name, "warm", 0), 0);
+        i0 = -1;
+        for (int i = 0; i < CL.n && i0 < 0; i++)
+            if (raw_read_shard(CL.node[i].addr, name, 2, sizeof(b), b, &got) == 0)
+                i0 = i;
+        assert_true(i0 >= 0);
+    }
+    /* Again: the fragments are there already; it goes through and changes nothing. */
+    assert_int_equal(cli("dataset tier warm ec:4+2"), 0);
+    assert_int_not_equal(cli("dataset tier warm ec:3+3"), 0); /* another code: back first */
+    assert_non_null(strstr(out, "replicated first"));
+    /* Back to replicated: the fragments go, the replicas serve. */
+    assert_int_equal(cli("dataset tier warm replicated"), 0);
+    assert_int_equal(cli("dataset stat warm"), 0);
+    assert_non_null(strstr(out, "replicated"));
+    assert_int_equal(raw_read_shard(CL.node[i0].addr, "warm#0", 2, sizeof(b), b, &got), TS_ENOENT);
+    tessera_client_close(c);
+    c = admin();
+    for (uint32_t s = 0; s < ns; s++) {
+        uint8_t *want = malloc(lens[s] + 1), *buf = malloc(lens[s] + 1);
+        size_t n = 0;
+        fill(want, lens[s], 100 + s);
+        assert_int_equal(tessera_read(c, "warm", s, 0, lens[s], buf, &n), 0);
+        assert_memory_equal(buf, want, lens[s]);
+        free(want);
+        free(buf);
+    }
+    assert_int_equal(c->cl->ec_reads, 0);
+    tessera_client_close(c);
+}
+
 static void test_fragments_go_with_their_dataset(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0};
     tessera_client *c = admin();
     int i = cluster_index_at(1, 0);
     uint8_t b[64];
@@ -377,6 +468,7 @@ int main(void)
         cmocka_unit_test(test_healthy_reads_are_direct),
         cmocka_unit_test(test_flipped_byte_is_caught_and_rebuilt),
         cmocka_unit_test(test_m_nodes_down_then_m_plus_one),
+        cmocka_unit_test(test_tier_cli),
         cmocka_unit_test(test_fragments_go_with_their_dataset),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

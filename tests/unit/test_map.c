@@ -424,6 +424,17 @@ static void test_wire_malformed(void **state)
     expect_refused(bad);
     ts_map_free(bad);
 
+    /* placement_pgs equal to pg_count is written 0: any other spelling is refused, so that a
+     * map has one encoding (found by fuzz.frame_smoke: it decoded, and encoded back as 0). */
+    ts_wr_init(&w);
+    ts_map_encode(&w, m);
+    assert_int_equal(w.err, 0);
+    ts_put_le32(w.buf + w.len - 4, m->pg_count);
+    ts_rd_init(&r, w.buf, w.len);
+    assert_int_equal(ts_map_decode(&r, &back), TS_EPROTO);
+    assert_null(back);
+    ts_wr_fini(&w);
+
     bad = ts_map_dup(m);
     bad->nodes[2].state = 3;
     expect_refused(bad);

@@ -496,7 +496,13 @@ static void test_reader_name(void **state)
 static const struct ts_dataset_info sample_ds = {
     .name = "coco-2017.val",
     .id = 0x0a0b0c0d0e0f1011ull,
-    .policy = {.core = 3, .fringe = 2, .min_core = 2, .chunk_size = 4u << 20, .record_format = 2},
+    .policy = {.core = 3,
+               .fringe = 2,
+               .min_core = 2,
+               .chunk_size = 4u << 20,
+               .record_format = 2,
+               .ec_k = 8,
+               .ec_m = 3},
     .state = TS_DS_SEALED,
     .created_ns = 1700000000123456789ull,
     .shards = 1024,
@@ -526,7 +532,7 @@ static void test_dataset_info(void **state)
     ts_wr_dataset_info(&w, &sample_ds);
     assert_int_equal(w.err, 0);
     full = w.len;
-    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8 + 1);
+    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8 + 1 + 2);
 
     ts_rd_init(&r, w.buf, w.len);
     assert_int_equal(ts_rd_dataset_info(&r, &d), 0);
@@ -538,6 +544,8 @@ static void test_dataset_info(void **state)
     assert_int_equal(d.policy.min_core, 2);
     assert_int_equal(d.policy.chunk_size, sample_ds.policy.chunk_size);
     assert_int_equal(d.policy.record_format, 2);
+    assert_int_equal(d.policy.ec_k, 8);
+    assert_int_equal(d.policy.ec_m, 3);
     assert_int_equal(d.state, TS_DS_SEALED);
     assert_true(d.created_ns == sample_ds.created_ns);
     assert_int_equal(d.shards, 1024);
@@ -617,9 +625,9 @@ static void test_opcode_table(void **state)
         TS_OPCODE_TABLE(X)
 #undef X
     };
-    static const unsigned unknown[] = {0, TS_OP_MAX, 28, 100, 200, 254, 255, 256, UINT_MAX};
+    static const unsigned unknown[] = {0, TS_OP_MAX, 29, 100, 200, 254, 255, 256, UINT_MAX};
 
-    assert_int_equal(TS_ARRAY_SIZE(ops), 27);
+    assert_int_equal(TS_ARRAY_SIZE(ops), 28);
     for (size_t i = 0; i < TS_ARRAY_SIZE(ops); i++) {
         const struct ts_op_desc *d = ts_op_desc(ops[i].op);
         assert_non_null(d);

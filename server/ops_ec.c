@@ -1,0 +1,88 @@
+/*
+ * Erasure-coded datasets on a node (issue 33; docs/architecture.md "Erasure-coded shards"):
+ * writes to a fragment store NAME#f, and DATASET_TIER, which records a sealed dataset's code.
+ */
+#include "ops_internal.h"
+#include "ts_ec.h"
+
+#include <stdio.h>
+
+/*
+ * A write to a fragment store NAME#f (issue 33): only an admin writes fragments (the tiering
+ * CLI); NAME must be a sealed dataset here, and its fragment store is made on first use with
+ * NAME's policy and incarnation. Fragments are not PG-replicated: the write is this node's
+ * alone. 1 to go on, 0 after replying an error.
+ */
+int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
+                      uint32_t shard)
+{
+    struct tsd_server *s = c->w->srv;
+    char base[TS_NAME_MAX + 1];
+    struct ts_dataset_info d, fd;
+    unsigned f;
+    int rc;
+
+    if (!ts_frag_split(name, base, &f))
+        return 1;
+    if (tsd_conn_role(s, c) != TS_ROLE_ADMIN) {
+        tsd_reply_error(c, h, TS_EPERM,
+                        "%s %s/%u: only an admin writes the fragments of an erasure-coded "
+                        "dataset (role '%s')",
+                        ts_op_desc(h->opcode)->name, name, shard,
+                        ts_role_name(tsd_conn_role(s, c)));
+        return 0;
+    }
+    rc = ts_store_dataset_get(s->store, base, &d);
+    if (rc == 0 && d.state != TS_DS_SEALED)
+        rc = TS_EINVAL;
+    if (rc == 0 && h->opcode == TS_OP_SHARD_WRITE &&
+        ts_store_dataset_get(s->store, name, &fd) == TS_ENOENT) {
+        rc = ts_store_dataset_create_inc(s->store, name, &d.policy, d.created_ns);
+        rc = rc == TS_EEXIST ? 0 : rc;
+    }
+    if (rc == TS_EINVAL)
+        tsd_reply_error(c, h, rc,
+                        "%s %s/%u: dataset '%s' is not sealed (only sealed datasets "
+                        "are erasure-coded)",
+                        ts_op_desc(h->opcode)->name, name, shard, base);
+    else if (rc)
+        ops_reply_store_error(c, h, rc, base, -1);
+    return rc == 0;
+}
+
+/*
+ * DATASET_TIER: NAME's erasure code (k, m), or replicated only (0, 0), on this node; a sealed
+ * dataset only. Back to replicated, the node's fragment stores of NAME go (its replicas hold
+ * every byte: the client converts back only once they do).
+ */
+void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
+{
+    const struct tsd_req_dataset_tier *a = &q->u.dataset_tier;
+    struct tsd_server *s = c->w->srv;
+    char frag[TS_NAME_MAX + 1];
+    int rc;
+
+    if ((a->k || a->m) && (a->k < 1 || a->k > TS_EC_MAX_K || a->m < 1 || a->m > TS_EC_MAX_M)) {
+        tsd_reply_error(c, h, TS_EINVAL,
+                        "dataset-tier %s: ec %u+%u: K must be 1 to %d and M 1 to %d", a->name, a->k,
+                        a->m, TS_EC_MAX_K, TS_EC_MAX_M);
+        return;
+    }
+    rc = ts_store_dataset_set_ec(s->store, a->name, a->k, a->m);
+    if (rc == TS_EINVAL) {
+        tsd_reply_error(c, h, rc, "dataset-tier %s: not sealed (only sealed datasets are tiered)",
+                        a->name);
+        return;
+    }
+    if (rc) {
+        ops_reply_store_error(c, h, rc, a->name, -1);
+        return;
+    }
+    for (unsigned f = 0; !a->k && f < TS_FRAG_MAX && ts_frag_name(frag, a->name, f) == 0; f++) {
+        int fr = ts_store_dataset_delete_ex(s->store, frag, 1);
+        if (fr && fr != TS_ENOENT)
+            TS_WARN(FAC, fr, "dataset %s replicated again; its fragment store %s not removed",
+                    a->name, frag);
+    }
+    ops_reply_ok(c, h);
+}
