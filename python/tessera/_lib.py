@@ -101,6 +101,8 @@ class PlanOpts(ctypes.Structure):
 
 ALLOC_FN = ctypes.CFUNCTYPE(c_void_p, c_void_p, c_size)
 FREE_FN = ctypes.CFUNCTYPE(None, c_void_p, c_void_p)
+# tessera_dataset_tier's progress: (arg, shards done, shards, bytes done, bytes)
+TIER_FN = ctypes.CFUNCTYPE(None, c_void_p, c_u32, c_u32, c_u64, c_u64)
 
 
 class ReaderOpts(ctypes.Structure):
@@ -209,6 +211,8 @@ _FUNCS = [
     ("tessera_dataset_list", c_int, [c_void_p, P(P(DatasetInfo)), P(c_size)]),
     ("tessera_dataset_stat", c_int, [c_void_p, c_char_p, P(DatasetInfo)]),
     ("tessera_dataset_seal", c_int, [c_void_p, c_char_p]),
+    ("tessera_dataset_tier", c_int, [c_void_p, c_char_p, ctypes.c_uint, ctypes.c_uint, TIER_FN,
+                                     c_void_p]),
     ("tessera_dataset_delete", c_int, [c_void_p, c_char_p]),
     ("tessera_shard_stat", c_int, [c_void_p, c_char_p, c_u32, P(ShardInfo)]),
     ("tessera_shard_list", c_int, [c_void_p, c_char_p, P(P(ShardInfo)), P(c_size)]),

@@ -5,8 +5,8 @@ import ctypes
 import json
 import os
 
-from ._lib import (DatasetInfo, DatasetRecords, Handle, Opts, P, Policy, ShardInfo, c_size,
-                   c_u32, c_u64, c_void_p, check, enc, lib)
+from ._lib import (TIER_FN, DatasetInfo, DatasetRecords, Handle, Opts, P, Policy, ShardInfo,
+                   c_size, c_u32, c_u64, c_void_p, check, enc, lib)
 from .records import FORMATS, format_code
 
 
@@ -113,6 +113,21 @@ class Client(Handle):
 
     def seal(self, name):
         self._check(lib().tessera_dataset_seal(self._h, enc(name)))
+
+    def tier(self, name, code, progress=None):
+        """Tiers a sealed dataset: code "ec:K+M" (K data and M parity fragments of every shard
+        on K+M nodes; a cluster handle with admin rights) or "replicated". progress, if given,
+        is called as progress(shards_done, shards, bytes_done, bytes) after each shard."""
+        if code == "replicated":
+            k = m = 0
+        else:
+            spec = code[3:] if code.startswith("ec:") else code
+            parts = spec.split("+")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError("tier: want 'ec:K+M' or 'replicated', not %r" % (code,))
+            k, m = int(parts[0]), int(parts[1])
+        cb = TIER_FN(lambda _arg, d, n, b, t: progress(d, n, b, t)) if progress else TIER_FN()
+        self._check(lib().tessera_dataset_tier(self._h, enc(name), k, m, cb, None))
 
     def delete(self, name):
         self._check(lib().tessera_dataset_delete(self._h, enc(name)))

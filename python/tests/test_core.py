@@ -167,3 +167,46 @@ def test_plan_is_constant_memory_for_huge_n():
     p = Plan(1 << 40, rank=3, world=7, shuffle="global", seed=1)
     assert len(p) == (1 << 40) // 7 + (3 < (1 << 40) % 7)
     assert 0 <= p[len(p) - 1] < 1 << 40
+
+
+def test_tier_ec_and_back(cluster, node):
+    """Client.tier: a sealed dataset on the 3-node cluster to ec:2+1 (its info says so, every
+    record still reads the same, the Reader too), progress per shard, then back to replicated;
+    refusals: an open dataset, a bad code, a single node (TS_ENOTSUP)."""
+    import os
+    nodes, writer = cluster
+    certs = os.path.dirname(writer.tls_ca)
+    admin = ConnectOptions(nodes[0].tls_addr, tls_ca=writer.tls_ca,
+                           tls_cert=os.path.join(certs, "admin.pem"),
+                           tls_key=os.path.join(certs, "admin.key"))
+    with Client(admin) as a:
+        load(a, "tiered", 240, 4, core=3, min_core=2)
+        with pytest.raises(TesseraError) as e:
+            a.tier("tiered", "ec:2+1")
+        assert e.value.name == "TS_EINVAL"  # open
+        a.seal("tiered")
+        with pytest.raises(ValueError):
+            a.tier("tiered", "ec:2")
+        seen = []
+        a.tier("tiered", "ec:2+1", progress=lambda *p: seen.append(p))
+        assert [p[0] for p in seen] == [1, 2, 3, 4] and seen[-1][2] == seen[-1][3]
+        assert a.dataset("tiered")["ec"] == "2+1"
+        ids = []
+        for s, n in a.record_counts("tiered"):  # read through the fragments now
+            offs = a.shard_records("tiered", s) + [None]
+            data = a.read("tiered", s)
+            for i in range(n):
+                rec = data[offs[i]:offs[i + 1]]
+                ids.append(record_id(rec))
+                assert rec == record(ids[-1])
+        assert ids == list(range(240))
+        got = sorted(record_id(i.data) for i in Reader(admin, "tiered").items())
+        assert got == list(range(240))
+        a.tier("tiered", "replicated")
+        assert a.dataset("tiered")["ec"] is None
+    with Client(node.addr) as one:
+        one.create_dataset("alone")
+        one.seal("alone")
+        with pytest.raises(TesseraError) as e:
+            one.tier("alone", "ec:2+1")
+        assert e.value.name == "TS_ENOTSUP"
