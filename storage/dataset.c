@@ -172,12 +172,27 @@ int ts_store_dataset_seal(ts_store *s, const char *name)
     return ts_store_dataset_seal_ex(s, name, 0);
 }
 
+/* Writes dataset record d of name again (under s->lock), durable per the sync policy. */
+static int ds_rewrite(ts_store *s, const char *name, const struct ts_dataset_info *d,
+                      const char *what)
+{
+    uint8_t k[1 + TS_NAME_MAX], rec[DS_REC_LEN];
+    rocksdb_writebatch_t *b = rocksdb_writebatch_create();
+    int rc;
+
+    ds_encode(rec, d);
+    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_ds(k, name),
+                              (const char *)rec, sizeof(rec));
+    rc = batch_write(s, b, what);
+    rocksdb_writebatch_destroy(b);
+    ds_invalidate(s, name);
+    return rc;
+}
+
 int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only)
 {
     struct ts_dataset_info d;
     struct seal_check_arg a = {0, 0};
-    uint8_t k[1 + TS_NAME_MAX], rec[DS_REC_LEN];
-    rocksdb_writebatch_t *b;
     int rc;
 
     if (!s)
@@ -201,13 +216,7 @@ int ts_store_dataset_seal_ex(ts_store *s, const char *name, int local_only)
         goto out_unlock;
     }
     d.state = TS_DS_SEALED;
-    ds_encode(rec, &d);
-    b = rocksdb_writebatch_create();
-    rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)k, key_ds(k, name),
-                              (const char *)rec, sizeof(rec));
-    rc = batch_write(s, b, "dataset seal");
-    rocksdb_writebatch_destroy(b);
-    ds_invalidate(s, name);
+    rc = ds_rewrite(s, name, &d, "dataset seal");
     if (rc == 0)
         TS_INFO(FAC, "sealed dataset %s (%u shards)", name, a.expect);
 out_unlock:
@@ -227,8 +236,6 @@ static void delete_id_range(rocksdb_writebatch_t *b, rocksdb_column_family_handl
 int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned m)
 {
     struct ts_dataset_info d;
-    uint8_t key[1 + TS_NAME_MAX], rec[DS_REC_LEN];
-    rocksdb_writebatch_t *b;
     int rc;
 
     if (!s || k > 255 || m > 255 || (!k != !m))
@@ -240,13 +247,7 @@ int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned 
     if (rc == 0 && (d.policy.ec_k != k || d.policy.ec_m != m)) {
         d.policy.ec_k = (uint8_t)k;
         d.policy.ec_m = (uint8_t)m;
-        ds_encode(rec, &d);
-        b = rocksdb_writebatch_create();
-        rocksdb_writebatch_put_cf(b, s->cf[CF_META], (const char *)key, key_ds(key, name),
-                                  (const char *)rec, sizeof(rec));
-        rc = batch_write(s, b, "dataset tier");
-        rocksdb_writebatch_destroy(b);
-        ds_invalidate(s, name);
+        rc = ds_rewrite(s, name, &d, "dataset tier");
         if (rc == 0)
             TS_INFO(FAC, "dataset %s: %s", name, k ? "erasure-coded" : "replicated only");
     }
