@@ -776,8 +776,8 @@ int ts_map_pg_count_splits(uint32_t old_count, uint32_t new_count)
     return (new_count & (new_count - 1)) == 0;
 }
 
-/* The SplitMix64 finalizer: a bijection with full avalanche. Note mix64(0) == 0. */
-static uint64_t mix64(uint64_t x)
+/* The SplitMix64 finalizer: a bijection with full avalanche. Note map_mix64(0) == 0. */
+uint64_t map_mix64(uint64_t x)
 {
     x ^= x >> 30;
     x *= 0xbf58476d1ce4e5b9ull;
@@ -788,7 +788,7 @@ static uint64_t mix64(uint64_t x)
 }
 
 /* 64-bit FNV-1a of a string, then mixed: a node's key, independent of the PG. */
-static uint64_t str_key(const char *s)
+uint64_t map_str_key(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull;
 
@@ -796,13 +796,13 @@ static uint64_t str_key(const char *s)
         h ^= (uint8_t)*s;
         h *= 0x100000001b3ull;
     }
-    return mix64(h);
+    return map_mix64(h);
 }
 
 /* The hash of (pg, node): both inputs go through a full mix, so no structure survives. */
 static uint64_t pg_node_hash(uint32_t pg, uint64_t node_key)
 {
-    return mix64(node_key ^ mix64((uint64_t)pg + 0x9e3779b97f4a7c15ull));
+    return map_mix64(node_key ^ map_mix64((uint64_t)pg + 0x9e3779b97f4a7c15ull));
 }
 
 /*
@@ -810,7 +810,7 @@ static uint64_t pg_node_hash(uint32_t pg, uint64_t node_key)
  * x = m * 2^e with m in [sqrt(1/2), 1); ln(m) = 2 atanh(s), s = (m-1)/(m+1), |s| < 0.172,
  * by its series to s^25 (error below 1e-19 relative). Strictly negative for x < 1.
  */
-static double det_ln(double x)
+double map_det_ln(double x)
 {
     static const double ln2 = 0.69314718055994530942;
     double m, s, s2, p;
@@ -884,19 +884,7 @@ size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max
     return n;
 }
 
-static size_t hrw_order(const struct ts_map *m, uint32_t pg, int *out, size_t max, int with_down);
-
 size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
-{
-    return hrw_order(m, pg, out, max, 0);
-}
-
-size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t max)
-{
-    return hrw_order(m, pg, out, max, 1);
-}
-
-static size_t hrw_order(const struct ts_map *m, uint32_t pg, int *out, size_t max, int with_down)
 {
     struct rank local[64], *r = local;
     size_t nr = 0, cnt = 0;
@@ -914,14 +902,13 @@ static size_t hrw_order(const struct ts_map *m, uint32_t pg, int *out, size_t ma
         uint64_t h;
         double u;
 
-        if (nd->weight == 0 ||
-            !(nd->state == TS_NODE_UP || (with_down && nd->state == TS_NODE_DOWN)))
+        if (nd->state != TS_NODE_UP || nd->weight == 0)
             continue;
-        h = pg_node_hash(place ? pg % place : pg, str_key(nd->id));
+        h = pg_node_hash(place ? pg % place : pg, map_str_key(nd->id));
         /* u = (k + 1/2) / 2^52 for the top 52 bits k: exact, and strictly inside (0,1). */
         u = ((double)(h >> 12) + 0.5) * (1.0 / 4503599627370496.0);
-        r[nr].score = (double)nd->weight / -det_ln(u);
-        r[nr].dom = str_key(ts_map_node_domain(nd));
+        r[nr].score = (double)nd->weight / -map_det_ln(u);
+        r[nr].dom = map_str_key(ts_map_node_domain(nd));
         r[nr].id = nd->id;
         r[nr].idx = (int)i;
         r[nr].taken = 0;

@@ -32,6 +32,11 @@ void map_emit_node(FILE *f, const struct ts_map_node *nd, int last);
 void map_node_encode(struct ts_wr *w, const struct ts_map_node *nd);
 void map_node_decode(struct ts_rd *r, struct ts_map_node *nd);
 
+/* map.c: the hashing under placement, shared with map_ec.c. */
+uint64_t map_mix64(uint64_t x);
+uint64_t map_str_key(const char *s); /* a node id's or domain's 64-bit key */
+double map_det_ln(double x);         /* ln(x) for x in (0,1), the same bits on every machine */
+
 /* map_move.c */
 int map_move_parse(config_setting_t *g, struct ts_map *m, const char *where, char *err,
                    size_t errlen); /* g NULL: no rebalance */

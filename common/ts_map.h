@@ -187,10 +187,11 @@ size_t ts_map_pg_order(const struct ts_map *m, uint32_t pg, int *out, size_t max
 /* ts_map_pg_order under the node table alone: where a rebalance takes the PG. Without a
  * rebalance the two are the same. */
 size_t ts_map_pg_target_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
-/* The positions of an erasure-coded PG's fragments (issue 33): the same ranking over the nodes
- * that are UP or DOWN (not OUT), under the node table alone. A node down keeps its position (a
- * hole a read goes around); marked out, it leaves, and the fragments it held are rebuilt where
- * the new order puts them. */
+/* The positions of an erasure-coded PG's fragments (issue 33; common/map_ec.c): n distinct
+ * nodes that are not out, each position drawn on its own (CRUSH's indep mode), the failure
+ * domains shared out. A node down keeps its positions (a hole reads go around); marked out,
+ * only the positions it held move. Returns how many (n, or fewer when fewer nodes are not
+ * out). */
 size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t max);
 
 /*
