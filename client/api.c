@@ -266,6 +266,25 @@ int tessera_dataset_seal(tessera_client *c, const char *name)
     return ts_cl_dataset_seal(c, c->cl, name);
 }
 
+int tessera_dataset_repair(tessera_client *c, const char *name, struct tessera_repair_report *rep)
+{
+    int rc;
+
+    if (!rep)
+        return TS_EINVAL;
+    memset(rep, 0, sizeof(*rep));
+    if (!routed(c)) {
+        rc = ts_enter_name(c, name);
+        if (rc)
+            return rc;
+        ts_conn_set_error(c, "erasure coding needs a cluster: this handle is on one node");
+        return TS_ENOTSUP;
+    }
+    c->err[0] = '\0';
+    rc = ts_name_check(c, name);
+    return rc ? rc : ts_cl_dataset_repair(c, c->cl, name, rep);
+}
+
 int tessera_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m,
                          tessera_tier_progress progress, void *arg)
 {

@@ -319,6 +319,9 @@ int ts_conn_dataset_seal(tessera_client *c, const char *name);
 int ts_conn_dataset_delete(tessera_client *c, const char *name);
 /* DATASET_TIER on this node: the dataset's erasure code (0, 0: replicated only). */
 int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m);
+/* CHUNK_REPAIR on this node: good bytes for chunk idx of fragment store NAME#f's shard. */
+int ts_conn_chunk_repair(tessera_client *c, const char *name, uint32_t shard, uint32_t idx,
+                         const void *data, uint32_t len);
 int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, uint64_t **offsets,
                           uint32_t *n);
 int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
@@ -452,6 +455,8 @@ int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uin
 int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                   uint64_t shard_len, unsigned k, unsigned m, uint64_t off, size_t len, void *buf,
                   struct ts_ec_read_stats *st);
+int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name,
+                         struct tessera_repair_report *rep);
 int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
                        unsigned m, tessera_tier_progress progress, void *arg);
 /* A read of an erasure-coded dataset (cached policy) through its fragments: 1 when the policy

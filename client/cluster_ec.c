@@ -489,3 +489,158 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
     free(v);
     return rc;
 }
+
+/* ---- repair ---------------------------------------------------------------------------------- */
+
+/* Bytes [a, a+len) of fragment f (its own offsets) rebuilt into out from K other fragments,
+ * one cell of a stripe at a time. */
+static int ec_rebuild_range(struct ts_cluster *cl, struct ec_shard *e, uint32_t shard, unsigned f,
+                            uint64_t a, size_t len, uint8_t *out, uint8_t *scratch)
+{
+    uint64_t at = a, end = a + len, cell = e->lay.cell;
+    int bad_before = e->bad[f];
+
+    e->bad[f] = 1; /* never its own survivor */
+    while (at < end) {
+        uint64_t s = at / cell, lo = at % cell, hi = TS_MIN(cell, lo + (end - at)), have = 0;
+        uint8_t *ptr[TS_FRAG_MAX];
+        int rc;
+        for (unsigned g = 0; g < e->n; g++)
+            ptr[g] = scratch + (size_t)g * cell;
+        for (;;) {
+            uint64_t want = 0;
+            unsigned nh = (unsigned)__builtin_popcountll(have), left = 0;
+            for (unsigned g = 0; g < e->n && nh + left < e->lay.k; g++)
+                if (!(have >> g & 1) && !e->bad[g]) {
+                    want |= 1ull << g;
+                    left++;
+                }
+            if (nh >= e->lay.k || !want)
+                break;
+            have |= ec_read_cells(cl, e, shard, s, lo, hi, want, ptr);
+        }
+        ptr[f] = out + (at - a);
+        rc = ts_ec_decode(e->ec, (size_t)(hi - lo), ptr, have, 1ull << f);
+        if (rc) {
+            e->bad[f] = bad_before;
+            return rc;
+        }
+        at += hi - lo;
+    }
+    e->bad[f] = bad_before;
+    return 0;
+}
+
+/* Fragment f of the shard on its node: put whole where it is missing, its chunks that fail
+ * their CRC32C there rewritten with rebuilt bytes (CHUNK_REPAIR). */
+static int ec_repair_frag(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e,
+                          uint32_t shard, unsigned f, uint8_t *scratch,
+                          struct tessera_repair_report *rep)
+{
+    uint64_t want = ts_ec_frag_len(&e->lay, f);
+    struct ts_shard_info si;
+    char msg[256];
+    tessera_client *sub;
+    uint8_t *buf = NULL;
+    size_t p;
+    int rc = ec_sub(cl, e, f, &p, &sub);
+
+    if (rc) {
+        rep->unreachable++;
+        return 0; /* a hole: repaired when its node is back, or out (then elsewhere) */
+    }
+    rc = ts_cl_peer_done(cl, p, sub, ts_conn_shard_stat(sub, e->name[f], shard, &si), msg,
+                         sizeof(msg));
+    if (rc == TS_ENOENT || (rc == 0 && si.state != TS_SHARD_COMPLETE)) {
+        if (!(buf = malloc(want ? want : 1)))
+            return TS_ENOMEM;
+        rc = ec_rebuild_range(cl, e, shard, f, 0, (size_t)want, buf, scratch);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, p, sub,
+                                 ts_conn_put(sub, e->name[f], shard, buf, (size_t)want, NULL, 0),
+                                 msg, sizeof(msg));
+        if (!rc) {
+            rep->fragments_put++;
+            rep->bytes_rebuilt += want;
+        }
+    } else if (rc == 0 && si.size != want) {
+        snprintf(msg, sizeof(msg), "it holds %llu bytes, the layout says %llu",
+                 (unsigned long long)si.size, (unsigned long long)want);
+        rc = TS_ECORRUPT;
+    } else if (rc == 0) {
+        uint32_t cs = si.chunk_size ? si.chunk_size : TS_DEFAULT_CHUNK_SIZE;
+        if (!(buf = malloc(TS_MIN((uint64_t)cs, want ? want : 1))))
+            return TS_ENOMEM;
+        for (uint64_t off = 0; off < want && !rc; off += cs) {
+            size_t clen = (size_t)TS_MIN((uint64_t)cs, want - off), got = 0;
+            int r = ts_cl_peer_done(cl, p, sub,
+                                    ts_conn_read(sub, e->name[f], shard, off, clen, buf, &got), msg,
+                                    sizeof(msg));
+            if (r == 0 && got == clen)
+                continue;
+            if (r != TS_ECORRUPT && r != 0) {
+                rc = r; /* not the bytes: the node or the connection */
+                break;
+            }
+            rc = ec_rebuild_range(cl, e, shard, f, off, clen, buf, scratch);
+            if (!rc)
+                rc =
+                    ts_cl_peer_done(cl, p, sub,
+                                    ts_conn_chunk_repair(sub, e->name[f], shard,
+                                                         (uint32_t)(off / cs), buf, (uint32_t)clen),
+                                    msg, sizeof(msg));
+            if (!rc) {
+                rep->chunks_repaired++;
+                rep->bytes_rebuilt += clen;
+            }
+        }
+    }
+    free(buf);
+    if (rc) {
+        rep->failed++;
+        ts_cl_why_add(e->why, "fragment %u on %s: %s%s%s", f, cl->map->nodes[e->node[f]].id,
+                      ts_errname(rc), msg[0] ? ": " : "", msg);
+    }
+    return rc;
+}
+
+int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name,
+                         struct tessera_repair_report *rep)
+{
+    struct ts_shard_info *v = NULL;
+    struct ts_dataset_info d;
+    char why[WHY_LEN] = "";
+    size_t n = 0;
+    int rc;
+
+    memset(rep, 0, sizeof(*rep));
+    rc = ts_cl_dataset_stat(c, cl, name, &d);
+    if (rc)
+        return rc;
+    if (!d.policy.ec_k) {
+        ts_conn_set_error(c,
+                          "dataset %s is not erasure-coded: its replicas repair each other "
+                          "(tessera scrub)",
+                          name);
+        return TS_EINVAL;
+    }
+    rc = ts_cl_shard_list(c, cl, name, &v, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct ec_shard e;
+        uint8_t *scratch = NULL;
+        rc = ec_shard_init(c, cl, &e, name, v[i].shard, v[i].size, d.policy.ec_k, d.policy.ec_m);
+        if (!rc && !(scratch = malloc((size_t)e.n * e.lay.cell)))
+            rc = TS_ENOMEM;
+        for (unsigned f = 0; !rc && f < e.n; f++)
+            ec_repair_frag(c, cl, &e, v[i].shard, f, scratch, rep);
+        if (e.why[0])
+            ts_cl_why_add(why, "%s/%u: %s", name, v[i].shard, e.why);
+        rep->shards++;
+        free(scratch);
+        ts_ec_destroy(e.ec);
+    }
+    free(v);
+    if (!rc && why[0])
+        ts_conn_set_error(c, "%s", why);
+    return rc ? rc : (rep->failed ? TS_EIO : 0);
+}

@@ -343,6 +343,27 @@ int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsign
     return ts_call_status(c, r);
 }
 
+int ts_conn_chunk_repair(tessera_client *c, const char *name, uint32_t shard, uint32_t idx,
+                         const void *data, uint32_t len)
+{
+    struct ts_req *r;
+    int rc;
+
+    rc = ts_enter_name(c, name);
+    if (rc)
+        return rc;
+    if (!c->t || (!data && len))
+        return TS_EINVAL;
+    r = ts_req_name(c, TS_OP_CHUNK_REPAIR, name);
+    if (!r)
+        return TS_ENOMEM;
+    ts_wr_u32(&r->w, shard);
+    ts_wr_u32(&r->w, idx);
+    ts_wr_u32(&r->w, len);
+    ts_wr_bytes(&r->w, data, len);
+    return ts_call_status(c, r);
+}
+
 /* ---- shards --------------------------------------------------------------------------------- */
 
 /* A request of op naming (name, shard) on this connection; its reply's body in *body (free *r

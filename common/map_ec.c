@@ -11,8 +11,10 @@
  *   ceil(n / domains)), is refused, and the position draws again in the next round.
  *
  * Because out nodes stay in every ranking, marking a node out changes no other position's first
- * draw: only the positions it held move (and, rarely, one whose retry now meets the moved
- * one). A node down keeps its positions: a hole that reads go around. Adding a node moves the
+ * draw; and the positions whose first draw is out draw again only after all the others have
+ * settled, so they never take a node another position would have had: only the positions the
+ * node held move (and a position that drew the same node first, or, with failure domains, one
+ * whose domain's share changed). A node down keeps its positions: a hole that reads go around. Adding a node moves the
  * positions it now wins. Deterministic across machines: it depends on ids, weights, domains
  * and states only, with the placement code's portable logarithm.
  */
@@ -22,6 +24,7 @@
 #include <string.h>
 
 #define EC_ROUNDS 64
+#define TS_MAP_EC_MAX 64 /* positions: K + M <= 40 */
 
 /* Position draw r of PG pg: the node of largest straw2 score (ties by id), or -1. */
 static int draw(const struct ts_map *m, uint32_t pg, uint32_t r)
@@ -75,6 +78,7 @@ size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
 {
     uint32_t place = m ? ts_map_placement_pgs(m) : 0, pgp;
     size_t nel = 0, ndom = 0, cap, filled = 0;
+    char first_out[TS_MAP_EC_MAX];
 
     if (!m || !out || !n || !m->n)
         return 0;
@@ -90,22 +94,30 @@ size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
         ndom += j == i; /* the first eligible node of its domain */
     }
     n = n < nel ? n : nel;
+    n = n < TS_MAP_EC_MAX ? n : TS_MAP_EC_MAX;
     if (!n)
         return 0;
     cap = (n + ndom - 1) / ndom; /* positions a domain may hold */
-    for (size_t f = 0; f < n; f++)
+    for (size_t f = 0; f < n; f++) {
+        int i = draw(m, pgp, (uint32_t)f);
         out[f] = -1;
-    for (uint32_t t = 0; t < EC_ROUNDS && filled < n; t++) {
-        for (size_t f = 0; f < n; f++) {
-            int i;
-            if (out[f] >= 0)
-                continue;
-            i = draw(m, pgp, (uint32_t)(f + (size_t)t * n));
-            if (i < 0 || !eligible(&m->nodes[i]) || taken(out, n, i) ||
-                in_domain(m, out, n, i) >= cap)
-                continue;
-            out[f] = i;
-            filled++;
+        first_out[f] = i >= 0 && !eligible(&m->nodes[i]);
+    }
+    /* The positions whose first draw is not out settle first, as they would if that node were
+     * up; those whose first draw is out draw again only then, so they never displace one. */
+    for (int group = 0; group < 2 && filled < n; group++) {
+        for (uint32_t t = 0; t < EC_ROUNDS && filled < n; t++) {
+            for (size_t f = 0; f < n; f++) {
+                int i;
+                if (out[f] >= 0 || first_out[f] != group)
+                    continue;
+                i = draw(m, pgp, (uint32_t)(f + (size_t)t * n));
+                if (i < 0 || !eligible(&m->nodes[i]) || taken(out, n, i) ||
+                    in_domain(m, out, n, i) >= cap)
+                    continue;
+                out[f] = i;
+                filled++;
+            }
         }
     }
     /* Positions still open after every round (a map of few eligible nodes among many out

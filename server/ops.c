@@ -853,6 +853,7 @@ static const tsd_handler handlers[TS_OP_MAX] = {
     [TS_OP_READV] = tsd_op_readv,
     [TS_OP_HINT] = tsd_op_hint,
     [TS_OP_DATASET_TIER] = tsd_op_dataset_tier,
+    [TS_OP_CHUNK_REPAIR] = tsd_op_chunk_repair,
 };
 
 static tsd_handler handler_for(unsigned opcode)

@@ -86,3 +86,34 @@ void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const
     }
     ops_reply_ok(c, h);
 }
+
+/*
+ * CHUNK_REPAIR: good bytes for a damaged or lost chunk of a fragment, rebuilt by the client
+ * from other fragments. They must match the chunk's CRC32C and length as stored when the
+ * fragment was sealed (TS_ECORRUPT otherwise, nothing written): the record, not the sender,
+ * says what the bytes are. Replicated shards repair themselves from a replica; only fragments
+ * are taken here.
+ */
+void tsd_op_chunk_repair(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
+{
+    const struct tsd_req_chunk_repair *a = &q->u.chunk_repair;
+    int rc;
+
+    if (!ts_frag_split(a->name, NULL, NULL)) {
+        tsd_reply_error(c, h, TS_EINVAL,
+                        "chunk-repair %s/%u: only fragments (NAME#f) are repaired this way; "
+                        "replicas repair from each other",
+                        a->name, a->shard);
+        return;
+    }
+    rc = ts_store_chunk_repair(c->w->srv->store, a->name, a->shard, a->idx, a->data, a->len);
+    if (rc == TS_ECORRUPT)
+        tsd_reply_error(c, h, rc,
+                        "chunk-repair %s/%u chunk %u: %u bytes that do not match its stored "
+                        "CRC32C and length; nothing written",
+                        a->name, a->shard, a->idx, a->len);
+    else if (rc)
+        ops_reply_store_error(c, h, rc, a->name, a->shard);
+    else
+        ops_reply_ok(c, h);
+}

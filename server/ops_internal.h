@@ -62,6 +62,7 @@ int ops_placement(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *
  * store made on first use); 1 for any other name; 0 after replying the refusal. */
 int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
                       uint32_t shard);
+void tsd_op_chunk_repair(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q);
 int ops_enough_replicas(struct tsd_conn *c, const struct ts_frame_hdr *h, const char *name,
                         uint32_t shard, unsigned need, const struct ts_repl_targets *to);

@@ -162,6 +162,19 @@ static int dec_dataset_tier(struct dec *d, struct tsd_req_dataset_tier *q)
     return done(d);
 }
 
+static int dec_chunk_repair(struct dec *d, struct tsd_req_chunk_repair *q)
+{
+    int rc = store_name(d, q->name);
+
+    if (rc)
+        return rc;
+    q->shard = ts_rd_u32(&d->r);
+    q->idx = ts_rd_u32(&d->r);
+    q->len = ts_rd_u32(&d->r);
+    q->data = ts_rd_bytes(&d->r, d->r.err ? 0 : q->len);
+    return done(d);
+}
+
 static int dec_shard_write(struct dec *d, struct tsd_req_shard_write *q)
 {
     int rc = store_name(d, q->name);
@@ -407,6 +420,9 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
         break;
     case TS_OP_DATASET_TIER:
         rc = dec_dataset_tier(&d, &q->u.dataset_tier);
+        break;
+    case TS_OP_CHUNK_REPAIR:
+        rc = dec_chunk_repair(&d, &q->u.chunk_repair);
         break;
     case TS_OP_SHARD_WRITE:
         rc = dec_shard_write(&d, &q->u.shard_write);

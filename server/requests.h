@@ -66,6 +66,13 @@ struct tsd_req_dataset {
     char name[TS_NAME_MAX + 1];
 };
 
+/* CHUNK_REPAIR (issue 33): good bytes for chunk idx of a fragment (NAME#f) of shard. */
+struct tsd_req_chunk_repair {
+    char name[TS_NAME_MAX + 1];
+    uint32_t shard, idx, len;
+    const uint8_t *data; /* in the payload */
+};
+
 /* DATASET_TIER (issue 33): the dataset's erasure code; k = m = 0: replicated only. */
 struct tsd_req_dataset_tier {
     char name[TS_NAME_MAX + 1];
@@ -224,6 +231,7 @@ struct tsd_req {
         struct tsd_req_dataset dataset_stat;
         struct tsd_req_dataset_seal dataset_seal;
         struct tsd_req_dataset_tier dataset_tier;
+        struct tsd_req_chunk_repair chunk_repair;
         struct tsd_req_dataset dataset_delete;
         struct tsd_req_shard_write shard_write;
         struct tsd_req_shard_seal shard_seal;

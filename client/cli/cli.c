@@ -251,6 +251,11 @@ static const struct cmd cmds[] = {
      "the shard's CRC32C, then reads go through them; replicated removes the fragments. Shows\n"
      "progress and the time left; run again after a failure, it goes on.",
      0, NULL},
+    {"dataset", "repair", 1, 1, 1, no_opts, cmd_dataset_repair, "NAME",
+     "Repairs an erasure-coded dataset (admin role): every fragment checked on its node; a\n"
+     "missing one rebuilt from K others and put, a damaged chunk rebuilt and written back.\n"
+     "Says how long it took to full redundancy; exits non-zero short of it.",
+     0, NULL},
     {"dataset", "rm", 1, 1, 1, no_opts, cmd_dataset_rm, "NAME",
      "Deletes a dataset and all its shards (admin role).", 0, NULL},
     {"shard", "ls", 1, 1, 1, no_opts, cmd_shard_ls, "NAME", "Lists the shards of a dataset.", 0,

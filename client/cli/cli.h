@@ -134,6 +134,7 @@ int cmd_dataset_create(struct ctx *x);
 int cmd_dataset_ls(struct ctx *x);
 int cmd_dataset_seal(struct ctx *x);
 int cmd_dataset_tier(struct ctx *x);
+int cmd_dataset_repair(struct ctx *x);
 int cmd_dataset_rm(struct ctx *x);
 int cmd_shard_ls(struct ctx *x);
 int cmd_shard_stat(struct ctx *x);

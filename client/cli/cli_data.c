@@ -169,6 +169,44 @@ int cmd_dataset_tier(struct ctx *x)
     return 0;
 }
 
+int cmd_dataset_repair(struct ctx *x)
+{
+    struct tessera_repair_report r;
+    uint64_t t0 = ts_now_mono_ns();
+    double s;
+    char b[32];
+    int rc = tessera_dataset_repair(x->c, x->argv[0], &r);
+
+    if (rc && rc != TS_EIO)
+        return rc;
+    s = (double)(ts_now_mono_ns() - t0) / 1e9;
+    if (x->json) {
+        struct json_object *o = json_object_new_object();
+        json_object_object_add(o, "dataset", json_object_new_string(x->argv[0]));
+        json_object_object_add(o, "shards", json_object_new_int64(r.shards));
+        json_object_object_add(o, "fragments_put", json_object_new_int64((int64_t)r.fragments_put));
+        json_object_object_add(o, "chunks_repaired",
+                               json_object_new_int64((int64_t)r.chunks_repaired));
+        json_object_object_add(o, "bytes_rebuilt", json_object_new_int64((int64_t)r.bytes_rebuilt));
+        json_object_object_add(o, "unreachable", json_object_new_int64((int64_t)r.unreachable));
+        json_object_object_add(o, "failed", json_object_new_int64((int64_t)r.failed));
+        json_object_object_add(o, "seconds", json_object_new_double(s));
+        json_print(o);
+    } else {
+        printf("dataset %s: %u shards checked; %llu fragments rebuilt and put, %llu chunks "
+               "repaired (%s) in %.2f s%s\n",
+               x->argv[0], r.shards, (unsigned long long)r.fragments_put,
+               (unsigned long long)r.chunks_repaired, cli_human_size(r.bytes_rebuilt, b, sizeof(b)),
+               s, r.failed || r.unreachable ? "" : ": every fragment in place (full redundancy)");
+        if (r.unreachable)
+            printf("%llu fragments on nodes that could not be reached: not at full redundancy\n",
+                   (unsigned long long)r.unreachable);
+    }
+    if (rc)
+        return rc;
+    return r.unreachable ? TS_EUNAVAIL : 0;
+}
+
 int cmd_dataset_rm(struct ctx *x)
 {
     int rc;

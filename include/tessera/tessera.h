@@ -92,6 +92,23 @@ int tessera_dataset_seal(tessera_client *c, const char *name);
  * on. progress (may be NULL) is called after each shard. A cluster handle with admin rights;
  * TS_ENOTSUP on a single node.
  */
+/*
+ * Repairs an erasure-coded dataset's fragments (issue 33): every fragment of every shard is
+ * checked on its node (read, so each chunk is verified); one missing there (a new node in its
+ * position, a lost store) is rebuilt from K others and put, and a chunk that fails its CRC32C
+ * is rebuilt and written back (the node checks it against the chunk's stored CRC32C). A node
+ * that cannot be reached is counted, not waited for. TS_EIO when any fragment could not be
+ * repaired (the message says which). Admin role, a cluster handle.
+ */
+struct tessera_repair_report {
+    uint32_t shards;
+    uint64_t fragments_put;   /* whole fragments rebuilt and put */
+    uint64_t chunks_repaired; /* damaged chunks rebuilt and written back */
+    uint64_t bytes_rebuilt;
+    uint64_t unreachable; /* fragments whose node could not be reached */
+    uint64_t failed;      /* fragments that could not be repaired */
+};
+int tessera_dataset_repair(tessera_client *c, const char *name, struct tessera_repair_report *rep);
 typedef void (*tessera_tier_progress)(void *arg, uint32_t shards_done, uint32_t shards,
                                       uint64_t bytes_done, uint64_t bytes);
 int tessera_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m,

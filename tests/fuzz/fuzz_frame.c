@@ -289,6 +289,13 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         ts_wr_u32(w, q->u.pg_inventory.pg);
         ts_wr_u8(w, q->u.pg_inventory.rank);
         break;
+    case TS_OP_CHUNK_REPAIR:
+        wr_name(w, q->u.chunk_repair.name);
+        ts_wr_u32(w, q->u.chunk_repair.shard);
+        ts_wr_u32(w, q->u.chunk_repair.idx);
+        ts_wr_u32(w, q->u.chunk_repair.len);
+        ts_wr_bytes(w, q->u.chunk_repair.data, q->u.chunk_repair.len);
+        break;
     case TS_OP_DATASET_TIER:
         wr_name(w, q->u.dataset_tier.name);
         ts_wr_u8(w, q->u.dataset_tier.k);
@@ -325,6 +332,10 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
         break;
     case TS_OP_DATASET_TIER:
         check_name(q->u.dataset_tier.name, 0);
+        break;
+    case TS_OP_CHUNK_REPAIR:
+        check_store_name(q->u.chunk_repair.name);
+        CHECK(inside(p, len, q->u.chunk_repair.data, q->u.chunk_repair.len));
         break;
     case TS_OP_SHARD_WRITE:
         check_store_name(q->u.shard_write.name);

@@ -29,6 +29,7 @@
 #include "tessera/tessera.h"
 #include "ts_ec.h"
 #include "ts_map.h"
+#include "ts_proto.h"
 
 static struct tsd_cluster CL;
 static char out[1 << 15];
@@ -72,6 +73,24 @@ static int ec_read(tessera_client *c, uint32_t s, uint64_t off, size_t len,
     if (rc)
         fprintf(stderr, "  shard %u [%llu, +%zu): %s: %s\n", s, (unsigned long long)off, len,
                 ts_errname(rc), tessera_client_error(c));
+    free(want);
+    free(got);
+    return rc;
+}
+
+/* Shard s of ds (len bytes of pattern seed) read whole through its fragments, byte for byte. */
+static int ec_read_any(tessera_client *c, const char *ds, uint32_t s, size_t len, uint32_t seed,
+                       struct ts_ec_read_stats *st)
+{
+    uint8_t *want = malloc(len + 1), *got = malloc(len + 1);
+    int rc;
+
+    fill(want, len, seed);
+    rc = ts_cl_ec_read(c, c->cl, ds, s, len, K, M, 0, len, got, st);
+    if (rc == 0 && memcmp(got, want, len) != 0)
+        rc = TS_ECORRUPT;
+    if (rc)
+        fprintf(stderr, "  %s/%u: %s: %s\n", ds, s, ts_errname(rc), tessera_client_error(c));
     free(want);
     free(got);
     return rc;
@@ -373,8 +392,8 @@ static void test_tier_cli(void **state)
     assert_int_not_equal(cli("dataset tier warm ec:0+2"), 0);
     assert_int_not_equal(cli("dataset tier warm ec:4"), 0);
     assert_int_not_equal(cli("dataset tier nosuch ec:4+2"), 0);
-    assert_int_not_equal(cli("dataset tier warm ec:5+2"), 0); /* 7 nodes needed, 6 there */
-    assert_non_null(strstr(out, "needs 7 nodes"));
+    assert_int_not_equal(cli("dataset tier warm ec:6+2"), 0); /* 8 nodes needed, 7 there */
+    assert_non_null(strstr(out, "needs 8 nodes"));
     assert_int_equal(tessera_dataset_stat(c, "warm", &d), 0);
     assert_int_equal(d.policy.ec_k, 0); /* refused: nothing changed */
     assert_int_equal(cli("dataset tier warm ec:4+2"), 0);
@@ -448,10 +467,154 @@ static void test_fragments_go_with_their_dataset(void **state)
     tessera_client_close(c);
 }
 
+/* The number after "key": in out (a --json line), or -1. */
+static long json_num(const char *key)
+{
+    char k[64];
+    const char *p;
+
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    p = strstr(out, k);
+    return p ? strtol(p + strlen(k), NULL, 10) : -1;
+}
+
+/*
+ * `tessera dataset repair`: a chunk flipped on disk in one fragment and a node marked out
+ * (its positions move to the node that was spare): one run rebuilds the damaged chunk in place
+ * and puts the moved fragments on their new nodes; every read is then direct again, and a
+ * second run finds nothing to do.
+ */
+static void test_repair(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0};
+    static const size_t lens[] = {700000, (3u << 20) + 40000, 10, 2u << 20, 123457};
+    const uint32_t ns = sizeof(lens) / sizeof(lens[0]);
+    tessera_client *c = admin();
+    struct ts_ec_read_stats st;
+    struct ts_ec_layout l;
+    struct ts_map *m;
+    char path[1600];
+    int i, fd, gone = -1;
+    uint8_t x;
+
+    (void)state;
+    assert_int_equal(tessera_dataset_create(c, "rep", &p), 0);
+    for (uint32_t s = 0; s < ns; s++) {
+        uint8_t *buf = malloc(lens[s]);
+        fill(buf, lens[s], 300 + s);
+        assert_int_equal(tessera_put(c, "rep", s, buf, lens[s], NULL, 0), 0);
+        free(buf);
+    }
+    assert_int_equal(tessera_dataset_seal(c, "rep"), 0);
+    tessera_client_close(c);
+    assert_int_equal(cli("dataset tier rep ec:4+2"), 0);
+    assert_int_equal(cli("--json dataset repair rep"), 0); /* healthy: nothing to do */
+    assert_int_equal(json_num("fragments_put"), 0);
+    assert_int_equal(json_num("chunks_repaired"), 0);
+
+    /* Damage: byte 300000 of shard 1's fragment 1 (its second 256 KiB chunk) on disk. */
+    m = raw_map_get(CL.node[0].addr);
+    assert_non_null(m);
+    {
+        int ord[K + M];
+        assert_int_equal(ts_map_ec_order(m, ts_map_pg_of(m, "rep", 1), ord, K + M), K + M);
+        i = node_index(m, ord[1]);
+    }
+    assert_int_equal(ts_ec_layout_for(&l, K, M, lens[1]), 0);
+    assert_int_equal(
+        files_of_size(CL.node[i].data, (off_t)ts_ec_frag_len(&l, 1), path, sizeof(path)), 1);
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &x, 1, 300000), 1);
+    x ^= 0x01;
+    assert_int_equal(pwrite(fd, &x, 1, 300000), 1);
+    close(fd);
+    assert_int_equal(tsd_stop(&CL.node[i]), 0); /* its cache held the chunk: from disk now */
+    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+
+    /* A node out: the one holding shard 3's fragment 2 or the next (never node 0, the CLI's,
+     * nor the damaged one). */
+    {
+        int ord[K + M];
+        assert_int_equal(ts_map_ec_order(m, ts_map_pg_of(m, "rep", 3), ord, K + M), K + M);
+        for (int f = 2; gone <= 0 || gone == i; f = (f + 1) % (K + M))
+            gone = node_index(m, ord[f]);
+    }
+    ts_map_free(m);
+    assert_int_equal(cli("node out %s", CL.id[gone]), 0);
+    c = admin();
+    assert_int_equal(ec_read_any(c, "rep", 3, lens[3], 300 + 3, &st), 0);
+    assert_true(st.rebuilt > 0); /* the fault happened: shard 3's moved fragment is missing */
+    tessera_client_close(c);
+
+    assert_int_equal(cli("--json dataset repair rep"), 0);
+    fprintf(stderr, "  damaged on %s, out %s\n", CL.id[i], CL.id[gone]);
+    fprintf(stderr, "  repair: %ld fragments put, %ld chunks repaired\n", json_num("fragments_put"),
+            json_num("chunks_repaired"));
+    assert_int_equal(json_num("chunks_repaired"), 1);
+    assert_true(json_num("fragments_put") >= 1);
+    assert_int_equal(json_num("failed"), 0);
+    assert_int_equal(json_num("unreachable"), 0);
+    c = admin();
+    for (uint32_t s = 0; s < ns; s++) {
+        assert_int_equal(ec_read_any(c, "rep", s, lens[s], 300 + s, &st), 0);
+        assert_int_equal(st.rebuilt, 0);
+        assert_int_equal(st.bad, 0);
+    }
+    tessera_client_close(c);
+    assert_int_equal(cli("--json dataset repair rep"), 0);
+    assert_int_equal(json_num("fragments_put"), 0);
+    assert_int_equal(json_num("chunks_repaired"), 0);
+
+    /* CHUNK_REPAIR with bytes that are not the chunk's: refused, nothing written (the next
+     * read is still direct); of a replicated shard, or by a writer: refused. */
+    {
+        static uint8_t junk[256u << 10];
+        char msg[512];
+        struct ts_wr w;
+        int rfd = raw_connect_as(CL.tls_listen[i], "admin");
+        assert_true(rfd >= 0);
+        ts_wr_init(&w);
+        ts_wr_str(&w, "rep#1");
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, sizeof(junk));
+        ts_wr_bytes(&w, junk, sizeof(junk));
+        assert_int_equal(raw_send_frame(rfd, TS_OP_CHUNK_REPAIR, 0, 1, w.buf, w.len), 0);
+        assert_int_equal(raw_recv_reply(rfd, 10000, NULL, msg, sizeof(msg), NULL, NULL),
+                         TS_ECORRUPT);
+        assert_non_null(strstr(msg, "nothing written"));
+        w.len = 0;
+        ts_wr_str(&w, "rep");
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, 0);
+        ts_wr_u32(&w, 0);
+        assert_int_equal(raw_send_frame(rfd, TS_OP_CHUNK_REPAIR, 0, 2, w.buf, w.len), 0);
+        assert_int_equal(raw_recv_reply(rfd, 10000, NULL, NULL, 0, NULL, NULL), TS_EINVAL);
+        raw_close(rfd);
+        rfd = raw_connect_as(CL.tls_listen[i], "writer");
+        assert_true(rfd >= 0);
+        w.len = 0;
+        ts_wr_str(&w, "rep#1");
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, 0);
+        assert_int_equal(raw_send_frame(rfd, TS_OP_CHUNK_REPAIR, 0, 3, w.buf, w.len), 0);
+        assert_int_equal(raw_recv_reply(rfd, 10000, NULL, NULL, 0, NULL, NULL), TS_EPERM);
+        raw_close(rfd);
+        ts_wr_fini(&w);
+        c = admin();
+        assert_int_equal(ec_read_any(c, "rep", 1, lens[1], 300 + 1, &st), 0);
+        assert_int_equal(st.rebuilt, 0);
+        tessera_client_close(c);
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
-    return tsd_cluster_start(&CL, K + M, NULL, 8, NULL);
+    /* One node more than a shard's fragments: the repair test marks one out. */
+    return tsd_cluster_start(&CL, K + M + 1, NULL, 8, NULL);
 }
 
 static int teardown(void **state)
@@ -470,6 +633,7 @@ int main(void)
         cmocka_unit_test(test_m_nodes_down_then_m_plus_one),
         cmocka_unit_test(test_tier_cli),
         cmocka_unit_test(test_fragments_go_with_their_dataset),
+        cmocka_unit_test(test_repair),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
