@@ -125,8 +125,9 @@ int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint
         rc = from_rocksdb(err, "chunk repair");
     }
     if (rc == 0)
-        TS_WARN(FAC, 0, "repaired chunk %u of %s/%u (%zu bytes): a replica's, or rebuilt from fragments", idx, dataset,
-                shard, len);
+        TS_WARN(FAC, 0,
+                "repaired chunk %u of %s/%u (%zu bytes): a replica's, or rebuilt from fragments",
+                idx, dataset, shard, len);
     ts_read_ctx_close(r);
     return rc;
 }
