@@ -14,9 +14,9 @@
  * draw; and the positions whose first draw is out draw again only after all the others have
  * settled, so they never take a node another position would have had: only the positions the
  * node held move (and a position that drew the same node first, or, with failure domains, one
- * whose domain's share changed). A node down keeps its positions: a hole that reads go around. Adding a node moves the
- * positions it now wins. Deterministic across machines: it depends on ids, weights, domains
- * and states only, with the placement code's portable logarithm.
+ * whose domain's share changed). A node down keeps its positions: a hole that reads go around.
+ * Adding a node moves the positions it now wins. Deterministic across machines: it depends on ids,
+ * weights, domains and states only, with the placement code's portable logarithm.
  */
 #include "map_internal.h"
 

@@ -120,7 +120,7 @@ int ts_role_may(int role, int need);
     X(PG_DROP, 25, "pg-drop", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                                     \
     X(READV, 26, "readv", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                        \
     X(HINT, 27, "hint", TS_ROLE_READER, TS_SMALL_PAYLOAD)                                          \
-    X(DATASET_TIER, 28, "dataset-tier", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                          \
+    X(DATASET_TIER, 28, "dataset-tier", TS_ROLE_ADMIN, TS_SMALL_PAYLOAD)                           \
     X(CHUNK_REPAIR, 29, "chunk-repair", TS_ROLE_ADMIN, TS_MAX_CHUNK + 4096)
 
 enum ts_opcode {
