@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -104,6 +105,15 @@ static void ec_order(uint32_t s, int *ord)
     assert_non_null(m);
     assert_int_equal(ts_map_ec_order(m, ts_map_pg_of(m, "cold", s), ord, K + M), K + M);
     ts_map_free(m);
+}
+
+static uint64_t raw_map_get_epoch(void)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+    uint64_t e = m ? m->epoch : 0;
+
+    ts_map_free(m);
+    return e;
 }
 
 static int node_index(const struct ts_map *m, int idx)
@@ -364,6 +374,17 @@ static void test_m_nodes_down_then_m_plus_one(void **state)
     tessera_client_close(c);
 }
 
+/* The number after "key": in out (a --json line), or -1. */
+static long json_num(const char *key)
+{
+    char k[64];
+    const char *p;
+
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    p = strstr(out, k);
+    return p ? strtol(p + strlen(k), NULL, 10) : -1;
+}
+
 /* `tessera dataset tier`: refused changes change nothing; ec:4+2 puts every shard's fragments,
  * after which reads go through them; again, it goes on; replicated takes the fragments away. */
 static void test_tier_cli(void **state)
@@ -467,17 +488,6 @@ static void test_fragments_go_with_their_dataset(void **state)
     tessera_client_close(c);
 }
 
-/* The number after "key": in out (a --json line), or -1. */
-static long json_num(const char *key)
-{
-    char k[64];
-    const char *p;
-
-    snprintf(k, sizeof(k), "\"%s\":", key);
-    p = strstr(out, k);
-    return p ? strtol(p + strlen(k), NULL, 10) : -1;
-}
-
 /*
  * `tessera dataset repair`: a chunk flipped on disk in one fragment and a node marked out
  * (its positions move to the node that was spare): one run rebuilds the damaged chunk in place
@@ -541,7 +551,10 @@ static void test_repair(void **state)
             gone = node_index(m, ord[f]);
     }
     ts_map_free(m);
-    assert_int_equal(cli("node out %s", CL.id[gone]), 0);
+    /* The cluster may still be recovering from the previous test's kill: node out waits. */
+    for (int t = 0; t < 60 && cli("node out %s", CL.id[gone]) != 0; t++)
+        sleep(1);
+    assert_int_equal(raw_map_get_epoch(), 2);
     c = admin();
     assert_int_equal(ec_read_any(c, "rep", 3, lens[3], 300 + 3, &st), 0);
     assert_true(st.rebuilt > 0); /* the fault happened: shard 3's moved fragment is missing */
@@ -610,6 +623,101 @@ static void test_repair(void **state)
     }
 }
 
+/* Runs `tessera dataset tier mid ec:4+2` and calls act() once its first shard is done; the
+ * command's exit status (-1: killed). */
+static int tier_mid_with(void (*act)(void))
+{
+    char cmd[2048], line[1024];
+    int acted = 0, st;
+    FILE *p;
+
+    snprintf(cmd, sizeof(cmd),
+             "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s dataset tier mid ec:4+2 2>&1",
+             TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"), test_cert("admin", "pem"),
+             test_cert("admin", "key"));
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    while (fgets(line, sizeof(line), p)) {
+        fprintf(stderr, "  | %s", line);
+        if (!acted && strstr(line, "1/40 shards")) {
+            act();
+            acted = 1;
+        }
+    }
+    st = pclose(p);
+    assert_true(acted); /* the fault happened mid-conversion */
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int mid_victim;
+
+static void kill_cli(void)
+{
+    fprintf(stderr, "  kill -9 the converting CLI\n");
+    /* "mi[d]": the shell running pkill does not match itself; "." for the "+". */
+    assert_int_equal(system("pkill -9 -f 'dataset tier mi[d] ec:4.2'"), 0);
+}
+
+static void kill_node(void)
+{
+    fprintf(stderr, "  kill -9 %s\n", CL.id[mid_victim]);
+    tsd_kill9(&CL.node[mid_victim]);
+}
+
+/* Every shard of mid, byte for byte through c (its fragments or its replicas). */
+static void mid_reads(tessera_client *c)
+{
+    static uint8_t want[200000], got[200000];
+    for (uint32_t s = 0; s < 40; s++) {
+        size_t n = 0;
+        fill(want, sizeof(want), 500 + s);
+        assert_int_equal(tessera_read(c, "mid", s, 0, sizeof(got), got, &n), 0);
+        assert_int_equal(n, sizeof(got));
+        assert_memory_equal(got, want, sizeof(got));
+    }
+}
+
+/* kill -9 of the converting CLI and of a node mid-conversion: the dataset stays replicated
+ * (nothing marked before every shard is durable), every byte reads; run again, it completes;
+ * the fragments the interrupted runs wrote are whole (repair finds nothing). */
+static void test_tier_killed_midway(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0};
+    static uint8_t buf[200000];
+    tessera_client *c = admin();
+    struct ts_dataset_info d;
+
+    (void)state;
+    assert_int_equal(tessera_dataset_create(c, "mid", &p), 0);
+    for (uint32_t s = 0; s < 40; s++) {
+        fill(buf, sizeof(buf), 500 + s);
+        assert_int_equal(tessera_put(c, "mid", s, buf, sizeof(buf), NULL, 0), 0);
+    }
+    assert_int_equal(tessera_dataset_seal(c, "mid"), 0);
+    tessera_client_close(c);
+
+    assert_int_not_equal(tier_mid_with(kill_cli), 0);
+    mid_victim = CL.n - 1;
+    assert_int_not_equal(tier_mid_with(kill_node), 0);
+    c = admin();
+    assert_int_equal(tessera_dataset_stat(c, "mid", &d), 0);
+    assert_int_equal(d.policy.ec_k, 0); /* not marked: not every shard was durable */
+    mid_reads(c);
+    assert_int_equal(c->cl->ec_reads, 0);
+    tessera_client_close(c);
+
+    assert_int_equal(tsd_start(&CL.node[mid_victim], NULL), 0);
+    assert_int_equal(cli("dataset tier mid ec:4+2"), 0);
+    c = admin();
+    mid_reads(c);
+    assert_int_equal(c->cl->ec_reads, 40);
+    assert_int_equal(c->cl->ec_fallbacks, 0);
+    tessera_client_close(c);
+    assert_int_equal(cli("--json dataset repair mid"), 0);
+    assert_int_equal(json_num("fragments_put"), 0);
+    assert_int_equal(json_num("chunks_repaired"), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -632,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_flipped_byte_is_caught_and_rebuilt),
         cmocka_unit_test(test_m_nodes_down_then_m_plus_one),
         cmocka_unit_test(test_tier_cli),
+        cmocka_unit_test(test_tier_killed_midway),
         cmocka_unit_test(test_fragments_go_with_their_dataset),
         cmocka_unit_test(test_repair),
     };
