@@ -286,32 +286,37 @@ static int files_of_size(const char *data, off_t size, char *path, size_t cap)
     return n;
 }
 
+/* Flips one byte at off of node i's only chunk file of `size` bytes (a fragment), then restarts
+ * the node so that its cache (which may hold the chunk) is gone and the next read is the file's. */
+static void flip_on_disk(int i, uint64_t size, off_t off)
+{
+    char path[1600];
+    uint8_t x;
+    int fd;
+
+    assert_int_equal(files_of_size(CL.node[i].data, (off_t)size, path, sizeof(path)), 1);
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &x, 1, off), 1);
+    x ^= 0x40;
+    assert_int_equal(pwrite(fd, &x, 1, off), 1);
+    close(fd);
+    fprintf(stderr, "  flipped byte %lld of %s on %s\n", (long long)off, path, CL.id[i]);
+    assert_int_equal(tsd_stop(&CL.node[i]), 0);
+    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+}
+
 static void test_flipped_byte_is_caught_and_rebuilt(void **state)
 {
     tessera_client *c = admin();
     struct ts_ec_read_stats st;
     struct ts_ec_layout l;
-    char path[1600];
-    int i = cluster_index_at(DAMAGED, 0), fd;
-    uint8_t x;
+    int i = cluster_index_at(DAMAGED, 0);
 
     (void)state;
     assert_int_equal(ts_ec_layout_for(&l, K, M, LENS[DAMAGED]), 0);
     /* Data fragment 0 of the damaged shard: the only file of its length on its node. */
-    assert_int_equal(
-        files_of_size(CL.node[i].data, (off_t)ts_ec_frag_len(&l, 0), path, sizeof(path)), 1);
-    fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &x, 1, 4097), 1);
-    x ^= 0x40;
-    assert_int_equal(pwrite(fd, &x, 1, 4097), 1);
-    close(fd);
-    fprintf(stderr, "  flipped byte 4097 of %s (fragment 0 of cold/%u on %s)\n", path, DAMAGED,
-            CL.id[i]);
-    /* The first test read every fragment, so the node has this chunk in its cache: restart it
-     * so that the next read comes from the file. */
-    assert_int_equal(tsd_stop(&CL.node[i]), 0);
-    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+    flip_on_disk(i, ts_ec_frag_len(&l, 0), 4097);
     /* Bytes 4097.. of fragment 0 are shard bytes 4097.. (stripe 0, cell 0). */
     assert_int_equal(ec_read(c, DAMAGED, 4000, 200, &st), 0);
     assert_int_equal(st.rebuilt, 1);
@@ -503,9 +508,7 @@ static void test_repair(void **state)
     struct ts_ec_read_stats st;
     struct ts_ec_layout l;
     struct ts_map *m;
-    char path[1600];
-    int i, fd, gone = -1;
-    uint8_t x;
+    int i, gone = -1;
 
     (void)state;
     assert_int_equal(tessera_dataset_create(c, "rep", &p), 0);
@@ -531,16 +534,7 @@ static void test_repair(void **state)
         i = node_index(m, ord[1]);
     }
     assert_int_equal(ts_ec_layout_for(&l, K, M, lens[1]), 0);
-    assert_int_equal(
-        files_of_size(CL.node[i].data, (off_t)ts_ec_frag_len(&l, 1), path, sizeof(path)), 1);
-    fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &x, 1, 300000), 1);
-    x ^= 0x01;
-    assert_int_equal(pwrite(fd, &x, 1, 300000), 1);
-    close(fd);
-    assert_int_equal(tsd_stop(&CL.node[i]), 0); /* its cache held the chunk: from disk now */
-    assert_int_equal(tsd_start(&CL.node[i], NULL), 0);
+    flip_on_disk(i, ts_ec_frag_len(&l, 1), 300000);
 
     /* A node out: the one holding shard 3's fragment 2 or the next (never node 0, the CLI's,
      * nor the damaged one). */
