@@ -318,7 +318,7 @@ int ts_conn_dataset_policy(tessera_client *c, const char *name, struct ts_datase
 int ts_conn_dataset_seal(tessera_client *c, const char *name);
 int ts_conn_dataset_delete(tessera_client *c, const char *name);
 /* DATASET_TIER on this node: the dataset's erasure code (0, 0: replicated only). */
-int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m);
+int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m, int dropped);
 /* CHUNK_REPAIR on this node: good bytes for chunk idx of fragment store NAME#f's shard. */
 int ts_conn_chunk_repair(tessera_client *c, const char *name, uint32_t shard, uint32_t idx,
                          const void *data, uint32_t len);

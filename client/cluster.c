@@ -101,6 +101,7 @@ static int retryable(int rc)
     case TS_ESHUTDOWN:
     case TS_EBUSY:
     case TS_EDB:
+    case TS_EFRAGMENTED: /* one that missed the drop still holds its bytes (issue 33) */
         return 1;
     default:
         return 0;

@@ -346,148 +346,70 @@ int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, ui
     return rc;
 }
 
+static const struct policy *ec_policy(const struct ts_cluster *cl, const char *name)
+{
+    for (size_t i = 0; i < cl->npols; i++)
+        if (strcmp(cl->pols[i].name, name) == 0)
+            return cl->pols[i].ec_k ? &cl->pols[i] : NULL;
+    return NULL;
+}
+
+int ts_cl_ec_dropped(const struct ts_cluster *cl, const char *name)
+{
+    const struct policy *pol = ec_policy(cl, name);
+    return pol && pol->ec_dropped;
+}
+
 int ts_cl_ec_try_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                       uint64_t off, size_t len, void *buf, size_t *out_len, tessera_client *sub,
                       size_t p, int *rc)
 {
-    const struct policy *pol = NULL;
+    const struct policy *pol = ec_policy(cl, name);
     struct ts_shard_info si;
+    unsigned k, m;
+    int dropped;
     size_t n;
 
-    for (size_t i = 0; i < cl->npols && !pol; i++)
-        if (strcmp(cl->pols[i].name, name) == 0)
-            pol = &cl->pols[i];
-    if (!pol || !pol->ec_k)
+    if (!pol)
         return 0;
-    /* The shard's length lays its fragments out (its replicas say it, while they are kept). */
+    k = pol->ec_k; /* copied: the calls below may change cl->pols */
+    m = pol->ec_m;
+    dropped = pol->ec_dropped;
+    /* The shard's length lays its fragments out (its replicas keep the record, bytes or not). */
     if (ts_cl_peer_done(cl, p, sub, ts_conn_shard_stat(sub, name, shard, &si), NULL, 0) != 0 ||
         off > si.size)
-        return 0; /* the replica read reports it */
+        return 0; /* the replica's read reports it, or moves on to another */
     n = (size_t)TS_MIN((uint64_t)len, si.size - off);
-    *rc = ts_cl_ec_read(c, cl, name, shard, si.size, pol->ec_k, pol->ec_m, off, n, buf, NULL);
+    *rc = ts_cl_ec_read(c, cl, name, shard, si.size, k, m, off, n, buf, NULL);
     if (*rc == 0) {
         *out_len = n;
         cl->ec_reads++;
         return 1;
     }
+    if (dropped)
+        return 1; /* the fragments are the only copy: their error is the read's */
     TS_WARN(FAC, *rc, "%s/%u: its fragments could not serve the read (%s): reading a replica", name,
             shard, ts_conn_error(c));
     cl->ec_fallbacks++;
     return 0;
 }
 
-/* DATASET_TIER (k, m) on every node that is not out; a node down fails it (run it again). */
-static int tier_all(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
-                    unsigned m)
+int ts_cl_ec_cop(struct ts_cluster *cl, struct cop *k)
 {
-    struct fan f;
-    size_t ok = 0;
-    int rc = ts_cl_fan_begin(cl, &f, 1, 0);
-
-    if (rc)
-        return rc;
-    for (size_t i = 0; i < f.n; i++) {
-        tessera_client *sub;
-        char msg[512] = "";
-        rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
-        if (!rc)
-            rc = ts_cl_peer_done(cl, f.peers[i], sub, ts_conn_dataset_tier(sub, name, k, m), msg,
-                                 sizeof(msg));
-        else
-            snprintf(msg, sizeof(msg), "%s", ts_conn_error(cl->c));
-        if (!rc) {
-            ok++;
-            continue;
-        }
-        if (!f.first)
-            f.first = rc;
-        ts_cl_why_add(f.why, "%s: %s", cl->peers[f.peers[i]].id, msg[0] ? msg : ts_strerror(rc));
+    k->inflight = k->retry = 0;
+    free(k->msg);
+    k->msg = NULL;
+    if (k->rv) {
+        for (size_t i = 0; i < k->nrv; i++)
+            k->rv[i].rc = ts_cl_read(cl->c, cl, k->name, k->rv[i].shard, k->rv[i].off, k->rv[i].len,
+                                     k->rv[i].dst, &k->rv[i].got);
+        k->rc = 0;
+    } else {
+        k->rc = ts_cl_read(cl->c, cl, k->name, k->shard, k->off, k->len, k->buf, &k->got);
     }
-    ts_cl_fan_end(&f);
-    ts_cl_policy_forget(cl, name); /* the next read asks for the policy again */
-    if (f.first)
-        ts_conn_set_error(c, "dataset %s: tier set on %zu of %zu nodes: %s", name, ok, f.n, f.why);
-    return f.first;
-}
-
-/* Shard si of the dataset: read (verified), its fragments put, read back through them and
- * checked against the shard's CRC32C. */
-static int tier_shard(tessera_client *c, struct ts_cluster *cl, const char *name,
-                      const struct ts_shard_info *si, unsigned k, unsigned m, uint8_t *a,
-                      uint8_t *b)
-{
-    size_t got = 0, len = (size_t)si->size;
-    int rc = len ? ts_cl_read(c, cl, name, si->shard, 0, len, a, &got) : 0;
-
-    if (!rc && got != len)
-        rc = TS_EIO;
-    if (!rc && ts_crc32c(0, a, len) != si->crc) {
-        ts_conn_set_error(c, "%s/%u: the bytes read do not match the shard's CRC32C %08x", name,
-                          si->shard, si->crc);
-        rc = TS_ECORRUPT;
-    }
-    if (!rc)
-        rc = ts_cl_ec_put(c, cl, name, si->shard, a, len, k, m);
-    if (!rc)
-        rc = ts_cl_ec_read(c, cl, name, si->shard, len, k, m, 0, len, b, NULL);
-    if (!rc && ts_crc32c(0, b, len) != si->crc) {
-        ts_conn_set_error(c,
-                          "%s/%u: read back through its fragments, the bytes do not match "
-                          "the shard's CRC32C %08x",
-                          name, si->shard, si->crc);
-        rc = TS_ECORRUPT;
-    }
-    return rc;
-}
-
-int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
-                       unsigned m, tessera_tier_progress progress, void *arg)
-{
-    struct ts_shard_info *v = NULL;
-    struct ts_dataset_info d;
-    uint64_t total = 0, done = 0, big = 0;
-    uint8_t *a = NULL, *b = NULL;
-    size_t n = 0;
-    int rc;
-
-    if ((k || m) && (k < 1 || k > TS_EC_MAX_K || m < 1 || m > TS_EC_MAX_M)) {
-        ts_conn_set_error(c, "ec:%u+%u: K must be 1 to %d and M 1 to %d", k, m, TS_EC_MAX_K,
-                          TS_EC_MAX_M);
-        return TS_EINVAL;
-    }
-    rc = ts_cl_dataset_stat(c, cl, name, &d);
-    if (rc)
-        return rc;
-    if (d.state != TS_DS_SEALED) {
-        ts_conn_set_error(c, "dataset %s is open: only sealed datasets are tiered", name);
-        return TS_EINVAL;
-    }
-    if (k && d.policy.ec_k && (d.policy.ec_k != k || d.policy.ec_m != m)) {
-        ts_conn_set_error(c, "dataset %s is ec:%u+%u already: tier it back to replicated first",
-                          name, d.policy.ec_k, d.policy.ec_m);
-        return TS_EINVAL;
-    }
-    if (!k) /* back to replicated only: the replicas hold every byte (this version keeps them) */
-        return tier_all(c, cl, name, 0, 0);
-    rc = ts_cl_shard_list(c, cl, name, &v, &n);
-    for (size_t i = 0; !rc && i < n; i++) {
-        total += v[i].size;
-        big = TS_MAX(big, v[i].size);
-    }
-    if (!rc && (!(a = malloc(big ? big : 1)) || !(b = malloc(big ? big : 1))))
-        rc = TS_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++) {
-        rc = tier_shard(c, cl, name, &v[i], k, m, a, b);
-        done += v[i].size;
-        if (!rc && progress)
-            progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
-    }
-    if (!rc)
-        rc = tier_all(c, cl, name, k, m);
-    free(a);
-    free(b);
-    free(v);
-    return rc;
+    if (k->rc)
+        k->msg = strdup(ts_conn_error(cl->c));
+    return 0;
 }
 
 /* ---- repair ---------------------------------------------------------------------------------- */

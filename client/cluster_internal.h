@@ -31,6 +31,7 @@ struct policy {
     char name[TS_NAME_MAX + 1];
     uint8_t core, fringe;
     uint8_t ec_k, ec_m; /* erasure-coded: reads go through cluster_ec.c */
+    uint8_t ec_dropped; /* and its replicas hold no bytes: submitted reads too */
 };
 
 /* Which replicas a read tried, and why they failed. */
@@ -166,6 +167,14 @@ int ts_cl_sel_fail(struct ts_cluster *cl, struct sel *s, size_t p, int rc, const
                    const char *name, uint32_t shard, uint64_t off);
 /* Collects in-flight read k from its replica (waits for it). */
 void ts_cl_cop_collect(struct ts_cluster *cl, struct cop *k);
+
+/* ---- erasure-coded datasets (cluster_ec.c) --------------------------------------------------- */
+
+/* The cached policy says the dataset's replicas dropped their bytes (issue 33). */
+int ts_cl_ec_dropped(const struct ts_cluster *cl, const char *name);
+/* Read (or READV) k served now through the dataset's fragments, one range at a time: k is
+ * finished (k->rc, and each range's rc for a READV). Returns 0. */
+int ts_cl_ec_cop(struct ts_cluster *cl, struct cop *k);
 
 /* ---- placement and replica selection (cluster_place.c) -------------------------------------- */
 

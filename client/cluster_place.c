@@ -49,6 +49,7 @@ int ts_cl_policy_keep(struct ts_cluster *cl, const char *name, const struct ts_d
     cl->pols[cl->npols].fringe = p->fringe;
     cl->pols[cl->npols].ec_k = p->ec_k;
     cl->pols[cl->npols].ec_m = p->ec_m;
+    cl->pols[cl->npols].ec_dropped = p->ec_dropped;
     cl->npols++;
     return 0;
 }

@@ -20,7 +20,7 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
     struct sel s;
     tessera_client *sub;
     size_t p;
-    int rc;
+    int rc, fragmented = 0;
 
     ts_cl_sel_init(cl, &s, name, shard, off, 1);
     for (;;) {
@@ -33,6 +33,12 @@ int ts_cl_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint3
         if (!rc) {
             ts_cl_check(cl, p);
             return 0;
+        }
+        if (rc == TS_EFRAGMENTED && !fragmented++) {
+            /* Tiered since its policy was cached: asked again, the read goes to the fragments. */
+            ts_cl_policy_forget(cl, name);
+            ts_cl_sel_init(cl, &s, name, shard, off, 1);
+            continue;
         }
         if (!ts_cl_sel_retry(cl, &s, p, sub, rc, name, shard, off))
             return rc;
@@ -102,6 +108,11 @@ static int cop_settle(struct ts_cluster *cl, struct cop *k)
 
     if (k->inflight)
         return 0;
+    if (k->rc == TS_EFRAGMENTED) {
+        ts_cl_policy_forget(cl, k->name); /* tiered since its policy was cached */
+        ts_cl_ec_cop(cl, k);
+        return 1;
+    }
     if (!k->rc || !k->retry)
         return 1;
     cl->resubmits++;
@@ -168,7 +179,7 @@ static struct cop *cop_new(struct ts_cluster *cl, const char *name, uint32_t sha
 /* Sends k and lists it (its id in *op); on failure k is freed. */
 static int cop_start(struct ts_cluster *cl, struct cop *k, uint64_t *op)
 {
-    int rc = cop_submit(cl, k);
+    int rc = ts_cl_ec_dropped(cl, k->name) ? ts_cl_ec_cop(cl, k) : cop_submit(cl, k);
 
     if (rc) {
         free(k);

@@ -105,7 +105,7 @@ int ts_conn_pg_drop(tessera_client *c, uint32_t pg, const char *dataset, uint32_
 
 /* ---- datasets ------------------------------------------------------------------------------- */
 
-const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0, 0, 0, 0};
+const struct ts_dataset_policy ts_policy_default = {1, 0, 1, 0, 0, 0, 0, 0};
 
 int ts_conn_dataset_create(tessera_client *c, const char *name, const struct ts_dataset_policy *p)
 {
@@ -325,7 +325,7 @@ int ts_conn_dataset_seal_flags(tessera_client *c, const char *name, uint8_t flag
     return ts_call_status(c, r);
 }
 
-int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m)
+int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m, int dropped)
 {
     struct ts_req *r;
     int rc;
@@ -340,6 +340,7 @@ int ts_conn_dataset_tier(tessera_client *c, const char *name, unsigned k, unsign
         return TS_ENOMEM;
     ts_wr_u8(&r->w, (uint8_t)k);
     ts_wr_u8(&r->w, (uint8_t)m);
+    ts_wr_u8(&r->w, dropped ? 1 : 0);
     return ts_call_status(c, r);
 }
 

@@ -298,6 +298,7 @@ void ts_wr_dataset_info(struct ts_wr *w, const struct ts_dataset_info *d)
     ts_wr_u8(w, d->policy.record_format);
     ts_wr_u8(w, d->policy.ec_k);
     ts_wr_u8(w, d->policy.ec_m);
+    ts_wr_u8(w, d->policy.ec_dropped);
 }
 
 int ts_rd_dataset_info(struct ts_rd *r, struct ts_dataset_info *d)
@@ -317,6 +318,7 @@ int ts_rd_dataset_info(struct ts_rd *r, struct ts_dataset_info *d)
     d->policy.record_format = ts_rd_u8(r);
     d->policy.ec_k = ts_rd_u8(r);
     d->policy.ec_m = ts_rd_u8(r);
+    d->policy.ec_dropped = ts_rd_u8(r);
     return r->err;
 }
 

@@ -458,6 +458,15 @@ static void push_stream(ts_repl *r, struct push *ps)
         push_retry_later(ps);
         return;
     }
+    if (rc == TS_EFRAGMENTED) {
+        /* Erasure-coded, its replica bytes dropped everywhere (issue 33): there are none to
+         * push; the shard's fragments hold them. The replica goes on without this shard. */
+        TS_WARN(FAC, rc,
+                "PG %u: %s/%u has no replica bytes (erasure-coded, in its fragments): %s gets "
+                "no copy of it",
+                ps->pg, ps->rec.dataset, ps->rec.shard, ps->node);
+        rc = TS_ENOENT;
+    }
     if (rc && rc != TS_ENOENT) {
         /* A local failure (memory, the engine): not "gone"; try again later. */
         TS_WARN(FAC, rc, "PG %u: cannot read %s/%u to push it to %s", ps->pg, ps->rec.dataset,

@@ -24,6 +24,8 @@ void tsd_op_hint(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
         return;
     }
     rc = ts_store_dataset_record(s->store, rq->name, &d);
+    if (rc == 0 && d.policy.ec_dropped)
+        rc = TS_EFRAGMENTED; /* nothing here to read ahead */
     if (rc) {
         tsd_reply_error(c, h, rc, "hint %s: %s", rq->name, ts_strerror(rc));
         return;

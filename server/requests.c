@@ -159,6 +159,9 @@ static int dec_dataset_tier(struct dec *d, struct tsd_req_dataset_tier *q)
         return rc;
     q->k = ts_rd_u8(&d->r);
     q->m = ts_rd_u8(&d->r);
+    q->dropped = ts_rd_u8(&d->r);
+    if (!d->r.err && q->dropped > 1)
+        return fail(d, TS_EPROTO, "dataset-tier: replicas flag %u (0 kept, 1 dropped)", q->dropped);
     return done(d);
 }
 

@@ -77,6 +77,7 @@ struct tsd_req_chunk_repair {
 struct tsd_req_dataset_tier {
     char name[TS_NAME_MAX + 1];
     uint8_t k, m;
+    uint8_t dropped; /* the replicas' bytes: 1 dropped, 0 kept (restored) */
 };
 
 struct tsd_req_dataset_seal {

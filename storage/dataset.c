@@ -36,6 +36,7 @@ int ts_store_dataset_create_inc(ts_store *s, const char *name, const struct ts_d
     }
     memset(&d, 0, sizeof(d));
     d.policy = *p;
+    d.policy.ec_k = d.policy.ec_m = d.policy.ec_dropped = 0; /* tiered once sealed (tier.c) */
     if (!d.policy.chunk_size)
         d.policy.chunk_size = TS_DEFAULT_CHUNK_SIZE;
     if (d.policy.chunk_size < TS_MIN_CHUNK_SIZE || d.policy.chunk_size > s->o.max_chunk_size ||
@@ -173,8 +174,7 @@ int ts_store_dataset_seal(ts_store *s, const char *name)
 }
 
 /* Writes dataset record d of name again (under s->lock), durable per the sync policy. */
-static int ds_rewrite(ts_store *s, const char *name, const struct ts_dataset_info *d,
-                      const char *what)
+int ds_rewrite(ts_store *s, const char *name, const struct ts_dataset_info *d, const char *what)
 {
     uint8_t k[1 + TS_NAME_MAX], rec[DS_REC_LEN];
     rocksdb_writebatch_t *b = rocksdb_writebatch_create();
@@ -231,28 +231,6 @@ static void delete_id_range(rocksdb_writebatch_t *b, rocksdb_column_family_handl
     key_id(lo, tag, dsid);
     key_id(hi, tag, dsid + 1);
     rocksdb_writebatch_delete_range_cf(b, cf, (const char *)lo, 9, (const char *)hi, 9);
-}
-
-int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned m)
-{
-    struct ts_dataset_info d;
-    int rc;
-
-    if (!s || k > 255 || m > 255 || (!k != !m))
-        return TS_EINVAL;
-    pthread_mutex_lock(&s->lock);
-    rc = dataset_get(s, name, &d);
-    if (rc == 0 && d.state != TS_DS_SEALED)
-        rc = TS_EINVAL;
-    if (rc == 0 && (d.policy.ec_k != k || d.policy.ec_m != m)) {
-        d.policy.ec_k = (uint8_t)k;
-        d.policy.ec_m = (uint8_t)m;
-        rc = ds_rewrite(s, name, &d, "dataset tier");
-        if (rc == 0)
-            TS_INFO(FAC, "dataset %s: %s", name, k ? "erasure-coded" : "replicated only");
-    }
-    pthread_mutex_unlock(&s->lock);
-    return rc;
 }
 
 int ts_store_dataset_delete(ts_store *s, const char *name)

@@ -90,6 +90,7 @@ void ds_encode(uint8_t *b, const struct ts_dataset_info *d)
     b[6] = d->policy.ec_k;          /* 0, 0 (replicated) in records written before them */
     b[7] = d->policy.ec_m;
     ts_put_le32(b + 8, d->policy.chunk_size);
+    b[12] = d->policy.ec_dropped; /* 0 in records written before it */
     ts_put_le64(b + 16, d->id);
     ts_put_le64(b + 24, d->created_ns);
 }
@@ -110,6 +111,7 @@ int ds_decode(const char *v, size_t len, const char *name, struct ts_dataset_inf
     d->policy.ec_k = b[6];
     d->policy.ec_m = b[7];
     d->policy.chunk_size = ts_get_le32(b + 8);
+    d->policy.ec_dropped = b[12];
     d->id = ts_get_le64(b + 16);
     d->created_ns = ts_get_le64(b + 24);
     return 0;

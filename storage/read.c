@@ -110,6 +110,11 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
     rc = dataset_get(s, dataset, &d);
     if (rc)
         return rc;
+    if (d.policy.ec_dropped) { /* its bytes are in its fragments only (tier.c) */
+        struct ts_shard_info si;
+        rc = shard_get(s, d.id, shard, &si, NULL, NULL);
+        return rc ? rc : TS_EFRAGMENTED;
+    }
     return read_open_id(s, d.id, shard, allow_incomplete, 0, out);
 }
 

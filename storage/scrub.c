@@ -12,7 +12,8 @@
 struct scrub_arg {
     ts_store *s;
     const _Atomic int *cancel;
-    uint64_t only_id; /* 0: all datasets */
+    uint64_t only_id;    /* 0: all datasets */
+    uint64_t dropped_id; /* the last dataset seen with its replica bytes dropped */
     void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc);
     void *arg;
     struct ts_scrub_report *rep;
@@ -23,6 +24,7 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
     struct scrub_arg *a = arg;
     ts_read_ctx *r;
     char name[TS_NAME_MAX + 1] = "?";
+    struct ts_dataset_info d;
     uint64_t dsid;
     uint32_t shard;
     int rc;
@@ -36,6 +38,10 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
     if (a->only_id && dsid != a->only_id)
         return 0;
     id_name(a->s, dsid, name);
+    if (dsid != a->dropped_id && dataset_get(a->s, name, &d) == 0 && d.policy.ec_dropped)
+        a->dropped_id = dsid;
+    if (dsid == a->dropped_id)
+        return 0; /* no bytes here: its fragments are scrubbed as datasets of their own */
     rc = read_open_id(a->s, dsid, shard, 1, 1, &r);
     if (rc) {
         a->rep->corrupt++;
@@ -76,7 +82,7 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel)
 {
     struct ts_scrub_report local;
-    struct scrub_arg a = {s, cancel, 0, cb, arg, report ? report : &local};
+    struct scrub_arg a = {s, cancel, 0, 0, cb, arg, report ? report : &local};
     struct ts_dataset_info d;
     uint8_t prefix[9];
     size_t plen = 1;
@@ -104,13 +110,17 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
 int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint32_t idx,
                           const void *data, size_t len)
 {
+    struct ts_dataset_info d;
     ts_read_ctx *r;
     uint32_t crc, clen;
     uint8_t k[16];
     char *err = NULL;
     int rc;
 
-    rc = ts_store_read_open(s, dataset, shard, 0, &r);
+    /* Also the chunks of a dataset whose replica bytes were dropped: put back (tier.c). */
+    rc = dataset_get(s, dataset, &d);
+    if (rc == 0)
+        rc = read_open_id(s, d.id, shard, 0, 1, &r);
     if (rc)
         return rc;
     rc = ts_read_ctx_chunk_crc(r, idx, &crc, &clen);
@@ -124,7 +134,7 @@ int ts_store_chunk_repair(ts_store *s, const char *dataset, uint32_t shard, uint
                        key_chunk(k, r->dsid, shard, idx), data, len, &err);
         rc = from_rocksdb(err, "chunk repair");
     }
-    if (rc == 0)
+    if (rc == 0 && !d.policy.ec_dropped) /* a restore is told once, by whoever restores */
         TS_WARN(FAC, 0,
                 "repaired chunk %u of %s/%u (%zu bytes): a replica's, or rebuilt from fragments",
                 idx, dataset, shard, len);

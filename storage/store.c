@@ -64,6 +64,7 @@ void ts_store_opts_init(struct ts_store_opts *o)
 
 void ts_dataset_policy_init(struct ts_dataset_policy *p)
 {
+    memset(p, 0, sizeof(*p));
     p->core = 1;
     p->fringe = 0;
     p->min_core = 1;

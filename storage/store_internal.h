@@ -176,6 +176,8 @@ void arena_release(struct arena *a, int64_t off, size_t len, int lent);
 
 /* dataset_cache.c: a dataset's record by name (through the cache), its name by id ('I'). */
 int dataset_get(ts_store *s, const char *name, struct ts_dataset_info *d);
+/* dataset.c: writes dataset d's record (s->lock held) and forgets the cached copy. */
+int ds_rewrite(ts_store *s, const char *name, const struct ts_dataset_info *d, const char *what);
 /* Forgets a cached dataset record (after seal or delete). */
 void ds_invalidate(ts_store *s, const char *name);
 /* Empties the cache (s->dslock held, or the store being closed). */

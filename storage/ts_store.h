@@ -128,9 +128,18 @@ int ts_store_dataset_list_records(ts_store *s,
                                   void *arg);
 /* Seals an open dataset: every shard 0..N-1 must be complete (TS_EINCOMPLETE otherwise). */
 int ts_store_dataset_seal(ts_store *s, const char *name);
-/* Sets a sealed dataset's erasure code (k = m = 0: replicated only; issue 33): TS_EINVAL for an
- * open dataset or one of k, m 0 without the other. Durable per the sync policy. */
-int ts_store_dataset_set_ec(ts_store *s, const char *name, unsigned k, unsigned m);
+/*
+ * A sealed dataset's tier on this node (issue 33; tier.c): its erasure code (k = m = 0:
+ * replicated only) and whether its replicas' bytes are dropped (the shard records stay; reads
+ * answer TS_EFRAGMENTED). TS_EINVAL for an open dataset, one of k, m 0 without the other, or
+ * dropped without a code. Dropping: the mark is made durable, then the chunk bytes go (again
+ * on a second call: an interrupted drop completes). Keeping them again: every chunk of every
+ * shard must read back matching its CRC32C (restored with ts_store_chunk_repair), else
+ * TS_EINCOMPLETE with *missing (if given) the chunks not back, and nothing changes.
+ * Replicated only while the bytes are dropped: TS_EBUSY. Durable per the sync policy.
+ */
+int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigned m, int dropped,
+                              uint64_t *missing);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
 int ts_store_dataset_delete(ts_store *s, const char *name);
 /* With force, uploads still open on the dataset do not block the delete: they end (their next

@@ -134,7 +134,7 @@ static double pass(tessera_client *c, int ec, int rec, uint8_t *buf, uint8_t **w
 int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
-    struct ts_dataset_policy pol = {3, 0, 2, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy pol = {3, 0, 2, 1u << 20, 0, 0, 0, 0};
     double v[4][MAXR], g[2][MAXR], e42, e83, fbytes = 0, convert_mbs = 0;
     uint8_t **want, *buf;
     uint64_t roff[NREC];

@@ -107,7 +107,7 @@ int main(int argc, char **argv)
     double *down = calloc((size_t)kills, sizeof(double)),
            *wr = calloc((size_t)kills, sizeof(double));
     double *up = calloc((size_t)kills, sizeof(double));
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     /* Flap damping off: the bench kills the same nodes again and again on purpose. */
     const char *tuned[] = {"--etcd",
                            NULL,

@@ -162,10 +162,12 @@ int cmd_dataset_tier(struct ctx *x)
         json_print(dataset_json(&d));
     else if (k)
         printf("dataset %s is erasure-coded, ec:%u+%u: every shard's fragments durable and read "
-               "back (%.1f s)\n",
+               "back, the replicas' bytes dropped (%.1f s)\n",
                d.name, k, m, (double)(ts_now_mono_ns() - p.t0) / 1e9);
     else
-        printf("dataset %s is replicated only; its fragments were removed\n", d.name);
+        printf("dataset %s is replicated only: its replicas hold every byte (each node checked "
+               "its own); its fragments were removed\n",
+               d.name);
     return 0;
 }
 

@@ -458,7 +458,7 @@ int cmd_drill(struct ctx *x)
 {
     const char *scenario = x->argv[0];
     const struct ts_map *m = ts_client_map(x->c);
-    struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, SHARD_BYTES, 0, 0, 0, 0};
     struct drill d;
     double dur = x->duration ? (double)x->duration : 6;
     uint64_t t_act_end;

@@ -55,6 +55,8 @@ struct json_object *dataset_json(const struct ts_dataset_info *d)
         char ec[16];
         snprintf(ec, sizeof(ec), "%u+%u", d->policy.ec_k, d->policy.ec_m);
         json_object_object_add(o, "ec", json_object_new_string(ec));
+        json_object_object_add(o, "replica_bytes",
+                               json_object_new_string(d->policy.ec_dropped ? "dropped" : "kept"));
     } else {
         json_object_object_add(o, "ec", NULL);
     }
@@ -93,7 +95,7 @@ void kv_print(const char *const *kv, size_t n)
 
 void dataset_print(const struct ts_dataset_info *d)
 {
-    char size[32], chunk[32], when[40], shards[64], repl[64], id[24], bytes[64], tier[48];
+    char size[32], chunk[32], when[40], shards[64], repl[64], id[24], bytes[64], tier[80];
     const char *kv[] = {
         "name",     d->name,
         "id",       id,
@@ -114,7 +116,8 @@ void dataset_print(const struct ts_dataset_info *d)
     snprintf(repl, sizeof(repl), "core %u, fringe %u, min_core %u", d->policy.core,
              d->policy.fringe, d->policy.min_core);
     if (d->policy.ec_k)
-        snprintf(tier, sizeof(tier), "erasure-coded, ec:%u+%u", d->policy.ec_k, d->policy.ec_m);
+        snprintf(tier, sizeof(tier), "erasure-coded, ec:%u+%u, replica bytes %s", d->policy.ec_k,
+                 d->policy.ec_m, d->policy.ec_dropped ? "dropped" : "kept");
     else
         snprintf(tier, sizeof(tier), "replicated");
     kv_print(kv, TS_ARRAY_SIZE(kv));

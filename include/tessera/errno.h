@@ -41,7 +41,8 @@ extern "C" {
     X(TS_ERANGE, 25, "offset or length out of range")                                              \
     X(TS_ENAME, 26, "invalid name")                                                                \
     X(TS_EINTERNAL, 27, "internal error")                                                          \
-    X(TS_ESHUTDOWN, 28, "server is shutting down")
+    X(TS_ESHUTDOWN, 28, "server is shutting down")                                                 \
+    X(TS_EFRAGMENTED, 29, "erasure-coded: the replicas hold no bytes; read the fragments")
 
 enum ts_errno {
     TS_OK = 0,

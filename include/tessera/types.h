@@ -29,6 +29,8 @@ struct ts_dataset_policy {
                               tessera/records.h); 0: not said, raw bytes */
     uint8_t ec_k, ec_m;    /* erasure-coded (issue 33): each shard also as ec_k data and ec_m
                               parity fragments on ec_k + ec_m nodes; 0, 0: replicated only */
+    uint8_t ec_dropped;    /* erasure-coded, and the replicas' bytes dropped: they keep the shard
+                              records only, and reads answer TS_EFRAGMENTED */
 };
 
 struct ts_dataset_info {

@@ -53,7 +53,8 @@ class Opts(ctypes.Structure):
 
 class Policy(ctypes.Structure):
     _fields_ = [("core", c_u8), ("fringe", c_u8), ("min_core", c_u8), ("chunk_size", c_u32),
-                ("record_format", c_u8), ("ec_k", c_u8), ("ec_m", c_u8)]
+                ("record_format", c_u8), ("ec_k", c_u8), ("ec_m", c_u8),
+                ("ec_dropped", c_u8)]
 
 
 class DatasetInfo(ctypes.Structure):

@@ -49,6 +49,7 @@ def _info(d):
         "core": d.policy.core, "fringe": d.policy.fringe, "min_core": d.policy.min_core,
         "chunk_size": d.policy.chunk_size, "created_ns": d.created_ns,
         "ec": "%d+%d" % (d.policy.ec_k, d.policy.ec_m) if d.policy.ec_k else None,
+        "replica_bytes": ("dropped" if d.policy.ec_dropped else "kept") if d.policy.ec_k else None,
         "record_format": FORMATS[d.policy.record_format]
         if d.policy.record_format < len(FORMATS) else str(d.policy.record_format),
     }

@@ -170,8 +170,9 @@ def test_plan_is_constant_memory_for_huge_n():
 
 
 def test_tier_ec_and_back(cluster, node):
-    """Client.tier: a sealed dataset on the 3-node cluster to ec:2+1 (its info says so, every
-    record still reads the same, the Reader too), progress per shard, then back to replicated;
+    """Client.tier: a sealed dataset on the 3-node cluster to ec:2+1 (its info says so, its
+    replicas' bytes dropped; every record still reads the same through the fragments, the Reader
+    too), progress per shard, then back to replicated (the bytes back on the replicas);
     refusals: an open dataset, a bad code, a single node (TS_ENOTSUP)."""
     import os
     nodes, writer = cluster
@@ -191,6 +192,7 @@ def test_tier_ec_and_back(cluster, node):
         a.tier("tiered", "ec:2+1", progress=lambda *p: seen.append(p))
         assert [p[0] for p in seen] == [1, 2, 3, 4] and seen[-1][2] == seen[-1][3]
         assert a.dataset("tiered")["ec"] == "2+1"
+        assert a.dataset("tiered")["replica_bytes"] == "dropped"  # the fragments alone hold them
         ids = []
         for s, n in a.record_counts("tiered"):  # read through the fragments now
             offs = a.shard_records("tiered", s) + [None]
@@ -204,6 +206,8 @@ def test_tier_ec_and_back(cluster, node):
         assert got == list(range(240))
         a.tier("tiered", "replicated")
         assert a.dataset("tiered")["ec"] is None
+        got = sorted(record_id(i.data) for i in Reader(admin, "tiered").items())
+        assert got == list(range(240))  # from the replicas again
     with Client(node.addr) as one:
         one.create_dataset("alone")
         one.seal("alone")

@@ -75,7 +75,7 @@ static tessera_client *cluster_client(void)
 static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t fringe,
                  uint8_t min_core)
 {
-    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK, 0, 0, 0, 0};
     assert_int_equal(tessera_dataset_create(c, name, &p), 0);
 }
 
@@ -476,7 +476,7 @@ static const char *node_record_format(int i, const char *ds, char *out, size_t c
 static void test_record_format_reaches_a_late_replica(void **state)
 {
     tessera_client *c = cluster_client();
-    struct ts_dataset_policy p = {3, 2, 2, CHUNK, 1 /* TESSERA_FMT_TFRECORD */, 0, 0};
+    struct ts_dataset_policy p = {3, 2, 2, CHUNK, 1 /* TESSERA_FMT_TFRECORD */, 0, 0, 0};
     int v = CL.n - 1;
     char f[32];
 

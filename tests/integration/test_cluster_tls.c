@@ -134,7 +134,7 @@ static long local_shards(int i, const char *ds)
 static void test_replicated_over_mutual_tls(void **state)
 {
     tessera_client *c;
-    struct ts_dataset_policy p = {3, 0, 3, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 3, 65536, 0, 0, 0, 0};
     uint8_t data[200000], back[200000];
     size_t n;
 

@@ -135,7 +135,7 @@ static void verify_all(tessera_client *c, const uint32_t *acked, uint32_t n)
 static void test_full_disk(void **state)
 {
     tessera_client *c = client();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     uint32_t acked[128], n = 0, s = 0;
     int rc = 0, refusals = 0;
 
@@ -212,7 +212,7 @@ static void test_full_replica(void **state)
 {
     static const char *const cx[] = {"--sync", "always", NULL};
     struct tessera_opts o;
-    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0, 0};
     tessera_client *c = NULL;
     uint32_t acked[128], n = 0;
     char opts[64];

@@ -331,7 +331,7 @@ static tessera_client *cluster_client(void)
 static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t fringe,
                  uint8_t min_core)
 {
-    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {core, fringe, min_core, CHUNK, 0, 0, 0, 0};
     int rc = tessera_dataset_create(c, name, &p);
     if (rc)
         fprintf(stderr, "dataset create %s: %s: %s\n", name, ts_errname(rc),
@@ -1012,7 +1012,7 @@ static void t3_kill(int i)
 static void t3_delete_recreate(void)
 {
     int ds = (int)(rnd() % T3_NDS), rc = 0;
-    struct ts_dataset_policy p = {3, 1, 2, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 1, 2, CHUNK, 0, 0, 0, 0};
     char msg[600] = "";
 
     for (int t = 0; t < 10; t++) {

@@ -135,7 +135,7 @@ static int cluster_index_at(uint32_t s, unsigned f)
 
 static void test_put_every_shard_as_fragments(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0, 0};
     tessera_client *c = admin();
 
     (void)state;
@@ -394,7 +394,7 @@ static long json_num(const char *key)
  * after which reads go through them; again, it goes on; replicated takes the fragments away. */
 static void test_tier_cli(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
     static const size_t lens[] = {1, 5000, 300000, (2u << 20) + 3, 777777, 0};
     const size_t ns = sizeof(lens) / sizeof(lens[0]);
     tessera_client *c = admin();
@@ -479,7 +479,7 @@ static void test_tier_cli(void **state)
 
 static void test_fragments_go_with_their_dataset(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 1u << 20, 0, 0, 0, 0};
     tessera_client *c = admin();
     int i = cluster_index_at(1, 0);
     uint8_t b[64];
@@ -501,14 +501,14 @@ static void test_fragments_go_with_their_dataset(void **state)
  */
 static void test_repair(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
     static const size_t lens[] = {700000, (3u << 20) + 40000, 10, 2u << 20, 123457};
     const uint32_t ns = sizeof(lens) / sizeof(lens[0]);
     tessera_client *c = admin();
     struct ts_ec_read_stats st;
     struct ts_ec_layout l;
     struct ts_map *m;
-    int i, gone = -1;
+    int i, gone = -1, rc;
 
     (void)state;
     assert_int_equal(tessera_dataset_create(c, "rep", &p), 0);
@@ -592,12 +592,20 @@ static void test_repair(void **state)
                          TS_ECORRUPT);
         assert_non_null(strstr(msg, "nothing written"));
         w.len = 0;
-        ts_wr_str(&w, "rep");
+        ts_wr_str(&w, "warm"); /* replicated, its replicas' bytes kept */
         ts_wr_u32(&w, 1);
         ts_wr_u32(&w, 0);
         ts_wr_u32(&w, 0);
         assert_int_equal(raw_send_frame(rfd, TS_OP_CHUNK_REPAIR, 0, 2, w.buf, w.len), 0);
         assert_int_equal(raw_recv_reply(rfd, 10000, NULL, NULL, 0, NULL, NULL), TS_EINVAL);
+        w.len = 0;
+        ts_wr_str(&w, "rep"); /* its replicas' bytes dropped: taken, if they are the chunk's */
+        ts_wr_u32(&w, 1);
+        ts_wr_u32(&w, 0);
+        ts_wr_u32(&w, 0);
+        assert_int_equal(raw_send_frame(rfd, TS_OP_CHUNK_REPAIR, 0, 4, w.buf, w.len), 0);
+        rc = raw_recv_reply(rfd, 10000, NULL, NULL, 0, NULL, NULL);
+        assert_true(rc == TS_ECORRUPT || rc == TS_ENOENT); /* not the chunk's, or no such shard */
         raw_close(rfd);
         rfd = raw_connect_as(CL.tls_listen[i], "writer");
         assert_true(rfd >= 0);
@@ -676,7 +684,7 @@ static void mid_reads(tessera_client *c)
  * the fragments the interrupted runs wrote are whole (repair finds nothing). */
 static void test_tier_killed_midway(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0, 0};
     static uint8_t buf[200000];
     tessera_client *c = admin();
     struct ts_dataset_info d;

@@ -182,7 +182,7 @@ static unsigned double_activations(unsigned *total)
 
 static void test_two_admins_race(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct tessera_opts o;
     tessera_client *c = NULL;
     ts_etcd *e = etcd_client();

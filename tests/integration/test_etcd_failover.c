@@ -222,7 +222,7 @@ static void failover_round(int round, int v, int via)
 
 static void test_primary_killed_heals_itself(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct tessera_opts o;
     tessera_client *c = NULL;
     int mon, again;

@@ -303,7 +303,7 @@ static int etcd_reachable(int i)
 
 static void test_etcd_member_then_majority_gone(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct tessera_opts o;
     tessera_client *c = NULL;
     char path[700], out[4096], args[800];

@@ -92,7 +92,7 @@ static unsigned check_core_copies(unsigned *on_n4)
 
 static void test_out_after_re_replicates(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct tessera_opts o;
     tessera_client *c = NULL;
     unsigned bad, on_n4;

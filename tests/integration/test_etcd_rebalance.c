@@ -209,7 +209,7 @@ static void test_monitor_killed_mid_rebalance(void **state)
 
 static int setup(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct tessera_opts o;
     tessera_client *c = NULL;
     char *tmp;

@@ -73,7 +73,7 @@ static void test_kill9_mid_stream(void **state)
     struct tsd_proc d = {0};
     const char *const extra[] = {"--sync", "always", NULL};
     (void)extra;
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
     tessera_client *c;
     int pfd[2];
     pid_t child;
@@ -130,7 +130,7 @@ static void test_kill9_mid_stream(void **state)
 static void test_sigterm_drains(void **state)
 {
     struct tsd_proc d = {0};
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     tessera_client *c;
     const size_t len = 48u << 20;
     uint8_t *buf = malloc(len), *back = malloc(len);
@@ -215,7 +215,8 @@ static void test_input_budget(void **state)
     const uint32_t frame = 60u << 20;
     const char *const extra[] = {"--input-budget-mb", "128", NULL};
     struct tsd_proc d = {0};
-    struct ts_dataset_policy small = {1, 0, 1, CHUNK, 0, 0, 0}, big = {1, 0, 1, 4u << 20, 0, 0, 0};
+    struct ts_dataset_policy small = {1, 0, 1, CHUNK, 0, 0, 0, 0},
+                             big = {1, 0, 1, 4u << 20, 0, 0, 0, 0};
     int fds[ATTACKERS];
     long rss0, rss1;
     size_t total = 0, n;

@@ -59,7 +59,7 @@ static int h_sync(void *ctx)
 static int setup(void **state)
 {
     struct tessera_opts o;
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
 
     if (tsd_start(&D, NULL) != 0)
         return -1;

@@ -88,7 +88,7 @@ static size_t order_of(const char *ds, uint32_t s, int *order, size_t k)
 static void test_refused_changes_change_nothing(void **state)
 {
     tessera_client *c = NULL;
-    struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0, 0};
     uint64_t e0;
 
     assert_int_equal(test_tls_open(&c, CL.tls_listen[1], "writer", NULL, NULL), 0);
@@ -162,7 +162,7 @@ static void test_add_then_rm(void **state)
     assert_null(strstr(out, "+2"));
     /* The entry of a dataset deleted meanwhile can still be removed. */
     {
-        struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0};
+        struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0, 0};
         assert_int_equal(test_tls_open(&c, CL.tls_listen[1], "writer", NULL, NULL), 0);
         assert_int_equal(tessera_dataset_create(c, "gone", &p), 0);
         put_shards(c, "gone", 0, 3, LEN);
@@ -217,7 +217,7 @@ static void read_by_clients(int handles, size_t len)
 static void test_reads_spread(void **state)
 {
     const size_t len = 1u << 20;
-    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0, 0};
     tessera_client *c = NULL;
     int order[3];
     int64_t before, after;

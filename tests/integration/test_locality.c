@@ -348,7 +348,7 @@ static int setup(void **state)
 {
     static const char *const domains[] = {"dc-a", "dc-b", "dc-c"};
     static const char *const remote[] = {"127.0.1.1", "127.0.1.3"};
-    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
     tessera_client *c = NULL;
     char how[200];
 

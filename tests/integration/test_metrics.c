@@ -334,7 +334,8 @@ static void test_every_node_serves_valid_metrics(void **state)
 
 static void test_read_bytes_and_hot_dataset(void **state)
 {
-    struct ts_dataset_policy hot = {3, 0, 2, 65536, 0, 0, 0}, cold = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy hot = {3, 0, 2, 65536, 0, 0, 0, 0},
+                             cold = {3, 0, 2, 65536, 0, 0, 0, 0};
     tessera_client *c = writer();
     uint64_t read_hot = 0, read_cold = 0;
     double v = -1;
@@ -411,7 +412,7 @@ static void test_scrub_shows(void **state)
 /* A fringe replica stopped: its lag rises on the primary; running again: back to 0. */
 static void test_fringe_lag_rises_and_returns(void **state)
 {
-    struct ts_dataset_policy p = {2, 1, 2, 65536, 0, 0, 0}, three = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {2, 1, 2, 65536, 0, 0, 0, 0}, three = {3, 0, 2, 65536, 0, 0, 0, 0};
     struct ts_map *m = raw_map_get(CL.node[0].addr);
     tessera_client *c = writer();
     int order[8], f = -1, stop_i, prim_i;

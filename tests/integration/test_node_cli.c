@@ -110,7 +110,7 @@ static void put_some(uint32_t from, uint32_t to)
 static int setup(void **state)
 {
     static const char *const domains[] = {"a", "a", "b", "b", "c"};
-    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0, 0};
     tessera_client *c = NULL;
 
     if (tsd_cluster_start(&CL, 5, domains, 32, NULL) != 0)
@@ -185,7 +185,7 @@ static void test_dry_run_changes_nothing(void **state)
  * replica is refused and changes nothing. */
 static void test_min_core_refusal(void **state)
 {
-    struct ts_dataset_policy strict = {3, 0, 3, 64u << 10, 0, 0, 0};
+    struct ts_dataset_policy strict = {3, 0, 3, 64u << 10, 0, 0, 0, 0};
     tessera_client *c = NULL;
     uint64_t e;
 

@@ -44,7 +44,7 @@ static const char *const ARGS[] = {"--metrics-listen",
 
 static int group_setup(void **state)
 {
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
     tessera_client *c;
     int rc = 0;
 

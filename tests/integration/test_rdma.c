@@ -660,7 +660,7 @@ static void test_cluster_mixed(void **state)
     char listen[96], url[128];
     const char *const n1[] = {"--rdma-listen", listen, NULL};
     const char *const *const each[] = {n1, NULL, NULL};
-    struct ts_dataset_policy p = {3, 0, 2, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, CHUNK, 0, 0, 0, 0};
     tessera_client *w = NULL, *c;
     enum { NS = 12 };
     size_t len = 300000;

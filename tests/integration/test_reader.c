@@ -118,7 +118,7 @@ static tessera_client *open_client(void)
 
 static void mkds(tessera_client *c, const char *name, uint8_t core, uint8_t min_core)
 {
-    struct ts_dataset_policy p = {core, 0, min_core, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {core, 0, min_core, CHUNK, 0, 0, 0, 0};
     assert_int_equal(tessera_dataset_create(c, name, &p), 0);
 }
 

@@ -35,7 +35,7 @@ static struct tsd_proc D;
 
 static int group_setup(void **state)
 {
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
     tessera_client *c;
 
     if (tsd_start(&D, NULL) != 0)

@@ -224,7 +224,7 @@ static void write_target(const char *path)
 static int setup(void **state)
 {
     static const char *const domains[] = {"a", "a", "b", "b", "c"};
-    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0, 0};
     tessera_client *c = NULL;
     uint8_t *buf = malloc(LEN);
 

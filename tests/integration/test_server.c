@@ -103,7 +103,7 @@ static void assert_intact(void)
 
 static void mkds(tessera_client *c, const char *name)
 {
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
     assert_int_equal(tessera_dataset_create(c, name, &p), 0);
 }
 
@@ -176,7 +176,7 @@ static void test_ranges_and_pipelining(void **state)
 static void test_pipelined_large_reads(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     const size_t len = 6u << 20;
     uint8_t *want = malloc(len), *bufs[6];
     uint64_t ops[6];
@@ -216,7 +216,7 @@ static void test_names_and_rules(void **state)
     assert_int_equal(tessera_read(c, "nope", 0, 0, 1, b, &n), TS_ENOENT);
     assert_int_equal(tessera_read(c, "keep", 99, 0, 1, b, &n), TS_ENOENT);
     mkds(c, "rules");
-    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, CHUNK, 0, 0, 0, 0};
     assert_int_equal(tessera_dataset_create(c, "rules", &p), TS_EEXIST);
     assert_int_equal(tessera_dataset_create(c, "bad name", &p), TS_ENAME);
     put_shard(c, "rules", 0, 10, 3);
@@ -676,7 +676,7 @@ static int64_t flood_probe_beside(struct flood *f)
 static void test_pipelined_flood_does_not_starve(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     struct flood f;
     int64_t beside = INT64_MAX;
     uint8_t got[100];
@@ -779,7 +779,8 @@ static void test_status(void **state)
 static void test_put_chunk_memo(void **state)
 {
     tessera_client *c = connect_c(), *admin = connect_c();
-    struct ts_dataset_policy big = {1, 0, 1, 65536, 0, 0, 0}, small = {1, 0, 1, 4096, 0, 0, 0};
+    struct ts_dataset_policy big = {1, 0, 1, 65536, 0, 0, 0, 0},
+                             small = {1, 0, 1, 4096, 0, 0, 0, 0};
 
     (void)state;
     assert_int_equal(tessera_dataset_create(admin, "memo", &big), 0);
@@ -802,7 +803,7 @@ static void test_put_chunk_memo(void **state)
 static void test_brief_dataset_stat(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 4096, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 4096, 0, 0, 0, 0};
     struct ts_dataset_info full, brief;
     uint8_t *payload = NULL;
     size_t plen = 0;
@@ -937,7 +938,7 @@ static int corrupt_arena_copy(pid_t pid, const uint8_t *needle, size_t n);
 static void test_cache_memory_corruption(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     uint8_t *got = malloc(1u << 20), *want = malloc(1u << 20);
     size_t n = 0;
     int hits;
@@ -1030,7 +1031,7 @@ static int corrupt_arena_copy(pid_t pid, const uint8_t *needle, size_t n)
 static void test_cache_corruption_whole_piece(void **state)
 {
     tessera_client *c = connect_c();
-    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 1u << 20, 0, 0, 0, 0};
     uint8_t want[64];
     int hits;
 

@@ -308,7 +308,7 @@ static void test_no_split_refused(void **state)
 
 static int setup(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 64u << 10, 0, 0, 0, 0};
     tessera_client *c = NULL;
     uint8_t *buf = malloc(LEN);
     int rc = -1;

@@ -75,7 +75,7 @@ static void test_mutual_tls_roundtrip(void **state)
     tessera_client *c;
     uint8_t data[300000], back[300000];
     size_t n;
-    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0, 0};
 
     assert_int_equal(M.addr[0], '\0'); /* no plain listener */
     assert_int_equal(open_as(&M, "admin", NULL, &c), 0);
@@ -97,7 +97,7 @@ static void test_roles(void **state)
     tessera_client *r, *w;
     uint8_t b[16];
     size_t n;
-    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0, 0};
 
     assert_int_equal(open_as(&M, "reader", NULL, &r), 0);
     assert_int_equal(tessera_client_role(r), 1);
@@ -178,7 +178,7 @@ static void test_plain_client_to_tls_port(void **state)
 static void test_optional_client_cert(void **state)
 {
     tessera_client *anon, *adm;
-    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {1, 0, 1, 65536, 0, 0, 0, 0};
     uint8_t b[4] = {1, 2, 3, 4};
     size_t n;
 

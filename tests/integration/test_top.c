@@ -124,7 +124,7 @@ static void read_all(tessera_client *c)
 static void test_top_in_tmux(void **state)
 {
     tessera_client *c = NULL;
-    struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {2, 0, 2, 65536, 0, 0, 0, 0};
     char line[512], cmd[2048];
     int hot;
     (void)state;

@@ -79,7 +79,7 @@ static void assert_keep_intact(void)
 static int group_setup(void **state)
 {
     static const char *const extra[] = {"--sync", "always", NULL};
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
     uint8_t *buf = malloc(SLEN);
     tessera_client *c;
 
@@ -396,7 +396,7 @@ static void test_impostor_peer_not_trusted(void **state)
     tessera_client *c;
     uint8_t *buf = malloc(SLEN);
     pid_t imp;
-    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 2, 65536, 0, 0, 0, 0};
 
     (void)state;
     c = client_as(0, "writer");

@@ -380,7 +380,7 @@ static void node_start(struct fnode *n, int i, int dead)
     memset(n, 0, sizeof(*n));
     snprintf(n->id, sizeof(n->id), "n%d", i + 1);
     pthread_mutex_init(&n->mu, NULL);
-    n->pol = (struct ts_dataset_policy){3, 0, 1, CHUNK, 0, 0, 0};
+    n->pol = (struct ts_dataset_policy){3, 0, 1, CHUNK, 0, 0, 0, 0};
     n->lfd = -1;
     if (dead) {
         dead_addr(n->addr, sizeof(n->addr));
@@ -738,7 +738,7 @@ static void test_read_all_bad(void **state)
  * not fail them, an up node that refuses does. */
 static void test_dataset_broadcast(void **state)
 {
-    struct ts_dataset_policy p = {3, 0, 1, 0, 0, 0, 0};
+    struct ts_dataset_policy p = {3, 0, 1, 0, 0, 0, 0, 0};
     struct fnode v[5];
     struct ts_map *m;
     tessera_client *c;

@@ -502,7 +502,8 @@ static const struct ts_dataset_info sample_ds = {
                .chunk_size = 4u << 20,
                .record_format = 2,
                .ec_k = 8,
-               .ec_m = 3},
+               .ec_m = 3,
+               .ec_dropped = 1},
     .state = TS_DS_SEALED,
     .created_ns = 1700000000123456789ull,
     .shards = 1024,
@@ -532,7 +533,7 @@ static void test_dataset_info(void **state)
     ts_wr_dataset_info(&w, &sample_ds);
     assert_int_equal(w.err, 0);
     full = w.len;
-    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8 + 1 + 2);
+    assert_int_equal(full, 2 + strlen(sample_ds.name) + 8 + 4 + 4 + 8 + 4 + 4 + 8 + 1 + 3);
 
     ts_rd_init(&r, w.buf, w.len);
     assert_int_equal(ts_rd_dataset_info(&r, &d), 0);
@@ -546,6 +547,7 @@ static void test_dataset_info(void **state)
     assert_int_equal(d.policy.record_format, 2);
     assert_int_equal(d.policy.ec_k, 8);
     assert_int_equal(d.policy.ec_m, 3);
+    assert_int_equal(d.policy.ec_dropped, 1);
     assert_int_equal(d.state, TS_DS_SEALED);
     assert_true(d.created_ns == sample_ds.created_ns);
     assert_int_equal(d.shards, 1024);

@@ -154,6 +154,28 @@ static void test_dataset_seal_flags(void **state)
     ts_wr_fini(&w);
 }
 
+/* DATASET_TIER: name, K, M, and whether the replicas' bytes are dropped (0 or 1). */
+static void test_dataset_tier(void **state)
+{
+    struct tsd_req q;
+    struct ts_wr w;
+
+    ts_wr_init(&w);
+    ts_wr_str(&w, NAME);
+    ts_wr_u8(&w, 4);
+    ts_wr_u8(&w, 2);
+    assert_int_equal(dec(TS_OP_DATASET_TIER, &w, &q), TS_EPROTO); /* the flag is not optional */
+    ts_wr_u8(&w, 1);
+    assert_int_equal(dec(TS_OP_DATASET_TIER, &w, &q), 0);
+    assert_int_equal(q.u.dataset_tier.k, 4);
+    assert_int_equal(q.u.dataset_tier.m, 2);
+    assert_int_equal(q.u.dataset_tier.dropped, 1);
+    w.buf[w.len - 1] = 2;
+    assert_int_equal(dec(TS_OP_DATASET_TIER, &w, &q), TS_EPROTO);
+    assert_non_null(strstr(msg, "replicas flag 2"));
+    ts_wr_fini(&w);
+}
+
 static void test_scrub_name(void **state)
 {
     struct tsd_req q;
@@ -596,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_dataset_create_incarnation),
         cmocka_unit_test(test_dataset_seal_flags),
+        cmocka_unit_test(test_dataset_tier),
         cmocka_unit_test(test_scrub_name),
         cmocka_unit_test(test_chunks),
         cmocka_unit_test(test_shard_seal_records),

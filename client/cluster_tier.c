@@ -1,0 +1,250 @@
+/*
+ * Tiering a sealed dataset over the router (issue 33; docs/operations.md "Tiering"). To ec:K+M:
+ * shard by shard, its bytes read (verified against the shard's CRC32C), its K+M fragments put
+ * durably (cluster_ec.c), and read back through them and checked again; once every shard is,
+ * each node is told the code and drops its replicas' bytes (DATASET_TIER, dropped: the shard
+ * records stay, storage/tier.c). Back to replicated: each shard rebuilt from its fragments,
+ * checked, and its chunks put back on every node that keeps a record of it (CHUNK_REPAIR: the
+ * node takes only bytes matching the chunk's stored CRC32C); then each node is told to keep
+ * its bytes again, which it does only once all of them read back whole; only after every node
+ * did are the fragments removed.
+ */
+#include "cluster_internal.h"
+#include "ts_ec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* DATASET_TIER (k, m, dropped) on every node that is not out; a node down fails it (run it
+ * again). */
+static int tier_all(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
+                    unsigned m, int dropped)
+{
+    struct fan f;
+    size_t ok = 0;
+    int rc = ts_cl_fan_begin(cl, &f, 1, 0);
+
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < f.n; i++) {
+        tessera_client *sub;
+        char msg[512] = "";
+        rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, f.peers[i], sub,
+                                 ts_conn_dataset_tier(sub, name, k, m, dropped), msg, sizeof(msg));
+        else
+            snprintf(msg, sizeof(msg), "%s", ts_conn_error(cl->c));
+        if (!rc) {
+            ok++;
+            continue;
+        }
+        if (!f.first)
+            f.first = rc;
+        ts_cl_why_add(f.why, "%s: %s", cl->peers[f.peers[i]].id, msg[0] ? msg : ts_strerror(rc));
+    }
+    ts_cl_fan_end(&f);
+    ts_cl_policy_forget(cl, name); /* the next read asks for the policy again */
+    if (f.first)
+        ts_conn_set_error(c, "dataset %s: tier set on %zu of %zu nodes: %s", name, ok, f.n, f.why);
+    return f.first;
+}
+
+/* Shard si of the dataset: read (verified), its fragments put, read back through them and
+ * checked against the shard's CRC32C. */
+static int tier_shard(tessera_client *c, struct ts_cluster *cl, const char *name,
+                      const struct ts_shard_info *si, unsigned k, unsigned m, uint8_t *a,
+                      uint8_t *b)
+{
+    size_t got = 0, len = (size_t)si->size;
+    int rc = len ? ts_cl_read(c, cl, name, si->shard, 0, len, a, &got) : 0;
+
+    if (!rc && got != len)
+        rc = TS_EIO;
+    if (!rc && ts_crc32c(0, a, len) != si->crc) {
+        ts_conn_set_error(c, "%s/%u: the bytes read do not match the shard's CRC32C %08x", name,
+                          si->shard, si->crc);
+        rc = TS_ECORRUPT;
+    }
+    if (!rc)
+        rc = ts_cl_ec_put(c, cl, name, si->shard, a, len, k, m);
+    if (!rc)
+        rc = ts_cl_ec_read(c, cl, name, si->shard, len, k, m, 0, len, b, NULL);
+    if (!rc && ts_crc32c(0, b, len) != si->crc) {
+        ts_conn_set_error(c,
+                          "%s/%u: read back through its fragments, the bytes do not match "
+                          "the shard's CRC32C %08x",
+                          name, si->shard, si->crc);
+        rc = TS_ECORRUPT;
+    }
+    return rc;
+}
+
+/* The nodes (peer indexes into *out, count *n) whose replicas of the dataset dropped their
+ * bytes; every node that is not out must answer. */
+static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *name, size_t **out,
+                         size_t *n)
+{
+    struct fan f;
+    int rc = ts_cl_fan_begin(cl, &f, 1, 0);
+
+    *n = 0;
+    *out = NULL;
+    if (rc)
+        return rc;
+    if (!(*out = calloc(f.n ? f.n : 1, sizeof(**out))))
+        rc = TS_ENOMEM;
+    for (size_t i = 0; !rc && i < f.n; i++) {
+        struct ts_dataset_info d;
+        tessera_client *sub;
+        char msg[512] = "";
+        rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, f.peers[i], sub, ts_conn_dataset_policy(sub, name, &d), msg,
+                                 sizeof(msg));
+        if (rc == TS_ENOENT) { /* a node without the dataset holds none of it */
+            rc = 0;
+            continue;
+        }
+        if (rc)
+            ts_conn_set_error(c, "dataset %s: node %s: %s", name, cl->peers[f.peers[i]].id,
+                              msg[0] ? msg : ts_conn_error(cl->c));
+        else if (d.policy.ec_dropped)
+            (*out)[(*n)++] = f.peers[i];
+    }
+    ts_cl_fan_end(&f);
+    return rc;
+}
+
+/* Shard si's bytes (in a, rebuilt from its fragments and checked) put back, chunk by chunk, on
+ * each node in nodes[0..nn) that keeps its record. */
+static int restore_shard(tessera_client *c, struct ts_cluster *cl, const char *name,
+                         const struct ts_shard_info *si, unsigned k, unsigned m,
+                         const size_t *nodes, size_t nn, uint8_t *a)
+{
+    size_t len = (size_t)si->size;
+    int rc = len ? ts_cl_ec_read(c, cl, name, si->shard, len, k, m, 0, len, a, NULL) : 0;
+
+    if (!rc && ts_crc32c(0, a, len) != si->crc) {
+        ts_conn_set_error(c,
+                          "%s/%u: rebuilt from its fragments, the bytes do not match the "
+                          "shard's CRC32C %08x",
+                          name, si->shard, si->crc);
+        rc = TS_ECORRUPT;
+    }
+    for (size_t i = 0; !rc && i < nn; i++) {
+        struct ts_shard_info here;
+        tessera_client *sub;
+        char msg[512] = "";
+        rc = ts_cl_peer_conn(cl, nodes[i], 0, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, nodes[i], sub, ts_conn_shard_stat(sub, name, si->shard, &here),
+                                 msg, sizeof(msg));
+        if (rc == TS_ENOENT) { /* not one of its replicas */
+            rc = 0;
+            continue;
+        }
+        for (uint32_t idx = 0; !rc && idx < here.nchunks; idx++) {
+            uint64_t at = (uint64_t)idx * here.chunk_size;
+            size_t n = (size_t)TS_MIN((uint64_t)here.chunk_size, here.size - at);
+            rc = ts_cl_peer_done(
+                cl, nodes[i], sub,
+                ts_conn_chunk_repair(sub, name, si->shard, idx, a + at, (uint32_t)n), msg,
+                sizeof(msg));
+        }
+        if (rc)
+            ts_conn_set_error(c, "%s/%u: putting its bytes back on %s: %s", name, si->shard,
+                              cl->peers[nodes[i]].id, msg[0] ? msg : ts_conn_error(cl->c));
+    }
+    return rc;
+}
+
+/* Back to replicated: the bytes put back where they were dropped, kept again on every node,
+ * and only then the fragments removed. */
+static int tier_back(tessera_client *c, struct ts_cluster *cl, const char *name,
+                     const struct ts_dataset_policy *pol, tessera_tier_progress progress, void *arg)
+{
+    struct ts_shard_info *v = NULL;
+    uint64_t total = 0, done = 0, big = 0;
+    size_t n = 0, nn = 0, *nodes = NULL;
+    uint8_t *a = NULL;
+    int rc = dropped_nodes(c, cl, name, &nodes, &nn);
+
+    if (!rc && nn)
+        rc = ts_cl_shard_list(c, cl, name, &v, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        total += v[i].size;
+        big = TS_MAX(big, v[i].size);
+    }
+    if (!rc && nn && !(a = malloc(big ? big : 1)))
+        rc = TS_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = restore_shard(c, cl, name, &v[i], pol->ec_k, pol->ec_m, nodes, nn, a);
+        done += v[i].size;
+        if (!rc && progress)
+            progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
+    }
+    if (!rc && nn)
+        rc = tier_all(c, cl, name, pol->ec_k, pol->ec_m, 0); /* each node checks its bytes */
+    if (!rc)
+        rc = tier_all(c, cl, name, 0, 0, 0);
+    free(a);
+    free(v);
+    free(nodes);
+    return rc;
+}
+
+int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
+                       unsigned m, tessera_tier_progress progress, void *arg)
+{
+    struct ts_shard_info *v = NULL;
+    struct ts_dataset_info d;
+    uint64_t total = 0, done = 0, big = 0;
+    uint8_t *a = NULL, *b = NULL;
+    size_t n = 0;
+    int rc;
+
+    if ((k || m) && (k < 1 || k > TS_EC_MAX_K || m < 1 || m > TS_EC_MAX_M)) {
+        ts_conn_set_error(c, "ec:%u+%u: K must be 1 to %d and M 1 to %d", k, m, TS_EC_MAX_K,
+                          TS_EC_MAX_M);
+        return TS_EINVAL;
+    }
+    rc = ts_cl_dataset_stat(c, cl, name, &d);
+    if (rc)
+        return rc;
+    if (d.state != TS_DS_SEALED) {
+        ts_conn_set_error(c, "dataset %s is open: only sealed datasets are tiered", name);
+        return TS_EINVAL;
+    }
+    if (k && d.policy.ec_k && (d.policy.ec_k != k || d.policy.ec_m != m)) {
+        ts_conn_set_error(c, "dataset %s is ec:%u+%u already: tier it back to replicated first",
+                          name, d.policy.ec_k, d.policy.ec_m);
+        return TS_EINVAL;
+    }
+    if (!k)
+        return d.policy.ec_k ? tier_back(c, cl, name, &d.policy, progress, arg)
+                             : tier_all(c, cl, name, 0, 0, 0);
+    /* A node marked already: every shard was converted before any node was (run again to
+     * finish dropping the replicas' bytes everywhere). */
+    if (!d.policy.ec_k)
+        rc = ts_cl_shard_list(c, cl, name, &v, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        total += v[i].size;
+        big = TS_MAX(big, v[i].size);
+    }
+    if (!rc && n && (!(a = malloc(big ? big : 1)) || !(b = malloc(big ? big : 1))))
+        rc = TS_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = tier_shard(c, cl, name, &v[i], k, m, a, b);
+        done += v[i].size;
+        if (!rc && progress)
+            progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
+    }
+    if (!rc)
+        rc = tier_all(c, cl, name, k, m, 1);
+    free(a);
+    free(b);
+    free(v);
+    return rc;
+}

@@ -1,0 +1,361 @@
+/*
+ * Tiering to ec:4+2 drops the replicas' bytes (issue 33; client/cluster_tier.c, storage/tier.c)
+ * on a real 7-node cluster: the disks hold (K+M)/K of the data instead of 3 copies; every node's
+ * replica answers TS_EFRAGMENTED and keeps its records; reads — single, submitted, and the plan
+ * reader's records over READV — go through the fragments byte for byte, also with M nodes
+ * killed (-9); refused tier changes change nothing; kill -9 of the CLI mid-way back leaves the
+ * dataset erasure-coded and readable; run again, the bytes are put back on every replica
+ * (checked by each node) and only then the fragments go.
+ */
+#include "harness.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "cluster_internal.h"
+#include "conn.h"
+#include "tessera/reader.h"
+#include "tessera/tessera.h"
+#include "ts_proto.h"
+
+static struct tsd_cluster CL;
+static char out[1 << 15];
+
+#define cli(...) tsd_cli(&CL, TESSERA_CLI_PATH, out, sizeof(out), __VA_ARGS__)
+
+#define NS 8
+#define REC 6000 /* record length: the plan reader's units go by READV */
+static const size_t LENS[NS] = {1, 5000, 300000, (2u << 20) + 3, 777777, 0, (3u << 20) + 1, 100000};
+
+static void fill(uint8_t *p, size_t n, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 11);
+}
+
+static tessera_client *admin(void)
+{
+    tessera_client *c = NULL;
+
+    assert_int_equal(test_tls_open(&c, CL.tls_listen[0], "admin", NULL, NULL), 0);
+    return c;
+}
+
+static uint64_t data_bytes(void)
+{
+    uint64_t n = 0;
+    for (int s = 0; s < NS; s++)
+        n += LENS[s];
+    return n;
+}
+
+static uint64_t du_sum;
+static int du_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)path;
+    (void)f;
+    if (flag == FTW_F)
+        du_sum += (uint64_t)st->st_blocks * 512;
+    return 0;
+}
+
+/* Bytes on disk in every node's chunk files (each shard's chunks, replica or fragment, are in
+ * a file of its own: storage/chunkfile.c; the engine holds the records). */
+static uint64_t du_nodes(void)
+{
+    du_sum = 0;
+    for (int i = 0; i < CL.n; i++) {
+        char dir[600];
+        snprintf(dir, sizeof(dir), "%s/chunks", CL.node[i].data);
+        if (access(dir, F_OK) == 0)
+            assert_int_equal(nftw(dir, du_cb, 16, FTW_PHYS), 0);
+    }
+    return du_sum;
+}
+
+/* Every shard read whole through c, single reads and submitted ones, byte for byte. */
+static void read_all(tessera_client *c)
+{
+    for (uint32_t s = 0; s < NS; s++) {
+        uint8_t *want = malloc(LENS[s] + 1), *got = malloc(LENS[s] + 1);
+        size_t n = 0;
+        uint64_t op;
+        fill(want, LENS[s], 900 + s);
+        assert_int_equal(tessera_read(c, "tier", s, 0, LENS[s], got, &n), 0);
+        assert_int_equal(n, LENS[s]);
+        assert_memory_equal(got, want, LENS[s]);
+        memset(got, 0, LENS[s] + 1);
+        n = 0;
+        assert_int_equal(tessera_read_submit(c, "tier", s, 0, LENS[s], got, &op), 0);
+        assert_int_equal(tessera_wait(c, op, &n), 0);
+        assert_int_equal(n, LENS[s]);
+        assert_memory_equal(got, want, LENS[s]);
+        free(want);
+        free(got);
+    }
+}
+
+/* Every record through the plan reader (a reader's connection, records by READV), in plan
+ * order, byte for byte; the number of records. */
+static uint64_t read_plan(void)
+{
+    struct tessera_opts co;
+    struct tessera_reader_opts ro;
+    struct tessera_unit u;
+    tessera_reader *r = NULL;
+    char err[256];
+    uint64_t n = 0;
+    int rc;
+
+    tsd_client_opts(&co, &CL.node[0], "reader");
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "tier";
+    ro.unit = TESSERA_UNIT_RECORD;
+    assert_int_equal(tessera_reader_open(&r, &co, &ro, err, sizeof(err)), 0);
+    while ((rc = tessera_reader_next(r, &u)) == 1) {
+        uint8_t want[REC];
+        size_t len = (size_t)TS_MIN((uint64_t)REC, LENS[u.shard] - u.offset);
+        uint8_t *all = malloc(LENS[u.shard]);
+        fill(all, LENS[u.shard], 900 + u.shard);
+        memcpy(want, all + u.offset, len);
+        free(all);
+        assert_int_equal(u.len, len);
+        assert_memory_equal(u.data, want, len);
+        n++;
+    }
+    assert_int_equal(rc, 0);
+    tessera_reader_close(r);
+    return n;
+}
+
+/* Raw READ of replica shard s on every node: how many answered TS_EFRAGMENTED, how many read
+ * it (the bytes checked), how many have no such shard. */
+static void replica_census(uint32_t s, int *fragmented, int *whole, int *absent)
+{
+    uint8_t *want = malloc(LENS[s] + 1), *got = malloc(LENS[s] + 1);
+    size_t n;
+
+    *fragmented = *whole = *absent = 0;
+    fill(want, LENS[s], 900 + s);
+    for (int i = 0; i < CL.n; i++) {
+        int rc;
+        for (int t = 0;
+             (rc = raw_read_shard(CL.node[i].addr, "tier", s, LENS[s], got, &n)) == TS_EBUSY &&
+             t < 300;
+             t++)
+            usleep(100000); /* a node just restarted: its PGs peering */
+        if (rc == TS_EFRAGMENTED)
+            (*fragmented)++;
+        else if (rc == TS_ENOENT)
+            (*absent)++;
+        else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(n, LENS[s]);
+            assert_memory_equal(got, want, LENS[s]);
+            (*whole)++;
+        }
+    }
+    free(want);
+    free(got);
+}
+
+/* DATASET_TIER (k, m, dropped) sent raw to node i as an admin: the node's answer. */
+static int raw_tier(int i, unsigned k, unsigned m, unsigned dropped, char *msg, size_t cap)
+{
+    struct ts_wr w;
+    int fd = raw_connect_as(CL.tls_listen[i], "admin"), rc;
+
+    assert_true(fd >= 0);
+    ts_wr_init(&w);
+    ts_wr_str(&w, "tier");
+    ts_wr_u8(&w, (uint8_t)k);
+    ts_wr_u8(&w, (uint8_t)m);
+    ts_wr_u8(&w, (uint8_t)dropped);
+    assert_int_equal(raw_send_frame(fd, TS_OP_DATASET_TIER, 0, 1, w.buf, w.len), 0);
+    rc = raw_recv_reply(fd, 10000, NULL, msg, cap, NULL, NULL);
+    ts_wr_fini(&w);
+    raw_close(fd);
+    return rc;
+}
+
+static void stat_is(const char *what)
+{
+    assert_int_equal(cli("dataset stat tier"), 0);
+    assert_non_null(strstr(out, what));
+}
+
+static void test_drop_and_restore(void **state)
+{
+    struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
+    tessera_client *c = admin();
+    uint64_t base, replicated, tiered, back, records = 0;
+    int fr, wh, ab, victims[2] = {3, 5}, holder = 0;
+    char msg[512];
+
+    (void)state;
+    base = du_nodes();
+    assert_int_equal(tessera_dataset_create(c, "tier", &p), 0);
+    for (uint32_t s = 0; s < NS; s++) {
+        uint8_t *buf = malloc(LENS[s] + 1);
+        uint64_t offs[1024];
+        uint32_t nr = 0;
+        for (uint64_t o = 0; o < LENS[s]; o += REC)
+            offs[nr++] = o;
+        fill(buf, LENS[s], 900 + s);
+        assert_int_equal(tessera_put(c, "tier", s, buf, LENS[s], offs, nr), 0);
+        records += nr;
+        free(buf);
+    }
+    assert_int_equal(tessera_dataset_seal(c, "tier"), 0);
+    tessera_client_close(c);
+    replicated = du_nodes() - base;
+
+    /* To ec:4+2: the replicas' bytes go, their records stay. */
+    assert_int_equal(cli("dataset tier tier ec:4+2"), 0);
+    stat_is("replica bytes dropped");
+    tiered = du_nodes() - base;
+    fprintf(stderr, "  %llu bytes of data: %llu on disk replicated (%.2fx), %llu tiered (%.2fx)\n",
+            (unsigned long long)data_bytes(), (unsigned long long)replicated,
+            (double)replicated / (double)data_bytes(), (unsigned long long)tiered,
+            (double)tiered / (double)data_bytes());
+    assert_true(replicated >= 3 * data_bytes());
+    assert_true(tiered <= data_bytes() * 16 / 10); /* 1.5x and the records */
+    for (uint32_t s = 0; s < NS; s++) {
+        replica_census(s, &fr, &wh, &ab);
+        assert_int_equal(fr, 3); /* each of its 3 replicas: fragmented, none holds bytes */
+        assert_int_equal(wh, 0);
+    }
+    {
+        uint8_t b[10];
+        size_t n;
+        while (raw_read_shard(CL.node[holder].addr, "tier", 3, sizeof(b), b, &n) == TS_ENOENT)
+            holder++; /* a node that holds shard 3's record */
+        assert_int_equal(raw_read_shard(CL.node[holder].addr, "tier", 3, sizeof(b), b, &n),
+                         TS_EFRAGMENTED);
+    }
+
+    /* Reads go through the fragments: single, submitted, the plan reader's records. */
+    c = admin();
+    read_all(c);
+    assert_true(c->cl->ec_reads >= 2 * (NS - 1));
+    tessera_client_close(c);
+    assert_true(read_plan() == records);
+
+    /* Scrub skips the bytes that are not there: nothing corrupt, no PG differs. */
+    {
+        struct ts_scrub_report rep;
+        c = admin();
+        assert_int_equal(tessera_scrub(c, NULL, &rep, NULL, NULL), 0);
+        assert_int_equal(rep.corrupt, 0);
+        assert_int_equal(rep.pgs_differing, 0);
+        assert_int_equal(rep.missing, 0);
+        tessera_client_close(c);
+    }
+
+    /* M nodes killed: every byte still reads, from the fragments left. */
+    for (int v = 0; v < 2; v++)
+        tsd_kill9(&CL.node[victims[v]]);
+    c = admin();
+    read_all(c);
+    tessera_client_close(c);
+    assert_true(read_plan() == records);
+    for (int v = 0; v < 2; v++)
+        assert_int_equal(tsd_start(&CL.node[victims[v]], NULL), 0);
+
+    /* Refused changes change nothing: replicated only while the bytes are dropped, keeping them
+     * while they are not back, dropped without a code. */
+    assert_int_equal(raw_tier(holder, 0, 0, 0, msg, sizeof(msg)), TS_EBUSY);
+    assert_non_null(strstr(msg, "restore"));
+    assert_int_equal(raw_tier(holder, 4, 2, 0, msg, sizeof(msg)), TS_EINCOMPLETE);
+    assert_non_null(strstr(msg, "not restored"));
+    assert_int_equal(raw_tier(holder, 0, 0, 1, msg, sizeof(msg)), TS_EINVAL);
+    assert_int_equal(raw_tier(holder, 4, 2, 2, msg, sizeof(msg)), TS_EPROTO);
+    stat_is("replica bytes dropped");
+    replica_census(3, &fr, &wh, &ab);
+    assert_int_equal(fr, 3);
+
+    /* kill -9 of the CLI putting the bytes back: still erasure-coded, every byte reads. */
+    {
+        char cmd[2048], line[1024];
+        int killed = 0;
+        FILE *pp;
+        snprintf(cmd, sizeof(cmd),
+                 "%s -s %s --tls-ca %s --tls-cert %s --tls-key %s dataset tier tier replicated "
+                 "2>&1",
+                 TESSERA_CLI_PATH, CL.tls_listen[0], test_cert("ca", "pem"),
+                 test_cert("admin", "pem"), test_cert("admin", "key"));
+        pp = popen(cmd, "r");
+        assert_non_null(pp);
+        while (fgets(line, sizeof(line), pp)) {
+            fprintf(stderr, "  | %s", line);
+            if (!killed && strstr(line, "4/8 shards")) {
+                assert_int_equal(system("pkill -9 -f 'dataset tier tie[r] replicated'"), 0);
+                killed = 1;
+            }
+        }
+        pclose(pp);
+        assert_true(killed); /* the fault happened mid-way */
+    }
+    stat_is("replica bytes dropped");
+    c = admin();
+    read_all(c);
+    tessera_client_close(c);
+
+    /* Run again: the bytes back on every replica, checked by its node; then the fragments go. */
+    assert_int_equal(cli("dataset tier tier replicated"), 0);
+    stat_is("replicated");
+    assert_null(strstr(out, "erasure-coded"));
+    for (uint32_t s = 0; s < NS; s++) {
+        replica_census(s, &fr, &wh, &ab);
+        assert_int_equal(fr, 0);
+        assert_int_equal(wh, 3);
+    }
+    for (int i = 0; i < CL.n; i++) {
+        uint8_t b[10];
+        size_t n;
+        for (int f = 0; f < 6; f++) {
+            char frag[TS_NAME_MAX + 1];
+            snprintf(frag, sizeof(frag), "tier#%d", f);
+            assert_int_equal(raw_read_shard(CL.node[i].addr, frag, 3, sizeof(b), b, &n), TS_ENOENT);
+        }
+    }
+    c = admin();
+    read_all(c);
+    assert_int_equal(c->cl->ec_reads, 0);
+    tessera_client_close(c);
+    back = du_nodes() - base;
+    fprintf(stderr, "  back to replicated: %llu on disk (%.2fx)\n", (unsigned long long)back,
+            (double)back / (double)data_bytes());
+    assert_true(back >= 3 * data_bytes());
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return tsd_cluster_start(&CL, 7, NULL, 8, NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tsd_cluster_stop(&CL);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_drop_and_restore),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
