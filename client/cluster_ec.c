@@ -231,13 +231,46 @@ static uint64_t ec_read_cells(struct ts_cluster *cl, struct ec_shard *e, uint32_
 }
 
 /*
- * Pieces pcs[0..np) of one stripe, read straight from their data fragments; those that fail
- * are rebuilt together: over the cell bytes [lo, hi) they span, from K fragments, reusing the
- * pieces already read where they cover [lo, hi) and reading the rest in parallel.
+ * Pieces pcs[0..np) of any stripes read straight from their data fragments, all at once (one
+ * submitted read each, then the waits): bit i of the result set when piece i was read whole.
+ * A failure here marks nothing bad: ec_stripe reads such a piece again and says why.
+ */
+static uint64_t ec_read_direct(struct ts_cluster *cl, struct ec_shard *e, uint32_t shard,
+                               const struct ts_ec_piece *pcs, size_t np, uint8_t *buf, uint64_t off)
+{
+    tessera_client *sub[64];
+    uint64_t op[64], sent = 0, ok = 0;
+    size_t p;
+
+    for (size_t i = 0; i < np && i < 64; i++) {
+        const struct ts_ec_piece *pc = &pcs[i];
+        if (!pc->len) {
+            ok |= 1ull << i;
+            continue;
+        }
+        if (e->bad[pc->frag] || ec_sub(cl, e, pc->frag, &p, &sub[i]) != 0)
+            continue;
+        if (ts_conn_read_submit(sub[i], e->name[pc->frag], shard, pc->frag_off, (size_t)pc->len,
+                                buf + (pc->shard_off - off), &op[i]) == 0)
+            sent |= 1ull << i;
+    }
+    for (size_t i = 0; i < np && i < 64; i++) {
+        size_t got = 0;
+        if ((sent >> i & 1) && ts_conn_wait(sub[i], op[i], &got) == 0 && got == pcs[i].len)
+            ok |= 1ull << i;
+    }
+    return ok;
+}
+
+/*
+ * Pieces pcs[0..np) of one stripe, read straight from their data fragments (but those whose
+ * bit is set in done: read already); those that fail are rebuilt together: over the cell bytes [lo,
+ * hi) they span, from K fragments, reusing the pieces already read where they cover [lo, hi) and
+ * reading the rest in parallel.
  */
 static int ec_stripe(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e, const char *name,
-                     uint32_t shard, const struct ts_ec_piece *pcs, size_t np, uint8_t *buf,
-                     uint64_t off, uint8_t *scratch, struct ts_ec_read_stats *st)
+                     uint32_t shard, const struct ts_ec_piece *pcs, size_t np, uint64_t done,
+                     uint8_t *buf, uint64_t off, uint8_t *scratch, struct ts_ec_read_stats *st)
 {
     unsigned k = e->lay.k;
     uint64_t lost = 0, have = 0, lo = UINT64_MAX, hi = 0, s = pcs[0].stripe;
@@ -247,6 +280,8 @@ static int ec_stripe(tessera_client *c, struct ts_cluster *cl, struct ec_shard *
 
     for (size_t i = 0; i < np; i++) {
         const struct ts_ec_piece *pc = &pcs[i];
+        if (done >> i & 1)
+            continue; /* read already (ec_read_direct) */
         if (ec_read_frag(cl, e, pc->frag, shard, pc->frag_off, (size_t)pc->len,
                          buf + (pc->shard_off - off)) == 0) {
             if (st)
@@ -327,15 +362,22 @@ int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, ui
         rc = TS_ENOMEM;
     end = off + len;
     while (!rc && at < end) {
-        /* At most one stripe at a time (K pieces): each is read, or rebuilt, as one. */
+        /* Up to 64 pieces read at once from their data fragments; a stripe with a piece that
+         * could not be is then read, or rebuilt, as one. */
         size_t np =
-            ts_ec_map(&e.lay, at, end - at, pcs, TS_MIN((size_t)e.lay.k, TS_ARRAY_SIZE(pcs)));
-        size_t i = 1;
-        np = TS_MIN(np, (size_t)e.lay.k);
-        while (i < np && pcs[i].stripe == pcs[0].stripe)
-            i++;
-        rc = ec_stripe(c, cl, &e, name, shard, pcs, i, buf, off, scratch, st);
-        at = pcs[i - 1].shard_off + pcs[i - 1].len;
+            TS_MIN(ts_ec_map(&e.lay, at, end - at, pcs, TS_ARRAY_SIZE(pcs)), TS_ARRAY_SIZE(pcs));
+        uint64_t ok = ec_read_direct(cl, &e, shard, pcs, np, buf, off);
+        if (st)
+            st->direct += (uint64_t)__builtin_popcountll(ok);
+        for (size_t i = 0, j; !rc && i < np; i = j) {
+            uint64_t part;
+            for (j = i + 1; j < np && pcs[j].stripe == pcs[i].stripe;)
+                j++;
+            part = (ok >> i) & ((j - i) == 64 ? ~0ull : (1ull << (j - i)) - 1);
+            if (part != ((j - i) == 64 ? ~0ull : (1ull << (j - i)) - 1))
+                rc = ec_stripe(c, cl, &e, name, shard, pcs + i, j - i, part, buf, off, scratch, st);
+        }
+        at = pcs[np - 1].shard_off + pcs[np - 1].len;
     }
     if (st)
         for (unsigned f = 0; f < e.n; f++)

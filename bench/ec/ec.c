@@ -7,7 +7,8 @@
  *   shard     whole shards read: replicated (tessera_read) and EC (ts_cl_ec_read, healthy)
  *   record    100 KiB ranges at random offsets, the same ranges for both
  *   degraded  the EC reads again with M = 2 nodes killed (-9; the map still says up)
- *   convert   tessera_dataset_tier of a copy of the data, end to end
+ *   convert   tessera_dataset_tier of a copy of the data, end to end (the replicas' bytes
+ *             dropped at its end), and the disk its chunk files take before and after
  * Every byte read is compared with what was put. Prints medians and ratios, and the bytes the
  * fragments take against the data's.
  *
@@ -22,6 +23,7 @@
 #include "ts_ec.h"
 #include "ts_map.h"
 
+#include <ftw.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +57,29 @@ static void fill(uint8_t *p, size_t n, uint32_t seed)
         v ^= v >> 29;
         memcpy(p + i, &v, TS_MIN((size_t)8, n - i));
     }
+}
+
+static double du_sum;
+static int du_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)path;
+    (void)f;
+    if (flag == FTW_F)
+        du_sum += (double)st->st_blocks * 512;
+    return 0;
+}
+
+/* Bytes on disk in the nodes' chunk files (every shard's chunks, replica or fragment, are in a
+ * file of its own; the engine holds the records). */
+static double du_chunks(void)
+{
+    du_sum = 0;
+    for (int i = 0; i < CL.n; i++) {
+        char dir[600];
+        snprintf(dir, sizeof(dir), "%s/chunks", CL.node[i].data);
+        nftw(dir, du_cb, 16, FTW_PHYS);
+    }
+    return du_sum;
 }
 
 static void die(const char *what, int rc, tessera_client *c)
@@ -135,7 +160,7 @@ int main(int argc, char **argv)
 {
     int rounds = argc > 1 ? atoi(argv[1]) : 5;
     struct ts_dataset_policy pol = {3, 0, 2, 1u << 20, 0, 0, 0, 0};
-    double v[4][MAXR], g[2][MAXR], e42, e83, fbytes = 0, convert_mbs = 0;
+    double v[4][MAXR], g[2][MAXR], e42, e83, fbytes = 0, convert_mbs = 0, du0, du_rep, du_ec;
     uint8_t **want, *buf;
     uint64_t roff[NREC];
     uint32_t rsh[NREC];
@@ -185,8 +210,10 @@ int main(int argc, char **argv)
     {
         /* The conversion as a user runs it, on a copy of the data ("ec" stays unmarked, so
          * tessera_read of it reads the replicas): each shard read and CRC-checked, encoded, its
-         * six fragments put durably, read back through them and CRC-checked; then marked. */
+         * six fragments put durably, read back through them and CRC-checked; then the replicas'
+         * bytes dropped on every node. The disks' chunk files measured before and after. */
         double t0;
+        du0 = du_chunks();
         if ((rc = tessera_dataset_create(c, "conv", &pol)) != 0)
             die("dataset create", rc, c);
         for (unsigned s = 0; s < shards; s++)
@@ -194,10 +221,12 @@ int main(int argc, char **argv)
                 die("put", rc, c);
         if ((rc = tessera_dataset_seal(c, "conv")) != 0)
             die("seal", rc, c);
+        du_rep = du_chunks() - du0;
         t0 = now_s();
         if ((rc = tessera_dataset_tier(c, "conv", K, M, NULL, NULL)) != 0)
             die("tier", rc, c);
         convert_mbs = (double)shards * (double)slen / (now_s() - t0) / 1e6;
+        du_ec = du_chunks() - du0;
         if ((rc = tessera_dataset_delete(c, "conv")) != 0)
             die("delete", rc, c);
     }
@@ -242,8 +271,11 @@ int main(int argc, char **argv)
                ds / rs);
         printf("| 100 KiB ranges, 2 nodes down | (%.0f healthy) | %.0f | %.2fx | >= 0.5x |\n", rr,
                dr, dr / rr);
-        printf("| bytes stored / data | 3.00 | %.4f | | within 2%% of %.4f |\n", fbytes / data,
+        printf("| fragments' bytes / data | 3.00 | %.4f | | within 2%% of %.4f |\n", fbytes / data,
                (double)(K + M) / K);
+        printf("| disk used / data, measured (chunk files, before and after tier) | %.4f | %.4f "
+               "| %.3fx | within 2%% of %.4f |\n",
+               du_rep / data, du_ec / data, du_ec / du_rep, (double)(K + M) / K);
         printf("| conversion (tessera_dataset_tier: read, check, encode, 6 durable puts, read "
                "back), MB/s of data | | %.0f | | encode >= 1 GB/s |\n",
                convert_mbs);
