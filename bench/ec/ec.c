@@ -23,7 +23,6 @@
 #include "ts_ec.h"
 #include "ts_map.h"
 
-#include <ftw.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,29 +56,6 @@ static void fill(uint8_t *p, size_t n, uint32_t seed)
         v ^= v >> 29;
         memcpy(p + i, &v, TS_MIN((size_t)8, n - i));
     }
-}
-
-static double du_sum;
-static int du_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)path;
-    (void)f;
-    if (flag == FTW_F)
-        du_sum += (double)st->st_blocks * 512;
-    return 0;
-}
-
-/* Bytes on disk in the nodes' chunk files (every shard's chunks, replica or fragment, are in a
- * file of its own; the engine holds the records). */
-static double du_chunks(void)
-{
-    du_sum = 0;
-    for (int i = 0; i < CL.n; i++) {
-        char dir[600];
-        snprintf(dir, sizeof(dir), "%s/chunks", CL.node[i].data);
-        nftw(dir, du_cb, 16, FTW_PHYS);
-    }
-    return du_sum;
 }
 
 static void die(const char *what, int rc, tessera_client *c)
@@ -213,7 +189,7 @@ int main(int argc, char **argv)
          * six fragments put durably, read back through them and CRC-checked; then the replicas'
          * bytes dropped on every node. The disks' chunk files measured before and after. */
         double t0;
-        du0 = du_chunks();
+        du0 = (double)tsd_cluster_chunk_bytes(&CL);
         if ((rc = tessera_dataset_create(c, "conv", &pol)) != 0)
             die("dataset create", rc, c);
         for (unsigned s = 0; s < shards; s++)
@@ -221,12 +197,12 @@ int main(int argc, char **argv)
                 die("put", rc, c);
         if ((rc = tessera_dataset_seal(c, "conv")) != 0)
             die("seal", rc, c);
-        du_rep = du_chunks() - du0;
+        du_rep = (double)tsd_cluster_chunk_bytes(&CL) - du0;
         t0 = now_s();
         if ((rc = tessera_dataset_tier(c, "conv", K, M, NULL, NULL)) != 0)
             die("tier", rc, c);
         convert_mbs = (double)shards * (double)slen / (now_s() - t0) / 1e6;
-        du_ec = du_chunks() - du0;
+        du_ec = (double)tsd_cluster_chunk_bytes(&CL) - du0;
         if ((rc = tessera_dataset_delete(c, "conv")) != 0)
             die("delete", rc, c);
     }

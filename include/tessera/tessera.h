@@ -86,10 +86,12 @@ int tessera_dataset_seal(tessera_client *c, const char *name);
  * fragments of every shard, each on its own node (k + m nodes that are not out; 1 <= k <= 32,
  * 1 <= m <= 8), or back to replicated only (k = m = 0). Each shard is read (verified), encoded,
  * its fragments put durably, then read back through them and checked against the shard's
- * CRC32C; only then is the dataset marked erasure-coded on every node, and reads of it go
- * through its fragments (a read the fragments cannot serve falls back to the replicas, which
- * this version keeps). Run again after a failure, it finds the fragments already put and goes
- * on. progress (may be NULL) is called after each shard. A cluster handle with admin rights;
+ * CRC32C; only then is the dataset marked erasure-coded on every node, and each node drops its
+ * replicas' bytes (keeping the shards' records): every read of the dataset then goes through its
+ * fragments. Back to replicated, each shard is rebuilt from its fragments and put back on its
+ * replicas, which each node checks chunk by chunk before the fragments are removed. Run again
+ * after a failure, it finds the work done already and goes on. progress (may be NULL) is called
+ * after each shard. A cluster handle with admin rights;
  * TS_ENOTSUP on a single node.
  */
 /*

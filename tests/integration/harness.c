@@ -636,3 +636,25 @@ int tsd_cli_quiet(const struct tsd_cluster *cl, const char *cli_path, char *out,
     va_end(ap);
     return rc;
 }
+
+static uint64_t chunk_bytes_sum;
+static int chunk_bytes_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)path;
+    (void)f;
+    if (flag == FTW_F)
+        chunk_bytes_sum += (uint64_t)st->st_blocks * 512;
+    return 0;
+}
+
+uint64_t tsd_cluster_chunk_bytes(const struct tsd_cluster *cl)
+{
+    chunk_bytes_sum = 0;
+    for (int i = 0; i < cl->n; i++) {
+        char dir[600];
+        snprintf(dir, sizeof(dir), "%s/chunks", cl->node[i].data);
+        if (access(dir, F_OK) == 0)
+            nftw(dir, chunk_bytes_cb, 16, FTW_PHYS);
+    }
+    return chunk_bytes_sum;
+}

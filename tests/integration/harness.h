@@ -162,6 +162,10 @@ struct tessera_client *tsd_connect(const struct tsd_proc *p);
 int tsd_put_pattern(struct tessera_client *c, const char *ds, uint32_t shard, size_t len,
                     uint64_t seed);
 
+/* Bytes on disk (allocated blocks) in the chunk files of every node of cl: each shard's chunks,
+ * a replica's or a fragment's, are in a file of its own (storage/chunkfile.c). */
+uint64_t tsd_cluster_chunk_bytes(const struct tsd_cluster *cl);
+
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);
 

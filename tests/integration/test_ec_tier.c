@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +26,7 @@
 #include "conn.h"
 #include "tessera/reader.h"
 #include "tessera/tessera.h"
+#include "ts_test.h"
 #include "ts_proto.h"
 
 static struct tsd_cluster CL;
@@ -37,12 +37,6 @@ static char out[1 << 15];
 #define NS 8
 #define REC 6000 /* record length: the plan reader's units go by READV */
 static const size_t LENS[NS] = {1, 5000, 300000, (2u << 20) + 3, 777777, 0, (3u << 20) + 1, 100000};
-
-static void fill(uint8_t *p, size_t n, uint32_t seed)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 11);
-}
 
 static tessera_client *admin(void)
 {
@@ -60,30 +54,6 @@ static uint64_t data_bytes(void)
     return n;
 }
 
-static uint64_t du_sum;
-static int du_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
-{
-    (void)path;
-    (void)f;
-    if (flag == FTW_F)
-        du_sum += (uint64_t)st->st_blocks * 512;
-    return 0;
-}
-
-/* Bytes on disk in every node's chunk files (each shard's chunks, replica or fragment, are in
- * a file of its own: storage/chunkfile.c; the engine holds the records). */
-static uint64_t du_nodes(void)
-{
-    du_sum = 0;
-    for (int i = 0; i < CL.n; i++) {
-        char dir[600];
-        snprintf(dir, sizeof(dir), "%s/chunks", CL.node[i].data);
-        if (access(dir, F_OK) == 0)
-            assert_int_equal(nftw(dir, du_cb, 16, FTW_PHYS), 0);
-    }
-    return du_sum;
-}
-
 /* Every shard read whole through c, single reads and submitted ones, byte for byte. */
 static void read_all(tessera_client *c)
 {
@@ -91,7 +61,7 @@ static void read_all(tessera_client *c)
         uint8_t *want = malloc(LENS[s] + 1), *got = malloc(LENS[s] + 1);
         size_t n = 0;
         uint64_t op;
-        fill(want, LENS[s], 900 + s);
+        ts_test_fill(want, LENS[s], 900 + s, 0);
         assert_int_equal(tessera_read(c, "tier", s, 0, LENS[s], got, &n), 0);
         assert_int_equal(n, LENS[s]);
         assert_memory_equal(got, want, LENS[s]);
@@ -127,7 +97,7 @@ static uint64_t read_plan(void)
         uint8_t want[REC];
         size_t len = (size_t)TS_MIN((uint64_t)REC, LENS[u.shard] - u.offset);
         uint8_t *all = malloc(LENS[u.shard]);
-        fill(all, LENS[u.shard], 900 + u.shard);
+        ts_test_fill(all, LENS[u.shard], 900 + u.shard, 0);
         memcpy(want, all + u.offset, len);
         free(all);
         assert_int_equal(u.len, len);
@@ -147,7 +117,7 @@ static void replica_census(uint32_t s, int *fragmented, int *whole, int *absent)
     size_t n;
 
     *fragmented = *whole = *absent = 0;
-    fill(want, LENS[s], 900 + s);
+    ts_test_fill(want, LENS[s], 900 + s, 0);
     for (int i = 0; i < CL.n; i++) {
         int rc;
         for (int t = 0;
@@ -204,7 +174,7 @@ static void test_drop_and_restore(void **state)
     char msg[512];
 
     (void)state;
-    base = du_nodes();
+    base = tsd_cluster_chunk_bytes(&CL);
     assert_int_equal(tessera_dataset_create(c, "tier", &p), 0);
     for (uint32_t s = 0; s < NS; s++) {
         uint8_t *buf = malloc(LENS[s] + 1);
@@ -212,19 +182,19 @@ static void test_drop_and_restore(void **state)
         uint32_t nr = 0;
         for (uint64_t o = 0; o < LENS[s]; o += REC)
             offs[nr++] = o;
-        fill(buf, LENS[s], 900 + s);
+        ts_test_fill(buf, LENS[s], 900 + s, 0);
         assert_int_equal(tessera_put(c, "tier", s, buf, LENS[s], offs, nr), 0);
         records += nr;
         free(buf);
     }
     assert_int_equal(tessera_dataset_seal(c, "tier"), 0);
     tessera_client_close(c);
-    replicated = du_nodes() - base;
+    replicated = tsd_cluster_chunk_bytes(&CL) - base;
 
     /* To ec:4+2: the replicas' bytes go, their records stay. */
     assert_int_equal(cli("dataset tier tier ec:4+2"), 0);
     stat_is("replica bytes dropped");
-    tiered = du_nodes() - base;
+    tiered = tsd_cluster_chunk_bytes(&CL) - base;
     fprintf(stderr, "  %llu bytes of data: %llu on disk replicated (%.2fx), %llu tiered (%.2fx)\n",
             (unsigned long long)data_bytes(), (unsigned long long)replicated,
             (double)replicated / (double)data_bytes(), (unsigned long long)tiered,
@@ -334,7 +304,7 @@ static void test_drop_and_restore(void **state)
     read_all(c);
     assert_int_equal(c->cl->ec_reads, 0);
     tessera_client_close(c);
-    back = du_nodes() - base;
+    back = tsd_cluster_chunk_bytes(&CL) - base;
     fprintf(stderr, "  back to replicated: %llu on disk (%.2fx)\n", (unsigned long long)back,
             (double)back / (double)data_bytes());
     assert_true(back >= 3 * data_bytes());
