@@ -53,12 +53,7 @@ static void wr_repl_seal(struct ts_wr *w, int kind, uint32_t pg, uint64_t seq, u
     ts_wr_u64(w, seq);
     ts_wr_u64(w, epoch);
     ts_wr_str(w, rec ? rec->dataset : "");
-    ts_wr_u8(w, rec ? rec->policy.core : 0);
-    ts_wr_u8(w, rec ? rec->policy.fringe : 0);
-    ts_wr_u8(w, rec ? rec->policy.min_core : 0);
-    ts_wr_u32(w, rec ? rec->policy.chunk_size : 0);
-    ts_wr_u8(w, rec ? rec->policy.record_format : 0);
-    ts_wr_u64(w, rec ? rec->inc : 0);
+    repl_wr_ds_fields(w, rec ? &rec->policy : &(struct ts_dataset_policy){0}, rec ? rec->inc : 0);
     ts_wr_u32(w, rec ? rec->shard : 0);
     ts_wr_u8(w, rec ? 1 : 0);
     ts_wr_u32(w, rec ? rec->crc : 0);
@@ -398,8 +393,15 @@ static void stream_more(ts_repl *r, struct push *ps)
     while (!ps->stream_failed && ps->next_chunk < total && ps->inflight < STREAM_WINDOW) {
         struct ts_chunk_ref ref = {0};
         struct ts_wr w;
-        uint32_t idx = ps->next_chunk;
-        int rc = si->nchunks ? ts_read_ctx_chunk(ps->rctx, idx, &ref) : 0;
+        uint32_t idx = ps->next_chunk, len = 0;
+        int rc = 0;
+
+        if (si->nchunks && ps->rec.policy.ec_dropped) {
+            rc = ts_read_ctx_chunk_crc(ps->rctx, idx, &ref.crc, &len); /* a record, no bytes */
+            ref.len = len;
+        } else if (si->nchunks) {
+            rc = ts_read_ctx_chunk(ps->rctx, idx, &ref);
+        }
 
         if (rc) {
             /* Our own copy is bad: repair it first (from another replica), retry later. */
@@ -411,7 +413,7 @@ static void stream_more(ts_repl *r, struct push *ps)
                       si->size, ref.crc, (uint32_t)ref.len);
         ps->next_chunk++;
         ps->inflight++;
-        repl_peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.len,
+        repl_peer_send(r, ps->node, TS_OP_REPL_WRITE, &w, ref.data, ref.data ? ref.len : 0,
                        ref.pin ? chunk_pin_cleanup : NULL, ref.pin, stream_reply, ps,
                        push_epoch(ps));
         if (!ps->rctx)
@@ -459,13 +461,17 @@ static void push_stream(ts_repl *r, struct push *ps)
         return;
     }
     if (rc == TS_EFRAGMENTED) {
-        /* Erasure-coded, its replica bytes dropped everywhere (issue 33): there are none to
-         * push; the shard's fragments hold them. The replica goes on without this shard. */
-        TS_WARN(FAC, rc,
-                "PG %u: %s/%u has no replica bytes (erasure-coded, in its fragments): %s gets "
-                "no copy of it",
-                ps->pg, ps->rec.dataset, ps->rec.shard, ps->node);
-        rc = TS_ENOENT;
+        /* Erasure-coded, its replicas' bytes dropped (issue 33): the shard goes as its records,
+         * each chunk's CRC32C and length without bytes (the fragments hold them), with the
+         * dataset's code and dropped state, which the replica takes on. */
+        struct ts_dataset_info d;
+        rc = ts_store_dataset_get(r->o.store, ps->rec.dataset, &d);
+        if (rc == 0) {
+            ps->rec.policy.ec_k = d.policy.ec_k;
+            ps->rec.policy.ec_m = d.policy.ec_m;
+            ps->rec.policy.ec_dropped = d.policy.ec_dropped;
+            rc = ts_store_records_open(r->o.store, ps->rec.dataset, ps->rec.shard, &ps->rctx);
+        }
     }
     if (rc && rc != TS_ENOENT) {
         /* A local failure (memory, the engine): not "gone"; try again later. */

@@ -423,6 +423,19 @@ out_fail:
 /* ---- chunk forwarding ------------------------------------------------------------------- */
 
 /* The fields of a REPL_WRITE frame, up to its data (sent by reference after it). */
+void repl_wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uint64_t inc)
+{
+    ts_wr_u8(w, p->core);
+    ts_wr_u8(w, p->fringe);
+    ts_wr_u8(w, p->min_core);
+    ts_wr_u32(w, p->chunk_size);
+    ts_wr_u8(w, p->record_format);
+    ts_wr_u8(w, p->ec_k);
+    ts_wr_u8(w, p->ec_m);
+    ts_wr_u8(w, p->ec_dropped);
+    ts_wr_u64(w, inc);
+}
+
 void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
                    uint64_t inc, uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc,
                    uint32_t len)
@@ -430,12 +443,7 @@ void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset
     ts_wr_init(w);
     ts_wr_begin_frame(w);
     ts_wr_str(w, dataset);
-    ts_wr_u8(w, p->core);
-    ts_wr_u8(w, p->fringe);
-    ts_wr_u8(w, p->min_core);
-    ts_wr_u32(w, p->chunk_size);
-    ts_wr_u8(w, p->record_format);
-    ts_wr_u64(w, inc);
+    repl_wr_ds_fields(w, p, inc);
     ts_wr_u32(w, shard);
     ts_wr_u32(w, idx);
     ts_wr_u64(w, size);

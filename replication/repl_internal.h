@@ -189,6 +189,8 @@ int repl_node_rank(ts_repl *r, uint32_t pg, const char *id);
 /* id is a node other than this one with a rank in pg (a rebalance's incoming node may rank 0). */
 int repl_is_other_replica(ts_repl *r, uint32_t pg, const char *id);
 /* The fields of a REPL_WRITE frame, up to its data. */
+/* The dataset fields of REPL_WRITE and REPL_SEAL (docs/protocol.md): policy, code, incarnation. */
+void repl_wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uint64_t inc);
 void repl_wr_write(struct ts_wr *w, const char *dataset, const struct ts_dataset_policy *p,
                    uint64_t inc, uint32_t shard, uint32_t idx, uint64_t size, uint32_t crc,
                    uint32_t len);

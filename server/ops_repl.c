@@ -88,6 +88,8 @@ void tsd_op_repl_write(struct tsd_conn *c, const struct ts_frame_hdr *h, const s
                         name, shard, name);
         return;
     }
+    if (rc == 0 && a->policy.ec_dropped)
+        rc = ts_store_dataset_follow_dropped(s->store, name, a->policy.ec_k, a->policy.ec_m);
     if (rc) {
         ops_reply_store_error(c, h, rc, name, shard);
         return;

@@ -68,14 +68,14 @@ static void str(struct dec *d, char *out, size_t cap, uint16_t *len)
     *len = d->r.err ? 0 : (uint16_t)(d->r.off - before - 2);
 }
 
-static void chunk(struct dec *d, struct tsd_chunk *c)
+static void chunk(struct dec *d, struct tsd_chunk *c, int with_data)
 {
     c->shard = ts_rd_u32(&d->r);
     c->idx = ts_rd_u32(&d->r);
     c->size = ts_rd_u64(&d->r);
     c->crc = ts_rd_u32(&d->r);
     c->len = ts_rd_u32(&d->r);
-    c->data = ts_rd_bytes(&d->r, c->len);
+    c->data = with_data ? ts_rd_bytes(&d->r, c->len) : NULL;
 }
 
 /* The dataset fields of REPL_WRITE and REPL_SEAL: policy and incarnation. */
@@ -86,6 +86,9 @@ static void ds_fields(struct dec *d, struct ts_dataset_policy *p, uint64_t *inc)
     p->min_core = ts_rd_u8(&d->r);
     p->chunk_size = ts_rd_u32(&d->r);
     p->record_format = ts_rd_u8(&d->r);
+    p->ec_k = ts_rd_u8(&d->r);
+    p->ec_m = ts_rd_u8(&d->r);
+    p->ec_dropped = ts_rd_u8(&d->r);
     *inc = ts_rd_u64(&d->r);
 }
 
@@ -184,7 +187,7 @@ static int dec_shard_write(struct dec *d, struct tsd_req_shard_write *q)
 
     if (rc)
         return rc;
-    chunk(d, &q->chunk);
+    chunk(d, &q->chunk, 1);
     return done(d);
 }
 
@@ -275,7 +278,9 @@ static int dec_repl_write(struct dec *d, struct tsd_req_repl_write *q)
     if (rc)
         return rc;
     ds_fields(d, &q->policy, &q->inc);
-    chunk(d, &q->chunk);
+    /* A dataset whose replicas' bytes are dropped: its chunks travel as records (CRC32C and
+     * length), without bytes. */
+    chunk(d, &q->chunk, !q->policy.ec_dropped);
     return done(d);
 }
 

@@ -44,7 +44,7 @@ struct tsd_chunk {
     uint64_t size; /* the declared shard size (UINT64_MAX: unknown); read on index 0 */
     uint32_t crc;
     uint32_t len;
-    const uint8_t *data; /* len bytes in the payload */
+    const uint8_t *data; /* len bytes in the payload; NULL: a record without bytes */
 };
 
 struct tsd_req_hello {

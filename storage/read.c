@@ -118,6 +118,18 @@ int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int all
     return read_open_id(s, d.id, shard, allow_incomplete, 0, out);
 }
 
+int ts_store_records_open(ts_store *s, const char *dataset, uint32_t shard, ts_read_ctx **out)
+{
+    struct ts_dataset_info d;
+    int rc;
+
+    if (!s || !out)
+        return TS_EINVAL;
+    *out = NULL;
+    rc = dataset_get(s, dataset, &d);
+    return rc ? rc : read_open_id(s, d.id, shard, 0, 1, out);
+}
+
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r)
 {
     return &r->info;

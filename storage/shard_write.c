@@ -137,6 +137,7 @@ int ts_store_shard_begin_ex(ts_store *s, const char *dataset, uint32_t shard, ui
     w->dsid = d.id;
     w->shard = shard;
     w->chunk_size = d.policy.chunk_size;
+    w->dropped = d.policy.ec_dropped;
     w->expect_size = expect_size;
     w->fd = -1;
     pthread_mutex_init(&w->lock, NULL);
@@ -197,8 +198,8 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     uint32_t got, *subs = NULL;
     int rc;
 
-    if (!w || (!data && len))
-        return TS_EINVAL;
+    if (!w || (!data && len && !w->dropped))
+        return TS_EINVAL; /* a chunk without bytes: only its record (storage/tier.c) */
     s = w->s;
     if (atomic_load(&w->superseded))
         return TS_ESTALE;
@@ -210,9 +211,11 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         return TS_ETOOBIG; /* a shard of 2^30 chunks is far past any sane size */
     if (w->expect_size != TS_SIZE_UNKNOWN && w->bytes + len > w->expect_size)
         return TS_ETOOBIG;
-    if (ts_space_admit(s, len, NULL, 0) != 0)
+    if (data && ts_space_admit(s, len, NULL, 0) != 0)
         return TS_ENOSPC; /* nothing written: the filesystem keeps its reserve */
-    if (w->fd >= 0 && w->chunk_size > TS_SUB_BLOCK) {
+    if (!data) {
+        got = crc; /* the sender's record of bytes it does not hold either */
+    } else if (w->fd >= 0 && w->chunk_size > TS_SUB_BLOCK) {
         /* A chunk file's chunk: its sub-block CRCs too, in the same pass (small reads). */
         subs = malloc(4 * subcrc_count(len));
         if (!subs)
@@ -249,7 +252,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     ts_put_le32(crec, crc);
     ts_put_le32(crec + 4, (uint32_t)len);
 
-    if (w->fd >= 0) {
+    if (w->fd >= 0 && data) {
         /* The bytes to the shard's file, durable first where the record will be. */
         rc = chunkfile_write(w->fd, data, len, (uint64_t)idx * w->chunk_size);
         if (rc == 0 && sync_chunks(s))
@@ -261,7 +264,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
             goto out;
         }
     }
-    if (w->deferred && idx == 0 && len == w->expect_size &&
+    if (data && w->deferred && idx == 0 && len == w->expect_size &&
         atomic_fetch_add(&s->inline_held, len) + len <= INLINE_HELD_MAX) {
         /* The whole shard in one chunk: held until the seal, which writes it all at once. */
         w->held = malloc(len);
@@ -272,7 +275,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
         }
         memcpy(w->held, data, len);
         goto done;
-    } else if (w->deferred && idx == 0 && len == w->expect_size) {
+    } else if (data && w->deferred && idx == 0 && len == w->expect_size) {
         atomic_fetch_sub(&s->inline_held, len); /* over the bound: written now */
     }
     pthread_mutex_lock(&w->lock);
@@ -284,7 +287,7 @@ int ts_shard_writer_put(ts_shard_writer *w, uint32_t idx, const void *data, size
     b = rocksdb_writebatch_create();
     if (w->deferred)
         begin_records(w, b); /* the record this upload's begin left for now */
-    if (w->fd < 0)
+    if (w->fd < 0 && data)
         rocksdb_writebatch_put_cf(b, s->cf[CF_CHUNKS], (const char *)kc,
                                   key_chunk(kc, w->dsid, w->shard, idx), data, len);
     if (subs)

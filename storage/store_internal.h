@@ -239,6 +239,7 @@ struct ts_shard_writer {
     int short_seen; /* a chunk shorter than chunk_size was written: it must be the last */
     int fd;         /* the chunk file being written (-1: chunks go to CF_CHUNKS) */
     uint32_t file;  /* its id, in the shard record */
+    int dropped;    /* the dataset's replica bytes are dropped: chunks come without bytes */
     uint32_t *crcs;
     uint32_t cap;
     /* A new inline shard: its begin record is not written until a chunk must be (deferred),

@@ -109,3 +109,30 @@ int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigne
      * when told again, never serves a shard whose bytes went. */
     return drop ? drop_bytes(s, name, d.id) : rc;
 }
+
+int ts_store_dataset_follow_dropped(ts_store *s, const char *name, unsigned k, unsigned m)
+{
+    struct ts_dataset_info d;
+    int rc, was = 1;
+
+    if (!s || !k || !m || k > 255 || m > 255)
+        return TS_EINVAL;
+    pthread_mutex_lock(&s->lock);
+    rc = dataset_get(s, name, &d);
+    if (rc == 0 && (d.state != TS_DS_SEALED || !d.policy.ec_dropped || d.policy.ec_k != k ||
+                    d.policy.ec_m != m)) {
+        was = d.policy.ec_dropped;
+        d.state = TS_DS_SEALED; /* the primary's is: a dataset is tiered once sealed */
+        d.policy.ec_k = (uint8_t)k;
+        d.policy.ec_m = (uint8_t)m;
+        d.policy.ec_dropped = 1;
+        rc = ds_rewrite(s, name, &d, "dataset tier (from a primary)");
+        if (rc == 0)
+            TS_INFO(FAC,
+                    "dataset %s: erasure-coded ec:%u+%u, replica bytes dropped (as its "
+                    "primary's)",
+                    name, k, m);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc == 0 && !was ? drop_bytes(s, name, d.id) : rc;
+}

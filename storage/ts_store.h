@@ -140,6 +140,10 @@ int ts_store_dataset_seal(ts_store *s, const char *name);
  */
 int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigned m, int dropped,
                               uint64_t *missing);
+/* A replica catching up from a primary whose dataset is erasure-coded with its replica bytes
+ * dropped (a REPL_WRITE saying so): sealed here too, with the code, and its bytes here dropped;
+ * its shards then arrive as records without bytes. */
+int ts_store_dataset_follow_dropped(ts_store *s, const char *name, unsigned k, unsigned m);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
 int ts_store_dataset_delete(ts_store *s, const char *name);
 /* With force, uploads still open on the dataset do not block the delete: they end (their next
@@ -204,6 +208,9 @@ int ts_store_read(ts_store *s, const char *dataset, uint32_t shard, uint64_t off
 /* Zero-copy reads: open a shard once, then fetch verified, pinned chunks. */
 int ts_store_read_open(ts_store *s, const char *dataset, uint32_t shard, int allow_incomplete,
                        ts_read_ctx **out);
+/* A context over a complete shard's records alone, also where its dataset's replica bytes were
+ * dropped (tier.c): ts_read_ctx_info and ts_read_ctx_chunk_crc, not its bytes. */
+int ts_store_records_open(ts_store *s, const char *dataset, uint32_t shard, ts_read_ctx **out);
 const struct ts_shard_info *ts_read_ctx_info(const ts_read_ctx *r);
 int ts_read_ctx_chunk(ts_read_ctx *r, uint32_t idx, struct ts_chunk_ref *out);
 /*

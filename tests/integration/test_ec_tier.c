@@ -3,9 +3,10 @@
  * on a real 7-node cluster: the disks hold (K+M)/K of the data instead of 3 copies; every node's
  * replica answers TS_EFRAGMENTED and keeps its records; reads — single, submitted, and the plan
  * reader's records over READV — go through the fragments byte for byte, also with M nodes
- * killed (-9); refused tier changes change nothing; kill -9 of the CLI mid-way back leaves the
- * dataset erasure-coded and readable; run again, the bytes are put back on every replica
- * (checked by each node) and only then the fragments go.
+ * killed (-9); a node marked out: its PGs' new replicas get the records (no bytes) and the
+ * dataset's tier, no PG differs; refused tier changes change nothing; kill -9 of the CLI mid-way
+ * back leaves the dataset erasure-coded and readable; run again, the bytes are put back on every
+ * replica (checked by each node) and only then the fragments go.
  */
 #include "harness.h"
 
@@ -109,8 +110,10 @@ static uint64_t read_plan(void)
     return n;
 }
 
-/* Raw READ of replica shard s on every node: how many answered TS_EFRAGMENTED, how many read
- * it (the bytes checked), how many have no such shard. */
+static int out_node = -1; /* marked out: no longer one of the replicas counted */
+
+/* Raw READ of replica shard s on every node (but out_node): how many answered TS_EFRAGMENTED, how
+ * many read it (the bytes checked), how many have no such shard. */
 static void replica_census(uint32_t s, int *fragmented, int *whole, int *absent)
 {
     uint8_t *want = malloc(LENS[s] + 1), *got = malloc(LENS[s] + 1);
@@ -120,6 +123,8 @@ static void replica_census(uint32_t s, int *fragmented, int *whole, int *absent)
     ts_test_fill(want, LENS[s], 900 + s, 0);
     for (int i = 0; i < CL.n; i++) {
         int rc;
+        if (i == out_node)
+            continue;
         for (int t = 0;
              (rc = raw_read_shard(CL.node[i].addr, "tier", s, LENS[s], got, &n)) == TS_EBUSY &&
              t < 300;
@@ -243,6 +248,42 @@ static void test_drop_and_restore(void **state)
     for (int v = 0; v < 2; v++)
         assert_int_equal(tsd_start(&CL.node[victims[v]], NULL), 0);
 
+    /* A node marked out: its PGs' new replicas are backfilled with the shards' records (no
+     * bytes: the fragments hold them) and take on the dataset's tier; no PG differs, no shard
+     * is missing; repair puts the fragments the node held on their new positions. */
+    for (int t = 0; t < 60 && cli("node out %s", CL.id[6]) != 0; t++)
+        sleep(1); /* the two restarted nodes may still be catching up */
+    out_node = 6;
+    {
+        struct ts_scrub_report rep = {0};
+        int t;
+        c = admin();
+        for (t = 0; t < 120; t++) {
+            assert_int_equal(tessera_scrub(c, NULL, &rep, NULL, NULL), 0);
+            if (rep.missing == 0 && rep.pgs_differing == 0 && rep.corrupt == 0)
+                break;
+            usleep(500000);
+        }
+        fprintf(stderr,
+                "  after node out: %u PGs compared, %u differing, %llu missing (%d polls)\n",
+                rep.pgs_compared, rep.pgs_differing, (unsigned long long)rep.missing, t + 1);
+        assert_int_equal(rep.missing, 0);
+        assert_int_equal(rep.pgs_differing, 0);
+        assert_int_equal(rep.corrupt, 0);
+        tessera_client_close(c);
+    }
+    for (uint32_t s = 0; s < NS; s++) {
+        replica_census(s, &fr, &wh, &ab);
+        assert_int_equal(fr, 3); /* the new replicas hold its records, not its bytes */
+        assert_int_equal(wh, 0);
+    }
+    assert_int_equal(cli("--json dataset repair tier"), 0);
+    assert_non_null(strstr(out, "\"failed\": 0"));
+    c = admin();
+    read_all(c);
+    tessera_client_close(c);
+    assert_true(read_plan() == records);
+
     /* Refused changes change nothing: replicated only while the bytes are dropped, keeping them
      * while they are not back, dropped without a code. */
     assert_int_equal(raw_tier(holder, 0, 0, 0, msg, sizeof(msg)), TS_EBUSY);
@@ -294,7 +335,7 @@ static void test_drop_and_restore(void **state)
     for (int i = 0; i < CL.n; i++) {
         uint8_t b[10];
         size_t n;
-        for (int f = 0; f < 6; f++) {
+        for (int f = 0; f < 6 && i != out_node; f++) {
             char frag[TS_NAME_MAX + 1];
             snprintf(frag, sizeof(frag), "tier#%d", f);
             assert_int_equal(raw_read_shard(CL.node[i].addr, frag, 3, sizeof(b), b, &n), TS_ENOENT);

@@ -214,6 +214,9 @@ static void test_chunks(void **state)
     ts_wr_u8(&w, 2);
     ts_wr_u32(&w, 1u << 20);
     ts_wr_u8(&w, 2); /* record format */
+    ts_wr_u8(&w, 0); /* replicated: no code, bytes kept */
+    ts_wr_u8(&w, 0);
+    ts_wr_u8(&w, 0);
     ts_wr_u64(&w, 77);
     ts_wr_u32(&w, 5);
     ts_wr_u32(&w, 2);
@@ -237,6 +240,25 @@ static void test_chunks(void **state)
     w.len--; /* one byte of data missing */
     assert_int_equal(dec(TS_OP_REPL_WRITE, &w, &q), TS_EPROTO);
     assert_string_equal(msg, "malformed repl-write request");
+
+    /* A dataset whose replicas' bytes are dropped (ec 4+2): the chunk's record, no bytes. */
+    w.len -= sizeof(data) - 1 + 4 + 4 + 8 + 4 + 4 + 8 + 3;
+    ts_wr_u8(&w, 4);
+    ts_wr_u8(&w, 2);
+    ts_wr_u8(&w, 1);
+    ts_wr_u64(&w, 77);
+    ts_wr_u32(&w, 5);
+    ts_wr_u32(&w, 2);
+    ts_wr_u64(&w, UINT64_MAX);
+    ts_wr_u32(&w, 0xabcdef01u);
+    ts_wr_u32(&w, sizeof(data));
+    assert_int_equal(dec(TS_OP_REPL_WRITE, &w, &q), 0);
+    assert_int_equal(q.u.repl_write.policy.ec_k, 4);
+    assert_int_equal(q.u.repl_write.policy.ec_dropped, 1);
+    assert_int_equal(q.u.repl_write.chunk.len, sizeof(data));
+    assert_null(q.u.repl_write.chunk.data);
+    ts_wr_bytes(&w, data, 1); /* bytes after it: malformed */
+    assert_int_equal(dec(TS_OP_REPL_WRITE, &w, &q), TS_EPROTO);
     ts_wr_fini(&w);
 }
 
@@ -293,6 +315,9 @@ static void repl_seal_head(struct ts_wr *w, uint8_t kind, const char *name, uint
     ts_wr_u8(w, 2);
     ts_wr_u32(w, 4096);
     ts_wr_u8(w, 1); /* record format */
+    ts_wr_u8(w, 4); /* ec 4+2, replica bytes kept */
+    ts_wr_u8(w, 2);
+    ts_wr_u8(w, 0);
     ts_wr_u64(w, 99);
     ts_wr_u32(w, 6);
     ts_wr_u8(w, 1);
