@@ -1155,11 +1155,7 @@ static void abort_cb(evutil_socket_t fd, short what, void *arg)
         ts_wr_u64(&w, 0);
         ts_wr_u64(&w, 0);
         ts_wr_str(&w, m->dataset);
-        ts_wr_u8(&w, 0);
-        ts_wr_u8(&w, 0);
-        ts_wr_u8(&w, 0);
-        ts_wr_u32(&w, 0);
-        ts_wr_u64(&w, 0);
+        repl_wr_ds_fields(&w, &(struct ts_dataset_policy){0}, 0);
         ts_wr_u32(&w, m->shard);
         ts_wr_u8(&w, 0);
         ts_wr_u32(&w, 0);

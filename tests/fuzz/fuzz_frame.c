@@ -106,7 +106,8 @@ static void wr_chunk(struct ts_wr *w, const struct tsd_chunk *k)
     ts_wr_u64(w, k->size);
     ts_wr_u32(w, k->crc);
     ts_wr_u32(w, k->len);
-    ts_wr_bytes(w, k->data, k->len);
+    if (k->data) /* none: a chunk's record without its bytes (REPL_WRITE, bytes dropped) */
+        ts_wr_bytes(w, k->data, k->len);
 }
 
 static void wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uint64_t inc)
@@ -116,6 +117,9 @@ static void wr_ds_fields(struct ts_wr *w, const struct ts_dataset_policy *p, uin
     ts_wr_u8(w, p->min_core);
     ts_wr_u32(w, p->chunk_size);
     ts_wr_u8(w, p->record_format);
+    ts_wr_u8(w, p->ec_k);
+    ts_wr_u8(w, p->ec_m);
+    ts_wr_u8(w, p->ec_dropped);
     ts_wr_u64(w, inc);
 }
 
@@ -300,6 +304,7 @@ static void encode_request(struct ts_wr *w, const struct tsd_req *q)
         wr_name(w, q->u.dataset_tier.name);
         ts_wr_u8(w, q->u.dataset_tier.k);
         ts_wr_u8(w, q->u.dataset_tier.m);
+        ts_wr_u8(w, q->u.dataset_tier.dropped);
         break;
     default:
         CHECK(!"a request opcode the encoder does not know");
@@ -366,7 +371,10 @@ static void check_decoded(const struct tsd_req *q, const uint8_t *p, size_t len)
     }
     case TS_OP_REPL_WRITE:
         check_name(q->u.repl_write.name, 0);
-        CHECK(inside(p, len, q->u.repl_write.chunk.data, q->u.repl_write.chunk.len));
+        /* Its bytes in the payload, or none where the dataset's replica bytes are dropped. */
+        CHECK(q->u.repl_write.policy.ec_dropped
+                  ? !q->u.repl_write.chunk.data
+                  : inside(p, len, q->u.repl_write.chunk.data, q->u.repl_write.chunk.len));
         break;
     case TS_OP_REPL_SEAL: {
         const struct tsd_req_repl_seal *a = &q->u.repl_seal;
@@ -499,7 +507,7 @@ static int check_dataset_info(struct ts_rd *r)
 
     CHECK(r->off <= r->len);
     CHECK(rc == 0 || rc == TS_EPROTO);
-    CHECK(rc || r->off == before + 2 + name_len + 43);
+    CHECK(rc || r->off == before + 2 + name_len + 44);
     CHECK(rc || name_len <= TS_NAME_MAX);
     CHECK(strlen(d.name) <= name_len);
     return rc;

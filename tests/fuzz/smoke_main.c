@@ -65,6 +65,9 @@ static void wr_ds_fields(struct ts_wr *w)
     ts_wr_u8(w, 2);
     ts_wr_u32(w, 1u << 20);
     ts_wr_u8(w, 1); /* record format */
+    ts_wr_u8(w, 0); /* replicated: no code, the replicas' bytes kept */
+    ts_wr_u8(w, 0);
+    ts_wr_u8(w, 0);
     ts_wr_u64(w, 1700000000000000000ull);
 }
 
@@ -128,6 +131,27 @@ static void build_request_seeds(struct ts_wr *w, const char *name, const uint8_t
     ts_wr_u32(w, (uint32_t)len);
     ts_wr_bytes(w, data, len);
     add_seed(w, TS_OP_REPL_WRITE, 0, "repl-write");
+    ts_wr_str(w, name); /* a dataset whose replicas' bytes are dropped: the chunk's record */
+    ts_wr_u8(w, 3);
+    ts_wr_u8(w, 0);
+    ts_wr_u8(w, 2);
+    ts_wr_u32(w, 1u << 20);
+    ts_wr_u8(w, 0);
+    ts_wr_u8(w, 4);
+    ts_wr_u8(w, 2);
+    ts_wr_u8(w, 1);
+    ts_wr_u64(w, 1700000000000000000ull);
+    ts_wr_u32(w, 5);
+    ts_wr_u32(w, 0);
+    ts_wr_u64(w, len);
+    ts_wr_u32(w, ts_crc32c(0, data, len));
+    ts_wr_u32(w, (uint32_t)len);
+    add_seed(w, TS_OP_REPL_WRITE, 0, "repl-write of a chunk's record");
+    ts_wr_str(w, name);
+    ts_wr_u8(w, 4);
+    ts_wr_u8(w, 2);
+    ts_wr_u8(w, 1);
+    add_seed(w, TS_OP_DATASET_TIER, 0, "dataset-tier ec 4+2, replica bytes dropped");
     wr_repl_seal_head(w, TS_REPL_SEAL, name);
     ts_wr_u32(w, 2);
     ts_wr_u64(w, 0);
