@@ -428,8 +428,19 @@ int ts_cl_ec_try_read(tessera_client *c, struct ts_cluster *cl, const char *name
         cl->ec_reads++;
         return 1;
     }
-    if (dropped)
-        return 1; /* the fragments are the only copy: their error is the read's */
+    if (dropped) {
+        /* The fragments are the only copy, unless the dataset was tiered back since its policy
+         * was cached (its fragments then go once every replica holds its bytes again). */
+        struct ts_dataset_info d;
+        ts_cl_policy_forget(cl, name);
+        if (ts_cl_peer_done(cl, p, sub, ts_conn_dataset_policy(sub, name, &d), NULL, 0) != 0 ||
+            d.policy.ec_dropped)
+            return 1; /* their error is the read's */
+        ts_cl_policy_keep(cl, name, &d.policy);
+        TS_INFO(FAC, "%s: tiered back to replicated since its policy was read: reading a replica",
+                name);
+        return 0;
+    }
     TS_WARN(FAC, *rc, "%s/%u: its fragments could not serve the read (%s): reading a replica", name,
             shard, ts_conn_error(c));
     cl->ec_fallbacks++;

@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +77,61 @@ static void read_all(tessera_client *c)
         free(want);
         free(got);
     }
+}
+
+/* A reader that goes on throughout a tiering: a handle of its own reading every shard in turn,
+ * byte for byte, until told to stop; reads and failures counted. */
+struct bystander {
+    pthread_t th;
+    atomic_int stop;
+    uint64_t reads, failed;
+};
+
+static void *bystander_run(void *arg)
+{
+    struct bystander *b = arg;
+    tessera_client *c = NULL;
+
+    if (test_tls_open(&c, CL.tls_listen[1], "reader", NULL, NULL) != 0) {
+        b->failed++;
+        return NULL;
+    }
+    while (!atomic_load(&b->stop))
+        for (uint32_t s = 0; s < NS && !atomic_load(&b->stop); s++) {
+            uint8_t *want = malloc(LENS[s] + 1), *got = malloc(LENS[s] + 1);
+            size_t n = 0;
+            int rc = tessera_read(c, "tier", s, 0, LENS[s], got, &n);
+            ts_test_fill(want, LENS[s], 900 + s, 0);
+            if (rc || n != LENS[s] || memcmp(got, want, LENS[s]) != 0) {
+                fprintf(stderr, "  bystander: %u: %s %s\n", s, ts_errname(rc),
+                        tessera_client_error(c));
+                b->failed++;
+            }
+            b->reads++;
+            free(want);
+            free(got);
+        }
+    tessera_client_close(c);
+    return NULL;
+}
+
+static void bystander_start(struct bystander *b)
+{
+    memset(b, 0, sizeof(*b));
+    assert_int_equal(pthread_create(&b->th, NULL, bystander_run, b), 0);
+    while (b->reads < NS) /* a whole pass before the tiering starts */
+        usleep(10000);
+}
+
+/* Stops it: every one of its reads was whole and right. */
+static void bystander_stop(struct bystander *b)
+{
+    atomic_store(&b->stop, 1);
+    pthread_join(b->th, NULL);
+    fprintf(stderr, "  a reader throughout: %llu reads, %llu failed\n",
+            (unsigned long long)b->reads, (unsigned long long)b->failed);
+    assert_true(b->reads > 2 * NS);
+    assert_int_equal(b->failed, 0);
 }
 
 /* Every record through the plan reader (a reader's connection, records by READV), in plan
@@ -176,6 +233,7 @@ static void test_drop_and_restore(void **state)
     tessera_client *c = admin();
     uint64_t base, replicated, tiered, back, records = 0;
     int fr, wh, ab, victims[2] = {3, 5}, holder = 0;
+    struct bystander by;
     char msg[512];
 
     (void)state;
@@ -196,8 +254,10 @@ static void test_drop_and_restore(void **state)
     tessera_client_close(c);
     replicated = tsd_cluster_chunk_bytes(&CL) - base;
 
-    /* To ec:4+2: the replicas' bytes go, their records stay. */
+    /* To ec:4+2: the replicas' bytes go, their records stay; a reader goes on throughout. */
+    bystander_start(&by);
     assert_int_equal(cli("dataset tier tier ec:4+2"), 0);
+    bystander_stop(&by);
     stat_is("replica bytes dropped");
     tiered = tsd_cluster_chunk_bytes(&CL) - base;
     fprintf(stderr, "  %llu bytes of data: %llu on disk replicated (%.2fx), %llu tiered (%.2fx)\n",
@@ -323,8 +383,11 @@ static void test_drop_and_restore(void **state)
     read_all(c);
     tessera_client_close(c);
 
-    /* Run again: the bytes back on every replica, checked by its node; then the fragments go. */
+    /* Run again: the bytes back on every replica, checked by its node; then the fragments go;
+     * a reader goes on throughout. */
+    bystander_start(&by);
     assert_int_equal(cli("dataset tier tier replicated"), 0);
+    bystander_stop(&by);
     stat_is("replicated");
     assert_null(strstr(out, "erasure-coded"));
     for (uint32_t s = 0; s < NS; s++) {
