@@ -11,13 +11,14 @@
  */
 #include "cluster_internal.h"
 #include "ts_ec.h"
+#include "ts_map.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* DATASET_TIER (k, m, dropped) on every node that is not out; a node down fails it (run it
- * again). */
+/* DATASET_TIER (k, m, dropped) on every node that is not out (a node down fails it: run it
+ * again), and, keeping the bytes, on the nodes marked out that answer. */
 static int tier_all(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
                     unsigned m, int dropped)
 {
@@ -45,6 +46,23 @@ static int tier_all(tessera_client *c, struct ts_cluster *cl, const char *name, 
         ts_cl_why_add(f.why, "%s: %s", cl->peers[f.peers[i]].id, msg[0] ? msg : ts_strerror(rc));
     }
     ts_cl_fan_end(&f);
+    /* Keeping the bytes (back to replicated): the nodes marked out that answer too, as their
+     * bytes were put back (dropped_nodes); one that does not answer is left as it is. */
+    for (size_t i = 0; !dropped && i < cl->map->n; i++) {
+        tessera_client *sub;
+        char msg[512] = "";
+        size_t p;
+        if (cl->map->nodes[i].state != TS_NODE_OUT || ts_cl_node_peer(cl, cl->map, i, &p) ||
+            ts_cl_peer_conn(cl, p, 1, &sub))
+            continue;
+        rc = ts_cl_peer_done(cl, p, sub, ts_conn_dataset_tier(sub, name, k, m, dropped), msg,
+                             sizeof(msg));
+        if (rc && rc != TS_ENOENT && !ts_cl_lost(rc)) {
+            if (!f.first)
+                f.first = rc;
+            ts_cl_why_add(f.why, "%s (out): %s", cl->peers[p].id, msg[0] ? msg : ts_strerror(rc));
+        }
+    }
     ts_cl_policy_forget(cl, name); /* the next read asks for the policy again */
     if (f.first)
         ts_conn_set_error(c, "dataset %s: tier set on %zu of %zu nodes: %s", name, ok, f.n, f.why);
@@ -93,7 +111,7 @@ static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *n
     *out = NULL;
     if (rc)
         return rc;
-    if (!(*out = calloc(f.n ? f.n : 1, sizeof(**out))))
+    if (!(*out = calloc(cl->map->n ? cl->map->n : 1, sizeof(**out))))
         rc = TS_ENOMEM;
     for (size_t i = 0; !rc && i < f.n; i++) {
         struct ts_dataset_info d;
@@ -112,6 +130,61 @@ static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *n
                               msg[0] ? msg : ts_conn_error(cl->c));
         else if (d.policy.ec_dropped)
             (*out)[(*n)++] = f.peers[i];
+    }
+    ts_cl_fan_end(&f);
+    /* A node marked out that still answers and dropped its bytes gets them back too (it would
+     * keep saying so to the replicas it pushes to, were it brought in again). */
+    for (size_t i = 0; !rc && i < cl->map->n; i++) {
+        struct ts_dataset_info d;
+        tessera_client *sub;
+        size_t p;
+        if (cl->map->nodes[i].state == TS_NODE_OUT && ts_cl_node_peer(cl, cl->map, i, &p) == 0 &&
+            ts_cl_peer_conn(cl, p, 1, &sub) == 0 &&
+            ts_cl_peer_done(cl, p, sub, ts_conn_dataset_policy(sub, name, &d), NULL, 0) == 0 &&
+            d.policy.ec_dropped)
+            (*out)[(*n)++] = p;
+    }
+    return rc;
+}
+
+/* Before any node drops its bytes: every node that is not out answers with its shards of the
+ * dataset, and each complete one is among v[0..n) (converted: its fragments durable and read
+ * back), same size and CRC32C. A node that cannot say fails it: nothing is dropped. */
+static int nodes_hold_converted(tessera_client *c, struct ts_cluster *cl, const char *name,
+                                const struct ts_shard_info *v, size_t n)
+{
+    struct fan f;
+    int rc = ts_cl_fan_begin(cl, &f, 1, 0);
+
+    for (size_t i = 0; !rc && i < f.n; i++) {
+        struct ts_shard_info *h = NULL;
+        tessera_client *sub;
+        char msg[512] = "";
+        size_t hn = 0;
+        rc = ts_cl_peer_conn(cl, f.peers[i], 0, &sub);
+        if (!rc)
+            rc = ts_cl_peer_done(cl, f.peers[i], sub, ts_conn_shard_list(sub, name, &h, &hn), msg,
+                                 sizeof(msg));
+        if (rc == TS_ENOENT)
+            rc = 0; /* no dataset there: nothing to drop */
+        else if (rc)
+            ts_conn_set_error(c, "dataset %s: node %s cannot list its shards (%s): nothing dropped",
+                              name, cl->peers[f.peers[i]].id, msg[0] ? msg : ts_conn_error(cl->c));
+        for (size_t j = 0; !rc && j < hn; j++) {
+            size_t x = 0;
+            if (h[j].state != TS_SHARD_COMPLETE)
+                continue;
+            while (x < n && v[x].shard != h[j].shard)
+                x++;
+            if (x == n || v[x].size != h[j].size || v[x].crc != h[j].crc) {
+                ts_conn_set_error(c,
+                                  "dataset %s: node %s holds shard %u that was not converted: "
+                                  "nothing dropped (run it again)",
+                                  name, cl->peers[f.peers[i]].id, h[j].shard);
+                rc = TS_EINCOMPLETE;
+            }
+        }
+        free(h);
     }
     ts_cl_fan_end(&f);
     return rc;
@@ -144,6 +217,16 @@ static int restore_shard(tessera_client *c, struct ts_cluster *cl, const char *n
         if (rc == TS_ENOENT) { /* not one of its replicas */
             rc = 0;
             continue;
+        }
+        if (!rc && (here.state != TS_SHARD_COMPLETE || here.size != si->size ||
+                    here.crc != si->crc || !here.chunk_size)) {
+            ts_conn_set_error(c,
+                              "%s/%u on %s: its record (%llu bytes, CRC32C %08x) is not the "
+                              "shard's (%llu bytes, %08x)",
+                              name, si->shard, cl->peers[nodes[i]].id,
+                              (unsigned long long)here.size, here.crc, (unsigned long long)si->size,
+                              si->crc);
+            rc = TS_ECORRUPT;
         }
         for (uint32_t idx = 0; !rc && idx < here.nchunks; idx++) {
             uint64_t at = (uint64_t)idx * here.chunk_size;
@@ -225,10 +308,9 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
     if (!k)
         return d.policy.ec_k ? tier_back(c, cl, name, &d.policy, progress, arg)
                              : tier_all(c, cl, name, 0, 0, 0);
-    /* A node marked already: every shard was converted before any node was (run again to
-     * finish dropping the replicas' bytes everywhere). */
-    if (!d.policy.ec_k)
-        rc = ts_cl_shard_list(c, cl, name, &v, &n);
+    /* Every shard converted (again, on a second run: the fragments already put are confirmed,
+     * and a dropped shard is read through them), then checked against what each node holds. */
+    rc = ts_cl_shard_list(c, cl, name, &v, &n);
     for (size_t i = 0; !rc && i < n; i++) {
         total += v[i].size;
         big = TS_MAX(big, v[i].size);
@@ -241,6 +323,8 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
         if (!rc && progress)
             progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
     }
+    if (!rc)
+        rc = nodes_hold_converted(c, cl, name, v, n);
     if (!rc)
         rc = tier_all(c, cl, name, k, m, 1);
     free(a);

@@ -445,6 +445,9 @@ static void push_stream(ts_repl *r, struct push *ps)
 {
     int rc = same_incarnation(r, &ps->rec), live = rc == 0;
 
+    /* The dataset's tier as it is now (a backfill item's policy was read when it was listed):
+     * its chunks go without bytes only while its replicas' bytes are dropped here. */
+    ps->rec.policy.ec_dropped = 0;
     if (rc == 0)
         rc = ts_store_read_open(r->o.store, ps->rec.dataset, ps->rec.shard, 0, &ps->rctx);
     if (rc == TS_ENOENT && live && !ps->backfill) {

@@ -815,6 +815,12 @@ static void repair_reply(ts_repl *r, struct peer *p, void *ctx, int status, stru
 {
     struct repair *rp = ctx;
 
+    struct ts_dataset_info d;
+
+    if (ts_store_dataset_get(r->o.store, rp->dataset, &d) == 0 && d.policy.ec_dropped) {
+        free(rp); /* its bytes were dropped meanwhile (tiered): nothing to repair */
+        return;
+    }
     if (status == 0) {
         uint32_t npieces, len = 0, crc;
         const uint8_t *data;

@@ -88,8 +88,8 @@ void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const
                         a->name, (unsigned long long)missing);
     else if (rc == TS_EBUSY)
         tsd_reply_error(c, h, rc,
-                        "dataset-tier %s: its replicas' bytes are dropped here; restore them "
-                        "(keep them) before it is replicated only",
+                        "dataset-tier %s: its replicas' bytes are dropped here, its fragments "
+                        "of its code hold them: put them back first (tier NAME replicated)",
                         a->name);
     else if (rc)
         ops_reply_store_error(c, h, rc, a->name, -1);

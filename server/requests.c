@@ -1,6 +1,7 @@
 /* Request payload decoders (requests.h): one per opcode, in the field order of
  * docs/protocol.md, with the bounds-checked reader of common/proto.c. */
 #include "requests.h"
+#include "ts_ec.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -281,6 +282,12 @@ static int dec_repl_write(struct dec *d, struct tsd_req_repl_write *q)
     /* A dataset whose replicas' bytes are dropped: its chunks travel as records (CRC32C and
      * length), without bytes. */
     chunk(d, &q->chunk, !q->policy.ec_dropped);
+    if (!d->r.err &&
+        (q->policy.ec_dropped > 1 ||
+         (q->policy.ec_dropped && (q->policy.ec_k < 1 || q->policy.ec_k > TS_EC_MAX_K ||
+                                   q->policy.ec_m < 1 || q->policy.ec_m > TS_EC_MAX_M))))
+        return fail(d, TS_EPROTO, "repl-write %s: ec %u+%u, replicas flag %u", q->name,
+                    q->policy.ec_k, q->policy.ec_m, q->policy.ec_dropped);
     return done(d);
 }
 

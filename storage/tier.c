@@ -44,8 +44,11 @@ static int restored_cb(void *arg, const struct ts_shard_info *si)
 {
     struct restored_arg *a = arg;
     ts_read_ctx *r;
-    int rc = read_open_id(a->s, a->dsid, si->shard, 0, 1, &r);
+    int rc;
 
+    if (si->state != TS_SHARD_COMPLETE)
+        return 0; /* an upload left unfinished: no one's copy, nothing to put back */
+    rc = read_open_id(a->s, a->dsid, si->shard, 0, 1, &r);
     if (rc) {
         a->missing += si->nchunks ? si->nchunks : 1;
         return 0;
@@ -74,8 +77,8 @@ int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigne
     rc = dataset_get(s, name, &d);
     if (rc == 0 && d.state != TS_DS_SEALED)
         rc = TS_EINVAL;
-    if (rc == 0 && !k && d.policy.ec_dropped)
-        rc = TS_EBUSY; /* its bytes are only in the fragments: keep the code */
+    if (rc == 0 && d.policy.ec_dropped && (d.policy.ec_k != k || d.policy.ec_m != m))
+        rc = TS_EBUSY; /* its bytes are only in fragments of this code: keep it */
     if (rc == 0 && d.policy.ec_dropped && !dropped) {
         /* Checked outside the lock (it reads every chunk); the dataset is sealed and its bytes
          * change only through chunk repair, which adds good ones. */
@@ -90,7 +93,7 @@ int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigne
         return rc;
     pthread_mutex_lock(&s->lock);
     rc = dataset_get(s, name, &d);
-    if (rc == 0 && !k && d.policy.ec_dropped)
+    if (rc == 0 && d.policy.ec_dropped && (d.policy.ec_k != k || d.policy.ec_m != m))
         rc = TS_EBUSY; /* dropped since the check above */
     if (rc == 0 && (d.policy.ec_k != k || d.policy.ec_m != m || d.policy.ec_dropped != dropped)) {
         d.policy.ec_k = (uint8_t)k;
@@ -113,15 +116,17 @@ int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigne
 int ts_store_dataset_follow_dropped(ts_store *s, const char *name, unsigned k, unsigned m)
 {
     struct ts_dataset_info d;
-    int rc, was = 1;
+    int rc;
 
     if (!s || !k || !m || k > 255 || m > 255)
         return TS_EINVAL;
     pthread_mutex_lock(&s->lock);
     rc = dataset_get(s, name, &d);
-    if (rc == 0 && (d.state != TS_DS_SEALED || !d.policy.ec_dropped || d.policy.ec_k != k ||
-                    d.policy.ec_m != m)) {
-        was = d.policy.ec_dropped;
+    if (rc == 0 && d.policy.ec_dropped && (d.policy.ec_k != k || d.policy.ec_m != m))
+        rc = TS_EBUSY; /* dropped here under another code: the sender is stale, or this node */
+    if (rc == 0 && (d.state != TS_DS_SEALED || !d.policy.ec_dropped)) {
+        /* Marked only: bytes this node holds of the dataset stay until DATASET_TIER drops them
+         * here (the sender's word is not enough to delete them). */
         d.state = TS_DS_SEALED; /* the primary's is: a dataset is tiered once sealed */
         d.policy.ec_k = (uint8_t)k;
         d.policy.ec_m = (uint8_t)m;
@@ -130,9 +135,9 @@ int ts_store_dataset_follow_dropped(ts_store *s, const char *name, unsigned k, u
         if (rc == 0)
             TS_INFO(FAC,
                     "dataset %s: erasure-coded ec:%u+%u, replica bytes dropped (as its "
-                    "primary's)",
+                    "primary's; bytes held here stay until it is tiered here)",
                     name, k, m);
     }
     pthread_mutex_unlock(&s->lock);
-    return rc == 0 && !was ? drop_bytes(s, name, d.id) : rc;
+    return rc;
 }

@@ -136,13 +136,15 @@ int ts_store_dataset_seal(ts_store *s, const char *name);
  * on a second call: an interrupted drop completes). Keeping them again: every chunk of every
  * shard must read back matching its CRC32C (restored with ts_store_chunk_repair), else
  * TS_EINCOMPLETE with *missing (if given) the chunks not back, and nothing changes.
- * Replicated only while the bytes are dropped: TS_EBUSY. Durable per the sync policy.
+ * Another code (or replicated only) while the bytes are dropped: TS_EBUSY. Durable per the sync
+ * policy.
  */
 int ts_store_dataset_set_tier(ts_store *s, const char *name, unsigned k, unsigned m, int dropped,
                               uint64_t *missing);
 /* A replica catching up from a primary whose dataset is erasure-coded with its replica bytes
- * dropped (a REPL_WRITE saying so): sealed here too, with the code, and its bytes here dropped;
- * its shards then arrive as records without bytes. */
+ * dropped (a REPL_WRITE saying so): sealed here too, with the code, and marked dropped (reads
+ * refused); bytes it holds stay until DATASET_TIER drops them here. TS_EBUSY when it is
+ * dropped here under another code. Its shards then arrive as records without bytes. */
 int ts_store_dataset_follow_dropped(ts_store *s, const char *name, unsigned k, unsigned m);
 /* Deletes a dataset and all its data; TS_EBUSY while an upload to it is in progress. */
 int ts_store_dataset_delete(ts_store *s, const char *name);

@@ -347,7 +347,7 @@ static void test_drop_and_restore(void **state)
     /* Refused changes change nothing: replicated only while the bytes are dropped, keeping them
      * while they are not back, dropped without a code. */
     assert_int_equal(raw_tier(holder, 0, 0, 0, msg, sizeof(msg)), TS_EBUSY);
-    assert_non_null(strstr(msg, "restore"));
+    assert_non_null(strstr(msg, "put them back"));
     assert_int_equal(raw_tier(holder, 4, 2, 0, msg, sizeof(msg)), TS_EINCOMPLETE);
     assert_non_null(strstr(msg, "not restored"));
     assert_int_equal(raw_tier(holder, 0, 0, 1, msg, sizeof(msg)), TS_EINVAL);

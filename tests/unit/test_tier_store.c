@@ -3,7 +3,8 @@
  * dropped — reads answer TS_EFRAGMENTED, the shard records stay whole, scrub finds nothing to
  * check, the mark survives a reopen — and put back chunk by chunk (each checked against its
  * stored CRC32C) before the bytes are kept again; the refusals change nothing. Chunk files and
- * chunks kept in the engine (inline shards) alike.
+ * chunks kept in the engine (inline shards) alike. A replica following a primary's drop keeps
+ * the bytes it holds.
  */
 #include "store_util.h"
 #include "ts_test.h"
@@ -156,11 +157,45 @@ static void test_drop_and_put_back(void **state)
     assert_int_equal(d.policy.ec_dropped, 0);
 }
 
+/* A replica told by a primary that the dataset's bytes are dropped: marked (reads refused), but
+ * the bytes it holds stay until DATASET_TIER drops them here; keeping them again needs nothing
+ * put back. Another code than the one it was dropped under: refused, nothing changed. */
+static void test_follow_keeps_bytes(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_policy p;
+    struct ts_dataset_info d;
+    uint64_t missing = 1;
+    uint8_t b[8];
+    size_t n;
+
+    ts_dataset_policy_init(&p);
+    p.chunk_size = CHUNK;
+    assert_int_equal(ts_store_dataset_create(f->s, "t", &p), 0);
+    for (uint32_t s = 0; s < NS; s++)
+        ts_test_put_shard(f->s, "t", s, LENS[s], CHUNK, 10 + s);
+    assert_int_equal(ts_store_dataset_follow_dropped(f->s, "t", 4, 2), 0); /* open here: sealed */
+    assert_int_equal(ts_store_dataset_record(f->s, "t", &d), 0);
+    assert_int_equal(d.state, TS_DS_SEALED);
+    assert_int_equal(d.policy.ec_dropped, 1);
+    assert_int_equal(ts_store_read(f->s, "t", 2, 0, sizeof(b), b, &n), TS_EFRAGMENTED);
+    assert_int_equal(ts_store_dataset_follow_dropped(f->s, "t", 8, 3), TS_EBUSY);
+    assert_int_equal(ts_store_dataset_set_tier(f->s, "t", 8, 3, 1, NULL), TS_EBUSY);
+    assert_int_equal(ts_store_dataset_set_tier(f->s, "t", 0, 0, 0, NULL), TS_EBUSY);
+    assert_int_equal(ts_store_dataset_record(f->s, "t", &d), 0);
+    assert_int_equal(d.policy.ec_k, 4);
+    assert_int_equal(ts_store_dataset_set_tier(f->s, "t", 4, 2, 0, &missing), 0);
+    assert_true(missing == 0);
+    for (uint32_t s = 0; s < NS; s++)
+        read_back(f->s, s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_drop_and_put_back, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_drop_and_put_back, setup_inline, teardown),
+        cmocka_unit_test_setup_teardown(test_follow_keeps_bytes, setup_files, teardown),
     };
     ts_test_log_init();
     return cmocka_run_group_tests(tests, NULL, NULL);
