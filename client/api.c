@@ -173,6 +173,26 @@ int ts_client_node_status(tessera_client *c, size_t node, char **json)
     return ts_cl_node_status(c, c->cl, node, json);
 }
 
+int ts_client_ec_repair(tessera_client *c, const char *name, int mode,
+                        struct tessera_repair_report *rep)
+{
+    memset(rep, 0, sizeof(*rep));
+    if (!routed(c))
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    return ts_cl_dataset_repair(c, c->cl, name, mode, rep);
+}
+
+int ts_client_ec_chunk_repair(tessera_client *c, const char *frag, uint32_t shard, uint32_t chunk,
+                              struct tessera_repair_report *rep)
+{
+    memset(rep, 0, sizeof(*rep));
+    if (!routed(c))
+        return TS_EINVAL;
+    c->err[0] = '\0';
+    return ts_cl_ec_chunk_repair(c, c->cl, frag, shard, chunk, rep);
+}
+
 int ts_client_node_read(tessera_client *c, size_t node, const char *name, uint32_t shard,
                         uint64_t off, size_t len, void *buf, size_t *out_len)
 {
@@ -282,7 +302,7 @@ int tessera_dataset_repair(tessera_client *c, const char *name, struct tessera_r
     }
     c->err[0] = '\0';
     rc = ts_name_check(c, name);
-    return rc ? rc : ts_cl_dataset_repair(c, c->cl, name, rep);
+    return rc ? rc : ts_cl_dataset_repair(c, c->cl, name, TS_REPAIR_FULL, rep);
 }
 
 int tessera_dataset_tier(tessera_client *c, const char *name, unsigned k, unsigned m,

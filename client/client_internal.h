@@ -455,8 +455,17 @@ int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uin
 int ts_cl_ec_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
                   uint64_t shard_len, unsigned k, unsigned m, uint64_t off, size_t len, void *buf,
                   struct ts_ec_read_stats *st);
-int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name,
+/* Repair of an erasure-coded dataset's fragments (cluster_ec.c): TS_REPAIR_FULL reads every
+ * chunk (tessera dataset repair), TS_REPAIR_PRESENCE checks only that each fragment is on the
+ * node of its position (the monitor after a map change). */
+enum { TS_REPAIR_FULL, TS_REPAIR_PRESENCE, TS_REPAIR_CHUNK };
+int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name, int mode,
                          struct tessera_repair_report *rep);
+/* One fragment chunk a node found damaged (chunk), or the fragment it found missing
+ * (UINT32_MAX), of frag (NAME#f) shard shard: rebuilt from K others and written at its
+ * position's node. */
+int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *frag,
+                          uint32_t shard, uint32_t chunk, struct tessera_repair_report *rep);
 int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
                        unsigned m, tessera_tier_progress progress, void *arg);
 /* A read of an erasure-coded dataset (cached policy) through its fragments: 1 when the policy
@@ -479,6 +488,12 @@ int ts_cl_node_dataset_stat(tessera_client *c, struct ts_cluster *cl, size_t nod
 const struct ts_map *ts_client_map(const tessera_client *c);
 /* STATUS of node i of the handle's map (connecting to it if needed). */
 int ts_client_node_status(tessera_client *c, size_t node, char **json);
+/* The monitor's EC repair (cli_monitor_ec.c): ts_cl_dataset_repair with a mode, and
+ * ts_cl_ec_chunk_repair. */
+int ts_client_ec_repair(tessera_client *c, const char *name, int mode,
+                        struct tessera_repair_report *rep);
+int ts_client_ec_chunk_repair(tessera_client *c, const char *frag, uint32_t shard, uint32_t chunk,
+                              struct tessera_repair_report *rep);
 /* READ of (name, shard, off, len) from node i of the handle's map alone (no failover). */
 int ts_client_node_read(tessera_client *c, size_t node, const char *name, uint32_t shard,
                         uint64_t off, size_t len, void *buf, size_t *out_len);

@@ -506,10 +506,13 @@ static int ec_rebuild_range(struct ts_cluster *cl, struct ec_shard *e, uint32_t 
     return 0;
 }
 
-/* Fragment f of the shard on its node: put whole where it is missing, its chunks that fail
- * their CRC32C there rewritten with rebuilt bytes (CHUNK_REPAIR). */
+/* Fragment f of the shard on its node: put whole where it is missing; with TS_REPAIR_FULL its
+ * chunks that fail their CRC32C there rewritten with rebuilt bytes (CHUNK_REPAIR), with
+ * TS_REPAIR_CHUNK chunk `chunk` rewritten so without reading it (its node found it damaged; the
+ * node takes only bytes matching the chunk's stored CRC32C), with TS_REPAIR_PRESENCE nothing
+ * read. */
 static int ec_repair_frag(tessera_client *c, struct ts_cluster *cl, struct ec_shard *e,
-                          uint32_t shard, unsigned f, uint8_t *scratch,
+                          uint32_t shard, unsigned f, uint8_t *scratch, int mode, uint32_t chunk,
                           struct tessera_repair_report *rep)
 {
     uint64_t want = ts_ec_frag_len(&e->lay, f);
@@ -546,11 +549,18 @@ static int ec_repair_frag(tessera_client *c, struct ts_cluster *cl, struct ec_sh
         uint32_t cs = si.chunk_size ? si.chunk_size : TS_DEFAULT_CHUNK_SIZE;
         if (!(buf = malloc(TS_MIN((uint64_t)cs, want ? want : 1))))
             return TS_ENOMEM;
-        for (uint64_t off = 0; off < want && !rc; off += cs) {
+        uint64_t from = mode == TS_REPAIR_CHUNK ? (uint64_t)chunk * cs : 0;
+        uint64_t to = mode == TS_REPAIR_CHUNK ? TS_MIN(want, from + 1) : want;
+        if (mode == TS_REPAIR_PRESENCE)
+            to = 0;
+        for (uint64_t off = from; off < to && !rc; off += cs) {
             size_t clen = (size_t)TS_MIN((uint64_t)cs, want - off), got = 0;
-            int r = ts_cl_peer_done(cl, p, sub,
-                                    ts_conn_read(sub, e->name[f], shard, off, clen, buf, &got), msg,
-                                    sizeof(msg));
+            int r =
+                mode == TS_REPAIR_CHUNK
+                    ? TS_ECORRUPT
+                    : ts_cl_peer_done(cl, p, sub,
+                                      ts_conn_read(sub, e->name[f], shard, off, clen, buf, &got),
+                                      msg, sizeof(msg));
             if (r == 0 && got == clen)
                 continue;
             if (r != TS_ECORRUPT && r != 0) {
@@ -579,7 +589,7 @@ static int ec_repair_frag(tessera_client *c, struct ts_cluster *cl, struct ec_sh
     return rc;
 }
 
-int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name,
+int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name, int mode,
                          struct tessera_repair_report *rep)
 {
     struct ts_shard_info *v = NULL;
@@ -607,7 +617,7 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
         if (!rc && !(scratch = malloc((size_t)e.n * e.lay.cell)))
             rc = TS_ENOMEM;
         for (unsigned f = 0; !rc && f < e.n; f++)
-            ec_repair_frag(c, cl, &e, v[i].shard, f, scratch, rep);
+            ec_repair_frag(c, cl, &e, v[i].shard, f, scratch, mode, 0, rep);
         if (e.why[0])
             ts_cl_why_add(why, "%s/%u: %s", name, v[i].shard, e.why);
         rep->shards++;
@@ -618,4 +628,44 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
     if (!rc && why[0])
         ts_conn_set_error(c, "%s", why);
     return rc ? rc : (rep->failed ? TS_EIO : 0);
+}
+
+int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *frag,
+                          uint32_t shard, uint32_t chunk, struct tessera_repair_report *rep)
+{
+    char base[TS_NAME_MAX + 1];
+    struct ts_dataset_info d;
+    struct ts_shard_info si;
+    struct ec_shard e;
+    uint8_t *scratch = NULL;
+    unsigned f;
+    int rc;
+
+    memset(rep, 0, sizeof(*rep));
+    if (!ts_frag_split(frag, base, &f)) {
+        ts_conn_set_error(c, "'%s' is not a fragment's name (NAME#f)", frag);
+        return TS_EINVAL;
+    }
+    rc = ts_cl_dataset_stat(c, cl, base, &d);
+    if (!rc && (!d.policy.ec_k || f >= (unsigned)d.policy.ec_k + d.policy.ec_m)) {
+        ts_conn_set_error(c, "dataset %s has no fragment %u (it is %s)", base, f,
+                          d.policy.ec_k ? "erasure-coded with fewer" : "not erasure-coded");
+        return TS_EINVAL;
+    }
+    if (!rc)
+        rc = ts_cl_shard_stat(c, cl, base, shard, &si);
+    if (rc)
+        return rc;
+    rc = ec_shard_init(c, cl, &e, base, shard, si.size, d.policy.ec_k, d.policy.ec_m);
+    if (!rc && !(scratch = malloc((size_t)e.n * e.lay.cell)))
+        rc = TS_ENOMEM;
+    if (!rc)
+        rc = ec_repair_frag(c, cl, &e, shard, f, scratch,
+                            chunk == UINT32_MAX ? TS_REPAIR_PRESENCE : TS_REPAIR_CHUNK, chunk, rep);
+    rep->shards = 1;
+    if (e.why[0])
+        ts_conn_set_error(c, "%s/%u: %s", base, shard, e.why);
+    free(scratch);
+    ts_ec_destroy(e.ec);
+    return rc ? rc : (rep->unreachable ? TS_EUNAVAIL : 0);
 }

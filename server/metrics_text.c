@@ -490,6 +490,16 @@ static void render_integrity(struct tsd_server *s, struct evbuffer *o, const str
     one(o, "tessera_scrub_last_end_timestamp_seconds", "gauge",
         "When the last scrub ended (Unix time; 0: none yet).",
         (double)atomic_load(&sc->last_end_ns) / 1e9);
+    one(o, "tessera_ec_repair_wanted_chunks", "gauge",
+        "Fragment chunks (or whole fragments) found damaged or missing here, waiting for the "
+        "monitor's repair.",
+        (double)tsd_ec_wanted_copy(s, NULL, 0));
+    one(o, "tessera_ec_repair_noted_total", "counter",
+        "Fragment chunks or fragments found damaged or missing here (noted for repair).",
+        (double)atomic_load(&s->ec_wanted.noted));
+    one(o, "tessera_ec_repair_done_total", "counter",
+        "Of those, repaired here (the monitor's rebuilt bytes taken).",
+        (double)atomic_load(&s->ec_wanted.done));
     one(o, "tessera_wal_damage_timestamp_seconds", "gauge",
         "When the store last opened on a damaged write-ahead log (Unix time; 0: never).",
         (double)ts_store_wal_damage_ns(s->store) / 1e9);

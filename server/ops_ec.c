@@ -57,14 +57,85 @@ int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const ch
  * replicas' bytes are dropped, on this node; a sealed dataset only (storage/tier.c). Back to
  * replicated, the node's fragment stores of NAME go: the client converts back only once the
  * replicas hold every byte again, which the node checked when it was told to keep them.
+ *
+ * The store work runs on a thread of its own, not the worker: keeping the bytes again reads
+ * every chunk of the dataset here, and dropping them deletes its chunk files. At most
+ * TIER_JOBS_MAX at once per node (TS_EBUSY beyond: the CLI tries again); the reply is sent from
+ * the worker once it is done.
  */
+#define TIER_JOBS_MAX 4
+
+struct tier_job {
+    struct parked *pk;
+    struct tsd_server *s;
+    struct event_base *worker_base;
+    struct tsd_req_dataset_tier a;
+    uint64_t missing;
+    int rc;
+};
+
+static void tier_done(evutil_socket_t fd, short what, void *arg)
+{
+    struct tier_job *j = arg;
+    struct parked *pk = j->pk;
+    const struct tsd_req_dataset_tier *a = &j->a;
+    int rc = j->rc;
+
+    (void)fd;
+    (void)what;
+    if (!ops_unpark(pk)) {
+        free(pk);
+        free(j);
+        return;
+    }
+    if (rc == TS_EINVAL)
+        tsd_reply_error(pk->c, &pk->h, rc,
+                        "dataset-tier %s: not sealed (only sealed datasets are tiered)", a->name);
+    else if (rc == TS_EINCOMPLETE)
+        tsd_reply_error(pk->c, &pk->h, rc,
+                        "dataset-tier %s: %llu chunks of its replicas here are not restored yet "
+                        "(their bytes are only in the fragments): nothing changed",
+                        a->name, (unsigned long long)j->missing);
+    else if (rc == TS_EBUSY)
+        tsd_reply_error(pk->c, &pk->h, rc,
+                        "dataset-tier %s: its replicas' bytes are dropped here, its fragments "
+                        "of its code hold them: put them back first (tier NAME replicated)",
+                        a->name);
+    else if (rc)
+        ops_reply_store_error(pk->c, &pk->h, rc, a->name, -1);
+    else
+        ops_reply_ok(pk->c, &pk->h);
+    ops_unpark_done(pk);
+    free(j);
+}
+
+static void *tier_run(void *arg)
+{
+    struct tier_job *j = arg;
+    const struct tsd_req_dataset_tier *a = &j->a;
+    struct tsd_server *s = j->s;
+    char frag[TS_NAME_MAX + 1];
+
+    j->rc = ts_store_dataset_set_tier(s->store, a->name, a->k, a->m, a->dropped, &j->missing);
+    for (unsigned f = 0; !j->rc && !a->k && f < TS_FRAG_MAX && ts_frag_name(frag, a->name, f) == 0;
+         f++) {
+        int fr = ts_store_dataset_delete_ex(s->store, frag, 1);
+        if (fr && fr != TS_ENOENT)
+            TS_WARN(FAC, fr, "dataset %s replicated again; its fragment store %s not removed",
+                    a->name, frag);
+    }
+    event_base_once(j->worker_base, -1, EV_TIMEOUT, tier_done, j, NULL);
+    atomic_fetch_sub(&s->tier_jobs, 1); /* after the last use of s */
+    return NULL;
+}
+
 void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct tsd_req *q)
 {
     const struct tsd_req_dataset_tier *a = &q->u.dataset_tier;
     struct tsd_server *s = c->w->srv;
-    char frag[TS_NAME_MAX + 1];
-    uint64_t missing = 0;
-    int rc;
+    struct tier_job *j;
+    pthread_attr_t at;
+    pthread_t t;
 
     if ((a->k || a->m) && (a->k < 1 || a->k > TS_EC_MAX_K || a->m < 1 || a->m > TS_EC_MAX_M)) {
         tsd_reply_error(c, h, TS_EINVAL,
@@ -77,31 +148,28 @@ void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const
                         "dataset-tier %s: replica bytes dropped needs an erasure code", a->name);
         return;
     }
-    rc = ts_store_dataset_set_tier(s->store, a->name, a->k, a->m, a->dropped, &missing);
-    if (rc == TS_EINVAL)
-        tsd_reply_error(c, h, rc, "dataset-tier %s: not sealed (only sealed datasets are tiered)",
-                        a->name);
-    else if (rc == TS_EINCOMPLETE)
-        tsd_reply_error(c, h, rc,
-                        "dataset-tier %s: %llu chunks of its replicas here are not restored yet "
-                        "(their bytes are only in the fragments): nothing changed",
-                        a->name, (unsigned long long)missing);
-    else if (rc == TS_EBUSY)
-        tsd_reply_error(c, h, rc,
-                        "dataset-tier %s: its replicas' bytes are dropped here, its fragments "
-                        "of its code hold them: put them back first (tier NAME replicated)",
-                        a->name);
-    else if (rc)
-        ops_reply_store_error(c, h, rc, a->name, -1);
-    if (rc)
+    if (atomic_fetch_add(&s->tier_jobs, 1) >= TIER_JOBS_MAX) {
+        atomic_fetch_sub(&s->tier_jobs, 1);
+        tsd_reply_error(c, h, TS_EBUSY,
+                        "dataset-tier %s: %d tier changes are running on this node; try again",
+                        a->name, TIER_JOBS_MAX);
         return;
-    for (unsigned f = 0; !a->k && f < TS_FRAG_MAX && ts_frag_name(frag, a->name, f) == 0; f++) {
-        int fr = ts_store_dataset_delete_ex(s->store, frag, 1);
-        if (fr && fr != TS_ENOENT)
-            TS_WARN(FAC, fr, "dataset %s replicated again; its fragment store %s not removed",
-                    a->name, frag);
     }
-    ops_reply_ok(c, h);
+    j = calloc(1, sizeof(*j));
+    if (!j || !(j->pk = ops_park(c, h, 1, 0))) {
+        free(j);
+        atomic_fetch_sub(&s->tier_jobs, 1);
+        tsd_reply_error(c, h, TS_ENOMEM, "out of memory");
+        return;
+    }
+    j->s = s;
+    j->worker_base = c->w->base;
+    j->a = *a;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, tier_run, j) != 0)
+        tier_run(j); /* no thread: done here, on the worker */
+    pthread_attr_destroy(&at);
 }
 
 /*
@@ -135,4 +203,6 @@ void tsd_op_chunk_repair(struct tsd_conn *c, const struct ts_frame_hdr *h, const
         ops_reply_store_error(c, h, rc, a->name, a->shard);
     else
         ops_reply_ok(c, h);
+    if (rc == 0)
+        tsd_ec_wanted_done(c->w->srv, a->name, a->shard, a->idx);
 }

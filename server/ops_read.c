@@ -9,12 +9,16 @@
 
 /* ---- reads ------------------------------------------------------------------------------ */
 
-/* A local chunk failed verification: in a cluster, fetch a good copy from a replica. */
+/* A local chunk failed verification: in a cluster, fetch a good copy from a replica; a
+ * fragment has none: noted for the monitor's EC repair (ec_wanted.c). */
 void tsd_repair_chunk(struct tsd_server *s, const char *name, uint32_t shard, uint32_t idx, int rc)
 {
-    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX ||
-        ts_frag_split(name, NULL, NULL)) /* a fragment has no replica: EC repair rebuilds it */
+    if (rc != TS_ECORRUPT || !atomic_load(&s->epoch) || !s->repl || idx == UINT32_MAX)
         return;
+    if (ts_frag_split(name, NULL, NULL)) {
+        tsd_ec_wanted_note(s, name, shard, idx);
+        return;
+    }
     ts_repl_repair(s->repl, name, shard, idx, tsd_pg_of(s, name, shard));
 }
 
@@ -268,6 +272,8 @@ void tsd_op_read(struct tsd_conn *c, const struct ts_frame_hdr *h, const struct 
                             shard);
         else
             ops_reply_store_error(c, h, rc, name, shard);
+        if (rc == TS_ENOENT && atomic_load(&s->epoch))
+            tsd_ec_wanted_note_missing(s, name, shard); /* a fragment lost here: repair it */
         goto out_free;
     }
     si = ts_read_ctx_info(rs->ctx);

@@ -232,6 +232,8 @@ void tsd_op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const s
 
     if (frag && !ops_frag_write_ok(c, h, name, shard))
         return;
+    if (frag) /* put whole again: what was noted of it is being replaced */
+        tsd_ec_wanted_done(s, name, shard, UINT32_MAX);
     j = calloc(1, sizeof(*j));
     if (!j) {
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");

@@ -24,6 +24,26 @@ uint64_t tsd_rss_bytes(void)
     return (uint64_t)kb * 1024;
 }
 
+/* Fragment chunks this node found damaged or missing, for the monitor's repair (ec_wanted.c):
+ * "chunk" -1 is the whole fragment. */
+static void status_ec_wanted(struct tsd_server *s, json_object *root)
+{
+    struct tsd_ec_wanted_ent e[TSD_EC_WANTED_MAX];
+    size_t n = tsd_ec_wanted_copy(s, e, TSD_EC_WANTED_MAX);
+    json_object *arr = json_object_new_array();
+
+    for (size_t i = 0; i < n; i++) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "fragment", json_object_new_string(e[i].frag));
+        json_object_object_add(o, "shard", json_object_new_int64(e[i].shard));
+        json_object_object_add(
+            o, "chunk", json_object_new_int64(e[i].idx == UINT32_MAX ? -1 : (int64_t)e[i].idx));
+        json_object_object_add(o, "at_ns", json_object_new_int64((int64_t)e[i].at_ns));
+        json_object_array_add(arr, o);
+    }
+    json_object_object_add(root, "ec_repair_wanted", arr);
+}
+
 #define STATUS_MAX_DATASETS 100
 #define STATUS_MAX_LAG 100 /* the reply is a u16-length str; `dataset ls` lists all */
 
@@ -256,6 +276,7 @@ void tsd_op_status(struct tsd_conn *c, const struct ts_frame_hdr *h, const struc
     json_object_object_add(root, "stats", stats);
     status_hot(s, root);
     status_rolled_back(s, root);
+    status_ec_wanted(s, root);
     if (atomic_load(&s->epoch)) {
         json_object *cl = json_object_new_object(), *rep = json_object_new_object(), *lag;
         struct ts_repl_lag *l = NULL;

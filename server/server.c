@@ -323,6 +323,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     s->ops = tsd_ops_table(); /* the handlers, as the connection layer reaches them */
     s->cfg = cfg;
     s->start_ns = ts_now_mono_ns();
+    tsd_ec_wanted_init(&s->ec_wanted);
     s->anon_role = tsd_config_anon_role(cfg);
     TS_INFO(FAC, "clients without a certificate get role '%s' (anonymous_role %s%s)",
             ts_role_name(s->anon_role), cfg->anonymous_role,
@@ -525,6 +526,8 @@ void tsd_server_fini(struct tsd_server *s)
     tsd_rdma_tokens_fini(&s->rdma_tokens);
     /* The loops have ended: no seal is queued after this, and none reaches a freed event. */
     ts_store_commit_quiesce(s->store);
+    while (atomic_load(&s->tier_jobs) > 0) /* a DATASET_TIER's thread still uses the store */
+        usleep(10 * 1000);
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
         s->ops->seals_forget(w);
@@ -564,4 +567,5 @@ void tsd_server_fini(struct tsd_server *s)
     tsd_prefetch_stop(s->prefetch);
     s->prefetch = NULL;
     ts_store_close(s->store);
+    tsd_ec_wanted_fini(&s->ec_wanted);
 }

@@ -172,6 +172,22 @@ struct tsd_scrub_stats {
     _Atomic uint64_t last_end_ns; /* wall clock */
 };
 
+/* ec_wanted.c: fragment chunks this node found damaged or missing, waiting for the monitor's
+ * repair (docs/operations.md "Repair"). */
+#define TSD_EC_WANTED_MAX 64
+struct tsd_ec_wanted_ent {
+    char frag[TS_NAME_MAX + 1]; /* NAME#f */
+    uint32_t shard, idx;        /* idx UINT32_MAX: the whole fragment is missing here */
+    uint64_t at_ns;             /* wall clock, when first noted */
+    uint64_t mono_ns;           /* the same, monotonic (its age) */
+};
+struct tsd_ec_wanted {
+    pthread_mutex_t mu;
+    struct tsd_ec_wanted_ent e[TSD_EC_WANTED_MAX];
+    unsigned n;
+    _Atomic uint64_t noted, done; /* counters: entries noted, entries repaired */
+};
+
 struct tsd_metrics;
 
 struct tsd_server {
@@ -219,6 +235,8 @@ struct tsd_server {
     struct tsd_rdma_tokens rdma_tokens;
     struct tsd_metrics *metrics; /* http.c: the metrics thread and listener */
     struct tsd_scrub_stats scrub;
+    struct tsd_ec_wanted ec_wanted;
+    _Atomic int tier_jobs; /* ops_ec.c: DATASET_TIER store work running on threads of its own */
 };
 
 /*
@@ -330,6 +348,17 @@ struct tsd_scrub_pgs {
     uint64_t missing;   /* complete shards the primaries hold beyond ours */
 };
 void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
+
+/* ec_wanted.c. A chunk of fragment frag (NAME#f) failed its CRC32C here (idx), or a read found
+ * the fragment missing while NAME is erasure-coded here (note_missing): noted once, kept until
+ * it is repaired (CHUNK_REPAIR of the chunk, a seal of the fragment) or for EC_WANTED_TTL; the
+ * oldest goes when the table is full. copy: the entries now (STATUS); count: how many. */
+void tsd_ec_wanted_init(struct tsd_ec_wanted *w);
+void tsd_ec_wanted_fini(struct tsd_ec_wanted *w);
+void tsd_ec_wanted_note(struct tsd_server *s, const char *frag, uint32_t shard, uint32_t idx);
+void tsd_ec_wanted_note_missing(struct tsd_server *s, const char *frag, uint32_t shard);
+void tsd_ec_wanted_done(struct tsd_server *s, const char *frag, uint32_t shard, uint32_t idx);
+size_t tsd_ec_wanted_copy(struct tsd_server *s, struct tsd_ec_wanted_ent *out, size_t cap);
 
 /* cluster.c: PGs this node holds a replica of (not leads) that their primary has not confirmed
  * yet (it serves no reads of them). */

@@ -171,6 +171,8 @@ int cli_rebalance_drive(struct ctx *x);
 void cli_rebalance_as_monitor(int (*keep)(void));
 /* cli_monitor.c: tessera monitor */
 int cmd_monitor(struct ctx *x);
+/* cli_monitor_ec.c: one round of the elected monitor's repair of erasure-coded datasets. */
+void cli_monitor_ec_round(struct ctx *x, const char *me);
 /* cli_admin.c: the map a change is made on, the caller's to free: etcd's with --etcd, else a
  * copy of the newest one the nodes have; NULL on a single node (x->local says why). */
 struct ts_map *cli_map_base(struct ctx *x);

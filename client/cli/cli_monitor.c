@@ -12,6 +12,11 @@
  * map it was made on, so a deposed monitor that has not yet noticed can change nothing. The
  * failover policy itself runs in the nodes (server/etcd_monitor.c).
  *
+ * The elected monitor also repairs erasure-coded datasets (cli_monitor_ec.c): after each map
+ * change, and the fragment chunks nodes report damaged or missing. Repairs are idempotent (a
+ * node takes only bytes matching the chunk's stored CRC32C), so a deposed monitor finishing one
+ * does no harm.
+ *
  *   tessera --etcd ENDPOINTS [--etcd-prefix P] -s NODE [admin TLS options] monitor
  */
 #include "cli.h"
@@ -134,6 +139,8 @@ int cmd_monitor(struct ctx *x)
                           : "done, paused or handed on");
                 fflush(stdout);
             }
+            if (still_elected())
+                cli_monitor_ec_round(x, me);
         }
         sleep(1);
     }

@@ -658,3 +658,30 @@ uint64_t tsd_cluster_chunk_bytes(const struct tsd_cluster *cl)
     }
     return chunk_bytes_sum;
 }
+
+static off_t size_want;
+static int size_hits;
+static char size_path[1600];
+static int size_cb(const char *path, const struct stat *st, int flag, struct FTW *f)
+{
+    (void)f;
+    if (flag == FTW_F && st->st_size == size_want) {
+        snprintf(size_path, sizeof(size_path), "%s", path);
+        size_hits++;
+    }
+    return 0;
+}
+
+int tsd_chunk_files_of_size(const char *data, off_t size, char *path, size_t cap)
+{
+    char dir[600];
+
+    size_want = size;
+    size_hits = 0;
+    snprintf(dir, sizeof(dir), "%s/chunks", data);
+    if (access(dir, F_OK) == 0)
+        nftw(dir, size_cb, 16, FTW_PHYS);
+    if (size_hits)
+        snprintf(path, cap, "%s", size_path);
+    return size_hits;
+}

@@ -166,6 +166,10 @@ int tsd_put_pattern(struct tessera_client *c, const char *ds, uint32_t shard, si
  * a replica's or a fragment's, are in a file of its own (storage/chunkfile.c). */
 uint64_t tsd_cluster_chunk_bytes(const struct tsd_cluster *cl);
 
+/* How many chunk files of exactly `size` bytes are under node data directory DATA (a shard's or
+ * fragment's chunks, storage/chunkfile.c); the last one found into path. */
+int tsd_chunk_files_of_size(const char *data, off_t size, char *path, size_t cap);
+
 /* The certificate directory made by conf/mkcerts for this test run. */
 const char *test_certs(void);
 

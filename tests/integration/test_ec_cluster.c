@@ -251,41 +251,6 @@ static void test_healthy_reads_are_direct(void **state)
     tessera_client_close(c);
 }
 
-/* Files of exactly `size` bytes under DIR/chunks/ (the chunk files); the last into path. */
-static int files_of_size(const char *data, off_t size, char *path, size_t cap)
-{
-    char dir[1024];
-    DIR *top, *sub;
-    struct dirent *a, *b;
-    int n = 0;
-
-    snprintf(dir, sizeof(dir), "%s/chunks", data);
-    top = opendir(dir);
-    if (!top)
-        return 0;
-    while ((a = readdir(top))) {
-        char d2[1300];
-        if (a->d_name[0] == '.')
-            continue;
-        snprintf(d2, sizeof(d2), "%s/%s", dir, a->d_name);
-        if (!(sub = opendir(d2)))
-            continue;
-        while ((b = readdir(sub))) {
-            char f[1600];
-            struct stat st;
-            snprintf(f, sizeof(f), "%s/%s", d2, b->d_name);
-            if (b->d_name[0] != '.' && stat(f, &st) == 0 && S_ISREG(st.st_mode) &&
-                st.st_size == size) {
-                snprintf(path, cap, "%s", f);
-                n++;
-            }
-        }
-        closedir(sub);
-    }
-    closedir(top);
-    return n;
-}
-
 /* Flips one byte at off of node i's only chunk file of `size` bytes (a fragment), then restarts
  * the node so that its cache (which may hold the chunk) is gone and the next read is the file's. */
 static void flip_on_disk(int i, uint64_t size, off_t off)
@@ -294,7 +259,7 @@ static void flip_on_disk(int i, uint64_t size, off_t off)
     uint8_t x;
     int fd;
 
-    assert_int_equal(files_of_size(CL.node[i].data, (off_t)size, path, sizeof(path)), 1);
+    assert_int_equal(tsd_chunk_files_of_size(CL.node[i].data, (off_t)size, path, sizeof(path)), 1);
     fd = open(path, O_RDWR);
     assert_true(fd >= 0);
     assert_int_equal(pread(fd, &x, 1, off), 1);
@@ -553,6 +518,14 @@ static void test_repair(void **state)
     assert_int_equal(ec_read_any(c, "rep", 3, lens[3], 300 + 3, &st), 0);
     assert_true(st.rebuilt > 0); /* the fault happened: shard 3's moved fragment is missing */
     tessera_client_close(c);
+    {
+        /* The node now at the moved position noted the fragment it was asked for missing (for
+         * the monitor's repair: its STATUS lists it, chunk -1: the whole fragment). */
+        int noted = 0;
+        for (int n = 0; n < CL.n; n++)
+            noted += n != gone && raw_status_has(CL.node[n].addr, "\"shard\":3,\"chunk\":-1");
+        assert_true(noted >= 1);
+    }
 
     assert_int_equal(cli("--json dataset repair rep"), 0);
     fprintf(stderr, "  damaged on %s, out %s\n", CL.id[i], CL.id[gone]);
@@ -562,6 +535,9 @@ static void test_repair(void **state)
     assert_true(json_num("fragments_put") >= 1);
     assert_int_equal(json_num("failed"), 0);
     assert_int_equal(json_num("unreachable"), 0);
+    /* What the nodes had noted is repaired: none lists a fragment of rep any more. */
+    for (int n = 0; n < CL.n; n++)
+        assert_false(n != gone && raw_status_has(CL.node[n].addr, "\"fragment\":\"rep#"));
     c = admin();
     for (uint32_t s = 0; s < ns; s++) {
         assert_int_equal(ec_read_any(c, "rep", s, lens[s], 300 + s, &st), 0);

@@ -50,7 +50,8 @@ SPEC_METRICS = {
     "tessera_job_bytes_ahead", "tessera_job_steps_total", "tessera_job_step_seconds",
     "tessera_job_step_stall_seconds",
 }
-SPEC_PREFIXES = ("tessera_scrub_", "tessera_rocksdb_")  # families the spec leaves open
+# Families the spec leaves open; tessera_ec_repair_: the EC repair's (issue 33).
+SPEC_PREFIXES = ("tessera_scrub_", "tessera_rocksdb_", "tessera_ec_repair_")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 OTHER_METRICS = {"up"}  # Prometheus' own
 # Words PromQL may show outside strings that are not metric names.
