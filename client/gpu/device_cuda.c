@@ -154,11 +154,13 @@ int tessera_read_device(tessera_client *c, const char *name, uint32_t shard, uin
     }
     if (len && ts_cu_device_ptr(dev, why, sizeof(why)) == 0) {
         rc = read_placed(c, name, shard, off, len, dev, out_len, st);
-        if (rc != TS_ENOTSUP && rc != TS_ECORRUPT && rc != TS_EIO)
+        if (rc != TS_ENOTSUP && rc != TS_ECORRUPT && rc != TS_EIO && rc != TS_EFRAGMENTED)
             return rc;
-        /* Not placed, placed bytes that failed their check, or a check that could not run (the
-         * GPU out of memory): read through staging, which reads a bad range again from the
-         * node's store. */
+        /* Not placed, placed bytes that failed their check, a check that could not run (the
+         * GPU out of memory), or an erasure-coded dataset whose replicas hold no bytes (placed
+         * reads go to one node; its bytes are in fragments on K): read through staging, which
+         * reads a bad range again from the node's store and an erasure-coded dataset through
+         * its fragments. */
         TS_INFO("gpu", "%s/%u: through staging: %s", name, shard, tessera_client_error(c));
     }
     rc = cuda_rc(&x, rt.stream_create(&x.stream, cudaStreamNonBlocking),
