@@ -327,6 +327,11 @@ int ts_conn_shard_records(tessera_client *c, const char *name, uint32_t shard, u
 int ts_conn_shard_stat(tessera_client *c, const char *name, uint32_t shard,
                        struct ts_shard_info *out);
 int ts_conn_shard_list(tessera_client *c, const char *name, struct ts_shard_info **out, size_t *n);
+/* n (up to TS_PUT_MANY_MAX) puts of one shard number at once, each on its own connection
+ * (cs[i] distinct), without records: rcs[i] each one's result (put.c). */
+#define TS_PUT_MANY_MAX 64
+void ts_conn_put_many(tessera_client *const *cs, const char *const *names, uint32_t shard,
+                      const void *const *bufs, const size_t *lens, int *rcs, unsigned n);
 int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void *buf, size_t len,
                 const uint64_t *records, uint32_t nrecords);
 int ts_conn_put_fd(tessera_client *c, const char *name, uint32_t shard, int fd, uint64_t size);
@@ -463,7 +468,7 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
                          struct tessera_repair_report *rep);
 /* One fragment chunk a node found damaged (chunk), or the fragment it found missing
  * (UINT32_MAX), of frag (NAME#f) shard shard: rebuilt from K others and written at its
- * position's node. */
+ * position's node. TS_ENOENT: no such dataset, shard or fragment (nothing to repair). */
 int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *frag,
                           uint32_t shard, uint32_t chunk, struct tessera_repair_report *rep);
 int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,

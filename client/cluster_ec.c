@@ -153,22 +153,32 @@ int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uin
             pa[j] = frag[k + j] + s * e.lay.cell;
         ts_ec_encode(e.ec, ts_ec_cell_len(&e.lay, s, 0), d, pa);
     }
-    /* Every fragment must be durable on its node (its put returns at its seal). */
-    for (unsigned f = 0; f < e.n && !rc; f++) {
-        char msg[256];
-        tessera_client *sub;
-        size_t p;
-        rc = ec_sub(cl, &e, f, &p, &sub);
-        if (!rc)
-            rc = ts_cl_peer_done(
-                cl, p, sub,
-                ts_conn_put(sub, e.name[f], shard, frag[f], ts_ec_frag_len(&e.lay, f), NULL, 0),
-                msg, sizeof(msg));
-        if (rc) {
-            if (!e.bad[f])
-                ec_fail(cl, &e, f, rc, msg);
-            ts_conn_set_error(c, "%s/%u: ec %u+%u: %s", name, shard, k, m, e.why);
+    /* Every fragment must be durable on its node (its put returns at its seal): all put at
+     * once, each node storing and syncing its own while the others do. */
+    if (!rc) {
+        tessera_client *sub[TS_FRAG_MAX];
+        const char *names[TS_FRAG_MAX];
+        const void *bufs[TS_FRAG_MAX];
+        size_t p[TS_FRAG_MAX], lens[TS_FRAG_MAX];
+        int rcs[TS_FRAG_MAX];
+        for (unsigned f = 0; f < e.n && !rc; f++) {
+            rc = ec_sub(cl, &e, f, &p[f], &sub[f]); /* marks the fragment bad, says why */
+            names[f] = e.name[f];
+            bufs[f] = frag[f];
+            lens[f] = (size_t)ts_ec_frag_len(&e.lay, f);
         }
+        if (!rc)
+            ts_conn_put_many(sub, names, shard, bufs, lens, rcs, e.n);
+        for (unsigned f = 0; f < e.n && !rc; f++) {
+            char msg[256];
+            int r = ts_cl_peer_done(cl, p[f], sub[f], rcs[f], msg, sizeof(msg));
+            if (r) {
+                ec_fail(cl, &e, f, r, msg);
+                rc = rc ? rc : r;
+            }
+        }
+        if (rc)
+            ts_conn_set_error(c, "%s/%u: ec %u+%u: %s", name, shard, k, m, e.why);
     }
 out:
     for (unsigned f = 0; f < TS_FRAG_MAX; f++)
@@ -650,7 +660,7 @@ int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *
     if (!rc && (!d.policy.ec_k || f >= (unsigned)d.policy.ec_k + d.policy.ec_m)) {
         ts_conn_set_error(c, "dataset %s has no fragment %u (it is %s)", base, f,
                           d.policy.ec_k ? "erasure-coded with fewer" : "not erasure-coded");
-        return TS_EINVAL;
+        return TS_ENOENT; /* nothing to repair (tiered back since it was noted, say) */
     }
     if (!rc)
         rc = ts_cl_shard_stat(c, cl, base, shard, &si);

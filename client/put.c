@@ -333,6 +333,72 @@ int ts_conn_put(tessera_client *c, const char *name, uint32_t shard, const void 
     return rc;
 }
 
+/*
+ * n puts at once, each on a connection of its own (an erasure-coded shard's fragments to their
+ * nodes): every put's chunks are sent before any is waited for, then each is sealed once its
+ * chunks are acknowledged, and only then are the seals waited for, so the nodes store and
+ * make durable their fragments at the same time rather than one after another. A put that
+ * fails in a way ts_conn_put would try again (its shard there already, a remembered chunk size
+ * refused) is done again alone by ts_conn_put.
+ */
+void ts_conn_put_many(tessera_client *const *cs, const char *const *names, uint32_t shard,
+                      const void *const *bufs, const size_t *lens, int *rcs, unsigned n)
+{
+    struct put ps[TS_PUT_MANY_MAX];
+    struct ts_req *seal[TS_PUT_MANY_MAX] = {0};
+    size_t off[TS_PUT_MANY_MAX] = {0};
+
+    n = TS_MIN(n, (unsigned)TS_PUT_MANY_MAX);
+    memset(ps, 0, sizeof(ps));
+    /* Chunks sent, as far as each window goes without a wait. */
+    for (unsigned i = 0; i < n; i++) {
+        rcs[i] = ts_enter_name(cs[i], names[i]);
+        if (!rcs[i] && !bufs[i] && lens[i])
+            rcs[i] = TS_EINVAL;
+        if (!rcs[i])
+            rcs[i] = put_begin(cs[i], &ps[i], names[i], shard, lens[i], 1);
+        while (!rcs[i] && ps[i].count < ps[i].nwin && (off[i] < lens[i] || !ps[i].index)) {
+            uint32_t k = (uint32_t)TS_MIN((size_t)ps[i].chunk, lens[i] - off[i]);
+            const uint8_t *at = (const uint8_t *)bufs[i] + off[i];
+            if (put_chunk(cs[i], &ps[i], at, k, ts_crc32c(0, at, k)))
+                break;
+            off[i] += k;
+        }
+    }
+    /* The rest of each (a put larger than its window), then its acknowledgements, then its
+     * seal sent. */
+    for (unsigned i = 0; i < n; i++) {
+        if (rcs[i] || !ps[i].win)
+            continue;
+        while (!ps[i].rc && (off[i] < lens[i] || !ps[i].index)) {
+            uint32_t k = (uint32_t)TS_MIN((size_t)ps[i].chunk, lens[i] - off[i]);
+            const uint8_t *at = (const uint8_t *)bufs[i] + off[i];
+            if (put_room(cs[i], &ps[i]) || put_chunk(cs[i], &ps[i], at, k, ts_crc32c(0, at, k)))
+                break;
+            off[i] += k;
+        }
+        while (ps[i].count)
+            put_collect(cs[i], &ps[i]);
+        if (!ps[i].rc)
+            rcs[i] = seal_send(cs[i], names[i], shard, ps[i].crc, NULL, 0, &seal[i]);
+    }
+    /* The seals' answers. */
+    for (unsigned i = 0; i < n; i++) {
+        struct ts_shard_info info;
+        int memo = ps[i].memo;
+        free(ps[i].win);
+        if (seal[i])
+            rcs[i] = seal_wait(cs[i], seal[i], &info, cs[i]->err, sizeof(cs[i]->err));
+        if (ps[i].rc)
+            rcs[i] = ps[i].rc;
+        if (rcs[i] == TS_EEXIST || (rcs[i] == TS_EINVAL && memo)) {
+            if (memo)
+                memo_forget(cs[i], names[i]);
+            rcs[i] = ts_conn_put(cs[i], names[i], shard, bufs[i], lens[i], NULL, 0);
+        }
+    }
+}
+
 /* Fills buf with up to len bytes from fd (a file or a pipe); the count, or TS_E*. */
 static long read_full(int fd, uint8_t *buf, size_t len)
 {

@@ -38,6 +38,7 @@
 static struct tsd_cluster CL;
 static unsigned shards = 16;
 static size_t slen = 8u << 20;
+static const char *sync_args[] = {"--sync", NULL, NULL}; /* bench/ec/run --sync */
 
 static void pin(int cpu)
 {
@@ -154,8 +155,10 @@ int main(int argc, char **argv)
     pin(1);
     e42 = encode_gbs(4, 2);
     e83 = encode_gbs(8, 3);
-    pin(0); /* the nodes inherit core 0 */
-    if (tsd_cluster_start(&CL, K + M, NULL, 16, NULL) != 0)
+    pin(0);                           /* the nodes inherit core 0 */
+    if (getenv("TESSERA_BENCH_SYNC")) /* bench/ec/run --sync MODE: after the harness's none */
+        sync_args[1] = getenv("TESSERA_BENCH_SYNC");
+    if (tsd_cluster_start(&CL, K + M, NULL, 16, sync_args[1] ? sync_args : NULL) != 0)
         die("starting 6 nodes", TS_EIO, NULL);
     pin(1);
     if ((rc = test_tls_open(&c, CL.tls_listen[0], "admin", NULL, NULL)) != 0)

@@ -31,6 +31,7 @@
 #define RETRY_FIRST_NS (10ull * 1000000000ull)
 #define RETRY_MAX_NS (300ull * 1000000000ull)
 #define WANTED_RETRY_NS (30ull * 1000000000ull)
+#define WANTED_FORGET_NS (15ull * 60 * 1000000000ull) /* a node keeps an entry this long */
 #define TRIED_MAX 256
 
 static struct {
@@ -112,8 +113,9 @@ static int presence_pass(struct ctx *x, const char *me, uint64_t epoch)
     return 0;
 }
 
-/* Whether the entry `key` failed lately (and is not due again); with fail, note its failure. */
-static int tried_lately(const char *key, int fail, uint64_t now)
+/* Whether the entry `key` failed lately (and is not due again); with fail, note its failure:
+ * due again after `again` ns. */
+static int tried_lately(const char *key, uint64_t fail, uint64_t now)
 {
     unsigned i;
 
@@ -128,7 +130,7 @@ static int tried_lately(const char *key, int fail, uint64_t now)
             st.ntried++;
         snprintf(st.tried[i].key, sizeof(st.tried[i].key), "%s", key);
     }
-    st.tried[i].again_ns = now + WANTED_RETRY_NS;
+    st.tried[i].again_ns = now + fail;
     return 1;
 }
 
@@ -156,8 +158,16 @@ static void repair_wanted(struct ctx *x, const char *me, const char *node, json_
         return;
     rc = ts_client_ec_chunk_repair(x->c, frag, shard, chunk, &r);
     age = (double)(ts_now_wall_ns() - (uint64_t)json_object_get_int64(at)) / 1e9;
+    if (rc == TS_ENOENT) {
+        /* No such shard (or dataset): a reader asked for a fragment that never was. The node
+         * forgets the entry within 15 minutes; not tried again before. */
+        tried_lately(key, WANTED_FORGET_NS, now);
+        printf("monitor %s: EC repair: %s/%u on %s: no such shard of the dataset (%s): ignored\n",
+               me, frag, shard, node, tessera_client_error(x->c));
+        return;
+    }
     if (rc || r.failed) {
-        tried_lately(key, 1, now);
+        tried_lately(key, WANTED_RETRY_NS, now);
         printf("monitor %s: EC repair of %s %s/%u on %s (noted %.1f s ago) failed: %s: again in "
                "30 s\n",
                me, chunk == UINT32_MAX ? "fragment" : "a chunk of", frag, shard, node, age,

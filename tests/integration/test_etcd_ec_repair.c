@@ -13,6 +13,9 @@
  *   two more nodes of a moved shard are killed and every shard still reads byte for byte (with
  *   the moved fragments missing that would be three fragments gone of six, one more than M).
  *
+ * - a reader asking for 100 fragments that were never there: its node notes 64 (its table's
+ *   bound), and the monitor looks each up once and leaves it.
+ *
  * Each repair's log line gives the time to full redundancy.
  */
 #include "etcd_harness.h"
@@ -242,6 +245,48 @@ static void test_damage_repaired_by_itself(void **state)
     assert_int_equal(rebuilt, 0); /* every read straight again */
 }
 
+/* How many times what occurs in s. */
+static int occurrences(const char *s, const char *what)
+{
+    int n = 0;
+
+    for (const char *p = s; (p = strstr(p, what)); p += strlen(what))
+        n++;
+    return n;
+}
+
+/*
+ * A reader asking for fragments that do not exist (100 shards that are not there) makes a node
+ * note them, but no more than its table's 64, and the monitor looks each up once and leaves it:
+ * no repair, no retry every round.
+ */
+static void test_missing_fragments_asked_for(void **state)
+{
+    static uint8_t buf[4096];
+    tessera_client *c;
+    char *json = NULL;
+    size_t from = strlen(monitor_log()), len;
+    int listed;
+
+    (void)state;
+    for (uint32_t s = 1000; s < 1100; s++)
+        assert_int_equal(raw_read_shard(CL.node[3].addr, "cold#1", s, sizeof(buf), buf, &len),
+                         TS_ENOENT);
+    c = admin();
+    assert_int_equal(ts_client_node_status(c, 3, &json), 0);
+    listed = occurrences(json, "\"chunk\":-1");
+    free(json);
+    tessera_client_close(c);
+    fprintf(stderr, "  100 missing fragments asked for on %s: %d listed in its STATUS\n", CL.id[3],
+            listed);
+    assert_int_equal(listed, 64);
+    assert_non_null(wait_log("no such shard of the dataset", from, 10));
+    sleep(6); /* three of the monitor's rounds */
+    listed = occurrences(monitor_log() + from, "no such shard of the dataset");
+    fprintf(stderr, "  the monitor looked each up once: %d lines\n", listed);
+    assert_int_equal(listed, 64);
+}
+
 static void test_node_out_rebuilt_elsewhere(void **state)
 {
     int ord_before[K + M], victim = -1, extra[2] = {-1, -1}, moved = -1;
@@ -394,6 +439,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_damage_repaired_by_itself),
+        cmocka_unit_test(test_missing_fragments_asked_for),
         cmocka_unit_test(test_node_out_rebuilt_elsewhere),
     };
     int rc;
