@@ -167,14 +167,15 @@ int ts_cl_ec_put(tessera_client *c, struct ts_cluster *cl, const char *name, uin
             bufs[f] = frag[f];
             lens[f] = (size_t)ts_ec_frag_len(&e.lay, f);
         }
-        if (!rc)
+        if (!rc) {
             ts_conn_put_many(sub, names, shard, bufs, lens, rcs, e.n);
-        for (unsigned f = 0; f < e.n && !rc; f++) {
-            char msg[256];
-            int r = ts_cl_peer_done(cl, p[f], sub[f], rcs[f], msg, sizeof(msg));
-            if (r) {
-                ec_fail(cl, &e, f, r, msg);
-                rc = rc ? rc : r;
+            for (unsigned f = 0; f < e.n; f++) {
+                char msg[256];
+                int r = ts_cl_peer_done(cl, p[f], sub[f], rcs[f], msg, sizeof(msg));
+                if (r) {
+                    ec_fail(cl, &e, f, r, msg);
+                    rc = rc ? rc : r;
+                }
             }
         }
         if (rc)

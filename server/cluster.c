@@ -416,6 +416,20 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard)
     return pg;
 }
 
+int tsd_ec_position_here(struct tsd_server *s, const char *base, uint32_t shard, unsigned f,
+                         unsigned n)
+{
+    int ord[TS_FRAG_MAX], here = 0;
+
+    if (f >= n || n > TS_FRAG_MAX)
+        return 0;
+    pthread_rwlock_rdlock(&s->map_lock);
+    if (s->map && ts_map_ec_order(s->map, ts_map_pg_of(s->map, base, shard), ord, n) == n)
+        here = ord[f] == s->self;
+    pthread_rwlock_unlock(&s->map_lock);
+    return here;
+}
+
 int tsd_primary_check(struct tsd_server *s, const char *dataset, uint32_t shard,
                       const struct ts_dataset_policy *p, struct tsd_placement *pl, char *why,
                       size_t cap)

@@ -490,10 +490,17 @@ static void render_integrity(struct tsd_server *s, struct evbuffer *o, const str
     one(o, "tessera_scrub_last_end_timestamp_seconds", "gauge",
         "When the last scrub ended (Unix time; 0: none yet).",
         (double)atomic_load(&sc->last_end_ns) / 1e9);
-    one(o, "tessera_ec_repair_wanted_chunks", "gauge",
-        "Fragment chunks (or whole fragments) found damaged or missing here, waiting for the "
-        "monitor's repair.",
-        (double)tsd_ec_wanted_copy(s, NULL, 0));
+    {
+        size_t all = tsd_ec_wanted_copy(s, NULL, 0), damaged = tsd_ec_wanted_damaged(s);
+        one(o, "tessera_ec_repair_wanted_chunks", "gauge",
+            "Fragment chunks found damaged here (failing their CRC32C), waiting for the "
+            "monitor's repair.",
+            (double)damaged);
+        one(o, "tessera_ec_repair_wanted_fragments", "gauge",
+            "Whole fragments a reader asked this node for and it does not hold, waiting for the "
+            "monitor's repair (or its finding that the shard does not exist).",
+            (double)(all > damaged ? all - damaged : 0));
+    }
     one(o, "tessera_ec_repair_noted_total", "counter",
         "Fragment chunks or fragments found damaged or missing here (noted for repair).",
         (double)atomic_load(&s->ec_wanted.noted));

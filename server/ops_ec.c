@@ -60,10 +60,9 @@ int ops_frag_write_ok(struct tsd_conn *c, const struct ts_frame_hdr *h, const ch
  *
  * The store work runs on a thread of its own, not the worker: keeping the bytes again reads
  * every chunk of the dataset here, and dropping them deletes its chunk files. At most
- * TIER_JOBS_MAX at once per node (TS_EBUSY beyond: the CLI tries again); the reply is sent from
- * the worker once it is done.
+ * TSD_TIER_SLOTS run at once per node (more wait for a slot: an admin's requests, each
+ * answered in turn); the reply is sent from the worker once it is done.
  */
-#define TIER_JOBS_MAX 4
 
 struct tier_job {
     struct parked *pk;
@@ -116,6 +115,8 @@ static void *tier_run(void *arg)
     struct tsd_server *s = j->s;
     char frag[TS_NAME_MAX + 1];
 
+    while (sem_wait(&s->tier_slots) != 0)
+        ; /* EINTR */
     j->rc = ts_store_dataset_set_tier(s->store, a->name, a->k, a->m, a->dropped, &j->missing);
     for (unsigned f = 0; !j->rc && !a->k && f < TS_FRAG_MAX && ts_frag_name(frag, a->name, f) == 0;
          f++) {
@@ -124,6 +125,7 @@ static void *tier_run(void *arg)
             TS_WARN(FAC, fr, "dataset %s replicated again; its fragment store %s not removed",
                     a->name, frag);
     }
+    sem_post(&s->tier_slots);
     event_base_once(j->worker_base, -1, EV_TIMEOUT, tier_done, j, NULL);
     atomic_fetch_sub(&s->tier_jobs, 1); /* after the last use of s */
     return NULL;
@@ -148,13 +150,7 @@ void tsd_op_dataset_tier(struct tsd_conn *c, const struct ts_frame_hdr *h, const
                         "dataset-tier %s: replica bytes dropped needs an erasure code", a->name);
         return;
     }
-    if (atomic_fetch_add(&s->tier_jobs, 1) >= TIER_JOBS_MAX) {
-        atomic_fetch_sub(&s->tier_jobs, 1);
-        tsd_reply_error(c, h, TS_EBUSY,
-                        "dataset-tier %s: %d tier changes are running on this node; try again",
-                        a->name, TIER_JOBS_MAX);
-        return;
-    }
+    atomic_fetch_add(&s->tier_jobs, 1);
     j = calloc(1, sizeof(*j));
     if (!j || !(j->pk = ops_park(c, h, 1, 0))) {
         free(j);

@@ -94,6 +94,8 @@ static void seal_answer(struct tsd_conn *c, const struct ts_frame_hdr *h, struct
         ops_reply_store_error(c, h, j->rc, name, shard);
         return;
     }
+    if (ts_frag_split(name, NULL, NULL)) /* a fragment put whole here: nothing left to repair */
+        tsd_ec_wanted_done(s, name, shard, UINT32_MAX);
     if (!j->cluster) {
         ops_reply_shard_info(c, h, name, shard);
         return;
@@ -232,8 +234,6 @@ void tsd_op_shard_seal(struct tsd_conn *c, const struct ts_frame_hdr *h, const s
 
     if (frag && !ops_frag_write_ok(c, h, name, shard))
         return;
-    if (frag) /* put whole again: what was noted of it is being replaced */
-        tsd_ec_wanted_done(s, name, shard, UINT32_MAX);
     j = calloc(1, sizeof(*j));
     if (!j) {
         tsd_reply_error(c, h, TS_ENOMEM, "out of memory");

@@ -324,6 +324,7 @@ int tsd_server_init(struct tsd_server *s, struct tsd_config *cfg)
     s->cfg = cfg;
     s->start_ns = ts_now_mono_ns();
     tsd_ec_wanted_init(&s->ec_wanted);
+    sem_init(&s->tier_slots, 0, TSD_TIER_SLOTS);
     s->anon_role = tsd_config_anon_role(cfg);
     TS_INFO(FAC, "clients without a certificate get role '%s' (anonymous_role %s%s)",
             ts_role_name(s->anon_role), cfg->anonymous_role,
@@ -524,10 +525,10 @@ void tsd_server_fini(struct tsd_server *s)
     }
     tsd_rdma_stop(s); /* its events live on worker 0's loop */
     tsd_rdma_tokens_fini(&s->rdma_tokens);
-    /* The loops have ended: no seal is queued after this, and none reaches a freed event. */
-    ts_store_commit_quiesce(s->store);
     while (atomic_load(&s->tier_jobs) > 0) /* a DATASET_TIER's thread still uses the store */
         usleep(10 * 1000);
+    /* The loops have ended: no seal is queued after this, and none reaches a freed event. */
+    ts_store_commit_quiesce(s->store);
     for (int i = 0; i < s->nworkers; i++) {
         struct tsd_worker *w = &s->workers[i];
         s->ops->seals_forget(w);
@@ -568,4 +569,5 @@ void tsd_server_fini(struct tsd_server *s)
     s->prefetch = NULL;
     ts_store_close(s->store);
     tsd_ec_wanted_fini(&s->ec_wanted);
+    sem_destroy(&s->tier_slots);
 }

@@ -8,6 +8,7 @@
 #include <event2/listener.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 
 #include "config.h"
@@ -175,6 +176,7 @@ struct tsd_scrub_stats {
 /* ec_wanted.c: fragment chunks this node found damaged or missing, waiting for the monitor's
  * repair (docs/operations.md "Repair"). */
 #define TSD_EC_WANTED_MAX 64
+#define TSD_TIER_SLOTS 4
 struct tsd_ec_wanted_ent {
     char frag[TS_NAME_MAX + 1]; /* NAME#f */
     uint32_t shard, idx;        /* idx UINT32_MAX: the whole fragment is missing here */
@@ -185,6 +187,7 @@ struct tsd_ec_wanted {
     pthread_mutex_t mu;
     struct tsd_ec_wanted_ent e[TSD_EC_WANTED_MAX];
     unsigned n;
+    uint64_t warned_ns;           /* the last warning of a missing fragment (rate limit) */
     _Atomic uint64_t noted, done; /* counters: entries noted, entries repaired */
 };
 
@@ -237,6 +240,7 @@ struct tsd_server {
     struct tsd_scrub_stats scrub;
     struct tsd_ec_wanted ec_wanted;
     _Atomic int tier_jobs; /* ops_ec.c: DATASET_TIER store work running on threads of its own */
+    sem_t tier_slots;      /* ... of which TSD_TIER_SLOTS at once */
 };
 
 /*
@@ -352,13 +356,20 @@ void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
 /* ec_wanted.c. A chunk of fragment frag (NAME#f) failed its CRC32C here (idx), or a read found
  * the fragment missing while NAME is erasure-coded here (note_missing): noted once, kept until
  * it is repaired (CHUNK_REPAIR of the chunk, a seal of the fragment) or for EC_WANTED_TTL; the
- * oldest goes when the table is full. copy: the entries now (STATUS); count: how many. */
+ * oldest of its kind goes when the table is full (missing fragments: at most half of it).
+ * copy: the entries now (STATUS), or with out NULL how many. */
 void tsd_ec_wanted_init(struct tsd_ec_wanted *w);
 void tsd_ec_wanted_fini(struct tsd_ec_wanted *w);
 void tsd_ec_wanted_note(struct tsd_server *s, const char *frag, uint32_t shard, uint32_t idx);
 void tsd_ec_wanted_note_missing(struct tsd_server *s, const char *frag, uint32_t shard);
 void tsd_ec_wanted_done(struct tsd_server *s, const char *frag, uint32_t shard, uint32_t idx);
 size_t tsd_ec_wanted_copy(struct tsd_server *s, struct tsd_ec_wanted_ent *out, size_t cap);
+/* Of the entries, the damaged chunks (not whole fragments, which readers can claim). */
+size_t tsd_ec_wanted_damaged(struct tsd_server *s);
+
+/* cluster.c: whether this node holds EC position f (of n) of base's shard in its map. */
+int tsd_ec_position_here(struct tsd_server *s, const char *base, uint32_t shard, unsigned f,
+                         unsigned n);
 
 /* cluster.c: PGs this node holds a replica of (not leads) that their primary has not confirmed
  * yet (it serves no reads of them). */

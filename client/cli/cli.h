@@ -173,6 +173,7 @@ void cli_rebalance_as_monitor(int (*keep)(void));
 int cmd_monitor(struct ctx *x);
 /* cli_monitor_ec.c: one round of the elected monitor's repair of erasure-coded datasets. */
 void cli_monitor_ec_round(struct ctx *x, const char *me);
+void cli_monitor_ec_elected(void); /* a new term: the next round checks every fragment */
 /* cli_admin.c: the map a change is made on, the caller's to free: etcd's with --etcd, else a
  * copy of the newest one the nodes have; NULL on a single node (x->local says why). */
 struct ts_map *cli_map_base(struct ctx *x);

@@ -119,6 +119,8 @@ int cmd_monitor(struct ctx *x)
         rc = ts_etcd_cas(e, key, 0, me, strlen(me), lease_id, NULL, &kv);
         atomic_store(&leading, rc == 0 || (rc == TS_ESTALE && kv.lease == lease_id));
         ts_etcd_kv_free(&kv);
+        if (atomic_load(&leading) != was && atomic_load(&leading))
+            cli_monitor_ec_elected();
         if (atomic_load(&leading) != was) {
             printf("monitor %s: %s\n", me,
                    atomic_load(&leading) ? "elected: drives the cluster's rebalances"

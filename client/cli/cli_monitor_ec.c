@@ -8,11 +8,14 @@
  *   that is not there (a node marked out moved its positions, a store was lost) is rebuilt from
  *   K others and put (ts_cl_dataset_repair, TS_REPAIR_PRESENCE: no chunk is read). Until every
  *   fragment is in place (a node that does not answer holds some) it checks again, 10 s after,
- *   doubling to 5 minutes, and at once on the next map change.
+ *   doubling to 5 minutes, and at once on the next map change (passes at least 5 s apart: a
+ *   flapping node; none while a rebalance moves positions).
  * - Every 2 s: the chunks each node found damaged (a read or a scrub failing a fragment chunk's
  *   CRC32C) or fragments it found missing on a read, from its STATUS ("ec_repair_wanted"): each
  *   rebuilt from the same bytes of K other fragments and written back (CHUNK_REPAIR, which the
- *   node checks against the chunk's stored CRC32C). One that fails is tried again 30 s later.
+ *   node checks against the chunk's stored CRC32C). One that fails is tried again 30 s later;
+ *   one with nothing to repair (no such shard, in place, not that node's position) is not
+ *   looked at again while the node may still list it (15 minutes).
  *
  * Each repair prints the time to full redundancy: from the map change, or from when the node
  * noted the damage.
@@ -28,6 +31,7 @@
 #include <string.h>
 
 #define WANTED_POLL_NS (2ull * 1000000000ull)
+#define PASS_MIN_NS (5ull * 1000000000ull)
 #define RETRY_FIRST_NS (10ull * 1000000000ull)
 #define RETRY_MAX_NS (300ull * 1000000000ull)
 #define WANTED_RETRY_NS (30ull * 1000000000ull)
@@ -41,6 +45,7 @@ static struct {
     uint64_t next_ns;    /* when the next presence pass may run */
     uint64_t backoff_ns; /* the wait after a pass that left fragments out of place */
     uint64_t polled_ns;  /* the last look at the nodes' wanted lists */
+    uint64_t passed_ns;  /* the last presence pass */
     struct tried {       /* wanted entries a repair failed for, and when to try again */
         char key[TS_NAME_MAX + 48];
         uint64_t again_ns;
@@ -151,6 +156,8 @@ static void repair_wanted(struct ctx *x, const char *me, const char *node, json_
         !json_object_object_get_ex(o, "at_ns", &at))
         return;
     frag = json_object_get_string(f);
+    if (!frag)
+        return;
     shard = (uint32_t)json_object_get_int64(s);
     chunk = json_object_get_int64(k) < 0 ? UINT32_MAX : (uint32_t)json_object_get_int64(k);
     snprintf(key, sizeof(key), "%s/%u/%d", frag, shard, (int)json_object_get_int64(k));
@@ -174,11 +181,23 @@ static void repair_wanted(struct ctx *x, const char *me, const char *node, json_
                tessera_client_error(x->c)[0] ? tessera_client_error(x->c) : ts_strerror(rc));
         return;
     }
+    if (!r.fragments_put && !r.chunks_repaired) {
+        /* Nothing to do: the fragment is in place, the node that noted it does not hold that
+         * position (now), or the chunk is past the fragment's end. Not looked at again while
+         * the node may still list it. */
+        tried_lately(key, WANTED_FORGET_NS, now);
+        printf("monitor %s: EC repair: %s %s/%u noted on %s: in place at its position's node, "
+               "nothing to repair\n",
+               me, chunk == UINT32_MAX ? "fragment" : "a chunk of", frag, shard, node);
+        return;
+    }
+    /* Repaired. The node that noted it forgets it once the repair lands there; where the
+     * position moved since (repaired at its new node), not again before 30 s. */
+    tried_lately(key, WANTED_RETRY_NS, now);
     if (chunk == UINT32_MAX)
-        printf("monitor %s: EC repair: fragment %s/%u, found missing on %s: %s; full redundancy "
-               "%.1f s after it was noted\n",
-               me, frag, shard, node,
-               r.fragments_put ? "rebuilt from the other fragments and put" : "in place", age);
+        printf("monitor %s: EC repair: fragment %s/%u, found missing on %s: rebuilt from the other "
+               "fragments and put; full redundancy %.1f s after it was noted\n",
+               me, frag, shard, node, age);
     else
         printf("monitor %s: EC repair: chunk %u of fragment %s/%u, found damaged on %s: rebuilt "
                "from the other fragments and written back (%s); full redundancy %.1f s after it "
@@ -210,22 +229,30 @@ static void wanted_pass(struct ctx *x, const char *me)
     }
 }
 
+void cli_monitor_ec_elected(void)
+{
+    st.epoch = 0; /* a new term knows nothing of the past: a presence pass first */
+}
+
 void cli_monitor_ec_round(struct ctx *x, const char *me)
 {
     const struct ts_map *m = ts_client_map(x->c);
     uint64_t now = ts_now_mono_ns();
 
-    if (!m || m->move)
-        return; /* a rebalance moves positions: repair once it has ended (a new epoch) */
+    if (!m)
+        return;
     if (m->epoch != st.epoch) {
         if (!st.pending)
             st.since_ns = now;
         st.pending = 1;
         st.epoch = m->epoch;
-        st.next_ns = now;
+        /* At once, but not more often than every PASS_MIN_NS (a flapping node). */
+        st.next_ns = TS_MAX(now, st.passed_ns + PASS_MIN_NS);
         st.backoff_ns = 0;
     }
-    if (st.pending && now >= st.next_ns) {
+    /* A rebalance moves positions: the presence pass waits for its end (a new epoch). */
+    if (st.pending && !m->move && now >= st.next_ns) {
+        st.passed_ns = now;
         uint64_t epoch = m->epoch;
         if (presence_pass(x, me, epoch)) {
             st.pending = 0;
