@@ -87,6 +87,8 @@ struct ts_read_target {
  *            memory the host cannot touch (GPU memory), registered as src says.
  *   dereg:   (with reg) the read into a handle's memory is over, before close; bad: its
  *            bytes failed their CRC (a registration that may point at other pages: drop it).
+ *   rx_lowat: (optional) a wait for TS_IO_READ returns only once at least bytes are there to
+ *            receive (1: the first byte), or the receive window is nearly full; 0 or TS_E*.
  */
 struct ts_transport_ops {
     const char *name;
@@ -100,6 +102,7 @@ struct ts_transport_ops {
     int (*reg)(struct ts_transport *t, void *buf, size_t len, const struct ts_reg_src *src,
                uint64_t *addr, uint32_t *key, void **h);
     void (*dereg)(struct ts_transport *t, void *h, int bad);
+    int (*rx_lowat)(struct ts_transport *t, size_t bytes);
 };
 
 extern const struct ts_transport_ops ts_transport_tcp;
@@ -189,11 +192,16 @@ uint64_t ts_client_resubmits(const tessera_client *c);
  *           larger sends);
  * on_block: called (no lock of the library held) each time a wait is about to sleep in the
  *           kernel, so the caller can hand over what it finished in one go instead of waking
- *           its own consumer once per reply.
+ *           its own consumer once per reply. It returns how many bytes of replies the wait may
+ *           let arrive before it wakes (0: wake at the first byte): a consumer with units in
+ *           hand lets the thread sleep through many replies and receive them in one go,
+ *           instead of waking per segment the socket gets. The connection takes at most what
+ *           its sent reads will bring, and wakes after RX_BATCH_WAIT_MS regardless (a refusal
+ *           is shorter than the data it refuses).
  */
 struct ts_batch {
     int defer_tx;
-    void (*on_block)(void *arg);
+    size_t (*on_block)(void *arg);
     void *arg;
 };
 void ts_client_batch(tessera_client *c, const struct ts_batch *b);

@@ -14,6 +14,11 @@
 
 #define FAC "client"
 #define TX_BATCH 16 /* requests gathered into one send */
+/* Receive batching (ts_batch.on_block): less is not worth a wait's syscall, more is not held
+ * back, and a batched wait wakes after this long whatever came. */
+#define RX_BATCH_MIN (64u << 10)
+#define RX_BATCH_MAX (1u << 20)
+#define RX_BATCH_WAIT_MS 5
 
 /*
  * The connection is gone (or no longer trusted): every request still in flight completes
@@ -115,6 +120,61 @@ int ts_cond_any_user(const struct tessera_client *c, const void *arg)
     return 0;
 }
 
+/*
+ * The reply data the connection's sent reads still bring (READ and READV requests not answered
+ * yet, less what has arrived of the one being received): what will arrive unless a reply is a
+ * refusal or ends early.
+ */
+static size_t rx_due(const struct tessera_client *c)
+{
+    const struct rx *x = &c->rx;
+    size_t due = 0;
+
+    for (size_t i = 0; i < c->nlive; i++) {
+        const struct ts_req *r = c->live[i];
+        if (!r->sent || r->replied)
+            continue;
+        if (r == x->req && x->state == RX_VDATA) {
+            due += x->vleft;
+        } else if (r->op == TS_OP_READ && !r->mr) {
+            due += r->cap - (r == x->req && x->state == RX_RDATA ? TS_MIN(x->have, r->cap) : 0);
+        } else if (r->op == TS_OP_READV) {
+            for (size_t j = 0; j < r->nrv; j++)
+                due += r->rv[j].len;
+        }
+    }
+    return due;
+}
+
+/* Before a wait: how much the transport lets queue before it wakes, the caller's want (see
+ * struct ts_batch) within what is due; 1 when that wait is batched. */
+static int rx_batch(struct tessera_client *c, size_t want)
+{
+    size_t lowat = 0;
+
+    if (!c->t || !c->t->ops->rx_lowat)
+        return 0;
+    if (want >= RX_BATCH_MIN && !c->rx_nobatch) {
+        lowat = TS_MIN(TS_MIN(want, (size_t)RX_BATCH_MAX), rx_due(c));
+        if (lowat < RX_BATCH_MIN)
+            lowat = 0;
+    }
+    if (lowat != c->rx_lowat && c->t->ops->rx_lowat(c->t, lowat) == 0)
+        c->rx_lowat = lowat;
+    return c->rx_lowat != 0;
+}
+
+/* A batched wait returned: nothing (timed out) lets the next wake at the first byte. */
+static void rx_batch_after(struct tessera_client *c, int ready)
+{
+    if (ready) {
+        c->rx_nobatch = 0;
+    } else if (c->rx_lowat) {
+        c->rx_nobatch = 1;
+        rx_batch(c, 0);
+    }
+}
+
 /* Sends and receives what it can without blocking; a failure ends the connection. */
 static void conn_step(struct tessera_client *c, int *progress)
 {
@@ -143,6 +203,7 @@ int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg)
 {
     uint64_t deadline = 0, now;
     int rc, progress, left, events;
+    size_t want;
 
     if (!c->t && !c->broken)
         return TS_EINVAL; /* a router has no connection to pump */
@@ -168,9 +229,11 @@ int ts_pump(struct tessera_client *c, ts_pump_cond cond, const void *arg)
             left = (int)TS_MIN((deadline - now + 999999) / 1000000, (uint64_t)INT32_MAX);
         }
         events = TS_IO_READ | (c->tx_head ? TS_IO_WRITE : 0);
-        if (c->batch.on_block)
-            c->batch.on_block(c->batch.arg);
+        want = c->batch.on_block ? c->batch.on_block(c->batch.arg) : 0;
+        if (rx_batch(c, want) && (left < 0 || left > RX_BATCH_WAIT_MS))
+            left = RX_BATCH_WAIT_MS;
         rc = c->t->ops->wait(c->t, events, left);
+        rx_batch_after(c, rc != 0);
         if (rc < 0)
             ts_fail_conn(c, rc);
         else if (rc & TS_IO_READ)
@@ -201,8 +264,8 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
     struct pollfd pfd[64];
     tessera_client *on[64];
     uint64_t deadline = 0, now;
-    size_t k, waiting;
-    int progress, left, rc;
+    size_t k, waiting, want = 0;
+    int progress, left, rc, batched;
 
     if (timeout_ms > 0)
         deadline = ts_now_mono_ns() + (uint64_t)timeout_ms * 1000000u;
@@ -258,11 +321,18 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
         }
         if (k == 0 || rc != 0)
             continue;
-        for (size_t i = 0; i < k; i++) /* a router's connections share one hook */
+        batched = 0;
+        for (size_t i = 0; i < k; i++) { /* a router's connections share one hook */
             if (on[i]->batch.on_block &&
-                (i == 0 || on[i]->batch.on_block != on[0]->batch.on_block ||
-                 on[i]->batch.arg != on[0]->batch.arg))
-                on[i]->batch.on_block(on[i]->batch.arg);
+                (i == 0 || on[i]->batch.on_block != on[i - 1]->batch.on_block ||
+                 on[i]->batch.arg != on[i - 1]->batch.arg))
+                want = on[i]->batch.on_block(on[i]->batch.arg);
+            else if (!on[i]->batch.on_block)
+                want = 0;
+            batched |= rx_batch(on[i], want);
+        }
+        if (batched && (left < 0 || left > RX_BATCH_WAIT_MS))
+            left = RX_BATCH_WAIT_MS;
         do {
             rc = poll(pfd, (nfds_t)k, left);
         } while (rc < 0 && errno == EINTR);
@@ -271,9 +341,11 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
             for (size_t i = 0; i < k; i++)
                 ts_fail_conn(on[i], rc);
         }
-        for (size_t i = 0; i < k; i++)
+        for (size_t i = 0; i < k; i++) {
+            rx_batch_after(on[i], rc != 0);
             if (pfd[i].revents)
                 on[i]->rx_more = 1;
+        }
         rc = 0;
     }
 }

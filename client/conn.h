@@ -106,6 +106,8 @@ struct tessera_client {
     unsigned awaiting; /* requests queued whose reply has not arrived */
     int rx_more;       /* a receive may find bytes: no receive came back short since the last
                           wait that said the transport is readable */
+    size_t rx_lowat;   /* what the transport's wait lets queue before it wakes (0: one byte) */
+    int rx_nobatch;    /* a batched wait ran out: the next wakes at the first byte */
     uint8_t *scratch;
     const uint64_t *epoch_ref; /* a sub-connection: requests carry the router's map epoch */
     uint64_t seen_epoch;       /* the highest epoch a reply carried */

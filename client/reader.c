@@ -313,6 +313,7 @@ static struct slot *lock_next(struct tessera_reader *r, int *rc)
 static void take(struct tessera_reader *r, struct slot *s)
 {
     r->ahead -= s->len;
+    r->done_ahead -= s->len;
     r->st.units++;
     r->st.bytes += s->len;
     if (s->node[0])
@@ -348,7 +349,7 @@ int tessera_reader_next(tessera_reader *r, struct tessera_unit *u)
         r->held_cap = s->cap;
     }
     take(r, s);
-    ts_reader_wake_threads(r);
+    ts_reader_wake_taken(r);
     pthread_mutex_unlock(&r->m);
     return 1;
 }
@@ -396,7 +397,7 @@ int tessera_reader_next_many(tessera_reader *r, void *buf, size_t cap, size_t *l
         s = ts_reader_slot(r, r->consumed);
     } while (s->k == r->consumed && s->state == SLOT_DONE && off + s->len <= cap &&
              unit_span(r, s) == 0);
-    ts_reader_wake_threads(r);
+    ts_reader_wake_taken(r);
     pthread_mutex_unlock(&r->m);
     /* The copies outside the lock: a done slot's buffer is no thread's but ours now. */
     off = 0;

@@ -73,11 +73,14 @@ struct tessera_reader {
     int stop;
     int caller_waits;    /* the caller sleeps on ready, for plan position consumed */
     uint32_t idle;       /* threads sleeping on space */
+    uint32_t npend;      /* threads holding a placed unit the byte window has not admitted */
     struct slot *slots;  /* window_units of them */
     uint64_t next_claim; /* the next plan position a connection takes */
     uint64_t next_admit; /* the next plan position the byte window admits (in order) */
     uint64_t consumed;   /* the next plan position the caller takes */
     uint64_t ahead;      /* bytes of admitted units the caller has not taken */
+    uint64_t done_ahead; /* of those, bytes of units done */
+    int rx_batch;        /* connections may sleep through replies while the caller has units */
     uint64_t fail_k;     /* the first failed position; UINT64_MAX: none */
     int err;             /* the error the caller got (sticky) */
     char errmsg[600];
@@ -137,6 +140,40 @@ static inline void ts_reader_wake_caller(struct tessera_reader *r, const struct 
 static inline void ts_reader_wake_threads(struct tessera_reader *r)
 {
     if (r->idle)
+        pthread_cond_broadcast(&r->space);
+}
+
+/* Half the window (units and bytes) is free, and positions are left to claim (lock held): a
+ * thread with half its reads back claims a burst. */
+static inline int ts_reader_half_free(const struct tessera_reader *r)
+{
+    return r->next_claim - r->consumed <= r->o.window_units / 2 &&
+           r->ahead <= r->o.window_bytes / 2 && r->next_claim < r->len && r->next_claim < r->fail_k;
+}
+
+/*
+ * Unit k may be read now (lock held): units are admitted in plan order, each once the bytes
+ * ahead of the caller leave room for it, or alone when it does not fit the window at all.
+ * Whatever holds the window's bytes is before k, so the caller frees it by reading on.
+ */
+static inline int ts_reader_admits(const struct tessera_reader *r, uint64_t k, size_t len)
+{
+    return k == r->next_admit && (r->ahead + len <= r->o.window_bytes || r->ahead == 0);
+}
+
+/*
+ * The caller took units (lock held): the sleeping threads are woken only when that made room
+ * one of them acts on, a burst to claim or the unit next in line to admit. Waking them for
+ * every unit taken costs two context switches per sleeping thread for nothing while the
+ * window refills by halves.
+ */
+static inline void ts_reader_wake_taken(struct tessera_reader *r)
+{
+    const struct slot *s = ts_reader_slot(r, r->next_admit);
+
+    if (r->idle &&
+        (ts_reader_half_free(r) || (r->npend && s->k == r->next_admit && s->state == SLOT_WAITING &&
+                                    ts_reader_admits(r, s->k, s->len))))
         pthread_cond_broadcast(&r->space);
 }
 

@@ -116,7 +116,7 @@ static void slot_fail(struct tessera_reader *r, struct slot *s, int rc, const ch
 /*
  * Wakes the caller for the unit it waits for (lock held). Not at once when this thread
  * finishes it: the replies already received are collected first and the caller is woken
- * when the thread is about to sleep (wake_flush from the connection's on_block hook), or
+ * when the thread is about to sleep (the connection's on_block hook), or
  * WAKE_AFTER reads later. One wake-up then hands over a run of units; waking the caller per
  * reply costs two context switches per unit where both threads share a core.
  */
@@ -130,10 +130,8 @@ static void wake_flush_locked(struct ts_worker *w)
     w->since_due = 0;
 }
 
-static void wake_flush(void *arg)
+static void wake_flush(struct ts_worker *w)
 {
-    struct ts_worker *w = arg;
-
     if (!w->wake_due) /* set and cleared by this thread only */
         return;
     pthread_mutex_lock(&w->r->m);
@@ -141,9 +139,34 @@ static void wake_flush(void *arg)
     pthread_mutex_unlock(&w->r->m);
 }
 
+/*
+ * The connection is about to sleep (its on_block hook): the caller is woken if due, and the
+ * connection may sleep until half the bytes the caller has in hand arrive (done units from the
+ * one it takes next on), received then in one go. A thread woken per socket segment costs two
+ * context switches each time where it shares a core with a busy caller; a caller that has
+ * units to take does not wait for the next ones, and one that waits (or is about to, its next
+ * unit not done) lets the connection wake at the first byte.
+ */
+static size_t on_block(void *arg)
+{
+    struct ts_worker *w = arg;
+    struct tessera_reader *r = w->r;
+    const struct slot *s;
+    size_t want = 0;
+
+    pthread_mutex_lock(&r->m);
+    if (w->wake_due)
+        wake_flush_locked(w);
+    s = ts_reader_slot(r, r->consumed);
+    if (r->rx_batch && !r->caller_waits && s->k == r->consumed && s->state == SLOT_DONE)
+        want = (size_t)(r->done_ahead / 2);
+    pthread_mutex_unlock(&r->m);
+    return want;
+}
+
 static void batch_on(struct ts_worker *w)
 {
-    struct ts_batch b = {1, wake_flush, w};
+    struct ts_batch b = {1, on_block, w};
 
     ts_client_batch(w->c, &b);
 }
@@ -277,6 +300,7 @@ static void piece_done_locked(struct ts_worker *w, uint64_t k)
         s->node[n] = '\0';
         if (--s->pieces_left == 0) {
             s->state = SLOT_DONE;
+            r->done_ahead += s->len;
             if (r->caller_waits && s->k == r->consumed)
                 w->wake_due = 1;
         }
@@ -520,20 +544,9 @@ static int may_claim(const struct tessera_reader *r, const struct ts_worker *w)
     size_t n = w->ninf + w->rv_ranges + w->ngather;
     uint64_t ahead = r->next_claim - r->consumed;
 
-    return !w->has_pend && n < r->o.depth && ahead < r->o.window_units &&
-           (w->filling || (n <= r->o.depth / 2 && ahead <= r->o.window_units / 2 &&
-                           r->ahead <= r->o.window_bytes / 2)) &&
-           r->next_claim < r->len && r->next_claim < r->fail_k;
-}
-
-/*
- * Unit k may be read now (lock held): units are admitted in plan order, each once the bytes
- * ahead of the caller leave room for it, or alone when it does not fit the window at all.
- * Whatever holds the window's bytes is before k, so the caller frees it by reading on.
- */
-static int admits(const struct tessera_reader *r, uint64_t k, size_t len)
-{
-    return k == r->next_admit && (r->ahead + len <= r->o.window_bytes || r->ahead == 0);
+    return !w->has_pend && n < r->o.depth && ahead < r->o.window_units && r->next_claim < r->len &&
+           r->next_claim < r->fail_k &&
+           (w->filling || (n <= r->o.depth / 2 && ts_reader_half_free(r)));
 }
 
 /* Slot s starts over for unit k (lock held). Field by field: clearing its messages would
@@ -563,7 +576,8 @@ static void *worker_main(void *arg)
         if (w->nredo && !(ts_conn_broken(w->c) && (w->ninf || w->nrvs))) {
             pthread_mutex_unlock(&r->m);
             redo(w);
-        } else if (w->has_pend && admits(r, w->pend_k, ts_reader_slot(r, w->pend_k)->len)) {
+        } else if (w->has_pend &&
+                   ts_reader_admits(r, w->pend_k, ts_reader_slot(r, w->pend_k)->len)) {
             s = ts_reader_slot(r, w->pend_k);
             s->state = SLOT_READING;
             r->next_admit++;
@@ -572,6 +586,7 @@ static void *worker_main(void *arg)
             if (r->ahead > r->st.ahead_bytes_max)
                 r->st.ahead_bytes_max = r->ahead;
             w->has_pend = 0;
+            r->npend--;
             pthread_mutex_unlock(&r->m);
             unit_start(w, s->k);
         } else if (may_claim(r, w)) {
@@ -591,6 +606,7 @@ static void *worker_main(void *arg)
             } else {
                 s->state = SLOT_WAITING;
                 w->has_pend = 1;
+                r->npend++;
                 w->pend_k = k;
             }
             continue;
@@ -603,6 +619,7 @@ static void *worker_main(void *arg)
             collect(w);
         } else {
             wake_flush_locked(w);
+            w->filling = 0; /* the burst is over: the next waits for half the window */
             r->idle++;
             pthread_cond_wait(&r->space, &r->m);
             r->idle--;
@@ -637,6 +654,7 @@ void ts_reader_count_node(struct tessera_reader *r, const char *node, size_t len
 int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, char *err,
                             size_t errlen)
 {
+    const char *e;
     int rc = 0;
 
     r->workers = calloc(r->o.connections, sizeof(*r->workers));
@@ -655,8 +673,10 @@ int ts_reader_workers_start(struct tessera_reader *r, tessera_client *first, cha
     }
     for (uint32_t i = 0; i < r->nworkers && !rc; i++)
         ts_client_route_salt(r->workers[i].c, TS_READER_SALT);
+    e = getenv("TESSERA_READER_RX_BATCH"); /* "0": wake at every reply's first bytes (A/B) */
+    r->rx_batch = !(e && !strcmp(e, "0"));
     for (uint32_t i = 0; i < r->nworkers && !rc; i++) {
-        const char *e = getenv("TESSERA_READER_READV"); /* "0": one READ per unit (A/B runs) */
+        e = getenv("TESSERA_READER_READV"); /* "0": one READ per unit (A/B runs) */
         r->workers[i].readv = ts_client_readv_useful(r->workers[i].c) && !(e && !strcmp(e, "0"));
         batch_on(&r->workers[i]);
         if (pthread_create(&r->workers[i].th, NULL, worker_main, &r->workers[i]) != 0) {

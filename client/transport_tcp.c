@@ -256,6 +256,18 @@ static int tcp_pollfd(struct ts_transport *tt, int events, int *fd, short *peven
     return 0;
 }
 
+/* SO_RCVLOWAT: poll() on the socket says readable only once that many bytes are queued (the
+ * kernel caps it at half the receive buffer, and wakes anyway when the window closes). */
+static int tcp_rx_lowat(struct ts_transport *tt, size_t bytes)
+{
+    struct tcp_transport *t = (struct tcp_transport *)tt;
+    int v = (int)TS_MIN(TS_MAX(bytes, (size_t)1), (size_t)INT32_MAX);
+
+    if (setsockopt(t->fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof(v)) < 0)
+        return ts_from_errno(errno);
+    return 0;
+}
+
 static void tcp_close(struct ts_transport *tt)
 {
     struct tcp_transport *t = (struct tcp_transport *)tt;
@@ -274,4 +286,5 @@ const struct ts_transport_ops ts_transport_tcp = {
     .wait = tcp_wait,
     .pollfd = tcp_pollfd,
     .close = tcp_close,
+    .rx_lowat = tcp_rx_lowat,
 };

@@ -5,7 +5,7 @@
  * is an error naming its shard and record; a 4-rank read of a 5-node cluster survives a kill -9
  * of a replica; a job saved at 4 ranks, resumed at 3, saved again and resumed at 5 reads every
  * record exactly once; with one replica corrupt, one node stopped and one dead, every record
- * still comes back right.
+ * still comes back right; the reader's threads stay asleep while the caller has units in hand.
  */
 #include "harness.h"
 
@@ -19,6 +19,8 @@
 #include "ts_common.h"
 #include "ts_map.h"
 
+#include <dirent.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -224,6 +226,138 @@ static void test_records_in_plan_order(void **state)
     }
     assert_int_equal(n, total);
     free(seen);
+}
+
+/* ---- the reader's threads sleep while the caller has units -------------------------------- */
+
+/* Voluntary context switches of this process's reader threads ("tessera-reader") so far. */
+static uint64_t reader_thread_sleeps(void)
+{
+    uint64_t n = 0;
+    char path[300], line[256];
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+
+    assert_non_null(d);
+    while ((e = readdir(d)) != NULL) {
+        FILE *f;
+        int ours = 0;
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        f = fopen(path, "r");
+        if (f) {
+            ours = fgets(line, sizeof(line), f) && strncmp(line, "tessera-reader", 14) == 0;
+            fclose(f);
+        }
+        snprintf(path, sizeof(path), "/proc/self/task/%s/status", e->d_name);
+        if (!ours || !(f = fopen(path, "r")))
+            continue;
+        while (fgets(line, sizeof(line), f))
+            if (strncmp(line, "voluntary_ctxt_switches:", 24) == 0)
+                n += strtoull(line + 24, NULL, 10);
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+#define BIG_SHARDS 6
+#define BIG_RECS 24
+#define BIG_REC (100u << 10)
+
+static uint8_t big_byte(uint32_t s, uint64_t i, size_t j)
+{
+    return (uint8_t)(s * 5u + i * 11u + j * 7u + (j >> 12));
+}
+
+static void spin_us(uint64_t us)
+{
+    uint64_t end = ts_now_mono_ns() + us * 1000u;
+
+    while (ts_now_mono_ns() < end)
+        ;
+}
+
+/* One pass over "big100k" (100 KiB records, as the adapters read them: one connection, a 4 MiB
+ * window), the caller pausing on every unit: the reader threads' sleeps per unit. */
+static double sleeps_per_unit(const struct tessera_opts *co)
+{
+    struct tessera_reader_opts ro;
+    struct tessera_unit u;
+    uint64_t before, k = 0;
+    int rc;
+
+    tessera_reader_opts_init(&ro);
+    ro.dataset = "big100k";
+    ro.unit = TESSERA_UNIT_RECORD;
+    ro.plan.shuffle = TESSERA_SHUFFLE_GLOBAL;
+    tessera_reader *r = open_reader(co, &ro);
+    while (tessera_reader_consumed(r) == 0 && (rc = tessera_reader_next(r, &u)) == 1)
+        k++; /* the first unit: the threads' start is not counted */
+    before = reader_thread_sleeps();
+    while ((rc = tessera_reader_next(r, &u)) == 1) {
+        assert_int_equal(u.len, BIG_REC);
+        assert_int_equal(((const uint8_t *)u.data)[BIG_REC / 2],
+                         big_byte(u.shard, u.record, BIG_REC / 2));
+        k++;
+        spin_us(200); /* the training step, on the reader threads' core */
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(k, (uint64_t)BIG_SHARDS * BIG_RECS);
+    double per = (double)(reader_thread_sleeps() - before) / (double)(k - 1);
+    tessera_reader_close(r);
+    return per;
+}
+
+/*
+ * While the caller has units in hand, the reader's threads stay asleep: they are not woken for
+ * every unit the caller takes, only when that frees half the window to claim again or lets the
+ * next unit in. Each needless wake-up is two context switches on the caller's core (a
+ * training step's Python, where the adapters run). Asserted with and without the connection's
+ * receive batching (TESSERA_READER_RX_BATCH=0), which works underneath and keeps its own
+ * figures in docs/benchmarks.md: with a consumer that spins, as here, the thread rarely runs
+ * before a burst's replies are all in.
+ */
+static void test_threads_sleep_while_caller_has_units(void **state)
+{
+    tessera_client *c = open_client();
+    struct tessera_opts co;
+    uint8_t *buf = malloc((size_t)BIG_RECS * BIG_REC);
+    uint64_t offs[BIG_RECS];
+    double batched, unbatched;
+    cpu_set_t one, all;
+
+    mkds(c, "big100k", 1, 1);
+    for (uint32_t s = 0; s < BIG_SHARDS; s++) {
+        for (uint64_t i = 0; i < BIG_RECS; i++) {
+            offs[i] = i * BIG_REC;
+            for (size_t j = 0; j < BIG_REC; j++)
+                buf[offs[i] + j] = big_byte(s, i, j);
+        }
+        assert_int_equal(
+            tessera_put(c, "big100k", s, buf, (size_t)BIG_RECS * BIG_REC, offs, BIG_RECS), 0);
+    }
+    free(buf);
+    tessera_client_close(c);
+    client_opts(&co);
+    /* The caller and the reader's threads on one core, as in a DataLoader worker (the node is
+     * another process, free to run on the other). */
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu() < 0 ? 0 : sched_getcpu(), &one);
+    assert_int_equal(sched_getaffinity(0, sizeof(all), &all), 0);
+    assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+    sleeps_per_unit(&co); /* the node's cache warm */
+    setenv("TESSERA_READER_RX_BATCH", "0", 1);
+    unbatched = sleeps_per_unit(&co);
+    unsetenv("TESSERA_READER_RX_BATCH");
+    batched = sleeps_per_unit(&co);
+    fprintf(stderr, "reader thread sleeps per unit: %.2f batched, %.2f waking per segment\n",
+            batched, unbatched);
+    assert_int_equal(sched_setaffinity(0, sizeof(all), &all), 0);
+    /* Woken for every unit taken, each thread sleeps again 2-3 times a unit. */
+    assert_true(unbatched < 1.0);
+    assert_true(batched < 1.0);
 }
 
 struct pool {
@@ -1032,6 +1166,7 @@ int main(void)
     const struct CMUnitTest node_tests[] = {
         cmocka_unit_test(test_records_in_plan_order),
         cmocka_unit_test(test_caller_owned_buffers),
+        cmocka_unit_test(test_threads_sleep_while_caller_has_units),
         cmocka_unit_test(test_kept_units),
         cmocka_unit_test(test_kept_units_given_back),
         cmocka_unit_test(test_batches),

@@ -4,7 +4,9 @@
  */
 #include "fake_server.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -224,12 +226,10 @@ static void *fake_handshake(void *arg)
     return NULL;
 }
 
-/*
- * A client over one end of a socketpair; the other end is *peer. HELLO and MAP_GET (no map:
- * a single node) are answered first. ops, when not NULL, replaces the TCP transport's table
- * (a wrapper around it).
- */
-tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops)
+/* A client over sv[0] (the handshake answered on sv[1]), with the TCP transport's table or
+ * ops. */
+static tessera_client *open_on(int sv[2], int *peer, int timeout_ms,
+                               const struct ts_transport_ops *ops)
 {
     struct ts_transport *t;
     struct tessera_opts o;
@@ -237,9 +237,7 @@ tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transpo
     pthread_t th;
     void *bad;
     char err[128];
-    int sv[2];
 
-    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     assert_int_equal(pthread_create(&th, NULL, fake_handshake, &sv[1]), 0);
     assert_int_equal(ts_tcp_from_fd(&t, sv[0]), 0);
     if (ops)
@@ -255,6 +253,37 @@ tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transpo
     assert_int_equal(tessera_client_role(c), TS_ROLE_ADMIN);
     *peer = sv[1];
     return c;
+}
+
+/*
+ * A client over one end of a socketpair; the other end is *peer. HELLO and MAP_GET (no map:
+ * a single node) are answered first. ops, when not NULL, replaces the TCP transport's table
+ * (a wrapper around it).
+ */
+tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops)
+{
+    int sv[2];
+
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    return open_on(sv, peer, timeout_ms, ops);
+}
+
+tessera_client *open_tcp_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t alen = sizeof(a);
+    int l = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), sv[2];
+
+    assert_true(l >= 0);
+    assert_int_equal(bind(l, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(l, 1), 0);
+    assert_int_equal(getsockname(l, (struct sockaddr *)&a, &alen), 0);
+    sv[0] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_int_equal(connect(sv[0], (struct sockaddr *)&a, sizeof(a)), 0);
+    sv[1] = accept(l, NULL, NULL);
+    assert_true(sv[1] >= 0);
+    close(l);
+    return open_on(sv, peer, timeout_ms, ops);
 }
 
 tessera_client *open_pair(int *peer, int timeout_ms)

@@ -60,6 +60,8 @@ void verify_reply_join(struct verify_reply *v);
  */
 tessera_client *open_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops);
 tessera_client *open_pair(int *peer, int timeout_ms);
+/* The same over a TCP connection on loopback (socket options that AF_UNIX ignores). */
+tessera_client *open_tcp_pair_ops(int *peer, int timeout_ms, const struct ts_transport_ops *ops);
 /* Reads one request frame the client sent and checks its opcode; returns its id. */
 uint64_t expect_req(int fd, uint8_t op);
 

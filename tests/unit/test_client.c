@@ -721,6 +721,63 @@ static void test_read_one_receive(void **state)
     close(fd);
 }
 
+/* The TCP transport, recording the largest receive low-water mark it was given. */
+static size_t lowat_max;
+
+static int recording_rx_lowat(struct ts_transport *t, size_t bytes)
+{
+    if (bytes > lowat_max)
+        lowat_max = bytes;
+    return ts_transport_tcp.rx_lowat(t, bytes);
+}
+
+static size_t batch_1mib(void *arg)
+{
+    return 1u << 20;
+}
+
+/*
+ * Receive batching (ts_batch.on_block): a caller with units in hand lets a wait sleep until
+ * the reads it sent have brought their bytes. A refusal brings far fewer: the wait still wakes
+ * (after RX_BATCH_WAIT_MS), the refusal is reported at once, not at the handle's timeout, and
+ * the other read's bytes come through right.
+ */
+static void test_batched_wait_wakes_for_a_refusal(void **state)
+{
+    static uint8_t shard[1u << 20], b[2][256u << 10];
+    static struct ts_transport_ops ops;
+    struct ts_batch batch = {0, batch_1mib, NULL};
+    uint64_t op[2], got_op = 0, t0;
+    size_t n = 0;
+    int fd;
+    tessera_client *c;
+
+    ops = ts_transport_tcp;
+    ops.rx_lowat = recording_rx_lowat;
+    c = open_tcp_pair_ops(&fd, 10000, &ops);
+    ts_client_batch(c, &batch);
+    ts_test_fill(shard, sizeof(shard), 9, 0);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(
+            tessera_read_submit(c, "ds", 0, (uint64_t)i * sizeof(b[0]), sizeof(b[0]), b[i], &op[i]),
+            0);
+    lowat_max = 0;
+    t0 = ts_now_mono_ns();
+    fake_error(fd, TS_OP_READ, op[0], TS_ENOENT, "read ds: no such dataset");
+    assert_int_equal(tessera_wait_any(c, &got_op, &n), TS_ENOENT);
+    assert_int_equal(got_op, op[0]);
+    assert_true(ts_now_mono_ns() - t0 < 2000000000ull); /* the handle's timeout is 10 s */
+    assert_int_equal(lowat_max, 2 * sizeof(b[0]));      /* the wait was batched: both reads due */
+    expect_req(fd, TS_OP_READ);
+    expect_req(fd, TS_OP_READ);
+    fake_read_reply(fd, op[1], shard, sizeof(shard), 1u << 20, sizeof(b[0]), sizeof(b[0]), HONEST);
+    assert_int_equal(tessera_wait(c, op[1], &n), 0);
+    assert_int_equal(n, sizeof(b[1]));
+    assert_memory_equal(b[1], shard + sizeof(b[0]), sizeof(b[1]));
+    tessera_client_close(c);
+    close(fd);
+}
+
 /* Writes buf to fd a byte at a time, pausing between them: every partial state is seen. */
 struct dribble {
     int fd;
@@ -1427,6 +1484,7 @@ int main(void)
         cmocka_unit_test(test_read_verified),
         cmocka_unit_test(test_read_lying_server),
         cmocka_unit_test(test_submit_out_of_order),
+        cmocka_unit_test(test_batched_wait_wakes_for_a_refusal),
         cmocka_unit_test(test_read_one_receive),
         cmocka_unit_test(test_read_mixed_frames),
         cmocka_unit_test(test_timeout_breaks_connection),
