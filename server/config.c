@@ -101,6 +101,12 @@ static const struct setting settings[] = {
     BOOL("storage.cache_arena", cache_arena, "true",
          "keep cached chunks in a memfd and send them with sendfile() (plain TCP): no copy in the "
          "daemon"),
+    INT("storage.scrub_interval_s", scrub_interval_s, 0, 315360000, "604800",
+        "scrub every chunk this node holds at least this often (seconds; a week), in the "
+        "background at storage.scrub_mb_s; the clock starts at the first start and runs on "
+        "from the last whole-node scrub (data_dir/scrub.last); 0: only when asked"),
+    INT("storage.scrub_mb_s", scrub_mb_s, 1, 1 << 20, "50",
+        "a scheduled scrub reads at most this many MB a second"),
     INT("storage.block_cache_mb", block_cache_mb, 8, 1 << 20, "256", "RocksDB block cache, MiB"),
     INT("storage.reserve_mb", reserve_mb, -1, 1 << 24, "-1",
         "free space kept on the data filesystem: a write beyond it gets TS_ENOSPC (-1: 2 % of the "

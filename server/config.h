@@ -32,6 +32,7 @@ struct tsd_config {
     int block_cache_mb;
     int cache_mb;
     int prefetch_mb, prefetch_conn_mb;
+    int scrub_interval_s, scrub_mb_s; /* scheduled scrubs (server/scrub.c) */
     int reserve_mb;
     int cache_arena;
     int max_connections;

@@ -490,6 +490,10 @@ static void render_integrity(struct tsd_server *s, struct evbuffer *o, const str
     one(o, "tessera_scrub_last_end_timestamp_seconds", "gauge",
         "When the last scrub ended (Unix time; 0: none yet).",
         (double)atomic_load(&sc->last_end_ns) / 1e9);
+    one(o, "tessera_scrub_next_timestamp_seconds", "gauge",
+        "When the next scheduled scrub is due (Unix time; 0: none scheduled, "
+        "storage.scrub_interval_s 0).",
+        (double)atomic_load(&sc->next_s));
     {
         size_t all = tsd_ec_wanted_copy(s, NULL, 0), damaged = tsd_ec_wanted_damaged(s);
         one(o, "tessera_ec_repair_wanted_chunks", "gauge",

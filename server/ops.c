@@ -721,13 +721,12 @@ static void op_shard_list(struct tsd_conn *c, const struct ts_frame_hdr *h, cons
 struct scrub_arg {
     struct ts_wr *w;
     uint32_t n;
-    struct tsd_server *s;
 };
 
 static void scrub_cb(void *arg, const char *ds, uint32_t shard, uint32_t idx, int rc)
 {
     struct scrub_arg *a = arg;
-    tsd_repair_chunk(a->s, ds, shard, idx, rc);
+
     if (a->n >= MAX_SCRUB_REPORT)
         return;
     ts_wr_str(a->w, ds);
@@ -785,20 +784,8 @@ static void scrub_run(evutil_socket_t fd, short what, void *arg)
 {
     struct scrub_job *j = arg;
 
-    struct tsd_scrub_stats *sc = &j->s->scrub;
-
-    atomic_fetch_add(&sc->running, 1);
-    j->rc = ts_store_scrub_ex(j->s->store, j->name[0] ? j->name : NULL, scrub_cb, &j->a, &j->rep,
-                              &j->s->stopping);
-    if (j->rep.corrupt)
-        STAT_ADD(&j->s->workers[0].stats, corrupt_chunks, j->rep.corrupt);
-    if (!j->rc)
-        tsd_scrub_pgs(j->s, &j->pgs); /* in a cluster: shards lost behind the log's back */
-    atomic_fetch_add(&sc->corrupt, j->rep.corrupt);
-    atomic_fetch_add(&sc->pg_differing, j->pgs.differing);
-    atomic_fetch_add(&sc->runs, 1);
-    atomic_store(&sc->last_end_ns, ts_now_wall_ns());
-    atomic_fetch_sub(&sc->running, 1);
+    j->rc = tsd_scrub_run(j->s, j->name[0] ? j->name : NULL, 0, &j->s->stopping, scrub_cb, &j->a,
+                          &j->rep, &j->pgs);
     event_base_once(j->worker_base, -1, EV_TIMEOUT, scrub_done, j, NULL);
 }
 
@@ -820,7 +807,6 @@ static void op_scrub(struct tsd_conn *c, const struct ts_frame_hdr *h, const str
     snprintf(j->name, sizeof(j->name), "%s", name);
     ts_wr_init(&j->list);
     j->a.w = &j->list;
-    j->a.s = s;
     event_base_once(s->maint_base, -1, EV_TIMEOUT, scrub_run, j, NULL);
 }
 

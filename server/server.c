@@ -472,6 +472,8 @@ int tsd_server_run(struct tsd_server *s)
     s->maint_base = event_base_new();
     if (!s->maint_base || pthread_create(&s->maint_thread, NULL, maint_main, s) != 0)
         return TS_ENOMEM;
+    if (tsd_scrub_patrol_start(s) != 0)
+        return TS_ENOMEM;
     for (int i = 0; i < s->nworkers; i++)
         if (pthread_create(&s->workers[i].thread, NULL, worker_main, &s->workers[i]) != 0)
             return TS_ENOMEM;
@@ -512,7 +514,8 @@ void tsd_server_fini(struct tsd_server *s)
     signal(SIGINT, SIG_IGN);
     tsd_metrics_stop(s); /* its heartbeat events live on the workers' loops */
     tsd_monitor_stop(s);
-    tsd_etcd_map_stop(s); /* it installs maps: before replication stops */
+    tsd_etcd_map_stop(s);     /* it installs maps: before replication stops */
+    tsd_scrub_patrol_stop(s); /* its repairs go through replication */
     /* Replication and maintenance post completions to the workers' loops: stop them first. */
     ts_repl_stop(s->repl);
     s->repl = NULL;

@@ -171,6 +171,17 @@ struct tsd_scrub_stats {
     _Atomic uint64_t runs, corrupt, pg_differing;
     _Atomic int running;
     _Atomic uint64_t last_end_ns; /* wall clock */
+    _Atomic int64_t next_s;       /* the next scheduled scrub (wall seconds; 0: none) */
+};
+
+/* scrub.c: the scheduled scrubs' thread (storage.scrub_interval_s). */
+struct tsd_scrub_patrol {
+    pthread_t th;
+    pthread_mutex_t m;
+    pthread_cond_t cv; /* stop, or a whole-node scrub ended (the schedule moved) */
+    int started, stop;
+    _Atomic int cancel;
+    int64_t last; /* when the last whole-node scrub ended, wall seconds */
 };
 
 /* ec_wanted.c: fragment chunks this node found damaged or missing, waiting for the monitor's
@@ -238,6 +249,7 @@ struct tsd_server {
     struct tsd_rdma_tokens rdma_tokens;
     struct tsd_metrics *metrics; /* http.c: the metrics thread and listener */
     struct tsd_scrub_stats scrub;
+    struct tsd_scrub_patrol patrol;
     struct tsd_ec_wanted ec_wanted;
     _Atomic int tier_jobs; /* ops_ec.c: DATASET_TIER store work running on threads of its own */
     sem_t tier_slots;      /* ... of which TSD_TIER_SLOTS at once */
@@ -352,6 +364,18 @@ struct tsd_scrub_pgs {
     uint64_t missing;   /* complete shards the primaries hold beyond ours */
 };
 void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
+/* scrub.c. A scrub of name (NULL: every dataset) on the calling thread, reading at most
+ * bytes_per_s (0: no limit) and stopping when *cancel is set: each damaged chunk's repair asked
+ * for (tsd_repair_chunk), then handed to cb (may be NULL); the PG comparison; the metrics. A
+ * whole-node scrub that completes moves the schedule. 0 or TS_E*. */
+int tsd_scrub_run(struct tsd_server *s, const char *name, uint64_t bytes_per_s,
+                  const _Atomic int *cancel,
+                  void (*cb)(void *arg, const char *ds, uint32_t shard, uint32_t idx, int rc),
+                  void *arg, struct ts_scrub_report *rep, struct tsd_scrub_pgs *pgs);
+/* The scheduled scrubs: started with the server (nothing runs with storage.scrub_interval_s
+ * 0), stopped before replication (their repairs use it). */
+int tsd_scrub_patrol_start(struct tsd_server *s);
+void tsd_scrub_patrol_stop(struct tsd_server *s);
 
 /* ec_wanted.c. A chunk of fragment frag (NAME#f) failed its CRC32C here (idx), or a read found
  * the fragment missing while NAME is erasure-coded here (note_missing): noted once, kept until

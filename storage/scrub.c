@@ -6,18 +6,43 @@
 
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #define FAC "storage"
 
 struct scrub_arg {
     ts_store *s;
     const _Atomic int *cancel;
-    uint64_t only_id;    /* 0: all datasets */
-    uint64_t dropped_id; /* the last dataset seen with its replica bytes dropped */
+    uint64_t pace;         /* bytes a second at most (0: no limit) */
+    uint64_t t0_ns, paced; /* when the scrub began, the bytes it has read */
+    uint64_t only_id;      /* 0: all datasets */
+    uint64_t dropped_id;   /* the last dataset seen with its replica bytes dropped */
     void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx, int rc);
     void *arg;
     struct ts_scrub_report *rep;
 };
+
+static int cancelled(const struct scrub_arg *a)
+{
+    return a->cancel && atomic_load(a->cancel);
+}
+
+/* Before reading len more bytes: sleeps until they fit the pace (in steps, so a cancel is seen
+ * within 50 ms). */
+static void pace(struct scrub_arg *a, uint64_t len)
+{
+    uint64_t due;
+
+    if (!a->pace)
+        return;
+    due = a->t0_ns + (uint64_t)((double)a->paced * 1e9 / (double)a->pace);
+    a->paced += len;
+    for (uint64_t now = ts_now_mono_ns(); now < due && !cancelled(a); now = ts_now_mono_ns()) {
+        uint64_t ns = TS_MIN(due - now, 50000000ull);
+        struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
 
 static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *v, size_t vlen)
 {
@@ -31,7 +56,7 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
 
     if (klen != 13)
         return 0;
-    if (a->cancel && atomic_load(a->cancel))
+    if (cancelled(a))
         return TS_ECANCELED;
     dsid = ts_get_be64(k + 1);
     shard = ts_get_be32(k + 9);
@@ -50,8 +75,9 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
         return 0;
     }
     a->rep->shards++;
-    for (uint32_t i = 0; i < r->info.nchunks; i++) {
+    for (uint32_t i = 0; i < r->info.nchunks && !cancelled(a); i++) {
         struct ts_chunk_ref ref;
+        pace(a, r->info.chunk_size);
         rc = ts_read_ctx_chunk(r, i, &ref);
         a->rep->chunks++;
         atomic_fetch_add_explicit(&a->s->scrub_chunks, 1, memory_order_relaxed);
@@ -81,8 +107,18 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel)
 {
+    return ts_store_scrub_paced(s, dataset, cb, arg, report, cancel, 0);
+}
+
+int ts_store_scrub_paced(ts_store *s, const char *dataset,
+                         void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
+                                    int rc),
+                         void *arg, struct ts_scrub_report *report, const _Atomic int *cancel,
+                         uint64_t bytes_per_s)
+{
     struct ts_scrub_report local;
-    struct scrub_arg a = {s, cancel, 0, 0, cb, arg, report ? report : &local};
+    struct scrub_arg a = {s, cancel, bytes_per_s, ts_now_mono_ns(),        0, 0,
+                          0, cb,     arg,         report ? report : &local};
     struct ts_dataset_info d;
     uint8_t prefix[9];
     size_t plen = 1;
@@ -100,6 +136,8 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
         plen = key_id(prefix, 'S', d.id);
     }
     rc = meta_scan(s, prefix, plen, scrub_shard_cb, &a);
+    if (rc == 0 && cancelled(&a))
+        rc = TS_ECANCELED; /* the last shard's chunks were not all read */
     if (rc == 0)
         TS_INFO(FAC, "scrub %s: %llu shards, %llu chunks, %llu corrupt", dataset ? dataset : "all",
                 (unsigned long long)a.rep->shards, (unsigned long long)a.rep->chunks,

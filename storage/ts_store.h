@@ -433,6 +433,13 @@ int ts_store_scrub_ex(ts_store *s, const char *dataset,
                       void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
                                  int rc),
                       void *arg, struct ts_scrub_report *report, const _Atomic int *cancel);
+/* The same at a pace: at most bytes_per_s read (0: no limit), and *cancel checked before
+ * every chunk (a scheduled scrub on a serving node). */
+int ts_store_scrub_paced(ts_store *s, const char *dataset,
+                         void (*cb)(void *arg, const char *dataset, uint32_t shard, uint32_t idx,
+                                    int rc),
+                         void *arg, struct ts_scrub_report *report, const _Atomic int *cancel,
+                         uint64_t bytes_per_s);
 /* Chunks and bytes every scrub since the store opened has read and verified, counted as it goes
  * (a running scrub's progress). Thread-safe. */
 void ts_store_scrub_progress(ts_store *s, uint64_t *chunks, uint64_t *bytes);

@@ -13,8 +13,7 @@
  *  - no PG was activated by two nodes at one epoch (every node's log);
  *  - every acknowledged write reads back byte for byte.
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -341,6 +340,7 @@ static void test_two_admins_race(void **state)
 
 static int setup(void **state)
 {
+    const char *const more[] = {"--monitor-up-after-ms", "1000", NULL};
     char *tmp;
     int rc;
 
@@ -351,33 +351,14 @@ static int setup(void **state)
     tmp = ts_test_tmpdir("etcd-admins");
     snprintf(dir, sizeof(dir), "%s", tmp);
     free(tmp);
-    {
-        const char *extra[] = {"--etcd",
-                               E.endpoints,
-                               "--etcd-prefix",
-                               PREFIX,
-                               "--etcd-lease-ttl-s",
-                               "2",
-                               "--monitor-up-after-ms",
-                               "1000",
-                               NULL};
-        rc = tsd_cluster_start(&CL, NODES, NULL, PGS, extra);
-    }
+    rc = etcd_nodes_start(&CL, NODES, PGS, &E, PREFIX, more);
     return rc;
 }
 
 static int teardown(void **state)
 {
-    char cmd[700];
-    int rc;
-
     (void)state;
-    rc = tsd_cluster_stop(&CL);
-    etcd_cluster_stop(&E);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        rc = -1;
-    return rc;
+    return etcd_nodes_stop(&CL, &E, dir);
 }
 
 int main(void)
@@ -385,12 +366,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_two_admins_race),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_admins")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd admins", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_admins", "etcd admins", tests, TS_ARRAY_SIZE(tests), setup,
+                          teardown, &CL);
 }

@@ -18,8 +18,7 @@
  *
  * Each repair's log line gives the time to full redundancy.
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -366,38 +365,18 @@ static void test_node_out_rebuilt_elsewhere(void **state)
 static int setup(void **state)
 {
     struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
-    struct ts_etcd_opts o;
+    const char *const more[] = {ETCD_QUICK_MONITOR, "--monitor-out-after-ms", "8000", NULL};
     tessera_client *c = NULL;
     char log[700], *tmp;
     int rc;
 
     (void)state;
-    if (etcd_cluster_start(&E, 3, 0) != 0)
-        return -1;
-    memset(&o, 0, sizeof(o));
-    o.endpoints = E.endpoints;
-    o.timeout_ms = 3000;
-    if (ts_etcd_open(&ETCD, &o) != 0)
+    if (etcd_cluster_start(&E, 3, 0) != 0 || etcd_client_open(&ETCD, &E) != 0)
         return -1;
     tmp = ts_test_tmpdir("etcd-ec-repair");
     snprintf(dir, sizeof(dir), "%s", tmp);
     free(tmp);
-    {
-        const char *extra[] = {"--etcd",
-                               E.endpoints,
-                               "--etcd-prefix",
-                               PREFIX,
-                               "--etcd-lease-ttl-s",
-                               "2",
-                               "--monitor-down-after-ms",
-                               "2500",
-                               "--monitor-up-after-ms",
-                               "1000",
-                               "--monitor-out-after-ms",
-                               "8000",
-                               NULL};
-        rc = tsd_cluster_start(&CL, NODES, NULL, 16, extra);
-    }
+    rc = etcd_nodes_start(&CL, NODES, 16, &E, PREFIX, more);
     if (rc)
         return rc;
     c = admin();
@@ -417,40 +396,21 @@ static int setup(void **state)
     if (cli("dataset tier cold ec:4+2") != 0)
         return -1;
     snprintf(log, sizeof(log), "%s/monitor.log", dir);
-    mon = fork();
-    if (mon == 0) {
-        FILE *f = freopen(log, "w", stdout);
-        (void)f;
-        dup2(STDOUT_FILENO, STDERR_FILENO);
-        execl(TESSERA_CLI_PATH, TESSERA_CLI_PATH, "-s", CL.tls_listen[0], "--tls-ca",
-              test_cert("ca", "pem"), "--tls-cert", test_cert("admin", "pem"), "--tls-key",
-              test_cert("admin", "key"), "--etcd", E.endpoints, "--etcd-prefix", PREFIX, "monitor",
-              (char *)NULL);
-        _exit(127);
-    }
+    mon = etcd_monitor_start(&E, PREFIX, CL.tls_listen[0], log);
     return mon > 0 ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     char cmd[800];
-    int rc;
 
     (void)state;
     snprintf(cmd, sizeof(cmd), "tail -n 20 %s/monitor.log >&2", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "(no monitor log)\n");
-    if (mon > 0) {
-        kill(mon, SIGTERM);
-        waitpid(mon, NULL, 0);
-    }
-    rc = tsd_cluster_stop(&CL);
+    etcd_monitor_stop(mon);
     ts_etcd_close(ETCD);
-    etcd_cluster_stop(&E);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        rc = -1;
-    return rc;
+    return etcd_nodes_stop(&CL, &E, dir);
 }
 
 int main(void)
@@ -460,12 +420,7 @@ int main(void)
         cmocka_unit_test(test_missing_fragments_asked_for),
         cmocka_unit_test(test_node_out_rebuilt_elsewhere),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_ec_repair")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd ec repair", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_ec_repair", "etcd ec repair", tests, TS_ARRAY_SIZE(tests),
+                          setup, teardown, &CL);
 }

@@ -13,8 +13,7 @@
  * up again. And `tessera drill node-return --auto` lets the cluster heal itself twice: per PG
  * the time until writable and until fully replicated, 0 lost.
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "tessera/tessera.h"
 #include "ts_common.h"
@@ -404,15 +403,12 @@ static int setup(void **state)
     snprintf(failed_path, sizeof(failed_path), "%s/failed", tmp);
     free(tmp);
     {
-        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, "--etcd-lease-ttl-s",
-                               "2", "--monitor-down-after-ms", "2500", "--monitor-up-after-ms",
-                               "1000",
-                               /* the tests kill n1 and n2 again and again on purpose: no
-                                * flap damping (test_etcd_guards tests it) */
-                               "--monitor-flap-max", "1000", NULL};
+        /* the tests kill n1 and n2 again and again on purpose: no flap damping
+         * (test_etcd_guards tests it) */
+        const char *const more[] = {ETCD_QUICK_MONITOR, "--monitor-flap-max", "1000", NULL};
         const char *n1[] = {"--etcd", n1_etcd, NULL};
         const char *const *each[] = {n1, NULL, NULL};
-        rc = tsd_cluster_start_each(&CL, 3, NULL, 8, extra, each);
+        rc = etcd_nodes_start_each(&CL, 3, 8, &E, PREFIX, more, each);
     }
     return rc;
 }

@@ -11,8 +11,7 @@
  *    (5) in that minute, then holds the node down. TESSERA_TEST_FLAP_MAX=1000 runs it without
  *    damping (then it fails).
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -127,37 +126,14 @@ static void test_flapping_node_damped(void **state)
 static int setup(void **state)
 {
     const char *pct = getenv("TESSERA_TEST_MAX_DOWN_PCT"), *flap = getenv("TESSERA_TEST_FLAP_MAX");
-    struct ts_etcd_opts o;
-    int rc;
+    const char *const more[] = {ETCD_QUICK_MONITOR,         "--monitor-max-down-pct",
+                                pct && *pct ? pct : "34",   "--monitor-flap-max",
+                                flap && *flap ? flap : "4", NULL};
 
     (void)state;
-    rc = etcd_cluster_start(&E, 3, 0);
-    if (rc)
+    if (etcd_cluster_start(&E, 3, 0) != 0 || etcd_client_open(&ETCD, &E) != 0)
         return -1;
-    memset(&o, 0, sizeof(o));
-    o.endpoints = E.endpoints;
-    o.timeout_ms = 3000;
-    if (ts_etcd_open(&ETCD, &o) != 0)
-        return -1;
-    {
-        const char *extra[] = {"--etcd",
-                               E.endpoints,
-                               "--etcd-prefix",
-                               PREFIX,
-                               "--etcd-lease-ttl-s",
-                               "2",
-                               "--monitor-down-after-ms",
-                               "2500",
-                               "--monitor-up-after-ms",
-                               "1000",
-                               "--monitor-max-down-pct",
-                               pct && *pct ? pct : "34",
-                               "--monitor-flap-max",
-                               flap && *flap ? flap : "4",
-                               NULL};
-        rc = tsd_cluster_start(&CL, NODES, NULL, 16, extra);
-    }
-    return rc;
+    return etcd_nodes_start(&CL, NODES, 16, &E, PREFIX, more);
 }
 
 static int teardown(void **state)
@@ -180,12 +156,7 @@ int main(void)
         cmocka_unit_test(test_three_of_five_leases_lost),
         cmocka_unit_test(test_flapping_node_damped),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_guards")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd guards", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_guards", "etcd guards", tests, TS_ARRAY_SIZE(tests), setup,
+                          teardown, &CL);
 }

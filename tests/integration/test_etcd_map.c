@@ -13,8 +13,7 @@
  *  - etcd's majority gone: writes and reads go on under the current map, no map change can be
  *    made, STATUS says etcd is unreachable; etcd back: changes go through again.
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -389,26 +388,14 @@ static int setup(void **state)
     tmp = ts_test_tmpdir("etcd-map");
     snprintf(dir, sizeof(dir), "%s", tmp);
     free(tmp);
-    {
-        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, "--etcd-lease-ttl-s",
-                               "2",      NULL};
-        rc = tsd_cluster_start(&CL, 3, NULL, PGS, extra);
-    }
+    rc = etcd_nodes_start(&CL, 3, PGS, &E, PREFIX, NULL);
     return rc;
 }
 
 static int teardown(void **state)
 {
-    char cmd[700];
-    int rc;
-
     (void)state;
-    rc = tsd_cluster_stop(&CL);
-    etcd_cluster_stop(&E);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        rc = -1;
-    return rc;
+    return etcd_nodes_stop(&CL, &E, dir);
 }
 
 int main(void)
@@ -420,12 +407,7 @@ int main(void)
         cmocka_unit_test(test_registration_follows_liveness),
         cmocka_unit_test(test_etcd_member_then_majority_gone),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_map")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd map", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_map", "etcd map", tests, TS_ARRAY_SIZE(tests), setup, teardown,
+                          &CL);
 }

@@ -7,8 +7,7 @@
  * of its core replicas of the final map alone, byte for byte (3 copies again, none on n4).
  * Started again, n4 is marked up by the monitor (the policy put it out, so it may bring it back).
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -138,35 +137,12 @@ static void test_out_after_re_replicates(void **state)
 
 static int setup(void **state)
 {
-    struct ts_etcd_opts o;
-    int rc;
+    const char *const more[] = {ETCD_QUICK_MONITOR, "--monitor-out-after-ms", "8000", NULL};
 
     (void)state;
-    rc = etcd_cluster_start(&E, 3, 0);
-    if (rc)
+    if (etcd_cluster_start(&E, 3, 0) != 0 || etcd_client_open(&ETCD, &E) != 0)
         return -1;
-    memset(&o, 0, sizeof(o));
-    o.endpoints = E.endpoints;
-    o.timeout_ms = 3000;
-    if (ts_etcd_open(&ETCD, &o) != 0)
-        return -1;
-    {
-        const char *extra[] = {"--etcd",
-                               E.endpoints,
-                               "--etcd-prefix",
-                               PREFIX,
-                               "--etcd-lease-ttl-s",
-                               "2",
-                               "--monitor-down-after-ms",
-                               "2500",
-                               "--monitor-up-after-ms",
-                               "1000",
-                               "--monitor-out-after-ms",
-                               "8000",
-                               NULL};
-        rc = tsd_cluster_start(&CL, 4, NULL, 16, extra);
-    }
-    return rc;
+    return etcd_nodes_start(&CL, 4, 16, &E, PREFIX, more);
 }
 
 static int teardown(void **state)
@@ -185,12 +161,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_out_after_re_replicates),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_out")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd out", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_out", "etcd out", tests, TS_ARRAY_SIZE(tests), setup, teardown,
+                          &CL);
 }

@@ -8,8 +8,7 @@
  * rebalance completes. Every acknowledged write reads back byte for byte; etcd's map ends with
  * n5 up and no rebalance.
  */
-#include "etcd_harness.h"
-#include "harness.h"
+#include "etcd_nodes.h"
 
 #include "etcd.h"
 #include "mapstore.h"
@@ -63,21 +62,9 @@ static void *writer(void *arg)
 static pid_t start_monitor(int k)
 {
     char log[700];
-    pid_t pid;
 
     snprintf(log, sizeof(log), "%s/monitor%d.log", dir, k);
-    pid = fork();
-    if (pid == 0) {
-        FILE *f = freopen(log, "w", stdout);
-        (void)f;
-        dup2(STDOUT_FILENO, STDERR_FILENO);
-        execl(TESSERA_CLI_PATH, TESSERA_CLI_PATH, "-s", CL.tls_listen[k], "--tls-ca",
-              test_cert("ca", "pem"), "--tls-cert", test_cert("admin", "pem"), "--tls-key",
-              test_cert("admin", "key"), "--etcd", E.endpoints, "--etcd-prefix", PREFIX, "monitor",
-              (char *)NULL);
-        _exit(127);
-    }
-    return pid;
+    return etcd_monitor_start(&E, PREFIX, CL.tls_listen[k], log);
 }
 
 static int log_says(int k, const char *what)
@@ -222,11 +209,7 @@ static int setup(void **state)
     tmp = ts_test_tmpdir("etcd-rebalance");
     snprintf(dir, sizeof(dir), "%s", tmp);
     free(tmp);
-    {
-        const char *extra[] = {"--etcd", E.endpoints, "--etcd-prefix", PREFIX, "--etcd-lease-ttl-s",
-                               "2",      NULL};
-        rc = tsd_cluster_start(&CL, 5, NULL, 16, extra);
-    }
+    rc = etcd_nodes_start(&CL, 5, 16, &E, PREFIX, NULL);
     if (rc)
         return rc;
     sleep(1);
@@ -246,23 +229,14 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     char cmd[800];
-    int rc;
 
     (void)state;
     snprintf(cmd, sizeof(cmd), "tail -n 8 %s/monitor*.log >&2", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "(no monitor logs)\n");
     for (int k = 0; k < 2; k++)
-        if (mon[k] > 0) {
-            kill(mon[k], SIGTERM);
-            waitpid(mon[k], NULL, 0);
-        }
-    rc = tsd_cluster_stop(&CL);
-    etcd_cluster_stop(&E);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
-        rc = -1;
-    return rc;
+        etcd_monitor_stop(mon[k]);
+    return etcd_nodes_stop(&CL, &E, dir);
 }
 
 int main(void)
@@ -270,12 +244,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_monitor_killed_mid_rebalance),
     };
-    int rc;
 
-    if ((rc = etcd_required("test_etcd_rebalance")) != 0)
-        return rc;
-    rc = cmocka_run_group_tests_name("etcd rebalance", tests, setup, teardown);
-    if (rc)
-        tsd_cluster_dump_logs(&CL);
-    return rc;
+    return etcd_run_group("test_etcd_rebalance", "etcd rebalance", tests, TS_ARRAY_SIZE(tests),
+                          setup, teardown, &CL);
 }

@@ -12,6 +12,8 @@
 #include <rocksdb/c.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -743,6 +745,55 @@ static void test_corruption(void **state)
     free(buf);
 }
 
+/* Sets *flag after 100 ms (a shutdown during a scheduled scrub). */
+static void *cancel_later(void *arg)
+{
+    usleep(100 * 1000);
+    atomic_store((_Atomic int *)arg, 1);
+    return NULL;
+}
+
+/*
+ * A paced scrub (the scheduled ones, storage.scrub_mb_s) reads no faster than its pace, still
+ * finds what is damaged, and stops within a chunk or two of being cancelled.
+ */
+static void test_scrub_paced(void **state)
+{
+    struct fx *f = *state;
+    struct ts_dataset_info d;
+    struct ts_scrub_report rep;
+    struct bad_chunk bad = {0};
+    _Atomic int cancel = 0;
+    pthread_t th;
+    uint64_t t0, ns;
+
+    mk_dataset(f->s, "paced", CHUNK);
+    for (uint32_t i = 0; i < 4; i++)
+        ts_test_put_shard(f->s, "paced", i, 8 * CHUNK, CHUNK, 60 + i); /* 2 MiB in all */
+    assert_int_equal(ts_store_dataset_stat(f->s, "paced", &d), 0);
+    ts_store_close(f->s);
+    f->s = NULL;
+    flip_chunk_byte(f->dir, d.id, 3, 7, 99);
+    assert_int_equal(fx_open(f), 0);
+    /* 2 MiB at 8 MB/s: at least a quarter of a second (unpaced, a few milliseconds). */
+    t0 = ts_now_mono_ns();
+    assert_int_equal(ts_store_scrub_paced(f->s, "paced", scrub_cb, &bad, &rep, &cancel, 8000000),
+                     0);
+    ns = ts_now_mono_ns() - t0;
+    assert_true(ns >= 240000000ull);
+    assert_true(rep.chunks == 32 && rep.corrupt == 1);
+    assert_true(bad.n == 1 && bad.shard == 3 && bad.idx == 7);
+    /* Cancelled after 100 ms of a scrub that would take 2 s: it stops within 50 ms or so. */
+    assert_int_equal(pthread_create(&th, NULL, cancel_later, &cancel), 0);
+    t0 = ts_now_mono_ns();
+    assert_int_equal(ts_store_scrub_paced(f->s, "paced", NULL, NULL, &rep, &cancel, 1000000),
+                     TS_ECANCELED);
+    ns = ts_now_mono_ns() - t0;
+    pthread_join(th, NULL);
+    assert_true(ns < 1000000000ull);
+    assert_true(rep.chunks < 32);
+}
+
 /*
  * Inline shards (storage.inline_max_kb): a shard declared at most inline_max bytes keeps its
  * chunks in RocksDB, no file of its own; a larger one, or one of unknown size, gets a file.
@@ -1298,6 +1349,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_incarnations_and_tombstones, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
+        cmocka_unit_test_setup_teardown(test_scrub_paced, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_blob_file_damage_keeps_writes, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_inline_one_batch, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_inline_shards, setup_inline, teardown),
