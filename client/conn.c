@@ -159,17 +159,24 @@ static int rx_batch(struct tessera_client *c, size_t want)
         if (lowat < RX_BATCH_MIN)
             lowat = 0;
     }
-    if (lowat != c->rx_lowat && c->t->ops->rx_lowat(c->t, lowat) == 0)
+    if (lowat != c->rx_lowat && c->t->ops->rx_lowat(c->t, lowat) == 0) {
+        if (!c->rx_lowat)
+            c->rx_batch_since = ts_now_mono_ns();
         c->rx_lowat = lowat;
+    }
     return c->rx_lowat != 0;
 }
 
-/* A batched wait returned: nothing (timed out) lets the next wake at the first byte. */
+/* A wait returned, with bytes for this connection (ready) or not: a batched one that has had
+ * none for RX_BATCH_WAIT_MS (its own, even while other connections woke the wait) wakes at the
+ * first byte next time. */
 static void rx_batch_after(struct tessera_client *c, int ready)
 {
     if (ready) {
         c->rx_nobatch = 0;
-    } else if (c->rx_lowat) {
+        c->rx_batch_since = ts_now_mono_ns();
+    } else if (c->rx_lowat &&
+               ts_now_mono_ns() - c->rx_batch_since >= RX_BATCH_WAIT_MS * 1000000ull) {
         c->rx_nobatch = 1;
         rx_batch(c, 0);
     }
@@ -329,7 +336,7 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
                 want = on[i]->batch.on_block(on[i]->batch.arg);
             else if (!on[i]->batch.on_block)
                 want = 0;
-            batched |= rx_batch(on[i], want);
+            batched |= rx_batch(on[i], want / k); /* the caller's bytes shared out */
         }
         if (batched && (left < 0 || left > RX_BATCH_WAIT_MS))
             left = RX_BATCH_WAIT_MS;
@@ -342,7 +349,7 @@ int ts_conns_wait(tessera_client *const *v, size_t n, int timeout_ms)
                 ts_fail_conn(on[i], rc);
         }
         for (size_t i = 0; i < k; i++) {
-            rx_batch_after(on[i], rc != 0);
+            rx_batch_after(on[i], pfd[i].revents != 0);
             if (pfd[i].revents)
                 on[i]->rx_more = 1;
         }

@@ -108,6 +108,7 @@ struct tessera_client {
                           wait that said the transport is readable */
     size_t rx_lowat;   /* what the transport's wait lets queue before it wakes (0: one byte) */
     int rx_nobatch;    /* a batched wait ran out: the next wakes at the first byte */
+    uint64_t rx_batch_since; /* batched since, or bytes last came (monotonic ns) */
     uint8_t *scratch;
     const uint64_t *epoch_ref; /* a sub-connection: requests carry the router's map epoch */
     uint64_t seen_epoch;       /* the highest epoch a reply carried */

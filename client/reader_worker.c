@@ -159,7 +159,7 @@ static size_t on_block(void *arg)
         wake_flush_locked(w);
     s = ts_reader_slot(r, r->consumed);
     if (r->rx_batch && !r->caller_waits && s->k == r->consumed && s->state == SLOT_DONE)
-        want = (size_t)(r->done_ahead / 2);
+        want = (size_t)(r->done_ahead / 2 / r->nworkers); /* shared by the connections */
     pthread_mutex_unlock(&r->m);
     return want;
 }

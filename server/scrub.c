@@ -72,13 +72,15 @@ static void last_write(struct tsd_server *s, int64_t t)
         TS_WARN(FAC, ts_from_errno(errno), "cannot record the scrub's time in %s", path);
 }
 
-/* A whole-node scrub ended at t: the next scheduled one is an interval later. */
+/* A whole-node scrub ended at t: recorded (under the lock: a client's scrub and a scheduled
+ * one may end together), and the next scheduled one is an interval later. */
 static void schedule_from(struct tsd_server *s, int64_t t)
 {
     struct tsd_scrub_patrol *p = &s->patrol;
     int64_t every = s->cfg->scrub_interval_s;
 
     pthread_mutex_lock(&p->m);
+    last_write(s, t);
     p->last = t;
     atomic_store(&s->scrub.next_s, every > 0 ? t + every : 0);
     pthread_cond_signal(&p->cv);
@@ -100,17 +102,14 @@ int tsd_scrub_run(struct tsd_server *s, const char *name, uint64_t bytes_per_s,
     if (rep->corrupt)
         STAT_ADD(&s->workers[0].stats, corrupt_chunks, rep->corrupt);
     if (!rc)
-        tsd_scrub_pgs(s, pgs); /* in a cluster: shards lost behind the log's back */
+        tsd_scrub_pgs(s, pgs, cancel); /* in a cluster: shards lost behind the log's back */
     atomic_fetch_add(&sc->corrupt, rep->corrupt);
     atomic_fetch_add(&sc->pg_differing, pgs->differing);
     atomic_fetch_add(&sc->runs, 1);
     atomic_store(&sc->last_end_ns, ts_now_wall_ns());
     atomic_fetch_sub(&sc->running, 1);
-    if (!rc && !name) {
-        int64_t now = (int64_t)(ts_now_wall_ns() / 1000000000ull);
-        last_write(s, now);
-        schedule_from(s, now);
-    }
+    if (!rc && !name)
+        schedule_from(s, (int64_t)(ts_now_wall_ns() / 1000000000ull));
     return rc;
 }
 
@@ -146,6 +145,7 @@ static void *patrol_main(void *arg)
                     (unsigned long long)rep.shards, (unsigned long long)rep.chunks,
                     (unsigned long long)rep.bytes, (unsigned long long)rep.corrupt, pgs.differing);
         } else if (!p->stop) {
+            now = (int64_t)(ts_now_wall_ns() / 1000000000ull); /* it may have run for days */
             TS_WARN(FAC, rc, "scheduled scrub failed; trying again in %d s", RETRY_S);
             p->last = now - s->cfg->scrub_interval_s + RETRY_S;
             atomic_store(&s->scrub.next_s, now + RETRY_S);
@@ -158,15 +158,16 @@ static void *patrol_main(void *arg)
 int tsd_scrub_patrol_start(struct tsd_server *s)
 {
     struct tsd_scrub_patrol *p = &s->patrol;
-    int64_t last;
+    int64_t last, now;
 
     pthread_mutex_init(&p->m, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (s->cfg->scrub_interval_s <= 0)
         return 0;
     last = last_read(s);
-    if (!last) { /* the clock starts now */
-        last = (int64_t)(ts_now_wall_ns() / 1000000000ull);
+    now = (int64_t)(ts_now_wall_ns() / 1000000000ull);
+    if (!last || last > now) { /* the clock starts now (a time ahead: a clock set wrong once) */
+        last = now;
         last_write(s, last);
     }
     p->last = last;

@@ -11,12 +11,12 @@
 #define FAC "scrub"
 #define PG_TIMEOUT_MS 5000
 
-void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out)
+void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out, const _Atomic int *cancel)
 {
     memset(out, 0, sizeof(*out));
     if (!s->repl || !atomic_load(&s->epoch))
         return;
-    for (uint32_t pg = 0; pg < s->npg && !atomic_load(&s->stopping); pg++) {
+    for (uint32_t pg = 0; pg < s->npg && !atomic_load(&s->stopping) && !atomic_load(cancel); pg++) {
         struct ts_repl_inventory inv;
         int rc = ts_repl_inventory_check(s->repl, pg, PG_TIMEOUT_MS, &inv);
 

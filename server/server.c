@@ -514,13 +514,17 @@ void tsd_server_fini(struct tsd_server *s)
     signal(SIGINT, SIG_IGN);
     tsd_metrics_stop(s); /* its heartbeat events live on the workers' loops */
     tsd_monitor_stop(s);
-    tsd_etcd_map_stop(s);     /* it installs maps: before replication stops */
-    tsd_scrub_patrol_stop(s); /* its repairs go through replication */
+    tsd_etcd_map_stop(s); /* it installs maps: before replication stops */
+    /* Scrubs repair through replication: the scheduled one is stopped, a client's stops at its
+     * next shard (or PG), and replication waits for both. */
+    atomic_store(&s->stopping, 1);
+    tsd_scrub_patrol_stop(s);
+    while (atomic_load(&s->scrub.running) > 0)
+        usleep(10 * 1000);
     /* Replication and maintenance post completions to the workers' loops: stop them first. */
     ts_repl_stop(s->repl);
     s->repl = NULL;
     if (s->maint_base) {
-        atomic_store(&s->stopping, 1); /* a running scrub stops at its next shard */
         event_base_loopbreak(s->maint_base);
         pthread_join(s->maint_thread, NULL);
         event_base_free(s->maint_base);

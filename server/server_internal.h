@@ -356,14 +356,15 @@ uint32_t tsd_pg_of(struct tsd_server *s, const char *dataset, uint32_t shard);
 /* ops.c: one handler per opcode; each sends exactly one reply (or starts a stream). */
 const struct tsd_ops *tsd_ops_table(void);
 
-/* scrub_pgs.c: a scrub's comparison of this node's PG replicas with their primaries. */
+/* scrub_pgs.c: a scrub's comparison of this node's PG replicas with their primaries (it stops
+ * at the next PG once the node stops or *cancel is set). */
 struct tsd_scrub_pgs {
     uint32_t compared;  /* PGs whose inventory was compared with the primary's */
     uint32_t differing; /* of those, PGs that differ (a backfill was asked for) */
     uint32_t unchecked; /* PGs not compared now (primary away or peering, writes in flight) */
     uint64_t missing;   /* complete shards the primaries hold beyond ours */
 };
-void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out);
+void tsd_scrub_pgs(struct tsd_server *s, struct tsd_scrub_pgs *out, const _Atomic int *cancel);
 /* scrub.c. A scrub of name (NULL: every dataset) on the calling thread, reading at most
  * bytes_per_s (0: no limit) and stopping when *cancel is set: each damaged chunk's repair asked
  * for (tsd_repair_chunk), then handed to cb (may be NULL); the PG comparison; the metrics. A

@@ -28,7 +28,8 @@ static int cancelled(const struct scrub_arg *a)
 }
 
 /* Before reading len more bytes: sleeps until they fit the pace (in steps, so a cancel is seen
- * within 50 ms). */
+ * within 50 ms). A scrub more than a second behind its pace moves its start up instead of
+ * reading unpaced until it has caught up. */
 static void pace(struct scrub_arg *a, uint64_t len)
 {
     uint64_t due;
@@ -36,6 +37,10 @@ static void pace(struct scrub_arg *a, uint64_t len)
     if (!a->pace)
         return;
     due = a->t0_ns + (uint64_t)((double)a->paced * 1e9 / (double)a->pace);
+    if (ts_now_mono_ns() > due + 1000000000ull) { /* behind (a slow disk): no catch-up burst */
+        a->t0_ns += ts_now_mono_ns() - due - 1000000000ull;
+        due = a->t0_ns + (uint64_t)((double)a->paced * 1e9 / (double)a->pace);
+    }
     a->paced += len;
     for (uint64_t now = ts_now_mono_ns(); now < due && !cancelled(a); now = ts_now_mono_ns()) {
         uint64_t ns = TS_MIN(due - now, 50000000ull);
@@ -68,6 +73,8 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
     if (dsid == a->dropped_id)
         return 0; /* no bytes here: its fragments are scrubbed as datasets of their own */
     rc = read_open_id(a->s, dsid, shard, 1, 1, &r);
+    if (rc == TS_ENOENT)
+        return 0; /* deleted since the scan began (a paced scrub takes hours) */
     if (rc) {
         a->rep->corrupt++;
         if (a->cb)
@@ -81,6 +88,8 @@ static int scrub_shard_cb(void *arg, const uint8_t *k, size_t klen, const char *
         rc = ts_read_ctx_chunk(r, i, &ref);
         a->rep->chunks++;
         atomic_fetch_add_explicit(&a->s->scrub_chunks, 1, memory_order_relaxed);
+        if (rc == TS_ENOENT) /* its dataset deleted while it was scrubbed */
+            break;
         if (rc == 0) {
             a->rep->bytes += ref.len;
             atomic_fetch_add_explicit(&a->s->scrub_bytes, ref.len, memory_order_relaxed);

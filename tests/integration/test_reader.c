@@ -148,8 +148,12 @@ static tessera_reader *open_reader(const struct tessera_opts *co, struct tessera
 
 /* ---- one node -------------------------------------------------------------------------------- */
 
+static cpu_set_t all_cpus; /* the process's CPUs, put back if a pinned test fails */
+
 static int setup_node(void **state)
 {
+    if (sched_getaffinity(0, sizeof(all_cpus), &all_cpus) != 0)
+        return -1;
     memset(&D, 0, sizeof(D));
     if (tsd_start(&D, NULL) != 0)
         return -1;
@@ -162,6 +166,7 @@ static int setup_node(void **state)
 
 static int teardown_node(void **state)
 {
+    (void)sched_setaffinity(0, sizeof(all_cpus), &all_cpus);
     return tsd_stop(&D) == 0 ? 0 : -1;
 }
 
@@ -326,7 +331,7 @@ static void test_threads_sleep_while_caller_has_units(void **state)
     uint8_t *buf = malloc((size_t)BIG_RECS * BIG_REC);
     uint64_t offs[BIG_RECS];
     double batched, unbatched;
-    cpu_set_t one, all;
+    cpu_set_t one;
 
     mkds(c, "big100k", 1, 1);
     for (uint32_t s = 0; s < BIG_SHARDS; s++) {
@@ -345,7 +350,6 @@ static void test_threads_sleep_while_caller_has_units(void **state)
      * another process, free to run on the other). */
     CPU_ZERO(&one);
     CPU_SET(sched_getcpu() < 0 ? 0 : sched_getcpu(), &one);
-    assert_int_equal(sched_getaffinity(0, sizeof(all), &all), 0);
     assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
     sleeps_per_unit(&co); /* the node's cache warm */
     setenv("TESSERA_READER_RX_BATCH", "0", 1);
@@ -354,7 +358,7 @@ static void test_threads_sleep_while_caller_has_units(void **state)
     batched = sleeps_per_unit(&co);
     fprintf(stderr, "reader thread sleeps per unit: %.2f batched, %.2f waking per segment\n",
             batched, unbatched);
-    assert_int_equal(sched_setaffinity(0, sizeof(all), &all), 0);
+    assert_int_equal(sched_setaffinity(0, sizeof(all_cpus), &all_cpus), 0);
     /* Woken for every unit taken, each thread sleeps again 2-3 times a unit. */
     assert_true(unbatched < 1.0);
     assert_true(batched < 1.0);

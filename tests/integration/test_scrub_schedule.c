@@ -2,9 +2,9 @@
  * Scheduled scrubs (storage.scrub_interval_s) on a real 3-node cluster, every shard on every
  * node: a byte flipped in a chunk file of a stopped node, which then comes back, is found by
  * the node's own scheduled scrub (no client asks for one) and rewritten with a replica's copy;
- * the next scheduled pass is clean, and the shard reads from that node byte for byte. The
- * schedule is kept across restarts (data_dir/scrub.last), and the metrics say when the next
- * scrub is due.
+ * a later scheduled pass is clean, and the shard reads from that node byte for byte. The
+ * schedule is kept across restarts (data_dir/scrub.last; a time ahead of the clock is not
+ * trusted), and the metrics say when the next scrub is due.
  */
 #include "harness.h"
 
@@ -29,6 +29,7 @@
 
 #define EVERY_S 3 /* storage.scrub_interval_s */
 #define EVERY_S_ARG "3"
+#define LONG_EVERY_S 100000 /* node 1's */
 #define SLEN (1u << 20)
 #define SEED 41
 
@@ -42,6 +43,15 @@ static tessera_client *admin(void)
     tsd_client_opts(&o, &CL.node[0], "admin");
     assert_int_equal(tessera_client_open(&c, &o), 0);
     return c;
+}
+
+static void write_last(const char *path, long long t)
+{
+    FILE *f = fopen(path, "w");
+
+    assert_non_null(f);
+    fprintf(f, "%lld\n", t);
+    assert_int_equal(fclose(f), 0);
 }
 
 /* Waits up to ms for metric name of node i to reach at least v: its last value. */
@@ -85,17 +95,23 @@ static void test_damage_found_by_the_schedule(void **state)
     fclose(f);
     assert_true(last > 0 && (double)last <= now);
 
-    /* The schedule is read back at a start: node 1, told its last scrub ended far ahead, is
-     * next due an interval after that. */
+    /* The schedule is read back at a start: node 1 (its interval 100,000 s), told its last
+     * scrub ended 50,000 s ago, is next due 50,000 s from now, not an interval after its start;
+     * told it ended in the future (a clock once set wrong), its clock starts now instead of
+     * holding every scrub off until then. */
     assert_int_equal(tsd_stop(&CL.node[1]), 0);
     snprintf(path, sizeof(path), "%s/scrub.last", CL.node[1].data);
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fprintf(f, "4000000000\n");
-    fclose(f);
+    last = (long long)time(NULL) - 50000;
+    write_last(path, last);
     assert_int_equal(tsd_start(&CL.node[1], NULL), 0);
     assert_true(tsd_metric(&CL.node[1], "tessera_scrub_next_timestamp_seconds") ==
-                4000000000.0 + EVERY_S);
+                (double)(last + LONG_EVERY_S));
+    assert_int_equal(tsd_stop(&CL.node[1]), 0);
+    write_last(path, (long long)time(NULL) + 50000);
+    now = (double)time(NULL);
+    assert_int_equal(tsd_start(&CL.node[1], NULL), 0);
+    next = tsd_metric(&CL.node[1], "tessera_scrub_next_timestamp_seconds");
+    assert_true(next >= now + LONG_EVERY_S && next <= (double)time(NULL) + LONG_EVERY_S);
 
     /* A byte of chunk 3 flipped on disk while the victim is down. */
     assert_int_equal(tsd_stop(&CL.node[v]), 0);
@@ -108,9 +124,10 @@ static void test_damage_found_by_the_schedule(void **state)
     corrupt = metric_at_least(v, "tessera_scrub_corrupt_chunks_total", 1, 30000);
     assert_true(corrupt >= 1);
     runs = tsd_metric(&CL.node[v], "tessera_scrubs_total");
-    /* ... the node rewrites the chunk with a replica's copy, and the next scheduled pass, which
-     * reads the disk again, is clean. */
-    assert_true(metric_at_least(v, "tessera_scrubs_total", runs + 1, 30000) >= runs + 1);
+    /* ... the node rewrites the chunk with a replica's copy, and a later scheduled pass, which
+     * reads the disk again, is clean (two more: the one that found it may not have been
+     * counted yet when runs was read). */
+    assert_true(metric_at_least(v, "tessera_scrubs_total", runs + 2, 30000) >= runs + 2);
     assert_true(tsd_metric(&CL.node[v], "tessera_scrub_corrupt_chunks_total") == corrupt);
     assert_int_equal(raw_read_shard(CL.listen[v], "patrol", 0, SLEN, got, &n), 0);
     assert_int_equal(n, SLEN);
@@ -128,10 +145,12 @@ static int setup(void **state)
                                  "--metrics-listen",
                                  "127.0.0.1:0",
                                  NULL};
+    const char *const n2[] = {"--storage-scrub-interval-s", "100000", NULL};
+    const char *const *const each[] = {NULL, n2, NULL};
 
     (void)state;
     memset(&CL, 0, sizeof(CL));
-    return tsd_cluster_start(&CL, 3, NULL, 8, extra);
+    return tsd_cluster_start_each(&CL, 3, NULL, 8, extra, each);
 }
 
 static int teardown(void **state)

@@ -794,6 +794,43 @@ static void test_scrub_paced(void **state)
     assert_true(rep.chunks < 32);
 }
 
+struct delete_later {
+    ts_store *s;
+    const char *name;
+    int rc;
+};
+
+static void *delete_later(void *arg)
+{
+    struct delete_later *d = arg;
+
+    usleep(200 * 1000);
+    d->rc = ts_store_dataset_delete(d->s, d->name);
+    return NULL;
+}
+
+/* A dataset deleted while a (paced, so long) scrub reads it is not damage: its shards and
+ * chunks that are gone are passed over, none counted corrupt. */
+static void test_scrub_dataset_deleted_meanwhile(void **state)
+{
+    struct fx *f = *state;
+    struct ts_scrub_report rep;
+    struct bad_chunk bad = {0};
+    struct delete_later d = {f->s, "gone", -1};
+    pthread_t th;
+
+    mk_dataset(f->s, "gone", CHUNK);
+    for (uint32_t i = 0; i < 4; i++)
+        ts_test_put_shard(f->s, "gone", i, 8 * CHUNK, CHUNK, 70 + i);
+    assert_int_equal(pthread_create(&th, NULL, delete_later, &d), 0);
+    assert_int_equal(ts_store_scrub_paced(f->s, NULL, scrub_cb, &bad, &rep, NULL, 2000000), 0);
+    pthread_join(th, NULL);
+    assert_int_equal(d.rc, 0);
+    assert_true(rep.chunks > 0 && rep.chunks < 32); /* it was under way when the delete came */
+    assert_int_equal(rep.corrupt, 0);
+    assert_int_equal(bad.n, 0);
+}
+
 /*
  * Inline shards (storage.inline_max_kb): a shard declared at most inline_max bytes keeps its
  * chunks in RocksDB, no file of its own; a larger one, or one of unknown size, gets a file.
@@ -1350,6 +1387,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_corruption, setup_files, teardown),
         cmocka_unit_test_setup_teardown(test_corruption, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_scrub_paced, setup_files, teardown),
+        cmocka_unit_test_setup_teardown(test_scrub_dataset_deleted_meanwhile, setup_files,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_blob_file_damage_keeps_writes, setup_blob, teardown),
         cmocka_unit_test_setup_teardown(test_inline_one_batch, setup_inline, teardown),
         cmocka_unit_test_setup_teardown(test_inline_shards, setup_inline, teardown),
