@@ -600,11 +600,86 @@ static int ec_repair_frag(tessera_client *c, struct ts_cluster *cl, struct ec_sh
     return rc;
 }
 
+/* A presence repair's view of the fragment stores: what each node holds of each store NAME#f,
+ * listed once per (node, f) on first use (one request a node and fragment, not one a shard and
+ * fragment). A fragment the listing shows complete and of its layout's length is in place; any
+ * other goes through ec_repair_frag, which asks its node again. */
+struct frag_held {
+    struct ts_shard_info *v; /* sorted by shard */
+    size_t n;
+    int listed; /* 0 not yet, 1 listed, -1 could not be (its fragments checked one by one) */
+};
+
+struct frag_index {
+    const struct ts_map *map; /* the map the node indexes are of */
+    size_t nodes;
+    struct frag_held *held; /* nodes x TS_FRAG_MAX */
+};
+
+static int shard_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const struct ts_shard_info *)a)->shard,
+             y = ((const struct ts_shard_info *)b)->shard;
+    return x < y ? -1 : x > y;
+}
+
+static int frag_index_init(struct ts_cluster *cl, struct frag_index *ix)
+{
+    ix->map = cl->map;
+    ix->nodes = cl->map ? cl->map->n : 0;
+    ix->held = calloc(ix->nodes ? ix->nodes * TS_FRAG_MAX : 1, sizeof(*ix->held));
+    return ix->held ? 0 : TS_ENOMEM;
+}
+
+static void frag_index_free(struct frag_index *ix)
+{
+    for (size_t i = 0; ix->held && i < ix->nodes * TS_FRAG_MAX; i++)
+        free(ix->held[i].v);
+    free(ix->held);
+}
+
+/* 1 when fragment f of the shard is in place on its node by that node's listing. */
+static int frag_in_place(struct ts_cluster *cl, struct frag_index *ix, const struct ec_shard *e,
+                         uint32_t shard, unsigned f)
+{
+    struct ts_shard_info key = {.shard = shard}, *at;
+    struct frag_held *h;
+    tessera_client *sub;
+    size_t p;
+
+    if (cl->map != ix->map || (size_t)e->node[f] >= ix->nodes)
+        return 0; /* the map changed meanwhile: checked on its own */
+    h = &ix->held[(size_t)e->node[f] * TS_FRAG_MAX + f];
+    if (!h->listed) {
+        int rc = -1;
+        h->listed = -1;
+        if (cl->map->nodes[e->node[f]].state == TS_NODE_UP &&
+            ts_cl_node_peer(cl, cl->map, (size_t)e->node[f], &p) == 0 &&
+            !(!cl->peers[p].conn && ts_cl_recently_failed(&cl->peers[p])) &&
+            ts_cl_peer_conn(cl, p, 0, &sub) == 0)
+            rc = ts_cl_peer_done(cl, p, sub, ts_conn_shard_list(sub, e->name[f], &h->v, &h->n),
+                                 NULL, 0);
+
+        if (rc == TS_ENOENT) /* no store NAME#f there: none of its fragments f */
+            rc = 0;
+        if (rc == 0) {
+            h->listed = 1;
+            if (h->n > 1)
+                qsort(h->v, h->n, sizeof(*h->v), shard_cmp);
+        }
+    }
+    if (h->listed != 1 || !h->n)
+        return 0;
+    at = bsearch(&key, h->v, h->n, sizeof(*h->v), shard_cmp);
+    return at && at->state == TS_SHARD_COMPLETE && at->size == ts_ec_frag_len(&e->lay, f);
+}
+
 int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *name, int mode,
                          struct tessera_repair_report *rep)
 {
     struct ts_shard_info *v = NULL;
     struct ts_dataset_info d;
+    struct frag_index ix = {0};
     char why[WHY_LEN] = "";
     size_t n = 0;
     int rc;
@@ -621,6 +696,8 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
         return TS_EINVAL;
     }
     rc = ts_cl_shard_list(c, cl, name, &v, &n);
+    if (!rc && mode == TS_REPAIR_PRESENCE)
+        rc = frag_index_init(cl, &ix);
     for (size_t i = 0; !rc && i < n; i++) {
         struct ec_shard e;
         uint8_t *scratch = NULL;
@@ -628,7 +705,8 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
         if (!rc && !(scratch = malloc((size_t)e.n * e.lay.cell)))
             rc = TS_ENOMEM;
         for (unsigned f = 0; !rc && f < e.n; f++)
-            ec_repair_frag(c, cl, &e, v[i].shard, f, scratch, mode, 0, rep);
+            if (!ix.held || !frag_in_place(cl, &ix, &e, v[i].shard, f))
+                ec_repair_frag(c, cl, &e, v[i].shard, f, scratch, mode, 0, rep);
         if (e.why[0])
             ts_cl_why_add(why, "%s/%u: %s", name, v[i].shard, e.why);
         rep->shards++;
@@ -636,6 +714,7 @@ int ts_cl_dataset_repair(tessera_client *c, struct ts_cluster *cl, const char *n
         ts_ec_destroy(e.ec);
     }
     free(v);
+    frag_index_free(&ix);
     if (!rc && why[0])
         ts_conn_set_error(c, "%s", why);
     return rc ? rc : (rep->failed ? TS_EIO : 0);

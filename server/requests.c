@@ -142,6 +142,13 @@ static int dec_dataset(struct dec *d, struct tsd_req_dataset *q)
     return rc ? rc : done(d);
 }
 
+/* A dataset's or a fragment store's name and nothing else (SHARD_LIST). */
+static int dec_store_dataset(struct dec *d, struct tsd_req_dataset *q)
+{
+    int rc = store_name(d, q->name);
+    return rc ? rc : done(d);
+}
+
 static int dec_dataset_seal(struct dec *d, struct tsd_req_dataset_seal *q)
 {
     int rc = name(d, q->name);
@@ -461,7 +468,7 @@ int tsd_req_decode(unsigned op, const uint8_t *p, size_t len, struct tsd_req *q,
         rc = dec_shard_stat(&d, &q->u.shard_records);
         break;
     case TS_OP_SHARD_LIST:
-        rc = dec_dataset(&d, &q->u.shard_list);
+        rc = dec_store_dataset(&d, &q->u.shard_list);
         break;
     case TS_OP_SCRUB:
         rc = dec_scrub(&d, &q->u.scrub);

@@ -76,6 +76,11 @@ static void test_names(void **state)
     assert_int_equal(dec(TS_OP_DATASET_STAT, &w, &q), TS_ENAME);
     assert_string_equal(msg, "invalid dataset name (1-128 of [A-Za-z0-9._-])");
     assert_int_equal(dec(TS_OP_DATASET_DELETE, &w, &q), TS_ENAME);
+    /* SHARD_LIST lists a fragment store too (an EC presence repair: one list a node and f). */
+    assert_int_equal(dec(TS_OP_SHARD_LIST, &w, &q), 0);
+    assert_string_equal(q.u.shard_list.name, NAME "#5");
+    w.len = 0;
+    ts_wr_str(&w, NAME "#40");
     assert_int_equal(dec(TS_OP_SHARD_LIST, &w, &q), TS_ENAME);
     {
         static const char *const bad[] = {NAME "#", NAME "#40", NAME "#05", NAME "#1#2",
