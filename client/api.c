@@ -173,6 +173,11 @@ int ts_client_node_status(tessera_client *c, size_t node, char **json)
     return ts_cl_node_status(c, c->cl, node, json);
 }
 
+int ts_client_node_tier_check(tessera_client *c, const char *id)
+{
+    return routed(c) ? ts_cl_node_tier_check(c, c->cl, id) : 0;
+}
+
 int ts_client_ec_repair(tessera_client *c, const char *name, int mode,
                         struct tessera_repair_report *rep)
 {

@@ -481,6 +481,9 @@ int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *
                           uint32_t shard, uint32_t chunk, struct tessera_repair_report *rep);
 int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
                        unsigned m, tessera_tier_progress progress, void *arg);
+/* Before node id is brought up from out: TS_EBUSY (and why) if it answers and holds a dataset's
+ * replicas dropped that the cluster tiered back meanwhile; 0 otherwise (or it does not answer). */
+int ts_cl_node_tier_check(tessera_client *c, struct ts_cluster *cl, const char *id);
 /* A read of an erasure-coded dataset (cached policy) through its fragments: 1 when the policy
  * says it is one and the read was served (*rc its result), 0 to read the replicas. */
 int ts_cl_ec_try_read(tessera_client *c, struct ts_cluster *cl, const char *name, uint32_t shard,
@@ -507,6 +510,8 @@ int ts_client_ec_repair(tessera_client *c, const char *name, int mode,
                         struct tessera_repair_report *rep);
 int ts_client_ec_chunk_repair(tessera_client *c, const char *frag, uint32_t shard, uint32_t chunk,
                               struct tessera_repair_report *rep);
+/* ts_cl_node_tier_check (0 on a single node). */
+int ts_client_node_tier_check(tessera_client *c, const char *id);
 /* READ of (name, shard, off, len) from node i of the handle's map alone (no failover). */
 int ts_client_node_read(tessera_client *c, size_t node, const char *name, uint32_t shard,
                         uint64_t off, size_t len, void *buf, size_t *out_len);

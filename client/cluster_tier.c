@@ -99,10 +99,16 @@ static int tier_shard(tessera_client *c, struct ts_cluster *cl, const char *name
     return rc;
 }
 
-/* The nodes (peer indexes into *out, count *n) whose replicas of the dataset dropped their
- * bytes; every node that is not out must answer. */
-static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *name, size_t **out,
-                         size_t *n)
+/* A node whose replicas of the dataset dropped their bytes, and the code it holds them under. */
+struct dropped {
+    size_t peer;
+    unsigned k, m;
+};
+
+/* The nodes (into *out, count *n) whose replicas of the dataset dropped their bytes; every node
+ * that is not out must answer. */
+static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *name,
+                         struct dropped **out, size_t *n)
 {
     struct fan f;
     int rc = ts_cl_fan_begin(cl, &f, 1, 0);
@@ -129,7 +135,7 @@ static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *n
             ts_conn_set_error(c, "dataset %s: node %s: %s", name, cl->peers[f.peers[i]].id,
                               msg[0] ? msg : ts_conn_error(cl->c));
         else if (d.policy.ec_dropped)
-            (*out)[(*n)++] = f.peers[i];
+            (*out)[(*n)++] = (struct dropped){f.peers[i], d.policy.ec_k, d.policy.ec_m};
     }
     ts_cl_fan_end(&f);
     /* A node marked out that still answers and dropped its bytes gets them back too (it would
@@ -142,7 +148,7 @@ static int dropped_nodes(tessera_client *c, struct ts_cluster *cl, const char *n
             ts_cl_peer_conn(cl, p, 1, &sub) == 0 &&
             ts_cl_peer_done(cl, p, sub, ts_conn_dataset_policy(sub, name, &d), NULL, 0) == 0 &&
             d.policy.ec_dropped)
-            (*out)[(*n)++] = p;
+            (*out)[(*n)++] = (struct dropped){p, d.policy.ec_k, d.policy.ec_m};
     }
     return rc;
 }
@@ -190,30 +196,33 @@ static int nodes_hold_converted(tessera_client *c, struct ts_cluster *cl, const 
     return rc;
 }
 
-/* Shard si's bytes (in a, rebuilt from its fragments and checked) put back, chunk by chunk, on
- * each node in nodes[0..nn) that keeps its record. */
+/* Shard si's bytes (in a, checked) put back, chunk by chunk, on each node in nodes[0..nn) that
+ * keeps its record: rebuilt from its fragments (k > 0), or, the dataset replicated again
+ * already (k 0: a node that did not answer then), read from its replicas. */
 static int restore_shard(tessera_client *c, struct ts_cluster *cl, const char *name,
                          const struct ts_shard_info *si, unsigned k, unsigned m,
-                         const size_t *nodes, size_t nn, uint8_t *a)
+                         const struct dropped *nodes, size_t nn, uint8_t *a)
 {
-    size_t len = (size_t)si->size;
-    int rc = len ? ts_cl_ec_read(c, cl, name, si->shard, len, k, m, 0, len, a, NULL) : 0;
+    size_t len = (size_t)si->size, got = len;
+    int rc = !len ? 0
+             : k  ? ts_cl_ec_read(c, cl, name, si->shard, len, k, m, 0, len, a, NULL)
+                  : ts_cl_read(c, cl, name, si->shard, 0, len, a, &got);
 
-    if (!rc && ts_crc32c(0, a, len) != si->crc) {
-        ts_conn_set_error(c,
-                          "%s/%u: rebuilt from its fragments, the bytes do not match the "
-                          "shard's CRC32C %08x",
-                          name, si->shard, si->crc);
+    if (!rc && (got != len || ts_crc32c(0, a, len) != si->crc)) {
+        ts_conn_set_error(c, "%s/%u: %s, the bytes do not match the shard's CRC32C %08x", name,
+                          si->shard, k ? "rebuilt from its fragments" : "read from its replicas",
+                          si->crc);
         rc = TS_ECORRUPT;
     }
-    for (size_t i = 0; !rc && i < nn; i++) {
+    for (size_t j = 0; !rc && j < nn; j++) {
+        size_t p = nodes[j].peer;
         struct ts_shard_info here;
         tessera_client *sub;
         char msg[512] = "";
-        rc = ts_cl_peer_conn(cl, nodes[i], 0, &sub);
+        rc = ts_cl_peer_conn(cl, p, 0, &sub);
         if (!rc)
-            rc = ts_cl_peer_done(cl, nodes[i], sub, ts_conn_shard_stat(sub, name, si->shard, &here),
-                                 msg, sizeof(msg));
+            rc = ts_cl_peer_done(cl, p, sub, ts_conn_shard_stat(sub, name, si->shard, &here), msg,
+                                 sizeof(msg));
         if (rc == TS_ENOENT) { /* not one of its replicas */
             rc = 0;
             continue;
@@ -223,34 +232,56 @@ static int restore_shard(tessera_client *c, struct ts_cluster *cl, const char *n
             ts_conn_set_error(c,
                               "%s/%u on %s: its record (%llu bytes, CRC32C %08x) is not the "
                               "shard's (%llu bytes, %08x)",
-                              name, si->shard, cl->peers[nodes[i]].id,
-                              (unsigned long long)here.size, here.crc, (unsigned long long)si->size,
-                              si->crc);
+                              name, si->shard, cl->peers[p].id, (unsigned long long)here.size,
+                              here.crc, (unsigned long long)si->size, si->crc);
             rc = TS_ECORRUPT;
         }
         for (uint32_t idx = 0; !rc && idx < here.nchunks; idx++) {
             uint64_t at = (uint64_t)idx * here.chunk_size;
             size_t n = (size_t)TS_MIN((uint64_t)here.chunk_size, here.size - at);
             rc = ts_cl_peer_done(
-                cl, nodes[i], sub,
-                ts_conn_chunk_repair(sub, name, si->shard, idx, a + at, (uint32_t)n), msg,
-                sizeof(msg));
+                cl, p, sub, ts_conn_chunk_repair(sub, name, si->shard, idx, a + at, (uint32_t)n),
+                msg, sizeof(msg));
         }
         if (rc)
             ts_conn_set_error(c, "%s/%u: putting its bytes back on %s: %s", name, si->shard,
-                              cl->peers[nodes[i]].id, msg[0] ? msg : ts_conn_error(cl->c));
+                              cl->peers[p].id, msg[0] ? msg : ts_conn_error(cl->c));
     }
     return rc;
 }
 
+/* DATASET_TIER (k, m, 0) then (0, 0, 0) on the node of d: its bytes, put back, kept again
+ * (checked by the node), then replicated only, its fragment stores removed. */
+static int untier_node(tessera_client *c, struct ts_cluster *cl, const char *name,
+                       const struct dropped *d)
+{
+    tessera_client *sub;
+    char msg[512] = "";
+    int rc = ts_cl_peer_conn(cl, d->peer, 0, &sub);
+
+    if (!rc)
+        rc = ts_cl_peer_done(cl, d->peer, sub, ts_conn_dataset_tier(sub, name, d->k, d->m, 0), msg,
+                             sizeof(msg));
+    if (!rc)
+        rc = ts_cl_peer_done(cl, d->peer, sub, ts_conn_dataset_tier(sub, name, 0, 0, 0), msg,
+                             sizeof(msg));
+    if (rc)
+        ts_conn_set_error(c, "dataset %s: node %s: %s", name, cl->peers[d->peer].id,
+                          msg[0] ? msg : ts_conn_error(cl->c));
+    return rc;
+}
+
 /* Back to replicated: the bytes put back where they were dropped, kept again on every node,
- * and only then the fragments removed. */
+ * and only then the fragments removed. Run on a dataset that is replicated already, it does
+ * the same for the nodes that still hold their replicas dropped (a node marked out that did
+ * not answer then, and answers now), from the replicas' bytes. */
 static int tier_back(tessera_client *c, struct ts_cluster *cl, const char *name,
                      const struct ts_dataset_policy *pol, tessera_tier_progress progress, void *arg)
 {
     struct ts_shard_info *v = NULL;
     uint64_t total = 0, done = 0, big = 0;
-    size_t n = 0, nn = 0, *nodes = NULL;
+    size_t n = 0, nn = 0;
+    struct dropped *nodes = NULL;
     uint8_t *a = NULL;
     int rc = dropped_nodes(c, cl, name, &nodes, &nn);
 
@@ -268,8 +299,10 @@ static int tier_back(tessera_client *c, struct ts_cluster *cl, const char *name,
         if (!rc && progress)
             progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
     }
-    if (!rc && nn)
+    if (!rc && nn && pol->ec_k)
         rc = tier_all(c, cl, name, pol->ec_k, pol->ec_m, 0); /* each node checks its bytes */
+    for (size_t j = 0; !rc && !pol->ec_k && j < nn; j++)
+        rc = untier_node(c, cl, name, &nodes[j]); /* the one node, under its own code */
     if (!rc)
         rc = tier_all(c, cl, name, 0, 0, 0);
     free(a);
@@ -306,8 +339,7 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
         return TS_EINVAL;
     }
     if (!k)
-        return d.policy.ec_k ? tier_back(c, cl, name, &d.policy, progress, arg)
-                             : tier_all(c, cl, name, 0, 0, 0);
+        return tier_back(c, cl, name, &d.policy, progress, arg);
     /* Every shard converted (again, on a second run: the fragments already put are confirmed,
      * and a dropped shard is read through them), then checked against what each node holds. */
     rc = ts_cl_shard_list(c, cl, name, &v, &n);
@@ -330,5 +362,36 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
     free(a);
     free(b);
     free(v);
+    return rc;
+}
+
+int ts_cl_node_tier_check(tessera_client *c, struct ts_cluster *cl, const char *id)
+{
+    struct ts_dataset_info *ds = NULL;
+    tessera_client *sub;
+    size_t p, n = 0;
+    int node = cl->map ? ts_map_find(cl->map, id) : -1, rc = 0;
+
+    if (node < 0 || ts_cl_node_peer(cl, cl->map, (size_t)node, &p) ||
+        ts_cl_peer_conn(cl, p, 1, &sub) ||
+        ts_cl_peer_done(cl, p, sub, ts_conn_dataset_list(sub, &ds, &n), NULL, 0))
+        return 0; /* it does not answer: nothing it holds can be read */
+    for (size_t i = 0; !rc && i < n; i++) {
+        struct ts_dataset_info d;
+        if (!ds[i].policy.ec_dropped || ts_cl_dataset_stat(c, cl, ds[i].name, &d) != 0 ||
+            d.policy.ec_dropped)
+            continue;
+        ts_conn_set_error(
+            c,
+            "node %s holds dataset %s's replicas without their bytes (ec:%u+%u), "
+            "but the cluster's %s is %s: it was tiered back while the node did not "
+            "answer. Run 'tessera dataset tier %s replicated' (it puts the bytes "
+            "back on the node), then bring it up",
+            cl->map->nodes[node].id, ds[i].name, ds[i].policy.ec_k, ds[i].policy.ec_m, ds[i].name,
+            d.policy.ec_k ? "erasure-coded with its replicas' bytes kept" : "replicated",
+            ds[i].name);
+        rc = TS_EBUSY;
+    }
+    free(ds);
     return rc;
 }

@@ -6,7 +6,9 @@
  * killed (-9); a node marked out: its PGs' new replicas get the records (no bytes) and the
  * dataset's tier, no PG differs; refused tier changes change nothing; kill -9 of the CLI mid-way
  * back leaves the dataset erasure-coded and readable; run again, the bytes are put back on every
- * replica (checked by each node) and only then the fragments go.
+ * replica (checked by each node) and only then the fragments go; a node out that did not answer
+ * then keeps its replicas dropped, is refused when brought up, and gets its bytes back from the
+ * replicas when the tier is run again.
  */
 #include "harness.h"
 
@@ -30,6 +32,7 @@
 #include "tessera/reader.h"
 #include "tessera/tessera.h"
 #include "ts_test.h"
+#include "ts_map.h"
 #include "ts_proto.h"
 
 static struct tsd_cluster CL;
@@ -227,6 +230,60 @@ static void stat_is(const char *what)
     assert_non_null(strstr(out, what));
 }
 
+static uint64_t map_epoch(void)
+{
+    struct ts_map *m = raw_map_get(CL.node[0].addr);
+    uint64_t e = m ? m->epoch : 0;
+
+    ts_map_free(m);
+    return e;
+}
+
+/* The node marked out, which did not answer while the dataset went back to replicated, answers
+ * again: its replicas are still dropped (it refuses to be told replicated: the fault), so
+ * bringing it up is refused and the map stays as it is; the tier run again puts its bytes back
+ * from the replicas (the node checks every chunk) and removes its fragment stores; then it is
+ * brought up, and no replica anywhere answers TS_EFRAGMENTED. */
+static void out_node_returns(void)
+{
+    char msg[512];
+    uint64_t e0;
+    tessera_client *c;
+    int fr, wh, ab;
+
+    assert_int_equal(tsd_start(&CL.node[out_node], NULL), 0);
+    assert_int_equal(raw_tier(out_node, 0, 0, 0, msg, sizeof(msg)), TS_EBUSY);
+    e0 = map_epoch();
+    assert_int_not_equal(cli("node up %s", CL.id[out_node]), 0);
+    fprintf(stderr, "  node up refused: %s", out);
+    assert_non_null(strstr(out, "tessera dataset tier tier replicated"));
+    assert_int_equal(map_epoch(), e0);
+
+    assert_int_equal(cli("dataset tier tier replicated"), 0);
+    assert_int_equal(raw_tier(out_node, 0, 0, 0, msg, sizeof(msg)), 0); /* replicated there */
+    for (uint32_t s = 0; s < NS; s++)
+        for (int f = 0; f < 6; f++) {
+            char frag[TS_NAME_MAX + 1];
+            uint8_t b[10];
+            size_t n;
+            snprintf(frag, sizeof(frag), "tier#%d", f);
+            assert_int_equal(raw_read_shard(CL.node[out_node].addr, frag, s, sizeof(b), b, &n),
+                             TS_ENOENT);
+        }
+
+    assert_int_equal(cli("node up %s", CL.id[out_node]), 0);
+    out_node = -1;
+    c = admin();
+    read_all(c);
+    assert_int_equal(c->cl->ec_reads, 0);
+    tessera_client_close(c);
+    for (uint32_t s = 0; s < NS; s++) {
+        replica_census(s, &fr, &wh, &ab);
+        assert_int_equal(fr, 0);
+        assert_true(wh >= 3);
+    }
+}
+
 static void test_drop_and_restore(void **state)
 {
     struct ts_dataset_policy p = {3, 0, 2, 256u << 10, 0, 0, 0, 0};
@@ -384,7 +441,9 @@ static void test_drop_and_restore(void **state)
     tessera_client_close(c);
 
     /* Run again: the bytes back on every replica, checked by its node; then the fragments go;
-     * a reader goes on throughout. */
+     * a reader goes on throughout. The node marked out does not answer this time (stopped): it
+     * is left as it is, its replicas dropped (below). */
+    assert_int_equal(tsd_stop(&CL.node[out_node]), 0);
     bystander_start(&by);
     assert_int_equal(cli("dataset tier tier replicated"), 0);
     bystander_stop(&by);
@@ -412,6 +471,7 @@ static void test_drop_and_restore(void **state)
     fprintf(stderr, "  back to replicated: %llu on disk (%.2fx)\n", (unsigned long long)back,
             (double)back / (double)data_bytes());
     assert_true(back >= 3 * data_bytes());
+    out_node_returns();
 }
 
 static int setup(void **state)
