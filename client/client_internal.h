@@ -481,8 +481,9 @@ int ts_cl_ec_chunk_repair(tessera_client *c, struct ts_cluster *cl, const char *
                           uint32_t shard, uint32_t chunk, struct tessera_repair_report *rep);
 int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *name, unsigned k,
                        unsigned m, tessera_tier_progress progress, void *arg);
-/* Before node id is brought up from out: TS_EBUSY (and why) if it answers and holds a dataset's
- * replicas dropped that the cluster tiered back meanwhile; 0 otherwise (or it does not answer). */
+/* Before node id is brought up (from out or down): TS_EBUSY (and why) if it answers and holds a
+ * dataset's replicas dropped that the other nodes hold otherwise (replicated, kept, another
+ * code); 0 otherwise, or when it does not answer. */
 int ts_cl_node_tier_check(tessera_client *c, struct ts_cluster *cl, const char *id);
 /* A read of an erasure-coded dataset (cached policy) through its fragments: 1 when the policy
  * says it is one and the read was served (*rc its result), 0 to read the replicas. */

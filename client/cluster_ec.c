@@ -611,7 +611,7 @@ struct frag_held {
 };
 
 struct frag_index {
-    const struct ts_map *map; /* the map the node indexes are of */
+    uint64_t epoch; /* of the map the node indexes are of */
     size_t nodes;
     struct frag_held *held; /* nodes x TS_FRAG_MAX */
 };
@@ -625,7 +625,7 @@ static int shard_cmp(const void *a, const void *b)
 
 static int frag_index_init(struct ts_cluster *cl, struct frag_index *ix)
 {
-    ix->map = cl->map;
+    ix->epoch = cl->map ? cl->map->epoch : 0;
     ix->nodes = cl->map ? cl->map->n : 0;
     ix->held = calloc(ix->nodes ? ix->nodes * TS_FRAG_MAX : 1, sizeof(*ix->held));
     return ix->held ? 0 : TS_ENOMEM;
@@ -644,10 +644,11 @@ static int frag_in_place(struct ts_cluster *cl, struct frag_index *ix, const str
 {
     struct ts_shard_info key = {.shard = shard}, *at;
     struct frag_held *h;
+    char msg[256];
     tessera_client *sub;
     size_t p;
 
-    if (cl->map != ix->map || (size_t)e->node[f] >= ix->nodes)
+    if (!cl->map || cl->map->epoch != ix->epoch || (size_t)e->node[f] >= ix->nodes)
         return 0; /* the map changed meanwhile: checked on its own */
     h = &ix->held[(size_t)e->node[f] * TS_FRAG_MAX + f];
     if (!h->listed) {
@@ -657,8 +658,8 @@ static int frag_in_place(struct ts_cluster *cl, struct frag_index *ix, const str
             ts_cl_node_peer(cl, cl->map, (size_t)e->node[f], &p) == 0 &&
             !(!cl->peers[p].conn && ts_cl_recently_failed(&cl->peers[p])) &&
             ts_cl_peer_conn(cl, p, 0, &sub) == 0)
-            rc = ts_cl_peer_done(cl, p, sub, ts_conn_shard_list(sub, e->name[f], &h->v, &h->n),
-                                 NULL, 0);
+            rc = ts_cl_peer_done(cl, p, sub, ts_conn_shard_list(sub, e->name[f], &h->v, &h->n), msg,
+                                 sizeof(msg)); /* not the caller's: a miss is no error */
 
         if (rc == TS_ENOENT) /* no store NAME#f there: none of its fragments f */
             rc = 0;

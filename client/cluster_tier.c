@@ -250,10 +250,10 @@ static int restore_shard(tessera_client *c, struct ts_cluster *cl, const char *n
     return rc;
 }
 
-/* DATASET_TIER (k, m, 0) then (0, 0, 0) on the node of d: its bytes, put back, kept again
- * (checked by the node), then replicated only, its fragment stores removed. */
-static int untier_node(tessera_client *c, struct ts_cluster *cl, const char *name,
-                       const struct dropped *d)
+/* DATASET_TIER (k, m, 0) on the node of d, under the code it holds its replicas dropped by: its
+ * bytes, put back, kept again (the node reads them all back first). */
+static int keep_on_node(tessera_client *c, struct ts_cluster *cl, const char *name,
+                        const struct dropped *d)
 {
     tessera_client *sub;
     char msg[512] = "";
@@ -261,9 +261,6 @@ static int untier_node(tessera_client *c, struct ts_cluster *cl, const char *nam
 
     if (!rc)
         rc = ts_cl_peer_done(cl, d->peer, sub, ts_conn_dataset_tier(sub, name, d->k, d->m, 0), msg,
-                             sizeof(msg));
-    if (!rc)
-        rc = ts_cl_peer_done(cl, d->peer, sub, ts_conn_dataset_tier(sub, name, 0, 0, 0), msg,
                              sizeof(msg));
     if (rc)
         ts_conn_set_error(c, "dataset %s: node %s: %s", name, cl->peers[d->peer].id,
@@ -299,10 +296,14 @@ static int tier_back(tessera_client *c, struct ts_cluster *cl, const char *name,
         if (!rc && progress)
             progress(arg, (uint32_t)(i + 1), (uint32_t)n, done, total);
     }
+    /* Each node checks its bytes: a node holding them dropped under another code than the
+     * cluster's (it missed a tier back, and a later conversion) under its own, then the rest;
+     * only then is any fragment store removed (0, 0, 0). */
+    for (size_t j = 0; !rc && j < nn; j++)
+        if (nodes[j].k != pol->ec_k || nodes[j].m != pol->ec_m)
+            rc = keep_on_node(c, cl, name, &nodes[j]);
     if (!rc && nn && pol->ec_k)
-        rc = tier_all(c, cl, name, pol->ec_k, pol->ec_m, 0); /* each node checks its bytes */
-    for (size_t j = 0; !rc && !pol->ec_k && j < nn; j++)
-        rc = untier_node(c, cl, name, &nodes[j]); /* the one node, under its own code */
+        rc = tier_all(c, cl, name, pol->ec_k, pol->ec_m, 0);
     if (!rc)
         rc = tier_all(c, cl, name, 0, 0, 0);
     free(a);
@@ -365,31 +366,75 @@ int ts_cl_dataset_tier(tessera_client *c, struct ts_cluster *cl, const char *nam
     return rc;
 }
 
+/* The dataset's policy as a node that is up, other than node `skip`, holds it: the first of
+ * them that has the dataset answers (TS_ENOENT: none has it). */
+static int policy_without(struct ts_cluster *cl, const char *name, size_t skip,
+                          struct ts_dataset_info *out)
+{
+    int rc = TS_ENOENT;
+
+    for (size_t i = 0; i < cl->map->n; i++) {
+        tessera_client *sub;
+        char msg[256];
+        size_t p;
+        int r;
+        if (i == skip || cl->map->nodes[i].state != TS_NODE_UP ||
+            ts_cl_node_peer(cl, cl->map, i, &p) || ts_cl_peer_conn(cl, p, 1, &sub))
+            continue;
+        r = ts_cl_peer_done(cl, p, sub, ts_conn_dataset_policy(sub, name, out), msg, sizeof(msg));
+        if (r == 0)
+            return 0;
+        if (r != TS_ENOENT)
+            rc = r;
+    }
+    return rc;
+}
+
 int ts_cl_node_tier_check(tessera_client *c, struct ts_cluster *cl, const char *id)
 {
     struct ts_dataset_info *ds = NULL;
     tessera_client *sub;
+    char msg[256];
     size_t p, n = 0;
     int node = cl->map ? ts_map_find(cl->map, id) : -1, rc = 0;
 
     if (node < 0 || ts_cl_node_peer(cl, cl->map, (size_t)node, &p) ||
         ts_cl_peer_conn(cl, p, 1, &sub) ||
-        ts_cl_peer_done(cl, p, sub, ts_conn_dataset_list(sub, &ds, &n), NULL, 0))
-        return 0; /* it does not answer: nothing it holds can be read */
+        ts_cl_peer_done(cl, p, sub, ts_conn_dataset_list(sub, &ds, &n), msg, sizeof(msg)))
+        return 0; /* it does not answer: nothing to check (docs/operations.md "Tiering") */
     for (size_t i = 0; !rc && i < n; i++) {
+        const struct ts_dataset_policy *mine = &ds[i].policy;
         struct ts_dataset_info d;
-        if (!ds[i].policy.ec_dropped || ts_cl_dataset_stat(c, cl, ds[i].name, &d) != 0 ||
-            d.policy.ec_dropped)
+        char theirs[64];
+        int r;
+        if (!mine->ec_dropped)
             continue;
-        ts_conn_set_error(
-            c,
-            "node %s holds dataset %s's replicas without their bytes (ec:%u+%u), "
-            "but the cluster's %s is %s: it was tiered back while the node did not "
-            "answer. Run 'tessera dataset tier %s replicated' (it puts the bytes "
-            "back on the node), then bring it up",
-            cl->map->nodes[node].id, ds[i].name, ds[i].policy.ec_k, ds[i].policy.ec_m, ds[i].name,
-            d.policy.ec_k ? "erasure-coded with its replicas' bytes kept" : "replicated",
-            ds[i].name);
+        r = policy_without(cl, ds[i].name, (size_t)node, &d);
+        if (r == TS_ENOENT)
+            continue; /* no other node has it (deleted meanwhile): nothing to disagree with */
+        if (r) {
+            ts_conn_set_error(c,
+                              "node %s holds dataset %s's replicas without their bytes, and no "
+                              "other node says how the dataset is tiered (%s): not brought up",
+                              id, ds[i].name, ts_strerror(r));
+            rc = r;
+            break;
+        }
+        if (d.policy.ec_dropped && d.policy.ec_k == mine->ec_k && d.policy.ec_m == mine->ec_m)
+            continue;
+        if (!d.policy.ec_k)
+            snprintf(theirs, sizeof(theirs), "replicated");
+        else if (!d.policy.ec_dropped)
+            snprintf(theirs, sizeof(theirs), "ec:%u+%u with the replicas' bytes kept",
+                     d.policy.ec_k, d.policy.ec_m);
+        else
+            snprintf(theirs, sizeof(theirs), "ec:%u+%u", d.policy.ec_k, d.policy.ec_m);
+        ts_conn_set_error(c,
+                          "node %s holds dataset %s's replicas without their bytes under "
+                          "ec:%u+%u, but the other nodes hold it %s: it was tiered again while "
+                          "the node was away. Run 'tessera dataset tier %s replicated' (it puts "
+                          "the bytes back on the node), then bring it up",
+                          id, ds[i].name, mine->ec_k, mine->ec_m, theirs, ds[i].name);
         rc = TS_EBUSY;
     }
     free(ds);

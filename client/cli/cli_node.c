@@ -194,8 +194,9 @@ static int edit_up(struct ctx *x, struct ts_map *m)
 {
     int i = find_node(x, m, x->argv[0]);
 
-    /* Back from out: not while it holds replicas whose bytes the cluster has put back since. */
-    if (i >= 0 && m->nodes[i].state == TS_NODE_OUT && ts_client_node_tier_check(x->c, x->argv[0])) {
+    /* Back from out or down: not while it holds replicas dropped that the cluster has tiered
+     * otherwise since (their fragments may be gone). */
+    if (i >= 0 && m->nodes[i].state != TS_NODE_UP && ts_client_node_tier_check(x->c, x->argv[0])) {
         snprintf(x->local, sizeof(x->local), "%s", tessera_client_error(x->c));
         return TS_EBUSY;
     }
