@@ -47,6 +47,9 @@ struct tsd_monitor {
     int leader;
     uint64_t changes;
     char last[480];
+    struct held_back { /* nodes kept from coming up by their tiers: the last reason logged */
+        char id[64], why[300];
+    } held[32];
 };
 
 struct round {
@@ -145,6 +148,37 @@ static int elected(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *e)
     return mine;
 }
 
+/* tsd_monitor_tier_agrees for node id registered at key, its reason logged once per change. */
+static int tier_agrees(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *e, const char *key,
+                       const char *id)
+{
+    char why[300];
+    int ok = tsd_monitor_tier_agrees(s, e, key, why, sizeof(why));
+    struct held_back *h = NULL;
+
+    for (size_t i = 0; i < TS_ARRAY_SIZE(x->held) && !h; i++)
+        if (!strcmp(x->held[i].id, id))
+            h = &x->held[i];
+    if (ok) {
+        if (h) {
+            TS_INFO(FAC, "node %s: its tiers agree with the cluster's now: it may come up", id);
+            memset(h, 0, sizeof(*h));
+        }
+        return 1;
+    }
+    for (size_t i = 0; i < TS_ARRAY_SIZE(x->held) && !h; i++)
+        if (!x->held[i].id[0])
+            h = &x->held[i];
+    if (!h || strcmp(h->why, why)) {
+        TS_WARN(FAC, TS_EBUSY, "node %s stays where it is: %s", id, why);
+        if (h) {
+            snprintf(h->id, sizeof(h->id), "%s", id);
+            snprintf(h->why, sizeof(h->why), "%s", why);
+        }
+    }
+    return 0;
+}
+
 static void monitor_round(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *e)
 {
     struct round r = {x, ts_now_mono_ns() / 1000000};
@@ -167,10 +201,15 @@ static void monitor_round(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *
         ts_mapstore_get(e, s->cfg->etcd_prefix, &m, NULL) != 0)
         goto out;
     for (size_t i = 0; i < m->n; i++) {
-        int reg = 0;
-        for (size_t k = 0; k < nkeys && !reg; k++)
+        int reg = 0, back;
+        size_t k;
+        for (k = 0; k < nkeys && !reg; k++)
             reg = !strcmp(keys[k] + strlen(prefix), m->nodes[i].id);
-        ts_policy_observe(&x->pol, m->nodes[i].id, reg, reg, r.now_ms);
+        /* Registered counts as caught up (peering does the rest), unless the node holds a
+         * dataset dropped that this one holds otherwise (etcd_monitor_tier.c). */
+        back = reg && (m->nodes[i].state == TS_NODE_UP ||
+                       tier_agrees(s, x, e, keys[k - 1], m->nodes[i].id));
+        ts_policy_observe(&x->pol, m->nodes[i].id, reg, back, r.now_ms);
         /* A node without a lease that still answers its peers holds a live copy: the min_core
          * guard keeps it up while the PGs need it. */
         if (!reg && m->nodes[i].state == TS_NODE_UP)

@@ -322,6 +322,10 @@ void tsd_etcd_map_status(struct tsd_server *s, struct json_object *root);
 int tsd_monitor_start(struct tsd_server *s);
 void tsd_monitor_stop(struct tsd_server *s);
 void tsd_monitor_status(struct tsd_server *s, struct json_object *root);
+/* etcd_monitor_tier.c: 1 when the node registered at key holds every dataset it lists dropped
+ * the way this node does (it may be brought up), else 0 and why. */
+int tsd_monitor_tier_agrees(struct tsd_server *s, struct ts_etcd *e, const char *key, char *why,
+                            size_t cap);
 int tsd_map_install_why(struct tsd_server *s, const struct ts_map *m, char *why, size_t cap);
 
 /* Where a client write of (dataset, shard) goes, when this node may take it. */
