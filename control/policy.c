@@ -37,6 +37,13 @@ static struct ts_policy_node *find(struct ts_policy *p, const char *id)
     return NULL;
 }
 
+int ts_policy_auto_out(struct ts_policy *p, const char *id)
+{
+    const struct ts_policy_node *nd = find(p, id);
+
+    return nd && nd->auto_out;
+}
+
 void ts_policy_observe(struct ts_policy *p, const char *id, int registered, int caught_up,
                        uint64_t now_ms)
 {

@@ -63,6 +63,8 @@ void ts_policy_fini(struct ts_policy *p);
 /* An observation of node id at now_ms: registered or not, caught up or not. */
 void ts_policy_observe(struct ts_policy *p, const char *id, int registered, int caught_up,
                        uint64_t now_ms);
+/* Whether the policy marked node id out itself (so it may bring it back up): 1, else 0. */
+int ts_policy_auto_out(struct ts_policy *p, const char *id);
 /* Whether node id answers its peers (observed by the monitor for nodes without a lease). */
 void ts_policy_reachable(struct ts_policy *p, const char *id, int reachable);
 /*

@@ -20,25 +20,25 @@
 
 #include <json-c/json.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #undef FAC
 #define FAC "etcd"
 #define WATCH_MS 2000
-#define DROPPED_MAX 4096
 
 struct tsd_etcd_map {
     pthread_t thread;
     _Atomic int stop;
     pthread_mutex_t mu; /* guards what STATUS reads: */
     int reachable;
-    int64_t rev;               /* the map key's revision last seen */
-    uint64_t epoch;            /* of the map etcd held then */
-    char err[400];             /* the last failure, "" after a good read */
-    int64_t lease;             /* the registration's lease (0: none held) */
-    uint64_t kept_ns;          /* when it was last kept alive */
-    char dropped[DROPPED_MAX]; /* the registration's "dropped" as last put */
+    int64_t rev;      /* the map key's revision last seen */
+    uint64_t epoch;   /* of the map etcd held then */
+    char err[400];    /* the last failure, "" after a good read */
+    int64_t lease;    /* the registration's lease (0: none held) */
+    uint64_t kept_ns; /* when it was last kept alive */
+    char *dropped;    /* the registration's "dropped" as last put (NULL: none yet) */
 };
 
 static void note(struct tsd_etcd_map *x, int reachable, int64_t rev, uint64_t epoch,
@@ -73,43 +73,38 @@ static void bootstrap(struct tsd_server *s, ts_etcd *e)
     ts_map_free(m);
 }
 
-struct dropped_arg {
-    char *out;
-    size_t cap, len;
-    int full;
-};
-
 static int dropped_cb(void *arg, const struct ts_dataset_info *d)
 {
-    struct dropped_arg *a = arg;
-    char one[TS_NAME_MAX + 32];
-    int n;
+    struct evbuffer *b = arg;
 
-    if (!d->policy.ec_dropped || a->full)
-        return a->full;
-    n = snprintf(one, sizeof(one), "%s\"%s:%u+%u\"", a->len > 1 ? ", " : "", d->name,
-                 d->policy.ec_k, d->policy.ec_m);
-    if (n < 0 || a->len + (size_t)n + 16 >= a->cap) {
-        snprintf(a->out + a->len, a->cap - a->len, "%s\"...\"", a->len > 1 ? ", " : "");
-        a->full = 1;
-        return 1; /* too many to list: "..." says so (the monitor then cannot clear the node) */
-    }
-    memcpy(a->out + a->len, one, (size_t)n + 1);
-    a->len += (size_t)n;
+    if (d->policy.ec_dropped)
+        evbuffer_add_printf(b, "%s\"%s:%u+%u:%llu\"", evbuffer_get_length(b) > 1 ? ", " : "",
+                            d->name, d->policy.ec_k, d->policy.ec_m,
+                            (unsigned long long)d->created_ns);
     return 0;
 }
 
 /* The datasets this node holds replicas of with their bytes dropped (erasure-coded, issue 33),
- * as a JSON array of "NAME:K+M": the monitor brings a node back up only when the cluster holds
- * them the same way (etcd_monitor.c). */
-static void dropped_list(struct tsd_server *s, char *out, size_t cap)
+ * as a JSON array of "NAME:K+M:INCARNATION" (malloc'ed; NULL when out of memory): the monitor
+ * brings a node back up only when the cluster holds them the same way (etcd_monitor_tier.c). */
+static char *dropped_list(struct tsd_server *s)
 {
-    struct dropped_arg a = {out, cap, 1, 0};
+    struct evbuffer *b = evbuffer_new();
+    char *out = NULL;
+    size_t n;
 
-    snprintf(out, cap, "[");
-    ts_store_dataset_list_records(s->store, dropped_cb, &a);
-    a.len = strlen(out);
-    snprintf(out + a.len, cap - a.len, "]");
+    if (!b)
+        return NULL;
+    evbuffer_add(b, "[", 1);
+    ts_store_dataset_list_records(s->store, dropped_cb, b);
+    evbuffer_add(b, "]", 1);
+    n = evbuffer_get_length(b);
+    if ((out = malloc(n + 1)) != NULL) {
+        evbuffer_remove(b, out, n);
+        out[n] = '\0';
+    }
+    evbuffer_free(b);
+    return out;
 }
 
 /* The registration: granted (again) when there is none, else kept alive every third of the TTL;
@@ -118,35 +113,54 @@ static void register_tick(struct tsd_server *s, struct tsd_etcd_map *x, ts_etcd 
 {
     int64_t ttl_s = s->cfg->etcd_lease_ttl_s, lease = x->lease, left = 0;
     uint64_t now = ts_now_mono_ns();
-    char key[600], val[DROPPED_MAX + 800], dropped[DROPPED_MAX];
+    char key[600], *val, *dropped = dropped_list(s);
+    size_t cap;
     int rc, changed;
 
-    dropped_list(s, dropped, sizeof(dropped));
-    changed = strcmp(dropped, x->dropped) != 0;
-    if (lease && !changed && now - x->kept_ns < (uint64_t)ttl_s * 1000000000ull / 3)
+    if (!dropped)
+        return; /* out of memory: the next round tries again */
+    changed = !x->dropped || strcmp(dropped, x->dropped) != 0;
+    if (lease && !changed && now - x->kept_ns < (uint64_t)ttl_s * 1000000000ull / 3) {
+        free(dropped);
         return;
+    }
     if (lease && (rc = ts_etcd_lease_keepalive(e, lease, &left)) != TS_ENOENT) {
         if (!rc)
             x->kept_ns = now;
-        if (rc || !changed)
+        if (rc || !changed) {
+            free(dropped);
             return; /* kept, or etcd does not answer: the next round tries again */
+        }
     } else {
-        if (ts_etcd_lease_grant(e, ttl_s, &lease) != 0)
+        if (ts_etcd_lease_grant(e, ttl_s, &lease) != 0) {
+            free(dropped);
             return;
+        }
         changed = 0; /* a new registration */
     }
+    cap = strlen(dropped) + 1024;
+    if (!(val = malloc(cap))) {
+        if (lease != x->lease)
+            ts_etcd_lease_revoke(e, lease);
+        free(dropped);
+        return;
+    }
     snprintf(key, sizeof(key), "%s/nodes/%s", s->cfg->etcd_prefix, s->cfg->node_id);
-    snprintf(val, sizeof(val),
+    snprintf(val, cap,
              "{\"node\": \"%s\", \"addr\": \"%s\", \"tls_addr\": \"%s\", \"pid\": %d, "
              "\"epoch\": %llu, \"dropped\": %s}",
              s->cfg->node_id, s->addr[0], s->addr[1], (int)getpid(),
              (unsigned long long)atomic_load(&s->epoch), dropped);
     rc = ts_etcd_put(e, key, val, strlen(val), lease, NULL);
+    free(val);
     if (rc && !changed)
         ts_etcd_lease_revoke(e, lease); /* a new lease with nothing on it */
-    if (rc)
+    if (rc) {
+        free(dropped);
         return;
-    snprintf(x->dropped, sizeof(x->dropped), "%s", dropped);
+    }
+    free(x->dropped);
+    x->dropped = dropped;
     if (changed) {
         TS_INFO(FAC, "registration: datasets held with their replicas' bytes dropped now %s",
                 dropped);
@@ -262,6 +276,7 @@ void tsd_etcd_map_stop(struct tsd_server *s)
     atomic_store(&x->stop, 1);
     pthread_join(x->thread, NULL); /* at most one call's timeout */
     pthread_mutex_destroy(&x->mu);
+    free(x->dropped);
     free(x);
     s->etcd_map = NULL;
 }

@@ -48,7 +48,7 @@ struct tsd_monitor {
     uint64_t changes;
     char last[480];
     struct held_back { /* nodes kept from coming up by their tiers: the last reason logged */
-        char id[64], why[300];
+        char id[64], why[512];
     } held[32];
 };
 
@@ -148,11 +148,18 @@ static int elected(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *e)
     return mine;
 }
 
+static void held_forget(struct tsd_monitor *x, const char *id)
+{
+    for (size_t i = 0; i < TS_ARRAY_SIZE(x->held); i++)
+        if (!strcmp(x->held[i].id, id))
+            memset(&x->held[i], 0, sizeof(x->held[i]));
+}
+
 /* tsd_monitor_tier_agrees for node id registered at key, its reason logged once per change. */
 static int tier_agrees(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *e, const char *key,
                        const char *id)
 {
-    char why[300];
+    char why[512];
     int ok = tsd_monitor_tier_agrees(s, e, key, why, sizeof(why));
     struct held_back *h = NULL;
 
@@ -205,10 +212,14 @@ static void monitor_round(struct tsd_server *s, struct tsd_monitor *x, ts_etcd *
         size_t k;
         for (k = 0; k < nkeys && !reg; k++)
             reg = !strcmp(keys[k] + strlen(prefix), m->nodes[i].id);
-        /* Registered counts as caught up (peering does the rest), unless the node holds a
-         * dataset dropped that this one holds otherwise (etcd_monitor_tier.c). */
-        back = reg && (m->nodes[i].state == TS_NODE_UP ||
-                       tier_agrees(s, x, e, keys[k - 1], m->nodes[i].id));
+        /* Registered counts as caught up (peering does the rest); a node the policy put out,
+         * which it may bring back, not while it holds a dataset dropped that this node holds
+         * otherwise (etcd_monitor_tier.c). */
+        back = reg;
+        if (reg && m->nodes[i].state == TS_NODE_OUT && ts_policy_auto_out(&x->pol, m->nodes[i].id))
+            back = tier_agrees(s, x, e, keys[k - 1], m->nodes[i].id);
+        else
+            held_forget(x, m->nodes[i].id); /* up, gone, or an operator's: not held by tiers */
         ts_policy_observe(&x->pol, m->nodes[i].id, reg, back, r.now_ms);
         /* A node without a lease that still answers its peers holds a live copy: the min_core
          * guard keeps it up while the PGs need it. */
