@@ -6,17 +6,17 @@
  *
  * - position f's draw in round t is the top of a weighted rendezvous ranking (straw2: weight /
  *   -ln(u)) seeded by (PG, f + t * n), over every node of weight > 0 *whatever its state*;
- * - a draw that is out, already another position's node, or in a failure domain that already
- *   holds its share of the positions (one each while there are n domains or more, else
+ * - a draw that is already another position's node, or in a failure domain that already holds
+ *   its share of the positions (one each while there are n domains or more, else
  *   ceil(n / domains)), is refused, and the position draws again in the next round.
  *
- * Because out nodes stay in every ranking, marking a node out changes no other position's first
- * draw; and the positions whose first draw is out draw again only after all the others have
- * settled, so they never take a node another position would have had: only the positions the
- * node held move (and a position that drew the same node first, or, with failure domains, one
- * whose domain's share changed). A node down keeps its positions: a hole that reads go around.
- * Adding a node moves the positions it now wins. Deterministic across machines: it depends on ids,
- * weights, domains and states only, with the placement code's portable logarithm.
+ * The positions are first settled as if no node were out: the placement the PG had before any
+ * went out. Then only the positions that landed on a node out draw again (refusing out nodes
+ * too), around the others, which stay. So marking a node out moves exactly the positions it
+ * held, and bringing it back moves them back. A node down keeps its positions: a hole that
+ * reads go around. Adding a node moves the positions it now wins. Deterministic across
+ * machines: it depends on ids, weights, domains and states only, with the placement code's
+ * portable logarithm.
  */
 #include "map_internal.h"
 
@@ -55,6 +55,13 @@ static int eligible(const struct ts_map_node *nd)
     return nd->weight > 0 && nd->state != TS_NODE_OUT;
 }
 
+/* Whether node nd may hold a position: eligible, or, settling as if no node were out, any of
+ * weight > 0. */
+static int may_hold(const struct ts_map_node *nd, int as_if_in)
+{
+    return as_if_in ? nd->weight > 0 : eligible(nd);
+}
+
 /* How many of out[0..n) sit in node i's domain. */
 static size_t in_domain(const struct ts_map *m, const int *out, size_t n, int i)
 {
@@ -74,52 +81,71 @@ static int taken(const int *out, size_t n, int i)
     return 0;
 }
 
+/* The nodes that may hold a position (*nodes) and their failure domains (*domains). */
+static void count_nodes(const struct ts_map *m, int as_if_in, size_t *nodes, size_t *domains)
+{
+    *nodes = *domains = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        size_t j = 0;
+        if (!may_hold(&m->nodes[i], as_if_in))
+            continue;
+        (*nodes)++;
+        while (j < i &&
+               !(may_hold(&m->nodes[j], as_if_in) &&
+                 strcmp(ts_map_node_domain(&m->nodes[j]), ts_map_node_domain(&m->nodes[i])) == 0))
+            j++;
+        *domains += j == i; /* the first such node of its domain */
+    }
+}
+
+/* Rounds of draws for the open positions of out[0..n) (-1), each domain holding at most cap:
+ * how many are filled after them. */
+static size_t settle(const struct ts_map *m, uint32_t pgp, int *out, size_t n, size_t cap,
+                     int as_if_in)
+{
+    size_t filled = 0;
+
+    for (size_t f = 0; f < n; f++)
+        filled += out[f] >= 0;
+    for (uint32_t t = 0; t < EC_ROUNDS && filled < n; t++) {
+        for (size_t f = 0; f < n; f++) {
+            int i;
+            if (out[f] >= 0)
+                continue;
+            i = draw(m, pgp, (uint32_t)(f + (size_t)t * n));
+            if (i < 0 || !may_hold(&m->nodes[i], as_if_in) || taken(out, n, i) ||
+                in_domain(m, out, n, i) >= cap)
+                continue;
+            out[f] = i;
+            filled++;
+        }
+    }
+    return filled;
+}
+
 size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
 {
     uint32_t place = m ? ts_map_placement_pgs(m) : 0, pgp;
-    size_t nel = 0, ndom = 0, cap, filled = 0;
-    char first_out[TS_MAP_EC_MAX];
+    size_t nel, ndom, all, alldom, filled;
 
     if (!m || !out || !n || !m->n)
         return 0;
     pgp = place ? pg % place : pg;
-    for (size_t i = 0; i < m->n; i++) {
-        size_t j = 0;
-        if (!eligible(&m->nodes[i]))
-            continue;
-        nel++;
-        while (j < i && !(eligible(&m->nodes[j]) && strcmp(ts_map_node_domain(&m->nodes[j]),
-                                                           ts_map_node_domain(&m->nodes[i])) == 0))
-            j++;
-        ndom += j == i; /* the first eligible node of its domain */
-    }
+    count_nodes(m, 0, &nel, &ndom);
+    count_nodes(m, 1, &all, &alldom);
     n = n < nel ? n : nel;
     n = n < TS_MAP_EC_MAX ? n : TS_MAP_EC_MAX;
     if (!n)
         return 0;
-    cap = (n + ndom - 1) / ndom; /* positions a domain may hold */
-    for (size_t f = 0; f < n; f++) {
-        int i = draw(m, pgp, (uint32_t)f);
+    for (size_t f = 0; f < n; f++)
         out[f] = -1;
-        first_out[f] = i >= 0 && !eligible(&m->nodes[i]);
-    }
-    /* The positions whose first draw is not out settle first, as they would if that node were
-     * up; those whose first draw is out draw again only then, so they never displace one. */
-    for (int group = 0; group < 2 && filled < n; group++) {
-        for (uint32_t t = 0; t < EC_ROUNDS && filled < n; t++) {
-            for (size_t f = 0; f < n; f++) {
-                int i;
-                if (out[f] >= 0 || first_out[f] != group)
-                    continue;
-                i = draw(m, pgp, (uint32_t)(f + (size_t)t * n));
-                if (i < 0 || !eligible(&m->nodes[i]) || taken(out, n, i) ||
-                    in_domain(m, out, n, i) >= cap)
-                    continue;
-                out[f] = i;
-                filled++;
-            }
-        }
-    }
+    /* As if no node were out, then the positions on nodes that are out drawn again. A domain's
+     * share only grows when its last node goes out, so the positions kept stay within it. */
+    settle(m, pgp, out, n, (n + alldom - 1) / alldom, 1);
+    for (size_t f = 0; f < n; f++)
+        if (out[f] >= 0 && !eligible(&m->nodes[out[f]]))
+            out[f] = -1;
+    filled = settle(m, pgp, out, n, (n + ndom - 1) / ndom, 0);
     /* Positions still open after every round (a map of few eligible nodes among many out
      * ones): the eligible nodes left, by id, the domain share kept where it can be. */
     for (int pass = 0; pass < 2 && filled < n; pass++) {
@@ -129,7 +155,7 @@ size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
                 continue;
             for (size_t i = 0; i < m->n; i++)
                 if (eligible(&m->nodes[i]) && !taken(out, n, (int)i) &&
-                    (pass || in_domain(m, out, n, (int)i) < cap) &&
+                    (pass || in_domain(m, out, n, (int)i) < (n + ndom - 1) / ndom) &&
                     (best < 0 || strcmp(m->nodes[i].id, m->nodes[best].id) < 0))
                     best = (int)i;
             if (best >= 0) {
