@@ -10,11 +10,13 @@
  *   its share of the positions (one each while there are n domains or more, else
  *   ceil(n / domains)), is refused, and the position draws again in the next round.
  *
- * The positions are first settled as if no node were out: the placement the PG had before any
- * went out. Then only the positions that landed on a node out draw again (refusing out nodes
- * too), around the others, which stay. So marking a node out moves exactly the positions it
- * held, and bringing it back moves them back. A node down keeps its positions: a hole that
- * reads go around. Adding a node moves the positions it now wins. Deterministic across
+ * The positions are first settled as if no node were out: the placement the PG has with every
+ * node in. Then only the positions that landed on a node out draw again (refusing out nodes
+ * too), around the others, which stay. So against that placement, the nodes out move exactly
+ * the positions they held, and bringing them back moves them back. (With two nodes out, a
+ * position redrawn for the first may move again when the second goes out: it is compared with
+ * the placement with every node in, not with the one before.) A node down keeps its positions: a
+ * hole that reads go around. Adding a node moves the positions it now wins. Deterministic across
  * machines: it depends on ids, weights, domains and states only, with the placement code's
  * portable logarithm.
  */
@@ -123,10 +125,29 @@ static size_t settle(const struct ts_map *m, uint32_t pgp, int *out, size_t n, s
     return filled;
 }
 
+/* Positions still open after every round (a map of few nodes that may hold one): the nodes
+ * left, by id, the domain share kept where it can be. */
+static void fill_rest(const struct ts_map *m, int *out, size_t n, size_t cap, int as_if_in)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t f = 0; f < n; f++) {
+            int best = -1;
+            if (out[f] >= 0)
+                continue;
+            for (size_t i = 0; i < m->n; i++)
+                if (may_hold(&m->nodes[i], as_if_in) && !taken(out, n, (int)i) &&
+                    (pass || in_domain(m, out, n, (int)i) < cap) &&
+                    (best < 0 || strcmp(m->nodes[i].id, m->nodes[best].id) < 0))
+                    best = (int)i;
+            out[f] = best;
+        }
+    }
+}
+
 size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
 {
     uint32_t place = m ? ts_map_placement_pgs(m) : 0, pgp;
-    size_t nel, ndom, all, alldom, filled;
+    size_t nel, ndom, all, alldom, cap;
 
     if (!m || !out || !n || !m->n)
         return 0;
@@ -139,30 +160,18 @@ size_t ts_map_ec_order(const struct ts_map *m, uint32_t pg, int *out, size_t n)
         return 0;
     for (size_t f = 0; f < n; f++)
         out[f] = -1;
-    /* As if no node were out, then the positions on nodes that are out drawn again. A domain's
-     * share only grows when its last node goes out, so the positions kept stay within it. */
-    settle(m, pgp, out, n, (n + alldom - 1) / alldom, 1);
+    /* The whole placement as if no node were out; then the positions on nodes that are out
+     * drawn again around the others. A domain's share only grows when its last node goes out,
+     * so the positions kept stay within it. With no node out the second step finds nothing to
+     * do. */
+    cap = (n + alldom - 1) / alldom;
+    if (settle(m, pgp, out, n, cap, 1) < n)
+        fill_rest(m, out, n, cap, 1);
     for (size_t f = 0; f < n; f++)
         if (out[f] >= 0 && !eligible(&m->nodes[out[f]]))
             out[f] = -1;
-    filled = settle(m, pgp, out, n, (n + ndom - 1) / ndom, 0);
-    /* Positions still open after every round (a map of few eligible nodes among many out
-     * ones): the eligible nodes left, by id, the domain share kept where it can be. */
-    for (int pass = 0; pass < 2 && filled < n; pass++) {
-        for (size_t f = 0; f < n && filled < n; f++) {
-            int best = -1;
-            if (out[f] >= 0)
-                continue;
-            for (size_t i = 0; i < m->n; i++)
-                if (eligible(&m->nodes[i]) && !taken(out, n, (int)i) &&
-                    (pass || in_domain(m, out, n, (int)i) < (n + ndom - 1) / ndom) &&
-                    (best < 0 || strcmp(m->nodes[i].id, m->nodes[best].id) < 0))
-                    best = (int)i;
-            if (best >= 0) {
-                out[f] = best;
-                filled++;
-            }
-        }
-    }
+    cap = (n + ndom - 1) / ndom;
+    if (settle(m, pgp, out, n, cap, 0) < n)
+        fill_rest(m, out, n, cap, 0);
     return n;
 }
